@@ -1,0 +1,162 @@
+// The exception tree of mem-cuda.
+//
+// memcuda::Error is the root; its children are the conditions a caller can act
+// on. Each class has a stable wire code (Error::code()) used in JSON replies
+// on the control plane, so an error raised in the allocator of record is
+// re-thrown with the same type in the process that asked (throw_for_code).
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace memcuda {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  // Stable, lower_snake_case identifier carried in JSON replies.
+  virtual const char* code() const noexcept { return "error"; }
+};
+
+#define MEMCUDA_DEFINE_ERROR(Name, Base, wire)                       \
+  class Name : public Base {                                         \
+   public:                                                           \
+    explicit Name(const std::string& what) : Base(what) {}           \
+    const char* code() const noexcept override { return wire; }      \
+  }
+
+// A caller-supplied value is malformed (bad name, shape, dtype, range...).
+MEMCUDA_DEFINE_ERROR(InvalidArgument, Error, "invalid_argument");
+// No tensor of that name (or it was removed).
+MEMCUDA_DEFINE_ERROR(NotFound, Error, "not_found");
+// create() of a name that is already registered.
+MEMCUDA_DEFINE_ERROR(AlreadyExists, Error, "already_exists");
+// SharedTensor<T> opened with a T that is not the stored dtype.
+MEMCUDA_DEFINE_ERROR(TypeMismatch, Error, "type_mismatch");
+// A handle whose name was removed (and maybe re-created) since it was opened.
+MEMCUDA_DEFINE_ERROR(StaleHandle, Error, "stale_handle");
+// An allocation would take a device over its byte budget.
+MEMCUDA_DEFINE_ERROR(BudgetExceeded, Error, "budget_exceeded");
+// The tensor's memory died with its allocator and nobody held it.
+MEMCUDA_DEFINE_ERROR(Lost, Error, "lost");
+// No allocator of record answered in time, or this process lost its lease.
+MEMCUDA_DEFINE_ERROR(NotLeader, Error, "not_leader");
+// The tensor lives on another node, or uses a backend/device absent here.
+MEMCUDA_DEFINE_ERROR(Unavailable, Error, "unavailable");
+// A bug or an impossible state inside mem-cuda; please report it.
+MEMCUDA_DEFINE_ERROR(InternalError, Error, "internal");
+
+// A lifecycle command or stored record that does not follow docs/protocol.md.
+// Carries the specific reason so callers and tests can tell them apart.
+enum class ProtocolErrc : std::uint8_t {
+  bad_json,          // not parseable JSON
+  trailing_garbage,  // a valid document followed by more bytes
+  too_large,         // document over the size limit
+  not_object,        // top level is not a JSON object
+  unknown_op,        // "op" is not one of the known operations
+  missing_field,     // a required field is absent
+  wrong_type,        // a field has the wrong JSON type
+  unknown_field,     // a field the protocol does not define
+  bad_name,          // tensor name empty, too long or with bad characters
+  unknown_dtype,     // dtype string not in the table
+  bad_shape,         // rank over the limit
+  bad_dim,           // negative or too large dimension
+  size_overflow,     // element count * itemsize does not fit
+  bad_value,         // any other out-of-range value (device, pid, ...)
+  bad_record,        // a tensor Hash in Redis is incomplete or corrupt
+};
+
+const char* to_string(ProtocolErrc e) noexcept;
+
+class ProtocolError : public InvalidArgument {
+ public:
+  ProtocolError(ProtocolErrc errc, const std::string& what)
+      : InvalidArgument(what), errc_(errc) {}
+  ProtocolErrc errc() const noexcept { return errc_; }
+  const char* code() const noexcept override { return "protocol_error"; }
+
+ private:
+  ProtocolErrc errc_;
+};
+
+// A CUDA runtime call failed. Keeps the status code, the API name and where.
+class CudaError : public Error {
+ public:
+  CudaError(int status, std::string api, const std::string& what,
+            std::source_location where = std::source_location::current())
+      : Error(what), status_(status), api_(std::move(api)), where_(where) {}
+  int status() const noexcept { return status_; }
+  const std::string& api() const noexcept { return api_; }
+  const std::source_location& where() const noexcept { return where_; }
+  const char* code() const noexcept override { return "cuda_error"; }
+
+ private:
+  int status_;
+  std::string api_;
+  std::source_location where_;
+};
+
+// Anything that went wrong talking to Redis.
+MEMCUDA_DEFINE_ERROR(RedisError, Error, "redis_error");
+// Could not connect, or the connection broke and could not be re-established.
+MEMCUDA_DEFINE_ERROR(ConnectionError, RedisError, "redis_connection");
+// Redis rejected the credentials (wrong password, unknown ACL user).
+MEMCUDA_DEFINE_ERROR(AuthError, ConnectionError, "redis_auth");
+// Connect or command did not complete within the configured timeout.
+MEMCUDA_DEFINE_ERROR(TimeoutError, RedisError, "timeout");
+// Redis answered with an error reply (-ERR ...), or a reply of the wrong type.
+MEMCUDA_DEFINE_ERROR(ReplyError, RedisError, "redis_reply");
+
+#undef MEMCUDA_DEFINE_ERROR
+
+inline const char* to_string(ProtocolErrc e) noexcept {
+  switch (e) {
+    case ProtocolErrc::bad_json: return "bad_json";
+    case ProtocolErrc::trailing_garbage: return "trailing_garbage";
+    case ProtocolErrc::too_large: return "too_large";
+    case ProtocolErrc::not_object: return "not_object";
+    case ProtocolErrc::unknown_op: return "unknown_op";
+    case ProtocolErrc::missing_field: return "missing_field";
+    case ProtocolErrc::wrong_type: return "wrong_type";
+    case ProtocolErrc::unknown_field: return "unknown_field";
+    case ProtocolErrc::bad_name: return "bad_name";
+    case ProtocolErrc::unknown_dtype: return "unknown_dtype";
+    case ProtocolErrc::bad_shape: return "bad_shape";
+    case ProtocolErrc::bad_dim: return "bad_dim";
+    case ProtocolErrc::size_overflow: return "size_overflow";
+    case ProtocolErrc::bad_value: return "bad_value";
+    case ProtocolErrc::bad_record: return "bad_record";
+  }
+  return "unknown";
+}
+
+// Re-throws an error received on the wire (code + message) as its own type,
+// so that a create sent to the allocator of record fails exactly like a local
+// one. Unknown codes become plain Error.
+[[noreturn]] inline void throw_for_code(std::string_view code, const std::string& msg) {
+  if (code == "invalid_argument" || code == "protocol_error") throw InvalidArgument(msg);
+  if (code == "not_found") throw NotFound(msg);
+  if (code == "already_exists") throw AlreadyExists(msg);
+  if (code == "type_mismatch") throw TypeMismatch(msg);
+  if (code == "stale_handle") throw StaleHandle(msg);
+  if (code == "budget_exceeded") throw BudgetExceeded(msg);
+  if (code == "lost") throw Lost(msg);
+  if (code == "not_leader") throw NotLeader(msg);
+  if (code == "unavailable") throw Unavailable(msg);
+  if (code == "cuda_error") throw CudaError(-1, "remote", msg);
+  if (code == "internal") throw InternalError(msg);
+  if (code == "timeout") throw TimeoutError(msg);
+  if (code.starts_with("redis")) throw RedisError(msg);
+  throw Error(msg);
+}
+
+}  // namespace memcuda
+
+// Precondition check that throws the given memcuda error type.
+#define MEMCUDA_EXPECTS(cond, ErrorType, msg) \
+  do {                                        \
+    if (!(cond)) throw ErrorType(msg);        \
+  } while (0)
