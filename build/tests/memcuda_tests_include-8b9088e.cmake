@@ -1,5 +1,0 @@
-if(EXISTS "/work/main/build/tests/memcuda_tests_tests-8b9088e.cmake")
-  include("/work/main/build/tests/memcuda_tests_tests-8b9088e.cmake")
-else()
-  add_test(memcuda_tests_NOT_BUILT-8b9088e memcuda_tests_NOT_BUILT-8b9088e)
-endif()
