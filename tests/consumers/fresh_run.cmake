@@ -1,0 +1,30 @@
+# cmake -DDIR=<dir> -P fresh_run.cmake -- <command> [args...]
+# Empties <dir>, then runs <command> and fails with its exit status. Used by
+# the consumer tests (tests/packaging.cmake) so that each run starts from an
+# empty install prefix or build directory.
+if(NOT DIR)
+  message(FATAL_ERROR "fresh_run.cmake: -DDIR=<directory> is required")
+endif()
+set(cmd)
+set(after_dashes FALSE)
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE 1 ${last})
+  if(after_dashes)
+    # Keep a ';' inside one argument (a list such as CMAKE_PREFIX_PATH).
+    string(REPLACE ";" "\\;" arg "${CMAKE_ARGV${i}}")
+    list(APPEND cmd "${arg}")
+  elseif(CMAKE_ARGV${i} STREQUAL "--")
+    set(after_dashes TRUE)
+  endif()
+endforeach()
+if(NOT cmd)
+  message(FATAL_ERROR "fresh_run.cmake: no command after --")
+endif()
+file(REMOVE_RECURSE "${DIR}")
+file(MAKE_DIRECTORY "${DIR}")
+list(JOIN cmd " " shown)
+message(STATUS "fresh_run: ${shown}")
+execute_process(COMMAND ${cmd} RESULT_VARIABLE rc)
+if(NOT rc STREQUAL "0")
+  message(FATAL_ERROR "fresh_run: command failed (${rc}): ${shown}")
+endif()
