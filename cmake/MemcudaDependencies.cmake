@@ -3,10 +3,43 @@
 #   in:  MEMCUDA_CUDA (AUTO|ON|OFF, default AUTO)
 #   out: memcuda::hiredis, Boost::json, Threads::Threads, and when
 #        MEMCUDA_WITH_CUDA is true, CUDA::cudart
+#
+# Inside find_package(memcuda) a missing dependency makes the package "not
+# found" (memcuda_FOUND false, with a message) rather than a fatal error, so
+# that find_package(memcuda QUIET) stays optional; memcudaConfig.cmake stops
+# after this file in that case. In the source tree a missing dependency is
+# fatal at once, naming the Debian package.
 include(CMakeFindDependencyMacro)
 
-find_dependency(Threads)
-find_dependency(Boost 1.81 COMPONENTS json)
+if(CMAKE_FIND_PACKAGE_NAME)
+  set(_memcuda_in_config TRUE)
+else()
+  set(_memcuda_in_config FALSE)
+endif()
+
+# find_dependency() inside the package config, find_package(REQUIRED) in the
+# source tree. A macro, so find_dependency's return() leaves this file.
+macro(_memcuda_find_dependency)
+  if(_memcuda_in_config)
+    find_dependency(${ARGV})
+  else()
+    find_package(${ARGV} REQUIRED)
+  endif()
+endmacro()
+
+# A dependency this file cannot find with find_package (hiredis).
+macro(_memcuda_missing what)
+  if(_memcuda_in_config)
+    set(${CMAKE_FIND_PACKAGE_NAME}_NOT_FOUND_MESSAGE "${what}")
+    set(${CMAKE_FIND_PACKAGE_NAME}_FOUND FALSE)
+    return()
+  else()
+    message(FATAL_ERROR "memcuda: ${what}")
+  endif()
+endmacro()
+
+_memcuda_find_dependency(Threads)
+_memcuda_find_dependency(Boost 1.81 COMPONENTS json)
 
 if(NOT TARGET memcuda::hiredis)
   find_package(PkgConfig QUIET)
@@ -20,7 +53,7 @@ if(NOT TARGET memcuda::hiredis)
     find_path(MEMCUDA_HIREDIS_INCLUDE hiredis/hiredis.h)
     find_library(MEMCUDA_HIREDIS_LIB hiredis)
     if(NOT MEMCUDA_HIREDIS_INCLUDE OR NOT MEMCUDA_HIREDIS_LIB)
-      message(FATAL_ERROR "memcuda: hiredis not found (Debian: apt-get install libhiredis-dev)")
+      _memcuda_missing("hiredis not found (Debian: apt-get install libhiredis-dev; or set CMAKE_PREFIX_PATH)")
     endif()
     add_library(memcuda::hiredis INTERFACE IMPORTED)
     set_target_properties(memcuda::hiredis PROPERTIES
@@ -38,7 +71,7 @@ if(NOT MEMCUDA_CUDA STREQUAL "OFF")
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
   if(MEMCUDA_CUDA STREQUAL "ON")
-    find_package(CUDAToolkit REQUIRED)
+    _memcuda_find_dependency(CUDAToolkit)
   else()
     find_package(CUDAToolkit QUIET)
   endif()
@@ -53,4 +86,9 @@ if(NOT MEMCUDA_DEPENDENCIES_REPORTED)
   else()
     message(STATUS "memcuda: CUDA backend off (host backend only)")
   endif()
+endif()
+# The top-level build records the outcome in its cache, where scripts
+# (scripts/demo.sh) read it; MEMCUDA_CUDA=AUTO alone does not tell.
+if(MEMCUDA_TOP_LEVEL AND NOT _memcuda_in_config)
+  set(MEMCUDA_WITH_CUDA ${MEMCUDA_WITH_CUDA} CACHE INTERNAL "memcuda: the CUDA backend is built")
 endif()
