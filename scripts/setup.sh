@@ -103,12 +103,24 @@ configure_and_build() {
     cmake -S . -B "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE="$build_type" \
       -DMEMCUDA_CUDA="$cuda" "${extra[@]}"
   else
-    # Re-run only when the cache disagrees with what was asked for.
-    local want=(-DCMAKE_BUILD_TYPE="$build_type" -DMEMCUDA_CUDA="$cuda")
+    # Re-run only when the cache disagrees with what was asked for, or when
+    # examples/ or benchmarks/ got a CMakeLists.txt after the last configure
+    # (the build only adds them if they exist, and does not watch for them).
+    local why=
     if ! grep -qx "CMAKE_BUILD_TYPE:STRING=$build_type" "$cache" ||
       ! grep -qx "MEMCUDA_CUDA:STRING=$cuda" "$cache"; then
-      say "reconfiguring $build_dir ($build_type, MEMCUDA_CUDA=$cuda)"
-      cmake -S . -B "$build_dir" "${want[@]}"
+      why="$build_type, MEMCUDA_CUDA=$cuda"
+    fi
+    local sub
+    for sub in examples benchmarks; do
+      if [[ -f $sub/CMakeLists.txt && ! -f $build_dir/$sub/cmake_install.cmake ]] &&
+        ! grep -qx "MEMCUDA_BUILD_${sub^^}:BOOL=OFF" "$cache"; then
+        why="${why:+$why, }new $sub/CMakeLists.txt"
+      fi
+    done
+    if [[ -n "$why" ]]; then
+      say "reconfiguring $build_dir ($why)"
+      cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DMEMCUDA_CUDA="$cuda"
     fi
   fi
 
