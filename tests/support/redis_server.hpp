@@ -1,6 +1,10 @@
 // Test harness: a private redis-server per fixture, on a temporary unix
 // socket and a free TCP port, with no persistence. Found on PATH or through
 // MEMCUDA_TEST_REDIS_SERVER. Real server, no mocks.
+//
+// kill(SIGKILL) and start() simulate a crash and a restart on the same
+// socket and port; pause()/resume() (SIGSTOP/SIGCONT) a server that is alive
+// but does not answer.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,6 +12,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +90,7 @@ class RedisServer {
   // Starts (or restarts) the server on the same socket and port.
   void start() {
     if (pid_ > 0) return;
+    stopped_ = false;
     auto conf = dir_ / "redis.conf";
     {
       std::ofstream f(conf);
@@ -94,10 +101,26 @@ class RedisServer {
       for (const auto& l : opts_.config_lines) f << l << "\n";
     }
     std::string exe = find_redis_server();
+    const std::string out = (dir_ / "stdout.log").string();
     pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
       ::setpgid(0, 0);
+      // Its own stdout/stderr (config errors go there, not to the log): a
+      // server orphaned by a crashed test must not hold the test's pipes
+      // open, or whatever reads them (ctest, `| tail`) waits forever.
+      int null_in = ::open("/dev/null", O_RDONLY);
+      int log = ::open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      if (null_in >= 0) ::dup2(null_in, 0);
+      if (log >= 0) {
+        ::dup2(log, 1);
+        ::dup2(log, 2);
+      }
+      // The server must not inherit the test's sockets (its Redis
+      // connections, listeners): a dup held by the server would keep them
+      // open after the test closed them.
+      if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+        for (int fd = 3; fd < 4096; ++fd) ::close(fd);
       ::execl(exe.c_str(), exe.c_str(), conf.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -105,10 +128,22 @@ class RedisServer {
     wait_ready();
   }
 
-  // SIGKILL: the server vanishes mid-session, as in a crash.
+  // SIGKILL: the server vanishes mid-session, as in a crash. Stop/continue
+  // signals (SIGSTOP, SIGCONT) only pause or resume it; any other signal
+  // ends it and waits for it.
   void kill(int sig = SIGKILL) {
     if (pid_ <= 0) return;
     ::kill(pid_, sig);
+    if (sig == SIGSTOP || sig == SIGTSTP) {
+      stopped_ = true;
+      return;
+    }
+    if (sig == SIGCONT) {
+      stopped_ = false;
+      return;
+    }
+    if (stopped_ && sig != SIGKILL) ::kill(pid_, SIGCONT);  // let it act on `sig`
+    stopped_ = false;
     int st = 0;
     ::waitpid(pid_, &st, 0);
     pid_ = -1;
@@ -116,7 +151,12 @@ class RedisServer {
     std::filesystem::remove(socket_path(), ec);
   }
 
+  // The server keeps its sockets but answers nothing until resume().
+  void pause() { kill(SIGSTOP); }
+  void resume() { kill(SIGCONT); }
+
   bool running() const { return pid_ > 0; }
+  bool paused() const { return stopped_; }
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
   std::string socket_path() const { return (dir_ / "redis.sock").string(); }
@@ -133,6 +173,15 @@ class RedisServer {
   }
   redis::Connection connect() const { return redis::Connection(options()); }
 
+  // Options for the TCP port, with the password if one is set.
+  redis::Options tcp_options() const {
+    redis::Options o;
+    o.host = "127.0.0.1";
+    o.port = port_;
+    o.password = opts_.requirepass;
+    return o;
+  }
+
  private:
   void wait_ready() {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -140,7 +189,8 @@ class RedisServer {
       int st = 0;
       if (::waitpid(pid_, &st, WNOHANG) == pid_) {
         pid_ = -1;
-        throw std::runtime_error("redis-server exited at start; see " + (dir_ / "redis.log").string());
+        throw std::runtime_error("redis-server exited at start; see " + (dir_ / "redis.log").string() +
+                                 " and " + (dir_ / "stdout.log").string());
       }
       struct stat sb {};
       if (::stat(socket_path().c_str(), &sb) == 0) {
@@ -160,6 +210,7 @@ class RedisServer {
   std::filesystem::path dir_;
   int port_ = 0;
   pid_t pid_ = -1;
+  bool stopped_ = false;
 };
 
 }  // namespace memcuda::test
