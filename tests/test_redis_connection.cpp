@@ -117,6 +117,19 @@ TEST_CASE("commands: binary-safe strings, integers, nil, arrays, error replies",
   CHECK(c.reconnects() == 0);
 }
 
+TEST_CASE("Arg owns temporary strings, so a stored argument list does not dangle", "[redis]") {
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto make = [](char ch) { return std::string(200, ch); };  // beyond small-string storage
+  std::vector<redis::Arg> args{"SET", make('k'), make('v')};
+  std::vector<std::string> scribble(64, std::string(200, 'z'));  // reuse any freed memory
+  CHECK(c.command(std::span<const redis::Arg>(args)).str() == "OK");
+  CHECK(c.command({"GET", make('k')}).str() == make('v'));
+  redis::Arg copy = args[1];
+  args.clear();
+  CHECK(copy.view() == make('k'));
+}
+
 TEST_CASE("pipeline of 1000 commands returns the replies in order", "[redis]") {
   test::RedisServer srv;
   auto c = srv.connect();

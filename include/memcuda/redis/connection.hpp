@@ -214,11 +214,14 @@ class Reply {
 };
 
 // One argument of a command: bytes, converted from strings and integers.
-// String arguments are views: the bytes must outlive the call.
+// Lvalue strings, string_views and C strings are viewed: their bytes must
+// outlive the Arg. A temporary std::string is moved in and owned, so
+// `std::vector<Arg> v{make_key()}` does not dangle.
 class Arg {
  public:
   Arg(std::string_view s) noexcept : view_(s) {}                       // NOLINT
   Arg(const std::string& s) noexcept : view_(s) {}                     // NOLINT
+  Arg(std::string&& s) noexcept : own_(std::move(s)), view_(own_) {}   // NOLINT
   Arg(const char* s) noexcept : view_(s) {}                            // NOLINT
   template <class I>
     requires(std::is_integral_v<I> && !std::is_same_v<I, bool> && !std::is_same_v<I, char>)
