@@ -1,0 +1,33 @@
+// Shared bits of the examples: the --backend flag.
+#pragma once
+
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <memcuda/memcuda.hpp>
+
+namespace examples {
+
+// --backend host|cuda|auto (default auto: cuda when a GPU is usable).
+inline memcuda::BackendKind backend_from_args(int argc, char** argv) {
+  std::string want = "auto";
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--backend") == 0) want = argv[i + 1];
+  if (want == "auto") return memcuda::detail::cuda_usable() ? memcuda::BackendKind::cuda : memcuda::BackendKind::host;
+  auto b = memcuda::backend_from_string(want);
+  if (!b) {
+    std::cerr << "unknown backend '" << want << "' (host, cuda or auto)\n";
+    std::exit(2);
+  }
+  return *b;
+}
+
+inline bool has_flag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  return false;
+}
+
+}  // namespace examples

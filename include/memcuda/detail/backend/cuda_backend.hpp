@@ -1,0 +1,103 @@
+// CUDA backend: device memory exported with cudaIpcGetMemHandle and mapped
+// elsewhere with cudaIpcOpenMemHandle. Facts it relies on (measured on our
+// hosts): the exporter may not open its own handle, an interior pointer's
+// handle is the base's (so offsets are published beside it), and a handle
+// cannot be opened once its exporter exited.
+#pragma once
+
+#include "memcuda/config.hpp"
+#if MEMCUDA_HAS_CUDA()
+
+#include <cstring>
+#include <string>
+
+#include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/cuda.hpp"
+#include "memcuda/detail/log.hpp"
+
+namespace memcuda::detail {
+
+class CudaMapping final : public Mapping {
+ public:
+  CudaMapping(void* p, std::uint64_t n, int device) {
+    base_ = p;
+    size_ = n;
+    device_ = device;
+  }
+  ~CudaMapping() override {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != device_) cudaSetDevice(device_);
+    if (cudaError_t st = cudaIpcCloseMemHandle(base_); st != cudaSuccess) {
+      cudaGetLastError();
+      log(LogLevel::warn, std::string("cudaIpcCloseMemHandle: ") + cudaGetErrorString(st));
+    }
+    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  BackendKind kind() const noexcept override { return BackendKind::cuda; }
+
+  Allocation allocate(std::uint64_t bytes, int device, std::uint64_t alloc_id,
+                      const std::string& /*tag*/) override {
+    Allocation a;
+    a.alloc_id = alloc_id;
+    a.kind = BackendKind::cuda;
+    a.device = device;
+    a.device_uuid = device_uuid(device);
+    a.size = bytes == 0 ? 1 : bytes;
+    DeviceGuard g(device);
+    void* p = nullptr;
+    cudaError_t st = cudaMalloc(&p, a.size);
+    if (st == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw BudgetExceeded("cudaMalloc of " + std::to_string(a.size) + " bytes on device " +
+                           std::to_string(device) + " failed: out of device memory");
+    }
+    if (st != cudaSuccess) throw_cuda(st, "cudaMalloc");
+    cudaIpcMemHandle_t h{};
+    if (cudaError_t e = cudaIpcGetMemHandle(&h, p); e != cudaSuccess) {
+      cudaFree(p);
+      throw_cuda(e, "cudaIpcGetMemHandle");
+    }
+    a.base = p;
+    a.handle.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    return a;
+  }
+
+  void deallocate(const Allocation& a) noexcept override {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != a.device) cudaSetDevice(a.device);
+    if (cudaError_t st = cudaFree(a.base); st != cudaSuccess) {
+      cudaGetLastError();
+      log(LogLevel::warn, std::string("cudaFree: ") + cudaGetErrorString(st));
+    }
+    if (prev >= 0 && prev != a.device) cudaSetDevice(prev);
+  }
+
+  std::unique_ptr<Mapping> open(const TensorInfo& t) override {
+    if (t.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))
+      throw InternalError("tensor '" + t.name + "': IPC handle of " + std::to_string(t.ipc_handle.size()) +
+                          " bytes, expected " + std::to_string(sizeof(cudaIpcMemHandle_t)));
+    int local = ordinal_of_uuid(t.device_uuid, t.device);
+    cudaIpcMemHandle_t h{};
+    std::memcpy(&h, t.ipc_handle.data(), sizeof h);
+    DeviceGuard g(local);
+    void* p = nullptr;
+    cudaError_t st = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (st == cudaErrorInvalidResourceHandle || st == cudaErrorMapBufferObjectFailed) {
+      cudaGetLastError();
+      throw Lost("tensor '" + t.name + "': its IPC handle can no longer be opened (" +
+                 cudaGetErrorName(st) + "): the allocator of record that exported it (pid " +
+                 std::to_string(t.owner_pid) + ") has exited");
+    }
+    if (st != cudaSuccess) throw_cuda(st, "cudaIpcOpenMemHandle");
+    return std::make_unique<CudaMapping>(p, t.alloc_bytes, local);
+  }
+};
+
+}  // namespace memcuda::detail
+#endif  // MEMCUDA_HAS_CUDA()

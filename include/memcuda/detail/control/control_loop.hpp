@@ -1,0 +1,155 @@
+// The control thread every registry hosts (unless switched off). Followers
+// campaign for the allocator-of-record lease every ttl/3; the leader renews
+// it every ttl/3 and serves `tensor_lifecycle`, taking each command with
+// BLMOVE into its own processing list, so a command taken by a leader that
+// dies before finishing is queued again by the next leader (kRequeue).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+
+#include "memcuda/detail/registry_core.hpp"
+
+namespace memcuda::detail {
+
+class ControlLoop {
+ public:
+  // `conn` is this thread's own connection, made by the caller so that a
+  // bad address fails in the registry's constructor, not in the thread.
+  ControlLoop(std::shared_ptr<RegistryCore> core, redis::Connection conn)
+      : core_(std::move(core)), conn_(std::move(conn)) {}
+
+  // Campaign once, synchronously, so that the first registry to start is
+  // the allocator of record by the time its constructor returns.
+  void campaign_now() { core_->try_acquire_lease(conn_, scripts_); }
+
+  void run(std::stop_token st) {
+    std::stop_callback on_stop(st, [this] {
+      {
+        std::lock_guard lk(mu_);
+      }
+      cv_.notify_all();
+      if (blocked_.load()) conn_.interrupt();
+    });
+    const auto period = std::max(core_->opts.lease_ttl / 3, std::chrono::milliseconds(10));
+    auto next_lease = std::chrono::steady_clock::now() + period;
+    while (!st.stop_requested()) {
+      try {
+        auto now = std::chrono::steady_clock::now();
+        if (now >= next_lease) {
+          if (core_->is_leader()) core_->renew_lease(conn_, scripts_);
+          else core_->try_acquire_lease(conn_, scripts_);
+          next_lease = now + period;
+        }
+        if (core_->is_leader()) {
+          serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(next_lease - now), st);
+        } else {
+          std::unique_lock lk(mu_);
+          cv_.wait_until(lk, st, next_lease, [] { return false; });
+        }
+        failures_ = 0;
+      } catch (const AuthError& e) {
+        // Credentials no longer work (e.g. Redis restarted with another
+        // password): retrying cannot help; tell the user's next call.
+        core_->lose_leadership(e.what());
+        core_->set_fatal(std::current_exception());
+        return;
+      } catch (const std::exception& e) {
+        if (st.stop_requested()) break;
+        if (++failures_ <= 3 || failures_ % 50 == 0)
+          log(LogLevel::warn, std::string("control thread: ") + e.what());
+        // Redis away: a leader that cannot renew loses its lease by expiry
+        // anyway; back off before trying again.
+        std::unique_lock lk(mu_);
+        cv_.wait_for(lk, st, std::min(period, std::chrono::milliseconds(200)), [] { return false; });
+      }
+    }
+    try {
+      core_->release_lease(conn_, scripts_);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("releasing the lease: ") + e.what());
+    }
+  }
+
+ private:
+  void serve_one(std::chrono::milliseconds budget, std::stop_token& st) {
+    auto block = std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
+    const std::string processing = core_->keys.processing(core_->lease().second);
+    redis::Reply r;
+    blocked_.store(true);
+    if (st.stop_requested()) {
+      blocked_.store(false);
+      return;
+    }
+    try {
+      r = conn_.blocking(block, {"BLMOVE", core_->keys.lifecycle(), processing, "RIGHT", "LEFT",
+                                 RegistryCore::seconds_arg(block)});
+    } catch (...) {
+      blocked_.store(false);
+      throw;
+    }
+    blocked_.store(false);
+    if (r.is_nil()) return;
+    std::string raw(r.str());
+    handle(raw);
+    conn_.command({"LREM", processing, 1, raw});
+  }
+
+  void handle(const std::string& raw) {
+    protocol::Command cmd;
+    try {
+      cmd = protocol::decode_command(raw);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("rejected lifecycle command: ") + e.what());
+      reply_malformed(raw, e);
+      return;
+    }
+    protocol::Reply rep;
+    try {
+      rep = core_->execute(conn_, scripts_, cmd);
+    } catch (const ConnectionError&) {
+      throw;  // Redis away: the command stays in the processing list
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const std::exception& e) {
+      log(LogLevel::info, std::string(to_string(cmd.op)) + " '" + cmd.name + "' failed: " + e.what());
+      rep = protocol::make_error_reply(&cmd, e);
+    }
+    if (cmd.reply_to) send_reply(*cmd.reply_to, protocol::encode_reply(rep));
+  }
+
+  // A command that did not decode may still name reply_to (and an id):
+  // answer it there so the sender learns why.
+  void reply_malformed(const std::string& raw, const std::exception& e) {
+    auto route = protocol::peek_reply_route(raw);
+    if (!route) return;
+    auto rep = protocol::make_error_reply(nullptr, e);
+    rep.id = route->id;
+    rep.id_is_number = route->id_is_number;
+    send_reply(route->reply_to, protocol::encode_reply(rep));
+  }
+
+  void send_reply(const std::string& to, const std::string& body) {
+    // Replies expire so that abandoned reply lists do not pile up. A
+    // reply_to naming a key of another type only loses that reply.
+    std::vector<std::exception_ptr> errors;
+    conn_.pipeline({{"LPUSH", to, body}, {"PEXPIRE", to, "60000"}}, &errors);
+    if (errors[0]) log(LogLevel::warn, "could not reply to '" + to + "' (not a list?)");
+  }
+
+  std::shared_ptr<RegistryCore> core_;
+  redis::Connection conn_;
+  lua::Scripts scripts_;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::atomic<bool> blocked_{false};
+  int failures_ = 0;
+};
+
+}  // namespace memcuda::detail

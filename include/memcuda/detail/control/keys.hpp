@@ -1,0 +1,51 @@
+// Every Redis key mem-cuda uses, in one place (docs/protocol.md lists them).
+// A namespace N prefixes every key with "N:", so registries on one Redis
+// never see each other; the default namespace is empty so the lifecycle
+// list is the seed's plain `tensor_lifecycle`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "memcuda/error.hpp"
+
+namespace memcuda::detail {
+
+class Keys {
+ public:
+  explicit Keys(std::string_view ns = {}) {
+    for (char c : ns)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
+        throw InvalidArgument("namespace '" + std::string(ns) +
+                              "' may only contain letters, digits, '_', '-' and '.'");
+    if (ns.size() > 64) throw InvalidArgument("namespace longer than 64 bytes");
+    prefix_ = ns.empty() ? std::string() : std::string(ns) + ":";
+  }
+
+  const std::string& prefix() const noexcept { return prefix_; }
+  std::string lifecycle() const { return prefix_ + "tensor_lifecycle"; }
+  std::string tensor(std::string_view name) const { return prefix_ + "memcuda:tensor:" + std::string(name); }
+  std::string tensor_prefix() const { return prefix_ + "memcuda:tensor:"; }
+  // Where a tensor's Hash goes when its name is unlinked while still held.
+  std::string removed(std::uint64_t gen) const { return prefix_ + "memcuda:removed:" + std::to_string(gen); }
+  std::string names() const { return prefix_ + "memcuda:names"; }
+  std::string leader() const { return prefix_ + "memcuda:leader"; }
+  std::string epoch() const { return prefix_ + "memcuda:epoch"; }
+  std::string generation() const { return prefix_ + "memcuda:generation"; }
+  std::string processing(std::uint64_t epoch) const {
+    return prefix_ + "memcuda:processing:" + std::to_string(epoch);
+  }
+  std::string processing_lists() const { return prefix_ + "memcuda:processing_lists"; }
+  std::string session(std::string_view sid) const { return prefix_ + "memcuda:session:" + std::string(sid); }
+  std::string sessions() const { return prefix_ + "memcuda:sessions"; }
+  std::string reply(std::string_view sid) const { return prefix_ + "memcuda:reply:" + std::string(sid); }
+  std::string ready_channel(std::string_view name) const {
+    return prefix_ + "memcuda:ready:" + std::string(name);
+  }
+
+ private:
+  std::string prefix_;
+};
+
+}  // namespace memcuda::detail

@@ -1,0 +1,186 @@
+// The Lua scripts that change registry state. Each runs atomically in Redis,
+// so refcounts, holders and the name index never disagree. Scripts run by
+// the allocator of record take its lease token and refuse to write when the
+// lease is no longer theirs (fencing: a paused ex-leader cannot corrupt
+// state). Expected outcomes come back as {status, ...} tables, not errors.
+// Names and other data are always KEYS/ARGV, never spliced into the source.
+#pragma once
+
+#include "memcuda/redis/connection.hpp"
+
+namespace memcuda::detail::lua {
+
+// KEYS: leader, epoch   ARGV: session, ttl_ms
+// -> {1, token} when taken, {0, current token} when someone holds it.
+inline constexpr const char* kLeaseAcquire = R"lua(
+local cur = redis.call('GET', KEYS[1])
+if cur then return {0, cur} end
+local e = redis.call('INCR', KEYS[2])
+local token = e .. ' ' .. ARGV[1]
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+return {1, token}
+)lua";
+
+// KEYS: leader   ARGV: token, ttl_ms  -> 1 renewed, 0 lost
+inline constexpr const char* kLeaseRenew = R"lua(
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+)lua";
+
+// KEYS: leader   ARGV: token  -> 1 released, 0 not ours
+inline constexpr const char* kLeaseRelease = R"lua(
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+)lua";
+
+// Publishes a tensor the leader has just allocated.
+// KEYS: tensor, names, leader, generation counter, waiters set of the name
+// ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
+// -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
+//    already done) | {'exists', generation} | {'notleader', current token}
+inline constexpr const char* kCreate = R"lua(
+local lead = redis.call('GET', KEYS[3])
+if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local g = redis.call('HGET', KEYS[1], 'generation')
+  if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'create_id') == ARGV[3] then
+    return {'replay', g, redis.call('HGET', KEYS[1], 'refcount')}
+  end
+  return {'exists', g}
+end
+local gen = redis.call('INCR', KEYS[4])
+local n = 7
+while n < #ARGV do
+  redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1])
+  n = n + 2
+end
+local rc = 1
+redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[5], 1)
+if ARGV[6] == '1' then
+  rc = 2
+  redis.call('HSET', KEYS[1], 'holder:@name', 1)
+end
+redis.call('HSET', KEYS[1], 'refcount', rc)
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('PUBLISH', ARGV[4], gen)
+for _, l in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  redis.call('LPUSH', l, gen)
+  redis.call('PEXPIRE', l, 60000)
+end
+redis.call('DEL', KEYS[5])
+return {'ok', gen, rc}
+)lua";
+
+// Takes a reference (the get fast path; also the leader's JSON get).
+// KEYS: tensor, leader   ARGV: holder, dtype ('' = any), node, token ('' = unfenced)
+// -> {'ok', HGETALL...} | {'notfound'} | {'state', s} | {'dtype', d} | {'node', n}
+//    | {'notleader', token}
+inline constexpr const char* kAcquire = R"lua(
+if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
+  return {'notleader', tostring(redis.call('GET', KEYS[2]))}
+end
+local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node')
+if not f[1] then return {'notfound'} end
+if f[1] ~= 'ready' then return {'state', f[1]} end
+if ARGV[2] ~= '' and f[2] ~= ARGV[2] then return {'dtype', f[2]} end
+if f[3] ~= ARGV[3] then return {'node', f[3]} end
+redis.call('HINCRBY', KEYS[1], 'refcount', 1)
+redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1)
+return {'ok', redis.call('HGETALL', KEYS[1])}
+)lua";
+
+// Drops one reference of a holder to one generation of a tensor, wherever
+// its Hash is (still named, or unlinked by remove). The last reference
+// unlinks the name at once, so nobody can take memory about to be freed;
+// the owner frees it, or the allocator of record through a "free" command.
+// KEYS: tensor, names, lifecycle, leader
+// ARGV: generation, holder, key prefix, caller session, token ('' = unfenced)
+// -> {'ok', refcount} | {'free', generation} (caller owns it: free now)
+//    | {'queued', generation} | {'notfound'} | {'notholder'} | {'notleader', t}
+inline constexpr const char* kRelease = R"lua(
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
+  return {'notleader', tostring(redis.call('GET', KEYS[4]))}
+end
+local key = KEYS[1]
+local linked = true
+local rkey = ARGV[3] .. 'memcuda:removed:' .. ARGV[1]
+if redis.call('HGET', key, 'generation') ~= ARGV[1] then
+  key = rkey
+  linked = false
+  if redis.call('EXISTS', key) == 0 then return {'notfound'} end
+end
+local h = 'holder:' .. ARGV[2]
+local c = tonumber(redis.call('HGET', key, h) or '0')
+if c <= 0 then return {'notholder'} end
+if c == 1 then redis.call('HDEL', key, h) else redis.call('HINCRBY', key, h, -1) end
+local rc = redis.call('HINCRBY', key, 'refcount', -1)
+if rc > 0 then return {'ok', rc} end
+local f = redis.call('HMGET', key, 'name', 'owner')
+if linked then
+  redis.call('RENAME', key, rkey)
+  redis.call('SREM', KEYS[2], f[1])
+end
+if f[2] == ARGV[4] then return {'free', ARGV[1]} end
+redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[1], generation = tonumber(ARGV[1])}))
+return {'queued', ARGV[1]}
+)lua";
+
+// Unlinks a name now (a new create may reuse it). A persistent tensor's
+// reference held by the name is dropped; memory goes when the last holder
+// releases.
+// KEYS: tensor, names, lifecycle   ARGV: key prefix, caller session
+// -> {'ok', generation, refcount} | {'free', generation} | {'queued', generation} | {'notfound'}
+inline constexpr const char* kRemove = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'notfound'} end
+local f = redis.call('HMGET', KEYS[1], 'generation', 'name', 'owner')
+local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]
+local pc = tonumber(redis.call('HGET', KEYS[1], 'holder:@name') or '0')
+if pc > 0 then
+  redis.call('HDEL', KEYS[1], 'holder:@name')
+  redis.call('HINCRBY', KEYS[1], 'refcount', -pc)
+end
+redis.call('RENAME', KEYS[1], rkey)
+redis.call('SREM', KEYS[2], f[2])
+local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
+if rc > 0 then return {'ok', f[1], rc} end
+if f[3] == ARGV[2] then return {'free', f[1]} end
+redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[2], generation = tonumber(f[1])}))
+return {'queued', f[1]}
+)lua";
+
+// Moves commands left in the processing lists of earlier leaders back to
+// the head of the lifecycle list (oldest first), then registers ours.
+// KEYS: lifecycle, processing list set   ARGV: our processing list
+// -> number of commands re-queued
+inline constexpr const char* kRequeue = R"lua(
+local n = 0
+for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if l ~= ARGV[1] then
+    while redis.call('LMOVE', l, KEYS[1], 'LEFT', 'RIGHT') do n = n + 1 end
+    redis.call('SREM', KEYS[2], l)
+  end
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return n
+)lua";
+
+// One set of loaded scripts; each thread that runs scripts owns one (the
+// SHA cache inside a Script is not shared between threads).
+struct Scripts {
+  redis::Script lease_acquire{kLeaseAcquire};
+  redis::Script lease_renew{kLeaseRenew};
+  redis::Script lease_release{kLeaseRelease};
+  redis::Script create{kCreate};
+  redis::Script acquire{kAcquire};
+  redis::Script release{kRelease};
+  redis::Script remove{kRemove};
+  redis::Script requeue{kRequeue};
+};
+
+}  // namespace memcuda::detail::lua

@@ -1,0 +1,118 @@
+// CUDA runtime helpers: the error macro, a scoped device switch and device
+// identity by UUID. Compiles to nothing useful without the toolkit; callers
+// guard with MEMCUDA_HAS_CUDA().
+#pragma once
+
+#include "memcuda/config.hpp"
+#include "memcuda/error.hpp"
+
+#if MEMCUDA_HAS_CUDA()
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <vector>
+
+namespace memcuda::detail {
+
+// Throws CudaError with the status, the API name and the call site. The
+// failed call's sticky-free error state is cleared first so the next call
+// does not report it again.
+[[noreturn]] inline void throw_cuda(cudaError_t st, const char* api,
+                                    std::source_location where = std::source_location::current()) {
+  cudaGetLastError();
+  throw CudaError(static_cast<int>(st), api,
+                  std::string(api) + " failed: " + cudaGetErrorName(st) + " (" +
+                      cudaGetErrorString(st) + ") at " + where.file_name() + ":" +
+                      std::to_string(where.line()),
+                  where);
+}
+
+}  // namespace memcuda::detail
+
+#define MEMCUDA_CUDA_TRY(call)                                   \
+  do {                                                           \
+    cudaError_t memcuda_st_ = (call);                            \
+    if (memcuda_st_ != cudaSuccess)                              \
+      ::memcuda::detail::throw_cuda(memcuda_st_, #call);         \
+  } while (0)
+
+namespace memcuda::detail {
+
+// Makes `device` current for a scope and restores the previous device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MEMCUDA_CUDA_TRY(cudaGetDevice(&prev_));
+    if (prev_ != device) MEMCUDA_CUDA_TRY(cudaSetDevice(device));
+    else prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+inline std::string format_uuid(const cudaUUID_t& u) {
+  // nvidia-smi's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+  char buf[64];
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(buf, sizeof buf,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return buf;
+}
+
+// UUIDs of the devices visible to this process, by local ordinal. Queried
+// once (cudaGetDeviceProperties is slow); the set of visible devices cannot
+// change during a process's life.
+inline const std::vector<std::string>& device_uuids() {
+  static const std::vector<std::string> uuids = [] {
+    std::vector<std::string> v;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return v;
+    }
+    for (int i = 0; i < n; ++i) {
+      cudaDeviceProp p{};
+      MEMCUDA_CUDA_TRY(cudaGetDeviceProperties(&p, i));
+      v.push_back(format_uuid(p.uuid));
+    }
+    return v;
+  }();
+  return uuids;
+}
+
+inline int device_count() { return static_cast<int>(device_uuids().size()); }
+
+inline const std::string& device_uuid(int ordinal) {
+  const auto& u = device_uuids();
+  if (ordinal < 0 || ordinal >= static_cast<int>(u.size()))
+    throw InvalidArgument("CUDA device " + std::to_string(ordinal) + " does not exist (this process sees " +
+                          std::to_string(u.size()) + " device(s); check CUDA_VISIBLE_DEVICES)");
+  return u[static_cast<std::size_t>(ordinal)];
+}
+
+// Local ordinal of the device with this UUID; Unavailable when this process
+// cannot see it (another CUDA_VISIBLE_DEVICES, or another machine).
+inline int ordinal_of_uuid(const std::string& uuid, int hint) {
+  const auto& u = device_uuids();
+  if (hint >= 0 && hint < static_cast<int>(u.size()) && u[static_cast<std::size_t>(hint)] == uuid) return hint;
+  for (std::size_t i = 0; i < u.size(); ++i)
+    if (u[i] == uuid) return static_cast<int>(i);
+  throw Unavailable("device " + uuid + " is not visible to this process (it sees " + std::to_string(u.size()) +
+                    " device(s); check CUDA_VISIBLE_DEVICES)");
+}
+
+}  // namespace memcuda::detail
+#endif  // MEMCUDA_HAS_CUDA()

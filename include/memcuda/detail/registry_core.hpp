@@ -1,0 +1,653 @@
+// The state a TensorRegistry shares with its tensors and its control thread:
+// the client connection, the allocator-of-record role (lease token, epoch,
+// the allocations it owns) and the operations both the API and the control
+// thread run. TensorRegistry and SharedTensor are thin layers over it.
+#pragma once
+
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <chrono>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/backend/cuda_backend.hpp"
+#include "memcuda/detail/backend/host_backend.hpp"
+#include "memcuda/detail/control/keys.hpp"
+#include "memcuda/detail/control/scripts.hpp"
+#include "memcuda/detail/log.hpp"
+#include "memcuda/detail/node.hpp"
+#include "memcuda/detail/process_cache.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/options.hpp"
+#include "memcuda/protocol.hpp"
+#include "memcuda/redis/connection.hpp"
+#include "memcuda/stats.hpp"
+
+namespace memcuda::detail {
+
+inline Backend& backend_for(BackendKind k) {
+  static HostBackend host;  // stateless; process-wide so blocks never outlive it
+  if (k == BackendKind::host) return host;
+#if MEMCUDA_HAS_CUDA()
+  static CudaBackend cuda;
+  return cuda;
+#else
+  throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+}
+
+inline bool cuda_usable() {
+#if MEMCUDA_HAS_CUDA()
+  return device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+// A number from a script's table: Lua numbers arrive as integers, Hash
+// values (HGET) as strings.
+inline std::int64_t reply_int(redis::ReplyView v) {
+  if (v.is_integer()) return v.integer();
+  std::string s(v.str());
+  try {
+    return std::stoll(s);
+  } catch (const std::exception&) {
+    throw InternalError("expected a number from Redis, got '" + s + "'");
+  }
+}
+inline std::uint64_t reply_u64(redis::ReplyView v) { return static_cast<std::uint64_t>(reply_int(v)); }
+
+inline protocol::Fields fields_from_reply(redis::ReplyView r) {
+  protocol::Fields f;
+  f.reserve(r.size() / 2);
+  for (std::size_t i = 0; i + 1 < r.size(); i += 2)
+    f.emplace_back(std::string(r[i].str()), std::string(r[i + 1].str()));
+  return f;
+}
+
+// Holder id for a lifecycle command: the explicit holder, else the pid, else
+// "anonymous" (a plain redis-cli client).
+inline std::string holder_of(const protocol::Command& c) {
+  if (c.holder) return *c.holder;
+  if (c.pid) return "pid:" + std::to_string(*c.pid);
+  return "anonymous";
+}
+
+class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
+ public:
+  explicit RegistryCore(RegistryOptions o)
+      : opts(std::move(o)),
+        keys(opts.name_space),
+        session(new_session_id()),
+        node(node_id()),
+        client_(opts.redis) {
+    if (opts.lease_ttl < std::chrono::milliseconds(30))
+      throw InvalidArgument("lease_ttl must be at least 30 ms");
+  }
+
+  RegistryCore(const RegistryCore&) = delete;
+  RegistryCore& operator=(const RegistryCore&) = delete;
+
+  const RegistryOptions opts;
+  const Keys keys;
+  const std::string session;
+  const std::string node;
+
+  // ---- leadership -------------------------------------------------------
+
+  bool is_leader() const noexcept { return leader_.load(std::memory_order_acquire); }
+
+  std::pair<std::string, std::uint64_t> lease() const {
+    std::lock_guard lk(lease_mu_);
+    return {token_, epoch_};
+  }
+
+  // Campaigns once. On success this process is the allocator of record and
+  // commands left by dead leaders are queued again.
+  bool try_acquire_lease(redis::Connection& c, lua::Scripts& s) {
+    auto r = s.lease_acquire.eval(c, {keys.leader(), keys.epoch()},
+                                  {session, opts.lease_ttl.count()});
+    if (r[0].integer() != 1) return false;
+    std::string token(r[1].str());
+    std::uint64_t epoch = std::stoull(token.substr(0, token.find(' ')));
+    {
+      std::lock_guard lk(lease_mu_);
+      token_ = token;
+      epoch_ = epoch;
+    }
+    auto n = s.requeue.eval(c, {keys.lifecycle(), keys.processing_lists()}, {keys.processing(epoch)});
+    leader_.store(true, std::memory_order_release);
+    log(LogLevel::info, "became allocator of record, epoch " + std::to_string(epoch) +
+                            (n.integer() ? ", re-queued " + std::to_string(n.integer()) + " command(s)" : ""));
+    return true;
+  }
+
+  bool renew_lease(redis::Connection& c, lua::Scripts& s) {
+    auto [token, epoch] = lease();
+    if (s.lease_renew.eval(c, {keys.leader()}, {token, opts.lease_ttl.count()}).integer() == 1) return true;
+    lose_leadership("lease expired before renewal");
+    return false;
+  }
+
+  void release_lease(redis::Connection& c, lua::Scripts& s) {
+    if (!is_leader()) return;
+    auto [token, epoch] = lease();
+    leader_.store(false, std::memory_order_release);
+    s.lease_release.eval(c, {keys.leader()}, {token});
+    log(LogLevel::info, "released the allocator-of-record lease (epoch " + std::to_string(epoch) + ")");
+  }
+
+  void lose_leadership(const std::string& why) {
+    if (leader_.exchange(false)) log(LogLevel::warn, "no longer allocator of record: " + why);
+  }
+
+  // ---- allocator-of-record operations (run by the leader) ---------------
+
+  struct Created {
+    std::uint64_t generation;
+    std::int64_t refcount;
+    TensorInfo info;
+    std::shared_ptr<ExportedBlock> block;  // null on a replay
+  };
+
+  // Allocates, exports and publishes a tensor. Throws AlreadyExists,
+  // NotLeader (lease lost), InvalidArgument, CudaError, BudgetExceeded.
+  Created leader_create(redis::Connection& c, lua::Scripts& s, const protocol::Command& cmd) {
+    if (!cmd.dtype || !cmd.shape) throw InvalidArgument("create needs a dtype and a shape");
+    ::memcuda::validate_name(cmd.name);
+    const std::uint64_t bytes = byte_size(*cmd.dtype, *cmd.shape);
+    const BackendKind kind = cmd.backend.value_or(default_backend());
+    int device = -1;
+    if (kind == BackendKind::cuda) {
+      device = cmd.device.value_or(opts.default_device);
+#if MEMCUDA_HAS_CUDA()
+      // Ordinals differ between processes with different CUDA_VISIBLE_DEVICES;
+      // the UUID, when the sender gave it, is what names the device.
+      if (cmd.device_uuid) device = ordinal_of_uuid(*cmd.device_uuid, device);
+#endif
+    }
+    auto [token, epoch] = lease();
+    if (!is_leader()) throw NotLeader("this process is not the allocator of record");
+
+    Backend& be = backend_for(kind);
+    const std::uint64_t alloc_id = next_alloc_id_.fetch_add(1);
+    auto block = std::make_shared<ExportedBlock>(be, be.allocate(bytes, device, alloc_id, session));
+    const Allocation& a = block->allocation();
+
+    TensorInfo t;
+    t.name = cmd.name;
+    t.dtype = *cmd.dtype;
+    t.shape = *cmd.shape;
+    t.ctime_ms = now_ms();
+    t.node = node;
+    t.device = a.device;
+    t.device_uuid = a.device_uuid;
+    t.bytes = bytes;
+    t.backend = kind;
+    t.ipc_handle = a.handle;
+    t.offset = 0;
+    t.alloc_bytes = a.size;
+    t.alloc_id = a.alloc_id;
+    t.state = TensorState::ready;
+    t.epoch = epoch;
+    t.owner = session;
+    t.owner_pid = ::getpid();
+    t.create_id = cmd.id.value_or("");
+
+    std::vector<redis::Arg> args{token, cmd.name, t.create_id, keys.ready_channel(cmd.name), holder_of(cmd),
+                                 (cmd.persistent.value_or(false) ? "1" : "0")};
+    protocol::Fields fields = protocol::encode_record(t);
+    for (const auto& [k, v] : fields) {
+      // The script sets these itself, atomically with the existence check.
+      if (k == "generation" || k == "state" || k == "refcount" || k.starts_with("holder:")) continue;
+      args.emplace_back(k);
+      args.emplace_back(v);
+    }
+    ProcessCache::instance().add_export(session, block);
+    const std::string tkey = keys.tensor(cmd.name);
+    const std::string lkey = keys.leader();
+    const std::string nkey = keys.names();
+    const std::string gkey = keys.generation();
+    const std::string wkey = waiters_key(cmd.name);
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey};
+    auto r = s.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+    std::string_view st = r[0].str();
+    if (st == "ok") {
+      t.generation = reply_u64(r[1]);
+      t.refcount = reply_int(r[2]);
+      t.holders[holder_of(cmd)] = 1;
+      if (cmd.persistent.value_or(false)) t.holders["@name"] = 1;
+      {
+        std::lock_guard lk(owned_mu_);
+        owned_[t.generation] = block;
+        owned_bytes_ += a.size;
+      }
+      ++stats_.creates;
+      return {t.generation, t.refcount, std::move(t), std::move(block)};
+    }
+    if (st == "replay") {
+      return {reply_u64(r[1]), reply_int(r[2]), {}, nullptr};
+    }
+    if (st == "exists")
+      throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
+                          "); remove it first or get() it");
+    lose_leadership("lease taken over (now " + std::string(r[1].str()) + ")");
+    throw NotLeader("lost the allocator-of-record lease while creating '" + cmd.name + "'");
+  }
+
+  // Frees an unlinked tensor whose last reference is gone. Ours: drop the
+  // allocation. Another (dead) owner's: reclaim what the backend can.
+  void free_unlinked(redis::Connection& c, std::uint64_t generation) {
+    const std::string rkey = keys.removed(generation);
+    std::shared_ptr<ExportedBlock> block;
+    {
+      std::lock_guard lk(owned_mu_);
+      if (auto it = owned_.find(generation); it != owned_.end()) {
+        block = std::move(it->second);
+        owned_.erase(it);
+        owned_bytes_ -= block->allocation().size;
+      }
+    }
+    if (block) {
+      c.command({"DEL", rkey});
+      ++stats_.frees;
+      return;  // memory goes with the last in-process user of `block`
+    }
+    auto r = c.command({"HGETALL", rkey});
+    if (r.size() == 0) return;  // already freed
+    TensorInfo t = protocol::decode_record(fields_from_reply(r.view()));
+    if (t.refcount > 0) {
+      log(LogLevel::warn, "ignoring free of '" + t.name + "': still " + std::to_string(t.refcount) + " reference(s)");
+      return;
+    }
+    if (t.owner != session) {
+      try {
+        backend_for(t.backend).reclaim_orphan(t);
+      } catch (const std::exception& e) {
+        log(LogLevel::warn, std::string("reclaim: ") + e.what());
+      }
+    }
+    c.command({"DEL", rkey});
+    ++stats_.frees;
+  }
+
+  // Executes one lifecycle command as the allocator of record and returns
+  // the reply to send (when the command names reply_to).
+  protocol::Reply execute(redis::Connection& c, lua::Scripts& s, const protocol::Command& cmd) {
+    protocol::Reply rep;
+    rep.id = cmd.id;
+    rep.id_is_number = cmd.id_is_number;
+    rep.op = std::string(to_string(cmd.op));
+    rep.name = cmd.name;
+    auto [token, epoch] = lease();
+    switch (cmd.op) {
+      case protocol::Op::create: {
+        auto cr = leader_create(c, s, cmd);
+        rep.generation = cr.generation;
+        rep.refcount = cr.refcount;
+        break;
+      }
+      case protocol::Op::get: {
+        auto r = s.acquire.eval(c, {keys.tensor(cmd.name), keys.leader()}, {holder_of(cmd), "", node, token});
+        auto t = check_acquire(r, cmd.name, std::nullopt);
+        rep.generation = t.generation;
+        rep.refcount = t.refcount;
+        break;
+      }
+      case protocol::Op::del: {
+        std::uint64_t gen = cmd.generation.value_or(0);
+        if (!gen) {
+          auto g = c.command({"HGET", keys.tensor(cmd.name), "generation"});
+          if (g.is_nil()) throw NotFound("no tensor named '" + cmd.name + "'");
+          gen = std::stoull(std::string(g.str()));
+        }
+        auto rc = release_ref(c, s, cmd.name, gen, holder_of(cmd), token);
+        rep.generation = gen;
+        rep.refcount = rc;
+        break;
+      }
+      case protocol::Op::free:
+        free_unlinked(c, cmd.generation.value_or(0));
+        rep.generation = cmd.generation;
+        break;
+    }
+    return rep;
+  }
+
+  // ---- client operations (any process) -----------------------------------
+
+  // The get fast path: one script checks state, dtype and node and takes
+  // the reference atomically; then the memory is mapped (once per process).
+  std::pair<TensorInfo, std::pair<void*, std::shared_ptr<void>>> acquire(
+      std::string_view name, std::optional<DType> dtype) {
+    check_fatal();
+    ::memcuda::validate_name(name);
+    TensorInfo t;
+    {
+      std::lock_guard lk(client_mu_);
+      auto r = scripts_.acquire.eval(
+          client_, {keys.tensor(name), keys.leader()},
+          {session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), node, ""});
+      t = check_acquire(r, std::string(name), dtype);
+    }
+    try {
+      return {t, map(t)};
+    } catch (...) {
+      release_noexcept(t.name, t.generation);
+      throw;
+    }
+  }
+
+  // Maps a tensor's allocation into this process (or finds our own).
+  std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
+    if (t.node != node)
+      throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + node);
+    auto [base, keep] = ProcessCache::instance().resolve(
+        t.owner, t.alloc_id, [&] { return backend_for(t.backend).open(t); });
+    return {static_cast<char*>(base) + t.offset, std::move(keep)};
+  }
+
+  // create() of the API: directly when we are the allocator of record,
+  // else through the lifecycle list and a reply.
+  std::pair<TensorInfo, std::pair<void*, std::shared_ptr<void>>> create(protocol::Command cmd) {
+    check_fatal();
+    cmd.holder = session;
+    cmd.pid = ::getpid();
+    cmd.node = node;
+    if (!cmd.backend) cmd.backend = default_backend();
+    if (is_leader()) {
+      try {
+        std::lock_guard lk(client_mu_);
+        auto cr = leader_create(client_, scripts_, cmd);
+        if (cr.block) {
+          void* p = static_cast<char*>(cr.block->base()) + cr.info.offset;
+          return {std::move(cr.info), {p, std::move(cr.block)}};
+        }
+      } catch (const NotLeader&) {
+        // lost the lease meanwhile: the new leader serves it below
+      }
+    }
+    std::uint64_t gen = request(cmd);
+    TensorInfo t;
+    {
+      std::lock_guard lk(client_mu_);
+      auto r = client_.command({"HGETALL", keys.tensor(cmd.name)});
+      if (r.size() == 0) throw NotFound("tensor '" + cmd.name + "' vanished right after its creation");
+      t = protocol::decode_record(fields_from_reply(r.view()));
+    }
+    if (t.generation != gen)
+      throw StaleHandle("tensor '" + cmd.name + "' was replaced right after its creation");
+    try {
+      return {t, map(t)};
+    } catch (...) {
+      release_noexcept(t.name, t.generation);
+      throw;
+    }
+  }
+
+  // Sends a command to the allocator of record and waits for its reply.
+  std::uint64_t request(protocol::Command cmd) {
+    const std::string reply_key = keys.reply(session);
+    std::string id = session + ":" + std::to_string(++request_seq_);
+    cmd.id = id;
+    cmd.id_is_number = false;
+    cmd.reply_to = reply_key;
+    const std::string payload = protocol::encode_command(cmd);
+    std::lock_guard lk(client_mu_);
+    client_.command({"LPUSH", keys.lifecycle(), payload});
+    auto deadline = std::chrono::steady_clock::now() + opts.request_timeout;
+    bool retracted_tried = false;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        if (!retracted_tried) {
+          retracted_tried = true;
+          // Take the command back if no leader has picked it up; otherwise it
+          // is being executed: wait once more for its outcome.
+          if (client_.command({"LREM", keys.lifecycle(), 1, payload}).integer() == 1)
+            throw NotLeader("no allocator of record answered '" + std::string(to_string(cmd.op)) + " " + cmd.name +
+                            "' within " + std::to_string(opts.request_timeout.count()) +
+                            " ms: no process hosts the control thread (start one, e.g. `memcuda serve`)");
+          deadline = std::chrono::steady_clock::now() + opts.request_timeout;
+          continue;
+        }
+        throw NotLeader("the allocator of record took '" + std::string(to_string(cmd.op)) + " " + cmd.name +
+                        "' but did not reply within " + std::to_string(2 * opts.request_timeout.count()) + " ms");
+      }
+      auto wait = std::min(left, std::chrono::milliseconds(1000));
+      auto r = client_.blocking(wait, {"BLPOP", reply_key, seconds_arg(wait)});
+      if (r.is_nil()) continue;
+      protocol::Reply rep = protocol::decode_reply(r[1].str());
+      if (rep.id != id) continue;  // a late reply to an earlier, abandoned request
+      if (!rep.ok) {
+        auto e = rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"});
+        throw_for_code(e.code, e.message);
+      }
+      return rep.generation.value_or(0);
+    }
+  }
+
+  void remove(std::string_view name) {
+    check_fatal();
+    ::memcuda::validate_name(name);
+    std::lock_guard lk(client_mu_);
+    auto r = scripts_.remove.eval(client_, {keys.tensor(name), keys.names(), keys.lifecycle()},
+                                  {keys.prefix(), session});
+    std::string_view st = r[0].str();
+    if (st == "notfound") throw NotFound("no tensor named '" + std::string(name) + "'");
+    if (st == "free") free_unlinked(client_, reply_u64(r[1]));
+  }
+
+  // Drops one of our references; returns the remaining refcount. Frees the
+  // memory when it was the last and it is ours.
+  std::int64_t release_ref(redis::Connection& c, lua::Scripts& s, const std::string& name, std::uint64_t gen,
+                           const std::string& holder, const std::string& token) {
+    auto r = s.release.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle(), keys.leader()},
+                            {gen, holder, keys.prefix(), session, token});
+    std::string_view st = r[0].str();
+    if (st == "ok") return reply_int(r[1]);
+    if (st == "free") {
+      free_unlinked(c, gen);
+      return 0;
+    }
+    if (st == "queued") return 0;
+    if (st == "notfound") throw NotFound("no tensor '" + name + "' of generation " + std::to_string(gen));
+    if (st == "notholder") throw InvalidArgument("'" + holder + "' holds no reference to '" + name + "'");
+    lose_leadership("lease taken over");
+    throw NotLeader("lost the allocator-of-record lease");
+  }
+
+  void release_noexcept(const std::string& name, std::uint64_t gen) noexcept {
+    try {
+      std::lock_guard lk(client_mu_);
+      release_ref(client_, scripts_, name, gen, session, "");
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, "release of '" + name + "': " + e.what());
+    }
+  }
+
+  std::optional<std::uint64_t> current_generation(std::string_view name) {
+    std::lock_guard lk(client_mu_);
+    auto r = client_.command({"HGET", keys.tensor(name), "generation"});
+    if (r.is_nil()) return std::nullopt;
+    return std::stoull(std::string(r.str()));
+  }
+
+  std::optional<TensorInfo> info(std::string_view name) {
+    check_fatal();
+    std::lock_guard lk(client_mu_);
+    auto r = client_.command({"HGETALL", keys.tensor(name)});
+    if (r.size() == 0) return std::nullopt;
+    return protocol::decode_record(fields_from_reply(r.view()));
+  }
+
+  std::vector<TensorInfo> list(std::string_view pattern) {
+    check_fatal();
+    std::lock_guard lk(client_mu_);
+    auto names = client_.command({"SMEMBERS", keys.names()});
+    std::vector<std::string> selected;
+    const std::string pat(pattern.empty() ? "*" : pattern);
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      std::string n(names[i].str());
+      if (::fnmatch(pat.c_str(), n.c_str(), 0) == 0) selected.push_back(std::move(n));
+    }
+    std::vector<redis::Command> cmds;
+    for (const auto& n : selected) cmds.push_back({"HGETALL", keys.tensor(n)});
+    std::vector<TensorInfo> out;
+    if (cmds.empty()) return out;
+    auto replies = client_.pipeline(cmds);
+    for (auto& r : replies) {
+      if (r.size() == 0) continue;  // removed meanwhile
+      try {
+        out.push_back(protocol::decode_record(fields_from_reply(r.view())));
+      } catch (const ProtocolError& e) {
+        log(LogLevel::warn, std::string("skipping a corrupt record: ") + e.what());
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    return out;
+  }
+
+  // Blocks until `name` is ready or the timeout passes, without polling:
+  // the waiter registers a private list in the name's waiter set, and the
+  // create script pushes the generation to every registered list.
+  bool wait(std::string_view name, std::chrono::milliseconds timeout) {
+    check_fatal();
+    ::memcuda::validate_name(name);
+    redis::Connection c(opts.redis);  // a blocked wait must not hold the shared connection
+    const std::string wl = keys.reply(session) + ":wait:" + std::to_string(++request_seq_);
+    const std::string ws = waiters_key(name);
+    c.pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, std::to_string(timeout.count() + 60000)}});
+    auto st = c.command({"HGET", keys.tensor(name), "state"});
+    bool ready = !st.is_nil() && st.str() == "ready";
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!ready) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      auto r = c.blocking(left, {"BLPOP", wl, seconds_arg(left)});
+      if (r.is_nil()) continue;
+      auto s2 = c.command({"HGET", keys.tensor(name), "state"});
+      ready = !s2.is_nil() && s2.str() == "ready";
+    }
+    c.pipeline({{"SREM", ws, wl}, {"DEL", wl}});
+    return ready;
+  }
+
+  RegistryStats stats() {
+    check_fatal();
+    RegistryStats s;
+    auto all = list("*");
+    std::map<std::pair<int, int>, DeviceUsage> per;
+    for (const auto& t : all) {
+      ++s.tensors;
+      s.bytes += t.bytes;
+      auto& d = per[{static_cast<int>(t.backend), t.device}];
+      d.backend = t.backend;
+      d.device = t.device;
+      d.device_uuid = t.device_uuid;
+      ++d.tensors;
+      d.bytes += t.bytes;
+    }
+    for (auto& [k, v] : per) s.per_device.push_back(v);
+    std::lock_guard lk(client_mu_);
+    auto rs = client_.pipeline({{"GET", keys.leader()}, {"PTTL", keys.leader()}, {"LLEN", keys.lifecycle()}});
+    if (!rs[0].is_nil()) {
+      std::string tok(rs[0].str());
+      s.leader.present = true;
+      s.leader.epoch = std::stoull(tok.substr(0, tok.find(' ')));
+      s.leader.session = tok.substr(tok.find(' ') + 1);
+      s.leader.ttl_ms = rs[1].integer();
+      s.leader.is_self = s.leader.session == session;
+    }
+    s.queue_length = static_cast<std::uint64_t>(rs[2].integer());
+    {
+      std::lock_guard ol(owned_mu_);
+      s.process.owned_allocations = owned_.size();
+      s.process.owned_bytes = owned_bytes_;
+    }
+    s.process.creates = stats_.creates.load();
+    s.process.frees = stats_.frees.load();
+    auto& pc = ProcessCache::instance();
+    s.process.live_imports = pc.live_imports();
+    s.process.import_opens = pc.opens();
+    s.process.import_hits = pc.hits();
+    return s;
+  }
+
+  // ---- error hand-off from the control thread ----------------------------
+
+  void set_fatal(std::exception_ptr e) {
+    std::lock_guard lk(fatal_mu_);
+    if (!fatal_) fatal_ = e;
+  }
+  void check_fatal() {
+    std::lock_guard lk(fatal_mu_);
+    if (fatal_) std::rethrow_exception(std::exchange(fatal_, nullptr));
+  }
+
+  BackendKind default_backend() const {
+    if (opts.default_backend) return *opts.default_backend;
+    return cuda_usable() ? BackendKind::cuda : BackendKind::host;
+  }
+
+  std::string waiters_key(std::string_view name) const { return keys.prefix() + "memcuda:waiters:" + std::string(name); }
+
+  static std::string seconds_arg(std::chrono::milliseconds ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", std::max<double>(ms.count(), 1.0) / 1000.0);
+    return buf;
+  }
+
+ private:
+  TensorInfo check_acquire(const redis::Reply& r, const std::string& name, std::optional<DType> dtype) {
+    std::string_view st = r[0].str();
+    if (st == "ok") return protocol::decode_record(fields_from_reply(r[1]));
+    if (st == "notfound") throw NotFound("no tensor named '" + name + "'");
+    if (st == "dtype")
+      throw TypeMismatch("tensor '" + name + "' holds " + std::string(r[1].str()) + ", not " +
+                         std::string(dtype ? to_string(*dtype) : "?"));
+    if (st == "node")
+      throw Unavailable("tensor '" + name + "' lives on node " + std::string(r[1].str()) + ", this is " + node);
+    if (st == "state") {
+      if (r[1].str() == "lost")
+        throw Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it");
+      throw NotFound("tensor '" + name + "' is not ready (state " + std::string(r[1].str()) + ")");
+    }
+    lose_leadership("lease taken over");
+    throw NotLeader("lost the allocator-of-record lease");
+  }
+
+  redis::Connection client_;
+  lua::Scripts scripts_;
+  std::mutex client_mu_;
+  std::uint64_t request_seq_ = 0;
+
+  std::atomic<bool> leader_{false};
+  mutable std::mutex lease_mu_;
+  std::string token_;
+  std::uint64_t epoch_ = 0;
+
+  std::mutex owned_mu_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<ExportedBlock>> owned_;  // by generation
+  std::uint64_t owned_bytes_ = 0;
+  std::atomic<std::uint64_t> next_alloc_id_{1};
+  struct {
+    std::atomic<std::uint64_t> creates{0}, frees{0};
+  } stats_;
+
+  std::mutex fatal_mu_;
+  std::exception_ptr fatal_;
+};
+
+}  // namespace memcuda::detail

@@ -1,0 +1,172 @@
+// SharedTensor<T>: a handle to a named tensor of the registry.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "memcuda/detail/registry_core.hpp"
+#include "memcuda/dtype.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/tensor_info.hpp"
+
+namespace memcuda {
+
+namespace detail {
+
+// One holder reference of this process to one generation of a tensor, plus
+// what keeps its memory mapped. Shared by every copy of a SharedTensor;
+// the destructor drops the reference in Redis (and never throws).
+class TensorHandle {
+ public:
+  TensorHandle(std::shared_ptr<RegistryCore> core, TensorInfo info, void* data, std::shared_ptr<void> keep)
+      : core_(std::move(core)), info_(std::move(info)), data_(data), keep_(std::move(keep)) {
+#if MEMCUDA_HAS_CUDA()
+    local_device_ = info_.backend == BackendKind::cuda ? ordinal_of_uuid(info_.device_uuid, info_.device) : -1;
+#endif
+  }
+  ~TensorHandle() { core_->release_noexcept(info_.name, info_.generation); }
+  TensorHandle(const TensorHandle&) = delete;
+  TensorHandle& operator=(const TensorHandle&) = delete;
+
+  const TensorInfo& info() const noexcept { return info_; }
+  void* data() const noexcept { return data_; }
+  int local_device() const noexcept { return local_device_; }
+  RegistryCore& core() const noexcept { return *core_; }
+
+ private:
+  std::shared_ptr<RegistryCore> core_;
+  TensorInfo info_;
+  void* data_;
+  std::shared_ptr<void> keep_;
+  int local_device_ = -1;
+};
+
+}  // namespace detail
+
+// A reference-counted handle to a named tensor in device (cuda backend) or
+// shared host memory (host backend).
+//
+// Ownership: the handle holds one reference of this process in the
+// registry (the tensor's refcount). Copies share it; the reference is
+// dropped when the last copy is destroyed or release()d, and the memory is
+// freed by the allocator of record when no process holds a reference.
+// Moves leave the source empty.
+//
+// Device rules: data() is a device pointer valid on device() (this
+// process's ordinal of the tensor's GPU) for the cuda backend, a host
+// pointer for the host backend. Writes and reads are not ordered across
+// processes by mem-cuda; synchronise (stream sync, events) before another
+// process reads what you wrote.
+//
+// T must match the stored dtype (TypeMismatch otherwise); SharedTensor<void>
+// accepts any dtype and exposes untyped bytes.
+template <class T>
+class SharedTensor {
+  static_assert(std::is_void_v<T> || TensorElement<std::remove_cv_t<T>>,
+                "SharedTensor<T>: T must be void or a type with a memcuda dtype (see dtype.hpp)");
+
+ public:
+  using element_type = T;
+  using value_type = std::conditional_t<std::is_void_v<T>, std::byte, std::remove_cv_t<T>>;
+
+  SharedTensor() noexcept = default;
+  explicit SharedTensor(std::shared_ptr<detail::TensorHandle> h) noexcept : h_(std::move(h)) {}
+
+  // Untyped handle from a typed one (shares the reference).
+  template <class U>
+    requires(std::is_void_v<T> && !std::is_void_v<U>)
+  SharedTensor(const SharedTensor<U>& o) noexcept : h_(o.handle()) {}  // NOLINT
+
+  explicit operator bool() const noexcept { return static_cast<bool>(h_); }
+  bool empty() const noexcept { return !h_; }
+
+  const std::string& name() const { return h().info().name; }
+  DType dtype() const { return h().info().dtype; }
+  const Shape& shape() const { return h().info().shape; }
+  // Row-major strides in elements (tensors are contiguous).
+  Shape strides() const { return h().info().strides(); }
+  std::size_t rank() const { return shape().size(); }
+  BackendKind backend() const { return h().info().backend; }
+  // This process's CUDA ordinal of the tensor's device; -1 for host.
+  int device() const { return h().local_device(); }
+  const std::string& device_uuid() const { return h().info().device_uuid; }
+  std::uint64_t bytes() const { return h().info().bytes; }
+  std::uint64_t size() const { return h().info().elements(); }
+  // Unique per tensor ever created under this name or any other.
+  std::uint64_t generation() const { return h().info().generation; }
+  // The record as it was when this handle was opened.
+  const TensorInfo& info() const { return h().info(); }
+
+  T* data() const noexcept { return h_ ? static_cast<T*>(h_->data()) : nullptr; }
+
+  // False once the name was removed (or removed and created again): this
+  // handle still maps valid memory, but it is no longer what the name
+  // means. Asks Redis (one round trip).
+  bool valid() const {
+    if (!h_) return false;
+    auto g = h_->core().current_generation(name());
+    return g && *g == generation();
+  }
+  // Throws StaleHandle when !valid().
+  void check_valid() const {
+    if (!valid())
+      throw StaleHandle("handle to '" + name() + "' (generation " + std::to_string(generation()) +
+                        ") is stale: the name was removed or re-created");
+  }
+
+  // Drops this copy's share; the process's reference goes with the last copy.
+  void release() noexcept { h_.reset(); }
+
+  // Bounds-checked copies between host memory and the tensor, starting at
+  // element `offset`. Synchronous. Throws InvalidArgument when the range
+  // does not fit.
+  void copy_from_host(std::span<const value_type> src, std::uint64_t offset = 0) const {
+    auto [dst, n] = range(offset, src.size());
+    copy(dst, src.data(), n, true);
+  }
+  void copy_to_host(std::span<value_type> dst, std::uint64_t offset = 0) const {
+    auto [src, n] = range(offset, dst.size());
+    copy(src, dst.data(), n, false);
+  }
+
+  std::shared_ptr<detail::TensorHandle> handle() const noexcept { return h_; }
+
+ private:
+  const detail::TensorHandle& h() const {
+    if (!h_) throw InvalidArgument("use of an empty SharedTensor (default-constructed, moved-from or released)");
+    return *h_;
+  }
+
+  std::pair<char*, std::uint64_t> range(std::uint64_t offset, std::size_t count) const {
+    const auto& info = h().info();
+    const std::uint64_t unit = sizeof(value_type);
+    const std::uint64_t total = info.bytes / unit;
+    if (offset > total || count > total - offset)
+      throw InvalidArgument("copy of " + std::to_string(count) + " element(s) at offset " + std::to_string(offset) +
+                            " is out of range for '" + info.name + "' (" + std::to_string(total) + " element(s))");
+    return {static_cast<char*>(h_->data()) + offset * unit, count * unit};
+  }
+
+  void copy(char* tensor_ptr, const void* host, std::uint64_t n, bool to_tensor) const {
+    if (n == 0) return;
+    if (backend() == BackendKind::host) {
+      if (to_tensor) std::memcpy(tensor_ptr, host, n);
+      else std::memcpy(const_cast<void*>(host), tensor_ptr, n);
+      return;
+    }
+#if MEMCUDA_HAS_CUDA()
+    detail::DeviceGuard g(device());
+    if (to_tensor) MEMCUDA_CUDA_TRY(cudaMemcpy(tensor_ptr, host, n, cudaMemcpyHostToDevice));
+    else MEMCUDA_CUDA_TRY(cudaMemcpy(const_cast<void*>(host), tensor_ptr, n, cudaMemcpyDeviceToHost));
+#else
+    throw Unavailable("cuda backend not built");
+#endif
+  }
+
+  std::shared_ptr<detail::TensorHandle> h_;
+};
+
+}  // namespace memcuda

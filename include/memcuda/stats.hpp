@@ -1,0 +1,51 @@
+// What TensorRegistry::stats() reports.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memcuda/tensor_info.hpp"
+
+namespace memcuda {
+
+// Registered tensors and their bytes on one device of one backend.
+struct DeviceUsage {
+  BackendKind backend = BackendKind::host;
+  int device = -1;          // ordinal in the allocator's view; -1 for host
+  std::string device_uuid;  // "" for host
+  std::uint64_t tensors = 0;
+  std::uint64_t bytes = 0;  // logical bytes (dtype size * elements)
+};
+
+// Who holds the allocator-of-record lease.
+struct LeaderInfo {
+  bool present = false;      // false: nobody (commands wait in the list)
+  std::string session;       // "<pid>-<random>" of the leader's registry
+  std::uint64_t epoch = 0;   // increments at every takeover
+  std::int64_t ttl_ms = 0;   // lease time left
+  bool is_self = false;      // this registry is the leader
+};
+
+// This process's side: what it allocated as allocator of record and what
+// it has mapped from others.
+struct ProcessStats {
+  std::uint64_t owned_allocations = 0;
+  std::uint64_t owned_bytes = 0;
+  std::uint64_t creates = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t live_imports = 0;  // foreign allocations mapped right now
+  std::uint64_t import_opens = 0;  // IPC opens / shm maps performed
+  std::uint64_t import_hits = 0;   // gets served by an existing mapping
+};
+
+struct RegistryStats {
+  LeaderInfo leader;
+  std::uint64_t tensors = 0;  // named tensors (removed-but-held ones excluded)
+  std::uint64_t bytes = 0;
+  std::vector<DeviceUsage> per_device;
+  std::uint64_t queue_length = 0;  // commands waiting in tensor_lifecycle
+  ProcessStats process;
+};
+
+}  // namespace memcuda

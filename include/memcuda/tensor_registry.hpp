@@ -1,0 +1,138 @@
+// TensorRegistry: the client API of mem-cuda, and the host of the control
+// thread that makes one process of the machine the allocator of record.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "memcuda/detail/control/control_loop.hpp"
+#include "memcuda/detail/registry_core.hpp"
+#include "memcuda/options.hpp"
+#include "memcuda/shared_tensor.hpp"
+#include "memcuda/stats.hpp"
+
+namespace memcuda {
+
+// A connection to the tensor registry in Redis.
+//
+// Construction connects to Redis (ConnectionError/AuthError/TimeoutError
+// when it cannot) and, unless options.control_thread is false, starts the
+// control thread: if no process holds the allocator-of-record lease, this
+// one takes it before the constructor returns. Destruction stops the thread
+// and releases the lease at once, so a follower takes over.
+//
+// Tensors returned by create/get stay usable after the registry is
+// destroyed (they keep its connection alive); memory this process
+// allocated as allocator of record lives until its last local user is gone.
+//
+// Thread safety: all member functions may be called from any thread; calls
+// that talk to Redis are serialised on one connection.
+class TensorRegistry {
+ public:
+  explicit TensorRegistry(RegistryOptions options = {})
+      : core_(std::make_shared<detail::RegistryCore>(std::move(options))) {
+    if (core_->opts.control_thread) {
+      loop_ = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->opts.redis));
+      loop_->campaign_now();
+      thread_ = std::jthread([loop = loop_.get()](std::stop_token st) { loop->run(st); });
+    }
+  }
+  ~TensorRegistry() = default;  // thread_ stops and joins before loop_ goes
+  TensorRegistry(TensorRegistry&&) noexcept = default;
+  TensorRegistry& operator=(TensorRegistry&&) = delete;
+  TensorRegistry(const TensorRegistry&) = delete;
+  TensorRegistry& operator=(const TensorRegistry&) = delete;
+
+  // Creates the named tensor (zero-filled is NOT guaranteed) and returns a
+  // handle holding the creator's reference (refcount 1, or 2 when
+  // persistent). In the allocator of record it allocates directly; in any
+  // other process it sends a create command and waits up to
+  // options.request_timeout. Throws AlreadyExists, InvalidArgument (name,
+  // shape, device), BudgetExceeded, NotLeader (nobody serves), CudaError.
+  template <class T>
+  SharedTensor<T> create(std::string_view name, Shape shape, CreateOptions opts = {}) {
+    static_assert(TensorElement<std::remove_cv_t<T>>, "create<T>: T needs a dtype (use create_any for untyped)");
+    return SharedTensor<T>(create_handle(name, dtype_of<std::remove_cv_t<T>>, std::move(shape), opts));
+  }
+  SharedTensor<void> create_any(std::string_view name, DType dtype, Shape shape, CreateOptions opts = {}) {
+    return SharedTensor<void>(create_handle(name, dtype, std::move(shape), opts));
+  }
+
+  // Opens a tensor by name: one Redis round trip (state, dtype and node are
+  // checked and this process's reference taken atomically), then the
+  // memory is mapped, once per process per allocation. Throws NotFound,
+  // TypeMismatch (T is not the stored dtype), Lost, Unavailable (another
+  // node, or a device this process cannot see).
+  template <class T>
+  SharedTensor<T> get(std::string_view name) {
+    std::optional<DType> want;
+    if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
+    auto [info, mapped] = core_->acquire(name, want);
+    return SharedTensor<T>(std::make_shared<detail::TensorHandle>(core_, std::move(info), mapped.first,
+                                                                  std::move(mapped.second)));
+  }
+
+  // Unlinks the name now: get() fails and create() may reuse it at once.
+  // Handles already open stay valid (valid() turns false); the memory is
+  // freed when the last holder releases. Throws NotFound.
+  void remove(std::string_view name) { core_->remove(name); }
+
+  // Blocks until the named tensor exists and is ready, or the timeout
+  // passes (returns false). No polling: the create wakes the waiter.
+  bool wait(std::string_view name, std::chrono::milliseconds timeout) { return core_->wait(name, timeout); }
+
+  // Records of the named tensors matching a glob pattern, sorted by name.
+  std::vector<TensorInfo> list(std::string_view pattern = "*") { return core_->list(pattern); }
+
+  // The current record of one tensor. Throws NotFound.
+  TensorInfo info(std::string_view name) {
+    auto i = core_->info(name);
+    if (!i) throw NotFound("no tensor named '" + std::string(name) + "'");
+    return std::move(*i);
+  }
+
+  // Counts and bytes per device and backend, the leader, this process.
+  RegistryStats stats() { return core_->stats(); }
+
+  // True while this registry holds the allocator-of-record lease.
+  bool is_leader() const noexcept { return core_->is_leader(); }
+  const std::string& session_id() const noexcept { return core_->session; }
+  const std::string& node_id() const noexcept { return core_->node; }
+  const RegistryOptions& options() const noexcept { return core_->opts; }
+
+ private:
+  std::shared_ptr<detail::TensorHandle> create_handle(std::string_view name, DType dtype, Shape shape,
+                                                      const CreateOptions& opts) {
+    validate_name(name);
+    validate_shape(shape);
+    protocol::Command cmd;
+    cmd.op = protocol::Op::create;
+    cmd.name = std::string(name);
+    cmd.dtype = dtype;
+    cmd.shape = std::move(shape);
+    cmd.device = opts.device.value_or(core_->opts.default_device);
+    cmd.backend = opts.backend;
+    if (opts.persistent) cmd.persistent = true;
+    if (cmd.backend.value_or(core_->default_backend()) == BackendKind::cuda) {
+#if MEMCUDA_HAS_CUDA()
+      // The command names the device by its UUID-stable ordinal of the
+      // allocator of record; translate ours when they differ.
+      cmd.device_uuid = detail::device_uuid(*cmd.device);
+#else
+      throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+    }
+    auto [info, mapped] = core_->create(std::move(cmd));
+    return std::make_shared<detail::TensorHandle>(core_, std::move(info), mapped.first, std::move(mapped.second));
+  }
+
+  std::shared_ptr<detail::RegistryCore> core_;
+  std::unique_ptr<detail::ControlLoop> loop_;
+  std::jthread thread_;  // declared after loop_: destroyed (joined) first
+};
+
+}  // namespace memcuda

@@ -1,0 +1,290 @@
+// Multi-process behaviour with real processes (memcuda_test_worker) and a
+// real redis-server: leader election and takeover, refcounts across
+// processes, raw JSON commands from a plain Redis client, and commands
+// surviving the death of the leader that took them.
+#include <catch2/catch.hpp>
+
+#include <boost/json.hpp>
+#include <memory>
+#include <thread>
+
+#include "memcuda/memcuda.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kTtlMs = 400;
+
+std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<std::string> extra = {},
+                                    const std::string& backend = "host") {
+  std::vector<std::string> argv{test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--ttl",
+                                std::to_string(kTtlMs), "--backend", backend};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return std::make_unique<test::Child>(argv);
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+// Reads the READY line; true when the worker came up as leader.
+bool ready(test::Child& w) {
+  auto l = w.read_line(10s);
+  REQUIRE(l);
+  INFO(*l);
+  REQUIRE(starts_with(*l, "READY"));
+  return l->find("leader=1") != std::string::npos;
+}
+
+RegistryOptions opts_for(const test::RedisServer& srv, bool control) {
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.control_thread = control;
+  o.lease_ttl = std::chrono::milliseconds(kTtlMs);
+  o.default_backend = BackendKind::host;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("four processes started at once elect exactly one allocator of record, and a successor takes over",
+          "[redis][multiprocess]") {
+  test::RedisServer srv;
+  std::vector<std::unique_ptr<test::Child>> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(worker(srv));
+  int leaders = 0, leader_idx = -1;
+  for (int i = 0; i < 4; ++i)
+    if (ready(*ws[static_cast<std::size_t>(i)])) {
+      ++leaders;
+      leader_idx = i;
+    }
+  REQUIRE(leaders == 1);
+  // ... and they agree on it for a while (renewals keep it)
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kTtlMs));
+  leaders = 0;
+  for (auto& w : ws) leaders += w->ask("leader") == "OK leader=1";
+  CHECK(leaders == 1);
+
+  int follower = (leader_idx + 1) % 4;
+  auto r = ws[static_cast<std::size_t>(follower)]->ask("create before 16 2");
+  CHECK(starts_with(r, "OK gen="));
+
+  // the leader dies without a word
+  ws[static_cast<std::size_t>(leader_idx)]->kill(SIGKILL);
+  ws[static_cast<std::size_t>(leader_idx)]->wait();
+  auto t0 = std::chrono::steady_clock::now();
+  int new_leader = -1;
+  while (new_leader < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4 * kTtlMs)) {
+    for (int i = 0; i < 4; ++i)
+      if (i != leader_idx && ws[static_cast<std::size_t>(i)]->ask("leader") == "OK leader=1") new_leader = i;
+    std::this_thread::sleep_for(10ms);
+  }
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  INFO("takeover after " << took.count() << " ms");
+  REQUIRE(new_leader >= 0);
+  CHECK(took.count() <= 2 * kTtlMs);
+  int second_follower = -1;
+  for (int i = 0; i < 4; ++i)
+    if (i != leader_idx && i != new_leader) second_follower = i;
+  r = ws[static_cast<std::size_t>(second_follower)]->ask("create after 16 3");
+  CHECK(starts_with(r, "OK gen="));
+  auto c = srv.connect();
+  auto token = std::string(c.command({"GET", "memcuda:leader"}).str());
+  CHECK(token.substr(0, token.find(' ')) == "2");  // exactly one takeover: epoch 2
+}
+
+TEST_CASE("three processes get a tensor: refcount 4, back to 1 after their releases, and remove waits for the last",
+          "[redis][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry reg(opts_for(srv, true));
+  REQUIRE(reg.is_leader());
+  auto t = reg.create<float>("weights", {64, 64});
+  std::vector<float> v(64 * 64, 0.5f);
+  t.copy_from_host(v);
+
+  std::vector<std::unique_ptr<test::Child>> ws;
+  for (int i = 0; i < 3; ++i) {
+    ws.push_back(worker(srv));
+    CHECK_FALSE(ready(*ws.back()));
+  }
+  for (auto& w : ws) {
+    auto r = w->ask("get weights");
+    INFO(r);
+    CHECK(starts_with(r, "OK gen=" + std::to_string(t.generation())));
+    CHECK(r.find("sum=2048") != std::string::npos);
+  }
+  auto info = reg.info("weights");
+  CHECK(info.refcount == 4);
+  CHECK(info.holders.size() == 4);
+
+  for (auto& w : ws) CHECK(w->ask("release weights") == "OK");
+  CHECK(reg.info("weights").refcount == 1);
+
+  // hold it again in two workers, remove it: memory stays until both release
+  CHECK(starts_with(ws[0]->ask("get weights"), "OK"));
+  CHECK(starts_with(ws[1]->ask("get weights"), "OK"));
+  const auto owned = reg.stats().process.owned_allocations;
+  reg.remove("weights");
+  t.release();
+  CHECK(reg.stats().process.owned_allocations == owned);
+  CHECK(ws[0]->ask("fill weights 1") == "OK");  // still writable
+  CHECK(ws[1]->ask("sum weights") == "OK sum=4096 valid=0");
+  CHECK(ws[0]->ask("release weights") == "OK");
+  CHECK(reg.stats().process.owned_allocations == owned);
+  CHECK(ws[1]->ask("release weights") == "OK");
+  // the last release queued a free that the allocator of record (this process) runs
+  for (int i = 0; i < 300 && reg.stats().process.owned_allocations != owned - 1; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(reg.stats().process.owned_allocations == owned - 1);
+  auto c = srv.connect();
+  CHECK(c.command({"KEYS", "memcuda:removed:*"}).size() == 0);
+}
+
+TEST_CASE("raw JSON lifecycle commands from a plain Redis client are executed", "[redis][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry reg(opts_for(srv, true));
+  REQUIRE(reg.is_leader());
+  auto c = srv.connect();
+  auto ask = [&](const std::string& json) {
+    c.command({"LPUSH", "tensor_lifecycle", json});
+    auto r = c.blocking(5s, {"BLPOP", "client:replies", "5"});
+    REQUIRE_FALSE(r.is_nil());
+    return boost::json::parse(r[1].str()).as_object();
+  };
+  // the seed's command, as `redis-cli LPUSH tensor_lifecycle '...'` sends it
+  auto rep = ask(R"({"op":"create","name":"X","dtype":"f32","shape":[2,3],"device":0,"pid":123,"node":"n1",
+                     "backend":"host","id":7,"reply_to":"client:replies"})");
+  CHECK(rep.at("ok").as_bool());
+  CHECK(rep.at("id").as_int64() == 7);
+  auto info = reg.info("X");
+  CHECK(info.refcount == 1);
+  CHECK(info.holders.count("pid:123") == 1);
+  CHECK(info.bytes == 24);
+  CHECK(info.state == TensorState::ready);
+
+  rep = ask(R"({"op":"get","name":"X","pid":456,"id":"g1","reply_to":"client:replies"})");
+  CHECK(rep.at("ok").as_bool());
+  CHECK(rep.at("id").as_string() == "g1");
+  CHECK(rep.at("refcount").as_int64() == 2);
+  CHECK(reg.info("X").refcount == 2);
+
+  rep = ask(R"({"op":"delete","name":"X","pid":123,"reply_to":"client:replies"})");
+  CHECK(rep.at("ok").as_bool());
+  CHECK(reg.info("X").refcount == 1);
+  rep = ask(R"({"op":"delete","name":"X","pid":456,"reply_to":"client:replies"})");
+  CHECK(rep.at("ok").as_bool());
+  CHECK_THROWS_AS(reg.info("X"), NotFound);  // refcount 0: freed and the Hash deleted
+  CHECK(reg.stats().process.owned_allocations == 0);
+
+  rep = ask(R"({"op":"get","name":"X","pid":1,"reply_to":"client:replies"})");
+  CHECK_FALSE(rep.at("ok").as_bool());
+  CHECK(rep.at("error").at("code").as_string() == "not_found");
+  rep = ask(R"({"op":"create","name":"Y","dtype":"i8","shape":[1],"backend":"host","reply_to":"client:replies"})");
+  CHECK(rep.at("ok").as_bool());
+  rep = ask(R"({"op":"create","name":"Y","dtype":"i8","shape":[1],"backend":"host","reply_to":"client:replies"})");
+  CHECK(rep.at("error").at("code").as_string() == "already_exists");
+}
+
+TEST_CASE("malformed commands get error replies and the leader keeps serving", "[redis][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry reg(opts_for(srv, true));
+  auto c = srv.connect();
+  const std::vector<std::string> bad = {
+      R"({"op":"explode","name":"a","reply_to":"r"})",
+      R"({"op":"create","reply_to":"r"})",
+      R"({"op":"create","name":"a","shape":[1],"reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f99","shape":[1],"reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":[-1],"reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":"[1]","reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":[1.5],"reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":[1,1,1,1,1,1,1,1,1],"reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f64","shape":[1099511627776,1099511627776],"reply_to":"r"})",
+      R"({"op":"create","name":"bad name","dtype":"f32","shape":[1],"reply_to":"r"})",
+      R"({"op":"create","name":"","dtype":"f32","shape":[1],"reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":[1],"device":"zero","reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":[1],"frobnicate":1,"reply_to":"r"})",
+      R"({"op":"get","name":"a","pid":"123","reply_to":"r"})",
+      R"({"op":"get","name":42,"reply_to":"r"})",
+      R"({"op":"free","name":"a","reply_to":"r"})",
+      R"({"op":"get","name":null,"reply_to":"r"})",
+      R"({"op":"delete","name":"a","generation":"7","reply_to":"r"})",
+      R"({"op":"create","name":"a","dtype":"f32","shape":[1],"backend":"floppy","reply_to":"r"})",
+  };
+  REQUIRE(bad.size() == 20);
+  for (const auto& b : bad) c.command({"LPUSH", "tensor_lifecycle", b});
+  int errors = 0;
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    auto r = c.blocking(5s, {"BLPOP", "r", "5"});
+    if (r.is_nil()) break;
+    auto o = boost::json::parse(r[1].str()).as_object();
+    INFO(r[1].str());
+    CHECK_FALSE(o.at("ok").as_bool());
+    CHECK_FALSE(o.at("error").at("message").as_string().empty());
+    ++errors;
+  }
+  CHECK(errors == 20);
+  // what is not JSON at all names no reply_to: dropped with a log line
+  c.command({"LPUSH", "tensor_lifecycle", R"({"op":"get","name":"a","reply_to":"r"} trailing)"});
+  c.command({"LPUSH", "tensor_lifecycle", R"({"op":"get","name":"a","reply_to":"r",)"});
+  c.command({"LPUSH", "tensor_lifecycle", "\x01\x02 not json"});
+  c.command({"LPUSH", "tensor_lifecycle", std::string(100000, '{')});
+  // and the leader still serves
+  c.command({"LPUSH", "tensor_lifecycle",
+             R"({"op":"create","name":"fine","dtype":"u8","shape":[4],"backend":"host","reply_to":"r"})"});
+  auto r = c.blocking(5s, {"BLPOP", "r", "5"});
+  REQUIRE_FALSE(r.is_nil());
+  CHECK(boost::json::parse(r[1].str()).at("ok").as_bool());
+  CHECK(reg.info("fine").bytes == 4);
+  CHECK(c.command({"LLEN", "tensor_lifecycle"}).integer() == 0);
+}
+
+TEST_CASE("a command taken by a leader that dies before replying is executed by the next leader",
+          "[redis][multiprocess]") {
+  test::RedisServer srv;
+  auto c = srv.connect();
+  // The test plays a leader of epoch 1: it takes the lease and a command
+  // exactly as a registry does (SET PX, BLMOVE into its processing list),
+  // then dies: it never replies and never renews.
+  c.command({"INCR", "memcuda:epoch"});
+  c.command({"SET", "memcuda:leader", "1 dead-session", "PX", std::to_string(kTtlMs)});
+  c.command({"SADD", "memcuda:processing_lists", "memcuda:processing:1"});
+  c.command({"LPUSH", "tensor_lifecycle",
+             R"({"op":"create","name":"survivor","dtype":"f32","shape":[8],"backend":"host","id":"c1","reply_to":"r"})"});
+  auto moved = c.command({"BLMOVE", "tensor_lifecycle", "memcuda:processing:1", "RIGHT", "LEFT", "1"});
+  REQUIRE_FALSE(moved.is_nil());
+  CHECK(c.command({"LLEN", "tensor_lifecycle"}).integer() == 0);
+  CHECK(c.command({"LLEN", "memcuda:processing:1"}).integer() == 1);
+
+  // a new process comes up, takes over once the dead lease expires, and re-queues the command
+  auto w = worker(srv);
+  ready(*w);
+  auto r = c.blocking(5s, {"BLPOP", "r", "5"});
+  REQUIRE_FALSE(r.is_nil());
+  auto o = boost::json::parse(r[1].str()).as_object();
+  CHECK(o.at("ok").as_bool());
+  CHECK(o.at("id").as_string() == "c1");
+  CHECK(w->ask("leader") == "OK leader=1");
+  CHECK(starts_with(w->ask("get survivor"), "OK"));
+  CHECK(c.command({"EXISTS", "memcuda:processing:1"}).integer() == 0);
+}
+
+TEST_CASE("a tensor created by a follower process is shared with a third process", "[redis][multiprocess]") {
+  test::RedisServer srv;
+  auto leader = worker(srv);
+  REQUIRE(ready(*leader));
+  auto producer = worker(srv);
+  CHECK_FALSE(ready(*producer));
+  auto consumer = worker(srv, {"--no-control"});
+  CHECK_FALSE(ready(*consumer));
+  CHECK(starts_with(producer->ask("create act 100 3"), "OK gen="));
+  auto r = consumer->ask("get act");
+  INFO(r);
+  CHECK(r.find("sum=300") != std::string::npos);
+  CHECK(r.find("refcount=2") != std::string::npos);
+  CHECK(consumer->ask("getany act").find("dtype=f32") != std::string::npos);
+  CHECK(starts_with(consumer->ask("remove act"), "OK"));
+  CHECK(consumer->ask("sum act") == "OK sum=300 valid=0");
+  CHECK(starts_with(consumer->ask("get act"), "ERR not_found"));
+}

@@ -1,0 +1,135 @@
+// memcuda_test_worker: a real mem-cuda process driven by the tests over
+// stdin/stdout, one command per line, one reply line each ("OK ..." or
+// "ERR <code> <message>").
+//
+//   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--backend host|cuda]
+//   commands: create NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
+//             | fill NAME VALUE | sum NAME | leader | info NAME | exit
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "memcuda/memcuda.hpp"
+
+using namespace memcuda;
+
+namespace {
+
+Shape parse_dims(const std::string& s) {
+  Shape out;
+  if (s == "-") return out;
+  std::stringstream ss(s);
+  std::string d;
+  while (std::getline(ss, d, ',')) out.push_back(std::stoll(d));
+  return out;
+}
+
+double checksum(const SharedTensor<float>& t) {
+  std::vector<float> host(t.size());
+  t.copy_to_host(host);
+  double s = 0;
+  for (float v : host) s += v;
+  return s;
+}
+
+void fill(const SharedTensor<float>& t, float v) {
+  std::vector<float> host(t.size(), v);
+  t.copy_from_host(host);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RegistryOptions o;
+  std::optional<BackendKind> backend;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--url") o.redis = redis::parse_url(next());
+    else if (a == "--ns") o.name_space = next();
+    else if (a == "--no-control") o.control_thread = false;
+    else if (a == "--ttl") o.lease_ttl = std::chrono::milliseconds(std::stoll(next()));
+    else if (a == "--timeout") o.request_timeout = std::chrono::milliseconds(std::stoll(next()));
+    else if (a == "--backend") backend = backend_from_string(next());
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  o.default_backend = backend;
+  std::optional<TensorRegistry> reg;
+  try {
+    reg.emplace(o);
+  } catch (const Error& e) {
+    std::cout << "ERR " << e.code() << " " << e.what() << std::endl;
+    return 1;
+  }
+  std::cout << "READY leader=" << reg->is_leader() << " pid=" << ::getpid() << std::endl;
+  std::multimap<std::string, SharedTensor<float>> held;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd, name;
+    in >> cmd >> name;
+    std::ostringstream out;
+    try {
+      if (cmd == "create") {
+        std::string dims;
+        float v = 0;
+        in >> dims >> v;
+        auto t = reg->create<float>(name, parse_dims(dims));
+        fill(t, v);
+        out << "OK gen=" << t.generation();
+        held.emplace(name, std::move(t));
+      } else if (cmd == "get") {
+        auto t = reg->get<float>(name);
+        out << "OK gen=" << t.generation() << " refcount=" << reg->info(name).refcount << " sum=" << checksum(t);
+        held.emplace(name, std::move(t));
+      } else if (cmd == "getany") {
+        auto t = reg->get<void>(name);
+        out << "OK gen=" << t.generation() << " dtype=" << to_string(t.dtype());
+      } else if (cmd == "release") {
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        held.erase(it);
+        out << "OK";
+      } else if (cmd == "remove") {
+        reg->remove(name);
+        out << "OK";
+      } else if (cmd == "fill") {
+        float v = 0;
+        in >> v;
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        fill(it->second, v);
+        out << "OK";
+      } else if (cmd == "sum") {
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        out << "OK sum=" << checksum(it->second) << " valid=" << it->second.valid();
+      } else if (cmd == "leader") {
+        out << "OK leader=" << reg->is_leader();
+      } else if (cmd == "info") {
+        auto i = reg->info(name);
+        out << "OK refcount=" << i.refcount << " gen=" << i.generation << " owner_pid=" << i.owner_pid;
+      } else if (cmd == "exit") {
+        held.clear();
+        reg.reset();
+        std::cout << "OK" << std::endl;
+        return 0;
+      } else {
+        out << "ERR invalid_argument unknown command '" << cmd << "'";
+      }
+    } catch (const Error& e) {
+      out.str("");
+      out << "ERR " << e.code() << " " << e.what();
+    } catch (const std::exception& e) {
+      out.str("");
+      out << "ERR exception " << e.what();
+    }
+    std::cout << out.str() << std::endl;
+  }
+  return 0;
+}
