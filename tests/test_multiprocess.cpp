@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "memcuda/memcuda.hpp"
+#include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -38,22 +39,22 @@ bool ready(test::Child& w) {
   return l->find("leader=1") != std::string::npos;
 }
 
-RegistryOptions opts_for(const test::RedisServer& srv, bool control) {
+RegistryOptions opts_for(const test::RedisServer& srv, bool control, BackendKind backend = BackendKind::host) {
   RegistryOptions o;
   o.redis = srv.options();
   o.control_thread = control;
   o.lease_ttl = std::chrono::milliseconds(kTtlMs);
-  o.default_backend = BackendKind::host;
+  o.default_backend = backend;
   return o;
 }
 
 }  // namespace
 
-TEST_CASE("four processes started at once elect exactly one allocator of record, and a successor takes over",
-          "[redis][multiprocess]") {
+// The scenarios below run on both backends: host here, cuda in [gpu].
+static void election_and_takeover(const std::string& backend) {
   test::RedisServer srv;
   std::vector<std::unique_ptr<test::Child>> ws;
-  for (int i = 0; i < 4; ++i) ws.push_back(worker(srv));
+  for (int i = 0; i < 4; ++i) ws.push_back(worker(srv, {}, backend));
   int leaders = 0, leader_idx = -1;
   for (int i = 0; i < 4; ++i)
     if (ready(*ws[static_cast<std::size_t>(i)])) {
@@ -95,10 +96,9 @@ TEST_CASE("four processes started at once elect exactly one allocator of record,
   CHECK(token.substr(0, token.find(' ')) == "2");  // exactly one takeover: epoch 2
 }
 
-TEST_CASE("three processes get a tensor: refcount 4, back to 1 after their releases, and remove waits for the last",
-          "[redis][multiprocess]") {
+static void refcounts_across_processes(const std::string& backend) {
   test::RedisServer srv;
-  TensorRegistry reg(opts_for(srv, true));
+  TensorRegistry reg(opts_for(srv, true, *backend_from_string(backend)));
   REQUIRE(reg.is_leader());
   auto t = reg.create<float>("weights", {64, 64});
   std::vector<float> v(64 * 64, 0.5f);
@@ -106,7 +106,7 @@ TEST_CASE("three processes get a tensor: refcount 4, back to 1 after their relea
 
   std::vector<std::unique_ptr<test::Child>> ws;
   for (int i = 0; i < 3; ++i) {
-    ws.push_back(worker(srv));
+    ws.push_back(worker(srv, {}, backend));
     CHECK_FALSE(ready(*ws.back()));
   }
   for (auto& w : ws) {
@@ -270,13 +270,13 @@ TEST_CASE("a command taken by a leader that dies before replying is executed by 
   CHECK(c.command({"EXISTS", "memcuda:processing:1"}).integer() == 0);
 }
 
-TEST_CASE("a tensor created by a follower process is shared with a third process", "[redis][multiprocess]") {
+static void follower_create_shared(const std::string& backend) {
   test::RedisServer srv;
-  auto leader = worker(srv);
+  auto leader = worker(srv, {}, backend);
   REQUIRE(ready(*leader));
-  auto producer = worker(srv);
+  auto producer = worker(srv, {}, backend);
   CHECK_FALSE(ready(*producer));
-  auto consumer = worker(srv, {"--no-control"});
+  auto consumer = worker(srv, {"--no-control"}, backend);
   CHECK_FALSE(ready(*consumer));
   CHECK(starts_with(producer->ask("create act 100 3"), "OK gen="));
   auto r = consumer->ask("get act");
@@ -287,4 +287,28 @@ TEST_CASE("a tensor created by a follower process is shared with a third process
   CHECK(starts_with(consumer->ask("remove act"), "OK"));
   CHECK(consumer->ask("sum act") == "OK sum=300 valid=0");
   CHECK(starts_with(consumer->ask("get act"), "ERR not_found"));
+}
+
+TEST_CASE("four processes started at once elect exactly one allocator of record, and a successor takes over",
+          "[redis][multiprocess]") {
+  election_and_takeover("host");
+}
+TEST_CASE("three processes get a tensor: refcount 4, back to 1 after their releases, and remove waits for the last",
+          "[redis][multiprocess]") {
+  refcounts_across_processes("host");
+}
+TEST_CASE("a tensor created by a follower process is shared with a third process", "[redis][multiprocess]") {
+  follower_create_shared("host");
+}
+TEST_CASE("cuda: four processes elect one allocator of record, and a successor takes over", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  election_and_takeover("cuda");
+}
+TEST_CASE("cuda: refcounts across processes, and remove waits for the last release", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  refcounts_across_processes("cuda");
+}
+TEST_CASE("cuda: a tensor created by a follower process is shared with a third process", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  follower_create_shared("cuda");
 }
