@@ -13,6 +13,11 @@
 
 #include "memcuda/memcuda.hpp"
 
+#if defined(MEMCUDA_TEST_KERNELS)
+extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
+extern "C" cudaError_t memcuda_test_sum(const float* p, std::size_t n, double* out, cudaStream_t s);
+#endif
+
 using namespace memcuda;
 
 namespace {
@@ -109,6 +114,29 @@ int main(int argc, char** argv) {
         auto it = held.find(name);
         if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
         out << "OK sum=" << checksum(it->second) << " valid=" << it->second.valid();
+      } else if (cmd == "stats") {
+        auto st = reg->stats();
+        out << "OK import_opens=" << st.process.import_opens << " live_imports=" << st.process.live_imports
+            << " pools=" << st.pools.size();
+        if (!st.pools.empty()) out << " in_use=" << st.pools[0].in_use << " reserved=" << st.pools[0].reserved;
+#if defined(MEMCUDA_TEST_KERNELS)
+      } else if (cmd == "getsum" || cmd == "getsum-nowait") {
+        // Opens on a fresh stream (waiting on the producer's event unless
+        // -nowait) and sums with a kernel on that stream: the value shows
+        // whether the producer's slow kernel had finished.
+        cudaStream_t s{};
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        auto t = cmd == "getsum" ? reg->get<float>(name, s) : reg->get<float>(name);
+        double* d = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&d), sizeof(double));
+        if (memcuda_test_sum(t.data(), t.size(), d, s) != cudaSuccess) throw Error("sum kernel failed");
+        double h = 0;
+        cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s);
+        if (cudaStreamSynchronize(s) != cudaSuccess) throw Error("stream sync failed");
+        cudaFree(d);
+        cudaStreamDestroy(s);
+        out << "OK sum=" << h;
+#endif
       } else if (cmd == "leader") {
         out << "OK leader=" << reg->is_leader();
       } else if (cmd == "info") {

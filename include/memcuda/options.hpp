@@ -3,13 +3,50 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "memcuda/memory_resource.hpp"
 
 #include "memcuda/redis/options.hpp"
 #include "memcuda/tensor_info.hpp"
 
 namespace memcuda {
+
+// The allocator of record's memory pool, one per device and backend. Slabs
+// are allocated and exported once; tensors are suballocated from them and
+// published as (slab handle, offset), so creating and freeing a tensor
+// costs no cudaMalloc/cudaFree and a process maps a slab once for all the
+// tensors in it.
+struct PoolOptions {
+  std::uint64_t slab_bytes = std::uint64_t{256} << 20;       // cuda
+  std::uint64_t host_slab_bytes = std::uint64_t{32} << 20;   // host (shm pages are committed up front)
+  // Tensors of at least this many bytes get an allocation of their own
+  // (0: half the slab size), so one huge tensor never pins a slab's neighbours.
+  std::uint64_t dedicated_threshold = 0;
+  // Every block is aligned to this (a power of two, at least 256).
+  std::uint64_t alignment = 256;
+  // Empty slabs kept for reuse per pool; the control thread returns the
+  // others to the driver (never on the create/release path).
+  std::uint64_t retain_empty_slabs = 1;
+  // Byte budget of the memory the pool holds (reserved) per device; 0 means
+  // none. device_budgets overrides it per CUDA ordinal (-1: host).
+  std::uint64_t budget_bytes = 0;
+  std::map<int, std::uint64_t> device_budgets;
+  // Where cuda slabs come from (null: cudaMalloc). Must hand out plain
+  // cudaMalloc memory: see memory_resource.hpp.
+  std::shared_ptr<DeviceMemoryResource> upstream;
+  // Fill fresh and freed blocks with 0xDD to expose reads of uninitialised
+  // or freed memory. Default: MEMCUDA_DEBUG_POISON=1.
+  bool poison = [] {
+    const char* e = std::getenv("MEMCUDA_DEBUG_POISON");
+    return e && *e && *e != '0';
+  }();
+};
 
 struct RegistryOptions {
   // Where the registry lives. Defaults to MEMCUDA_REDIS_URL, else
@@ -37,6 +74,9 @@ struct RegistryOptions {
   // nullopt: cuda when this build has CUDA and a device is visible, else host.
   std::optional<BackendKind> default_backend;
   int default_device = 0;
+
+  // The pool this registry allocates from while it is allocator of record.
+  PoolOptions pool;
 };
 
 struct CreateOptions {

@@ -7,7 +7,9 @@
 #include <string>
 #include <type_traits>
 
+#include "memcuda/detail/ipc_event.hpp"
 #include "memcuda/detail/registry_core.hpp"
+#include "memcuda/local_tensor.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/tensor_info.hpp"
@@ -36,12 +38,25 @@ class TensorHandle {
   int local_device() const noexcept { return local_device_; }
   RegistryCore& core() const noexcept { return *core_; }
 
+#if MEMCUDA_HAS_CUDA()
+  // This process's interprocess event for the tensor, made on first use.
+  ExportedEvent& event() {
+    std::lock_guard lk(event_mu_);
+    if (!event_) event_ = std::make_unique<ExportedEvent>(local_device_);
+    return *event_;
+  }
+#endif
+
  private:
   std::shared_ptr<RegistryCore> core_;
   TensorInfo info_;
   void* data_;
   std::shared_ptr<void> keep_;
   int local_device_ = -1;
+#if MEMCUDA_HAS_CUDA()
+  std::mutex event_mu_;
+  std::unique_ptr<ExportedEvent> event_;
+#endif
 };
 
 }  // namespace detail
@@ -115,6 +130,40 @@ class SharedTensor {
     if (!valid())
       throw StaleHandle("handle to '" + name() + "' (generation " + std::to_string(generation()) +
                         ") is stale: the name was removed or re-created");
+  }
+
+  // Cross-process stream ordering, producer side: records an interprocess
+  // event on `stream` (a stream of this tensor's device) after the work
+  // that wrote the tensor, and publishes it in the registry. Consumers that
+  // get() with a stream, or call wait_published(), then order their work
+  // after it, without any host synchronisation. Returns the event version
+  // (incremented per publish). Host backend: records nothing (host writes
+  // are visible once done) and only bumps the version. Throws StaleHandle
+  // when the name no longer means this tensor.
+  std::uint64_t publish(StreamHandle stream = nullptr) const {
+    std::string handle;
+#if MEMCUDA_HAS_CUDA()
+    if (backend() == BackendKind::cuda) {
+      auto& ev = h_->event();
+      ev.record(stream);
+      handle = ev.handle();
+    }
+#else
+    (void)stream;
+#endif
+    return h().core().publish_event(name(), generation(), handle);
+  }
+
+  // Consumer side for a handle already open: makes `stream` wait for the
+  // producer's last published event (no-op when none was published or on
+  // the host backend). Throws StaleHandle when the name moved on.
+  void wait_published(StreamHandle stream) const {
+    auto handle = h().core().published_event(name(), generation());
+#if MEMCUDA_HAS_CUDA()
+    if (backend() == BackendKind::cuda && !handle.empty()) detail::stream_wait_ipc_event(stream, handle);
+#else
+    (void)stream;
+#endif
   }
 
   // Drops this copy's share; the process's reference goes with the last copy.

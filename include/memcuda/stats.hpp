@@ -39,8 +39,27 @@ struct ProcessStats {
   std::uint64_t import_hits = 0;   // gets served by an existing mapping
 };
 
+// The allocator of record's memory pool on one device and backend. The
+// leader publishes its pools to Redis (memcuda:pool_stats) at every lease
+// renewal, so every process can report them.
+struct PoolStats {
+  BackendKind backend = BackendKind::host;
+  int device = -1;
+  std::string device_uuid;
+  std::uint64_t in_use = 0;        // bytes handed out (rounded to the pool's alignment)
+  std::uint64_t reserved = 0;      // bytes held from the driver / the OS (slabs)
+  std::uint64_t peak_in_use = 0;   // since start or the last reset_peak
+  std::uint64_t budget = 0;        // byte budget; 0 = none
+  std::uint64_t slabs = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t largest_free = 0;  // largest free block in any slab
+};
+
 struct RegistryStats {
   LeaderInfo leader;
+  std::vector<PoolStats> pools;  // the leader's pools (as last published)
+  std::uint64_t sessions = 0;    // live registry sessions
   std::uint64_t tensors = 0;  // named tensors (removed-but-held ones excluded)
   std::uint64_t bytes = 0;
   std::vector<DeviceUsage> per_device;

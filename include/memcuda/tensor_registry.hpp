@@ -76,6 +76,30 @@ class TensorRegistry {
                                                                   std::move(mapped.second)));
   }
 
+  // get() for stream-ordered consumers: additionally makes `stream` wait
+  // for the producer's last publish() (cudaStreamWaitEvent on its
+  // interprocess event; no host synchronisation). Work enqueued on `stream`
+  // afterwards sees everything the producer enqueued before publishing.
+  template <class T>
+  SharedTensor<T> get(std::string_view name, StreamHandle stream) {
+    auto t = get<T>(name);
+#if MEMCUDA_HAS_CUDA()
+    if (t.backend() == BackendKind::cuda && !t.info().event_handle.empty())
+      detail::stream_wait_ipc_event(stream, t.info().event_handle);
+#else
+    (void)stream;
+#endif
+    return t;
+  }
+
+  // Returns the allocator of record's empty slabs to the driver now (in
+  // this process, when it is the leader; the control thread also does it
+  // on its own). Returns the bytes released.
+  std::uint64_t trim() { return core_->trim_pools(true); }
+
+  // Sets the pools' peak statistic to their current use (leader only).
+  void reset_peak() { core_->reset_pool_peaks(); }
+
   // Unlinks the name now: get() fails and create() may reuse it at once.
   // Handles already open stay valid (valid() turns false); the memory is
   // freed when the last holder releases. Throws NotFound.

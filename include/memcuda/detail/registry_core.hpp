@@ -7,6 +7,8 @@
 #include <fnmatch.h>
 #include <unistd.h>
 
+#include <boost/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -27,6 +29,7 @@
 #include "memcuda/detail/control/scripts.hpp"
 #include "memcuda/detail/log.hpp"
 #include "memcuda/detail/node.hpp"
+#include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/process_cache.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/options.hpp"
@@ -158,7 +161,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     std::uint64_t generation;
     std::int64_t refcount;
     TensorInfo info;
-    std::shared_ptr<ExportedBlock> block;  // null on a replay
+    PoolBlock block;  // slab null on a replay
   };
 
   // Allocates, exports and publishes a tensor. Throws AlreadyExists,
@@ -180,10 +183,17 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     auto [token, epoch] = lease();
     if (!is_leader()) throw NotLeader("this process is not the allocator of record");
 
-    Backend& be = backend_for(kind);
-    const std::uint64_t alloc_id = next_alloc_id_.fetch_add(1);
-    auto block = std::make_shared<ExportedBlock>(be, be.allocate(bytes, device, alloc_id, session));
-    const Allocation& a = block->allocation();
+    DevicePool& pool = pool_for(kind, device);
+    PoolBlock pb = pool.allocate(bytes);
+    const Allocation& a = pb.slab->allocation();
+    // Until the script has published it, the block is ours to give back.
+    struct Giveback {
+      DevicePool* pool;
+      const PoolBlock* pb;
+      ~Giveback() {
+        if (pool) pool->deallocate(*pb);
+      }
+    } giveback{&pool, &pb};
 
     TensorInfo t;
     t.name = cmd.name;
@@ -196,7 +206,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     t.bytes = bytes;
     t.backend = kind;
     t.ipc_handle = a.handle;
-    t.offset = 0;
+    t.offset = pb.block.offset;
     t.alloc_bytes = a.size;
     t.alloc_id = a.alloc_id;
     t.state = TensorState::ready;
@@ -214,7 +224,6 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       args.emplace_back(k);
       args.emplace_back(v);
     }
-    ProcessCache::instance().add_export(session, block);
     const std::string tkey = keys.tensor(cmd.name);
     const std::string lkey = keys.leader();
     const std::string nkey = keys.names();
@@ -228,16 +237,17 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       t.refcount = reply_int(r[2]);
       t.holders[holder_of(cmd)] = 1;
       if (cmd.persistent.value_or(false)) t.holders["@name"] = 1;
+      giveback.pool = nullptr;
       {
         std::lock_guard lk(owned_mu_);
-        owned_[t.generation] = block;
-        owned_bytes_ += a.size;
+        owned_[t.generation] = Owned{&pool, pb};
+        owned_bytes_ += pb.block.size;
       }
       ++stats_.creates;
-      return {t.generation, t.refcount, std::move(t), std::move(block)};
+      return {t.generation, t.refcount, std::move(t), std::move(pb)};
     }
     if (st == "replay") {
-      return {reply_u64(r[1]), reply_int(r[2]), {}, nullptr};
+      return {reply_u64(r[1]), reply_int(r[2]), {}, {}};
     }
     if (st == "exists")
       throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
@@ -250,19 +260,20 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   // allocation. Another (dead) owner's: reclaim what the backend can.
   void free_unlinked(redis::Connection& c, std::uint64_t generation) {
     const std::string rkey = keys.removed(generation);
-    std::shared_ptr<ExportedBlock> block;
+    std::optional<Owned> mine;
     {
       std::lock_guard lk(owned_mu_);
       if (auto it = owned_.find(generation); it != owned_.end()) {
-        block = std::move(it->second);
+        mine = std::move(it->second);
         owned_.erase(it);
-        owned_bytes_ -= block->allocation().size;
+        owned_bytes_ -= mine->pb.block.size;
       }
     }
-    if (block) {
+    if (mine) {
+      mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
       c.command({"DEL", rkey});
       ++stats_.frees;
-      return;  // memory goes with the last in-process user of `block`
+      return;
     }
     auto r = c.command({"HGETALL", rkey});
     if (r.size() == 0) return;  // already freed
@@ -370,9 +381,9 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       try {
         std::lock_guard lk(client_mu_);
         auto cr = leader_create(client_, scripts_, cmd);
-        if (cr.block) {
-          void* p = static_cast<char*>(cr.block->base()) + cr.info.offset;
-          return {std::move(cr.info), {p, std::move(cr.block)}};
+        if (cr.block.slab) {
+          void* p = static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
+          return {std::move(cr.info), {p, std::move(cr.block.slab)}};
         }
       } catch (const NotLeader&) {
         // lost the lease meanwhile: the new leader serves it below
@@ -477,6 +488,26 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     }
   }
 
+  // Stores a producer's event handle for this generation; returns the new
+  // event version. Throws StaleHandle when the name moved on.
+  std::uint64_t publish_event(const std::string& name, std::uint64_t gen, const std::string& handle) {
+    std::lock_guard lk(client_mu_);
+    auto v = scripts_.publish.eval(client_, {keys.tensor(name)}, {gen, handle}).integer();
+    if (v < 0)
+      throw StaleHandle("cannot publish '" + name + "' generation " + std::to_string(gen) +
+                        ": the name was removed or re-created");
+    return static_cast<std::uint64_t>(v);
+  }
+
+  // The event handle last published for this generation ("" when none).
+  std::string published_event(const std::string& name, std::uint64_t gen) {
+    std::lock_guard lk(client_mu_);
+    auto r = client_.command({"HMGET", keys.tensor(name), "generation", "event_handle"});
+    if (r[0].is_nil() || reply_u64(r[0]) != gen)
+      throw StaleHandle("'" + name + "' generation " + std::to_string(gen) + " is no longer registered");
+    return r[1].is_nil() ? std::string() : std::string(r[1].str());
+  }
+
   std::optional<std::uint64_t> current_generation(std::string_view name) {
     std::lock_guard lk(client_mu_);
     auto r = client_.command({"HGET", keys.tensor(name), "generation"});
@@ -571,6 +602,11 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       s.leader.is_self = s.leader.session == session;
     }
     s.queue_length = static_cast<std::uint64_t>(rs[2].integer());
+    if (is_leader()) {
+      s.pools = pool_stats();
+    } else if (auto ps = client_.command({"GET", keys.prefix() + "memcuda:pool_stats"}); !ps.is_nil()) {
+      s.pools = decode_pool_stats(ps.str());
+    }
     {
       std::lock_guard ol(owned_mu_);
       s.process.owned_allocations = owned_.size();
@@ -583,6 +619,75 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     s.process.import_opens = pc.opens();
     s.process.import_hits = pc.hits();
     return s;
+  }
+
+  // ---- the pools (allocator of record) -----------------------------------
+
+  DevicePool& pool_for(BackendKind kind, int device) {
+    std::lock_guard lk(pools_mu_);
+    auto& p = pools_[{kind, device}];
+    if (!p) p = std::make_unique<DevicePool>(backend_for(kind), device, session, opts.pool, next_alloc_id_);
+    return *p;
+  }
+
+  std::vector<PoolStats> pool_stats() {
+    std::lock_guard lk(pools_mu_);
+    std::vector<PoolStats> v;
+    for (auto& [k, p] : pools_) v.push_back(p->stats());
+    return v;
+  }
+
+  // Returns empty slabs to the driver (the control thread calls it each
+  // tick, so no cudaFree runs on a create or release path).
+  std::uint64_t trim_pools(bool all = false) {
+    std::lock_guard lk(pools_mu_);
+    std::uint64_t n = 0;
+    for (auto& [k, p] : pools_) n += p->trim(all);
+    return n;
+  }
+
+  void reset_pool_peaks() {
+    std::lock_guard lk(pools_mu_);
+    for (auto& [k, p] : pools_) p->reset_peak();
+  }
+
+  // The leader publishes its pool statistics so any process can read them.
+  void publish_pool_stats(redis::Connection& c) {
+    boost::json::array a;
+    for (const auto& p : pool_stats())
+      a.push_back({{"backend", std::string(to_string(p.backend))}, {"device", p.device},
+                   {"device_uuid", p.device_uuid}, {"in_use", p.in_use}, {"reserved", p.reserved},
+                   {"peak_in_use", p.peak_in_use}, {"budget", p.budget}, {"slabs", p.slabs},
+                   {"allocations", p.allocations}, {"frees", p.frees}, {"largest_free", p.largest_free}});
+    c.command({"SET", keys.prefix() + "memcuda:pool_stats", boost::json::serialize(a), "PX",
+               std::to_string(3 * opts.lease_ttl.count())});
+  }
+
+  static std::vector<PoolStats> decode_pool_stats(std::string_view json) {
+    std::vector<PoolStats> out;
+    try {
+      auto v = boost::json::parse(json);
+      for (const auto& e : v.as_array()) {
+        const auto& o = e.as_object();
+        PoolStats p;
+        p.backend = backend_from_string(std::string(o.at("backend").as_string())).value_or(BackendKind::host);
+        p.device = static_cast<int>(o.at("device").to_number<std::int64_t>());
+        p.device_uuid = std::string(o.at("device_uuid").as_string());
+        auto u = [&](const char* k) { return o.at(k).to_number<std::uint64_t>(); };
+        p.in_use = u("in_use");
+        p.reserved = u("reserved");
+        p.peak_in_use = u("peak_in_use");
+        p.budget = u("budget");
+        p.slabs = u("slabs");
+        p.allocations = u("allocations");
+        p.frees = u("frees");
+        p.largest_free = u("largest_free");
+        out.push_back(std::move(p));
+      }
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("unreadable pool statistics in Redis: ") + e.what());
+    }
+    return out;
   }
 
   // ---- error hand-off from the control thread ----------------------------
@@ -638,8 +743,14 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   std::string token_;
   std::uint64_t epoch_ = 0;
 
+  struct Owned {
+    DevicePool* pool;
+    PoolBlock pb;
+  };
+  std::mutex pools_mu_;
+  std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
   std::mutex owned_mu_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<ExportedBlock>> owned_;  // by generation
+  std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
   std::atomic<std::uint64_t> next_alloc_id_{1};
   struct {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "memcuda/memory_resource.hpp"
 #include "memcuda/tensor_info.hpp"
 
 namespace memcuda::detail {
@@ -20,6 +21,7 @@ struct Allocation {
   void* base = nullptr;     // the exporter's own pointer (it may not open its handle)
   std::uint64_t size = 0;   // bytes of the exported allocation
   std::string handle;       // what an importer needs: 64-byte IPC handle, shm name
+  DeviceMemoryResource* upstream = nullptr;  // cuda: where the memory came from
 };
 
 // An allocation exported by another process, mapped into this one. Unmapped
@@ -43,9 +45,10 @@ class Backend {
   virtual BackendKind kind() const noexcept = 0;
 
   // Allocates at least `bytes` (>= 1) on `device` and exports it. `tag`
-  // makes exported names unique (the owner's session id).
-  virtual Allocation allocate(std::uint64_t bytes, int device, std::uint64_t alloc_id,
-                              const std::string& tag) = 0;
+  // makes exported names unique (the owner's session id). `upstream`
+  // (cuda only) supplies the memory; null means cudaMalloc.
+  virtual Allocation allocate(std::uint64_t bytes, int device, std::uint64_t alloc_id, const std::string& tag,
+                              DeviceMemoryResource* upstream = nullptr) = 0;
   // Frees an allocation of this process. Importers that mapped it keep
   // their mapping; nobody can map it afterwards.
   virtual void deallocate(const Allocation& a) noexcept = 0;

@@ -36,47 +36,61 @@ class CudaMapping final : public Mapping {
   }
 };
 
+// The default upstream: one cudaMalloc per slab (exportable by IPC).
+class CudaMallocResource final : public DeviceMemoryResource {
+ private:
+  void* do_allocate(std::size_t bytes, int device) override {
+    DeviceGuard g(device);
+    void* p = nullptr;
+    cudaError_t st = cudaMalloc(&p, bytes);
+    if (st == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      std::size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      throw BudgetExceeded("cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device) +
+                           " failed: out of device memory (" + std::to_string(free) + " of " +
+                           std::to_string(total) + " bytes free)");
+    }
+    if (st != cudaSuccess) throw_cuda(st, "cudaMalloc");
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t, int device) noexcept override {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != device) cudaSetDevice(device);
+    if (cudaError_t st = cudaFree(p); st != cudaSuccess) {
+      cudaGetLastError();
+      log(LogLevel::warn, std::string("cudaFree: ") + cudaGetErrorString(st));
+    }
+    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+  }
+};
+
 class CudaBackend final : public Backend {
  public:
   BackendKind kind() const noexcept override { return BackendKind::cuda; }
 
-  Allocation allocate(std::uint64_t bytes, int device, std::uint64_t alloc_id,
-                      const std::string& /*tag*/) override {
+  Allocation allocate(std::uint64_t bytes, int device, std::uint64_t alloc_id, const std::string& /*tag*/,
+                      DeviceMemoryResource* upstream = nullptr) override {
     Allocation a;
     a.alloc_id = alloc_id;
     a.kind = BackendKind::cuda;
     a.device = device;
     a.device_uuid = device_uuid(device);
     a.size = bytes == 0 ? 1 : bytes;
-    DeviceGuard g(device);
-    void* p = nullptr;
-    cudaError_t st = cudaMalloc(&p, a.size);
-    if (st == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      throw BudgetExceeded("cudaMalloc of " + std::to_string(a.size) + " bytes on device " +
-                           std::to_string(device) + " failed: out of device memory");
-    }
-    if (st != cudaSuccess) throw_cuda(st, "cudaMalloc");
+    a.upstream = upstream ? upstream : &default_;
+    void* p = a.upstream->allocate(a.size, device);
     cudaIpcMemHandle_t h{};
     if (cudaError_t e = cudaIpcGetMemHandle(&h, p); e != cudaSuccess) {
-      cudaFree(p);
-      throw_cuda(e, "cudaIpcGetMemHandle");
+      a.upstream->deallocate(p, a.size, device);
+      throw_cuda(e, "cudaIpcGetMemHandle (is the upstream resource's memory plain cudaMalloc memory?)");
     }
     a.base = p;
     a.handle.assign(reinterpret_cast<const char*>(&h), sizeof h);
     return a;
   }
 
-  void deallocate(const Allocation& a) noexcept override {
-    int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != a.device) cudaSetDevice(a.device);
-    if (cudaError_t st = cudaFree(a.base); st != cudaSuccess) {
-      cudaGetLastError();
-      log(LogLevel::warn, std::string("cudaFree: ") + cudaGetErrorString(st));
-    }
-    if (prev >= 0 && prev != a.device) cudaSetDevice(prev);
-  }
+  void deallocate(const Allocation& a) noexcept override { a.upstream->deallocate(a.base, a.size, a.device); }
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
     if (t.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))
@@ -97,6 +111,9 @@ class CudaBackend final : public Backend {
     if (st != cudaSuccess) throw_cuda(st, "cudaIpcOpenMemHandle");
     return std::make_unique<CudaMapping>(p, t.alloc_bytes, local);
   }
+
+ private:
+  CudaMallocResource default_;
 };
 
 }  // namespace memcuda::detail

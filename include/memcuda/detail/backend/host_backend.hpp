@@ -33,8 +33,8 @@ class HostBackend final : public Backend {
  public:
   BackendKind kind() const noexcept override { return BackendKind::host; }
 
-  Allocation allocate(std::uint64_t bytes, int /*device*/, std::uint64_t alloc_id,
-                      const std::string& tag) override {
+  Allocation allocate(std::uint64_t bytes, int /*device*/, std::uint64_t alloc_id, const std::string& tag,
+                      DeviceMemoryResource* /*upstream*/ = nullptr) override {
     Allocation a;
     a.alloc_id = alloc_id;
     a.kind = BackendKind::host;
@@ -42,12 +42,13 @@ class HostBackend final : public Backend {
     a.handle = "/memcuda." + tag + "." + std::to_string(alloc_id);
     int fd = ::shm_open(a.handle.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) throw_errno("shm_open(" + a.handle + ")");
-    if (::ftruncate(fd, static_cast<off_t>(a.size)) != 0) {
-      int e = errno;
+    // Commit the pages now: a full /dev/shm is then a clear error here
+    // instead of a SIGBUS at some later write.
+    if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(a.size)); e != 0) {
       ::close(fd);
       ::shm_unlink(a.handle.c_str());
       errno = e;
-      throw_errno("ftruncate of shared memory to " + std::to_string(a.size) + " bytes");
+      throw_errno("reserving " + std::to_string(a.size) + " bytes of shared memory in /dev/shm");
     }
     void* p = ::mmap(nullptr, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;

@@ -45,6 +45,10 @@ class ControlLoop {
         if (now >= next_lease) {
           if (core_->is_leader()) core_->renew_lease(conn_, scripts_);
           else core_->try_acquire_lease(conn_, scripts_);
+          if (core_->is_leader()) {
+            core_->trim_pools();
+            core_->publish_pool_stats(conn_);
+          }
           next_lease = now + period;
         }
         if (core_->is_leader()) {

@@ -154,6 +154,15 @@ redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[2], generation 
 return {'queued', f[1]}
 )lua";
 
+// Publishes a producer's interprocess event for one generation.
+// KEYS: tensor   ARGV: generation, event handle (raw bytes)
+// -> new event_version, or -1 when the name no longer has that generation
+inline constexpr const char* kPublish = R"lua(
+if redis.call('HGET', KEYS[1], 'generation') ~= ARGV[1] then return -1 end
+redis.call('HSET', KEYS[1], 'event_handle', ARGV[2])
+return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
+)lua";
+
 // Moves commands left in the processing lists of earlier leaders back to
 // the head of the lifecycle list (oldest first), then registers ours.
 // KEYS: lifecycle, processing list set   ARGV: our processing list
@@ -181,6 +190,7 @@ struct Scripts {
   redis::Script release{kRelease};
   redis::Script remove{kRemove};
   redis::Script requeue{kRequeue};
+  redis::Script publish{kPublish};
 };
 
 }  // namespace memcuda::detail::lua

@@ -1,0 +1,195 @@
+// The allocator of record's pool for one device of one backend: slabs
+// exported once, tensors suballocated from them by the BlockAllocator.
+// Thread-safe (one mutex); only the allocator of record's process uses it.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/pool/block_allocator.hpp"
+#include "memcuda/detail/process_cache.hpp"
+#include "memcuda/options.hpp"
+#include "memcuda/stats.hpp"
+#if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda.hpp"
+#endif
+
+namespace memcuda::detail {
+
+// A tensor's place in the pool: the slab (kept alive by this reference)
+// and the block inside it.
+struct PoolBlock {
+  std::shared_ptr<ExportedBlock> slab;
+  Block block;
+};
+
+class DevicePool {
+ public:
+  DevicePool(Backend& backend, int device, std::string tag, const PoolOptions& opts,
+             std::atomic<std::uint64_t>& next_alloc_id)
+      : backend_(backend),
+        device_(device),
+        tag_(std::move(tag)),
+        opts_(opts),
+        next_id_(next_alloc_id),
+        blocks_(BlockAllocatorOptions{static_cast<std::size_t>(opts.alignment)}) {
+    slab_bytes_ = backend.kind() == BackendKind::host ? opts_.host_slab_bytes : opts_.slab_bytes;
+    if (slab_bytes_ == 0 || slab_bytes_ % opts_.alignment != 0)
+      throw InvalidArgument("pool slab size must be a positive multiple of the alignment (" +
+                            std::to_string(opts_.alignment) + ")");
+    threshold_ = opts_.dedicated_threshold ? opts_.dedicated_threshold : slab_bytes_ / 2;
+    auto it = opts_.device_budgets.find(device);
+    budget_ = it != opts_.device_budgets.end() ? it->second : opts_.budget_bytes;
+  }
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  // A block of at least `bytes`. Reuses free space, else adds a slab (or a
+  // dedicated allocation for a large tensor). Throws BudgetExceeded when the
+  // budget (after returning empty slabs) or the device cannot hold it.
+  PoolBlock allocate(std::uint64_t bytes) {
+    const std::uint64_t want = round_up(bytes == 0 ? 1 : bytes);
+    std::lock_guard lk(mu_);
+    if (want < threshold_) {
+      if (auto b = blocks_.allocate(want)) return finish(*b, bytes);
+    }
+    const std::uint64_t slab = want < threshold_ ? slab_bytes_ : want;
+    make_room(slab, bytes);
+    const std::uint64_t id = next_id_.fetch_add(1);
+    auto exported = std::make_shared<ExportedBlock>(backend_, backend_.allocate(slab, device_, id, tag_,
+                                                                                opts_.upstream.get()));
+    blocks_.add_slab(id, slab);
+    slabs_.emplace(id, SlabEntry{exported, want >= threshold_});
+    ProcessCache::instance().add_export(tag_, exported);
+    auto b = blocks_.allocate(want);
+    if (!b) throw InternalError("a fresh slab of " + std::to_string(slab) + " bytes could not hold " +
+                                std::to_string(want));
+    return finish(*b, bytes);
+  }
+
+  // Gives a block back. Never frees device memory itself: empty slabs are
+  // returned by trim(), which the control thread runs.
+  void deallocate(const PoolBlock& pb) noexcept {
+    try {
+      if (opts_.poison) poison(pb.slab->base(), pb.block);
+      std::lock_guard lk(mu_);
+      blocks_.deallocate(pb.block);
+      requested_ -= std::min(requested_, pb.block.size);
+    } catch (const std::exception& e) {
+      log(LogLevel::error, std::string("pool: ") + e.what());
+    }
+  }
+
+  // Returns empty slabs to the driver: dedicated ones always, others beyond
+  // retain_empty_slabs (all of them when `all`). Returns the bytes released.
+  std::uint64_t trim(bool all = false) {
+    std::lock_guard lk(mu_);
+    return trim_locked(all ? 0 : opts_.retain_empty_slabs);
+  }
+
+  PoolStats stats() const {
+    std::lock_guard lk(mu_);
+    auto c = blocks_.counters();
+    PoolStats s;
+    s.backend = backend_.kind();
+    s.device = device_;
+#if MEMCUDA_HAS_CUDA()
+    if (backend_.kind() == BackendKind::cuda) s.device_uuid = device_uuid(device_);
+#endif
+    s.in_use = c.in_use;
+    s.reserved = c.reserved;
+    s.peak_in_use = c.peak_in_use;
+    s.budget = budget_;
+    s.slabs = c.slabs;
+    s.allocations = c.allocations;
+    s.frees = c.frees;
+    s.largest_free = c.largest_free;
+    return s;
+  }
+
+  void reset_peak() {
+    std::lock_guard lk(mu_);
+    blocks_.reset_peak();
+  }
+
+ private:
+  struct SlabEntry {
+    std::shared_ptr<ExportedBlock> exported;
+    bool dedicated;
+  };
+
+  std::uint64_t round_up(std::uint64_t n) const {
+    const std::uint64_t a = opts_.alignment;
+    if (n > ~std::uint64_t{0} - a) throw InvalidArgument("allocation size overflows");
+    return (n + a - 1) / a * a;
+  }
+
+  PoolBlock finish(const Block& b, std::uint64_t requested) {
+    requested_ += requested;
+    PoolBlock pb{slabs_.at(b.slab_id).exported, b};
+    if (opts_.poison) poison(pb.slab->base(), b);
+    return pb;
+  }
+
+  // Makes `slab` more bytes fit under the budget, returning empty slabs if
+  // that helps; throws BudgetExceeded when it cannot.
+  void make_room(std::uint64_t slab, std::uint64_t requested) {
+    if (budget_ == 0) return;
+    auto reserved = blocks_.counters().reserved;
+    if (reserved + slab > budget_) trim_locked(0);
+    reserved = blocks_.counters().reserved;
+    if (reserved + slab > budget_)
+      throw BudgetExceeded("allocating " + std::to_string(requested) + " bytes on " +
+                           std::string(to_string(backend_.kind())) + " device " + std::to_string(device_) +
+                           " would exceed its budget: in use " + std::to_string(blocks_.counters().in_use) +
+                           ", reserved " + std::to_string(reserved) + ", needed " + std::to_string(slab) +
+                           " more, budget " + std::to_string(budget_) + " bytes");
+  }
+
+  std::uint64_t trim_locked(std::uint64_t keep) {
+    std::uint64_t released = 0, kept = 0;
+    for (auto id : blocks_.empty_slabs()) {
+      auto it = slabs_.find(id);
+      if (!it->second.dedicated && kept < keep) {
+        ++kept;
+        continue;
+      }
+      released += blocks_.slab_size(id);
+      blocks_.remove_slab(id);
+      slabs_.erase(it);  // memory goes with the last local user of the slab
+    }
+    return released;
+  }
+
+  void poison(void* base, const Block& b) const {
+    char* p = static_cast<char*>(base) + b.offset;
+    if (backend_.kind() == BackendKind::host) {
+      std::memset(p, 0xDD, b.size);
+      return;
+    }
+#if MEMCUDA_HAS_CUDA()
+    DeviceGuard g(device_);
+    MEMCUDA_CUDA_TRY(cudaMemset(p, 0xDD, b.size));
+#endif
+  }
+
+  Backend& backend_;
+  const int device_;
+  const std::string tag_;
+  const PoolOptions opts_;
+  std::atomic<std::uint64_t>& next_id_;
+  std::uint64_t slab_bytes_ = 0;
+  std::uint64_t threshold_ = 0;
+  std::uint64_t budget_ = 0;
+  std::uint64_t requested_ = 0;
+  mutable std::mutex mu_;
+  BlockAllocator blocks_;
+  std::unordered_map<std::uint64_t, SlabEntry> slabs_;
+};
+
+}  // namespace memcuda::detail
