@@ -2,8 +2,6 @@
 // binary is run with fork/exec, its stdout, stderr and exit code captured,
 // against a private redis-server. The allocator of record is either a
 // TensorRegistry in this process (host backend) or a `memcuda serve` child.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -13,6 +11,7 @@
 #include <unistd.h>
 
 #include <boost/json.hpp>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -196,8 +196,8 @@ const json::object* find_holder(const json::array& holders, const std::string& i
   return nullptr;
 }
 
-// A pid that certainly belongs to no process: a child that has exited and
-// been reaped.
+// A pid that belongs to no process: a child that has exited and been
+// reaped (the kernel hands pids out in order, so it is not reused at once).
 pid_t dead_pid() {
   pid_t p = ::fork();
   if (p == 0) ::_exit(0);
@@ -210,7 +210,8 @@ std::string read_until(test::Child& c, const std::string& prefix, std::chrono::m
   std::string seen;
   auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto l = c.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+    auto l =
+        c.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
     if (!l) break;
     seen += *l + "\n";
     if (l->rfind(prefix, 0) == 0) return seen;
@@ -235,7 +236,7 @@ TEST_CASE("memcuda ls: empty, sorted table with totals, pattern, JSON", "[cli][r
   CHECK(r.code == 0);
   CHECK(r.out == "0 tensors, 0 B\n");
   auto j = parse_json(memcuda_cli(at(srv, {"ls", "--json"})));
-  CHECK(j.at("count").as_uint64() == 0);
+  CHECK(j.at("count").to_number<std::uint64_t>() == 0);
   CHECK(j.at("tensors").as_array().empty());
 
   auto c = reg.create<std::uint8_t>("c", {3, 1024});
@@ -268,8 +269,8 @@ TEST_CASE("memcuda ls: empty, sorted table with totals, pattern, JSON", "[cli][r
   CHECK(contains(ls[1], reg.node_id()));
 
   j = parse_json(memcuda_cli(at(srv, {"--json", "ls"})));
-  CHECK(j.at("count").as_uint64() == 3);
-  CHECK(j.at("total_bytes").as_uint64() == 3 * 1024 + 24 + 16);
+  CHECK(j.at("count").to_number<std::uint64_t>() == 3);
+  CHECK(j.at("total_bytes").to_number<std::uint64_t>() == 3 * 1024 + 24 + 16);
   const auto& ts = j.at("tensors").as_array();
   REQUIRE(ts.size() == 3);
   CHECK(ts[0].at("name").as_string() == "a.x");
@@ -280,10 +281,10 @@ TEST_CASE("memcuda ls: empty, sorted table with totals, pattern, JSON", "[cli][r
   CHECK(t.at("dtype").as_string() == "f32");
   CHECK(t.at("shape") == json::array{2, 3});
   CHECK(t.at("device").as_int64() == -1);
-  CHECK(t.at("bytes").as_uint64() == 24);
+  CHECK(t.at("bytes").to_number<std::uint64_t>() == 24);
   CHECK(t.at("refcount").as_int64() == 1);
   CHECK(t.at("state").as_string() == "ready");
-  CHECK(t.at("generation").as_uint64() == b.generation());
+  CHECK(t.at("generation").to_number<std::uint64_t>() == b.generation());
   CHECK(t.at("node").as_string() == reg.node_id());
   CHECK(t.at("age_ms").as_int64() >= 0);
   CHECK(t.at("age_ms").as_int64() < 60000);
@@ -295,7 +296,7 @@ TEST_CASE("memcuda ls: empty, sorted table with totals, pattern, JSON", "[cli][r
   CHECK(ls[1].rfind("b/w ", 0) == 0);
   CHECK(ls[2] == "1 tensor, 24 B matching 'b*'");
   j = parse_json(memcuda_cli(at(srv, {"ls", "--json", "[ac]*"})));
-  CHECK(j.at("count").as_uint64() == 2);
+  CHECK(j.at("count").to_number<std::uint64_t>() == 2);
   CHECK(memcuda_cli(at(srv, {"ls", "zz*"})).out == "0 tensors, 0 B matching 'zz*'\n");
 }
 
@@ -317,24 +318,24 @@ TEST_CASE("memcuda info: every field, holders with their pids alive or not", "[c
   CHECK(j.at("name").as_string() == "w");
   CHECK(j.at("dtype").as_string() == "f32");
   CHECK(j.at("shape") == json::array{2, 3});
-  CHECK(j.at("elements").as_uint64() == 6);
-  CHECK(j.at("bytes").as_uint64() == 24);
+  CHECK(j.at("elements").to_number<std::uint64_t>() == 6);
+  CHECK(j.at("bytes").to_number<std::uint64_t>() == 24);
   CHECK(j.at("backend").as_string() == "host");
   CHECK(j.at("state").as_string() == "ready");
   CHECK(j.at("refcount").as_int64() == 3);
-  CHECK(j.at("generation").as_uint64() == t.generation());
-  CHECK(j.at("epoch").as_uint64() == info.epoch);
+  CHECK(j.at("generation").to_number<std::uint64_t>() == t.generation());
+  CHECK(j.at("epoch").to_number<std::uint64_t>() == info.epoch);
   CHECK(j.at("owner").as_string() == reg.session_id());
   CHECK(j.at("owner_pid").as_int64() == ::getpid());
   CHECK(j.at("owner_alive").as_bool());
-  CHECK(j.at("alloc_id").as_uint64() == info.alloc_id);
-  CHECK(j.at("alloc_bytes").as_uint64() == info.alloc_bytes);
-  CHECK(j.at("offset").as_uint64() == info.offset);
+  CHECK(j.at("alloc_id").to_number<std::uint64_t>() == info.alloc_id);
+  CHECK(j.at("alloc_bytes").to_number<std::uint64_t>() == info.alloc_bytes);
+  CHECK(j.at("offset").to_number<std::uint64_t>() == info.offset);
   CHECK(j.at("ctime_ms").as_int64() == info.ctime_ms);
   CHECK(j.at("node").as_string() == info.node);
   CHECK(j.at("this_node").as_bool());
   CHECK(j.at("shm_name").as_string() == info.ipc_handle);
-  CHECK(j.at("ipc_handle_bytes").as_uint64() == info.ipc_handle.size());
+  CHECK(j.at("ipc_handle_bytes").to_number<std::uint64_t>() == info.ipc_handle.size());
   std::string hex;
   for (unsigned char ch : info.ipc_handle) {
     char b[3];
@@ -416,8 +417,8 @@ TEST_CASE("memcuda create + cat: persistent by default, values decoded per dtype
   CHECK(ls[1] == "1.5 -2 0.25 3");
   CHECK(ls[2] == "(4 of 6 elements shown; --head N shows more)");
   auto j = parse_json(memcuda_cli(at(srv, {"cat", "v32", "--json", "--head", "100"})));
-  CHECK(j.at("shown").as_uint64() == 6);
-  CHECK(j.at("elements").as_uint64() == 6);
+  CHECK(j.at("shown").to_number<std::uint64_t>() == 6);
+  CHECK(j.at("elements").to_number<std::uint64_t>() == 6);
   CHECK(j.at("shape") == json::array{2, 3});
   const auto& vals = j.at("values").as_array();
   REQUIRE(vals.size() == 6);
@@ -521,7 +522,7 @@ TEST_CASE("memcuda leader: the lease holder, or exit 3 without one", "[cli][redi
   auto j = parse_json(r);
   CHECK(j.at("present").as_bool());
   CHECK(j.at("session").as_string() == reg.session_id());
-  CHECK(j.at("epoch").as_uint64() == leader_epoch(c));
+  CHECK(j.at("epoch").to_number<std::uint64_t>() == leader_epoch(c));
   CHECK(j.at("pid").as_int64() == ::getpid());
   CHECK(j.at("pid_alive").as_bool());
   CHECK(j.at("ttl_ms").as_int64() > 0);
@@ -543,16 +544,16 @@ TEST_CASE("memcuda stats: per device, leader, queue; Prometheus text with escape
   const auto epoch = leader_epoch(c);
 
   auto j = parse_json(memcuda_cli(at(srv, {"stats", "--json"})));
-  CHECK(j.at("tensors").as_uint64() == 2);
-  CHECK(j.at("bytes").as_uint64() == 40);
+  CHECK(j.at("tensors").to_number<std::uint64_t>() == 2);
+  CHECK(j.at("bytes").to_number<std::uint64_t>() == 40);
   const auto& per = j.at("per_device").as_array();
   REQUIRE(per.size() == 1);
   CHECK(per[0].at("backend").as_string() == "host");
-  CHECK(per[0].at("tensors").as_uint64() == 2);
-  CHECK(per[0].at("bytes").as_uint64() == 40);
+  CHECK(per[0].at("tensors").to_number<std::uint64_t>() == 2);
+  CHECK(per[0].at("bytes").to_number<std::uint64_t>() == 40);
   CHECK(j.at("leader").at("session").as_string() == reg.session_id());
-  CHECK(j.at("leader").at("epoch").as_uint64() == epoch);
-  CHECK(j.at("queue_length").as_uint64() == 0);
+  CHECK(j.at("leader").at("epoch").to_number<std::uint64_t>() == epoch);
+  CHECK(j.at("queue_length").to_number<std::uint64_t>() == 0);
   CHECK(j.at("pools").is_array());
   CHECK(j.at("sessions").is_number());
 
@@ -629,7 +630,7 @@ TEST_CASE("memcuda stats: per device, leader, queue; Prometheus text with escape
   // nobody serves namespace "idle"
   c.command({"LPUSH", "idle:tensor_lifecycle", R"({"op":"get","name":"x"})"});
   j = parse_json(memcuda_cli(at(srv, {"--namespace", "idle", "stats", "--json"})));
-  CHECK(j.at("queue_length").as_uint64() == 1);
+  CHECK(j.at("queue_length").to_number<std::uint64_t>() == 1);
   CHECK_FALSE(j.at("leader").at("present").as_bool());
   r = memcuda_cli(at(srv, {"--namespace", "idle", "stats", "--prometheus"}));
   CHECK(contains(r.out, "\nmemcuda_queue_length 1\n"));
@@ -641,9 +642,8 @@ TEST_CASE("memcuda serve: allocator of record in the foreground, lease released 
   test::RedisServer srv;
   auto c = srv.connect();
   auto serve = [&] {
-    return std::make_unique<test::Child>(std::vector<std::string>{cli_path(), "--url", srv.unix_url(), "serve",
-                                                                  "--backend", "host", "--lease-ttl",
-                                                                  std::to_string(kTtlMs)});
+    return std::make_unique<test::Child>(std::vector<std::string>{
+        cli_path(), "--url", srv.unix_url(), "serve", "--backend", "host", "--lease-ttl", std::to_string(kTtlMs)});
   };
   auto a = serve();
   auto seen = read_until(*a, "allocator of record");
@@ -684,16 +684,52 @@ TEST_CASE("memcuda serve: allocator of record in the foreground, lease released 
   read_until(*d, "allocator of record");
   auto e = serve();
   read_until(*e, "follower");
-  const auto t0 = std::chrono::steady_clock::now();
   d->kill(SIGTERM);
   CHECK(d->wait() == 0);
-  seen = read_until(*e, "allocator of record", 5s);
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2 * kTtlMs));
+  read_until(*e, "allocator of record", 5s);
   j = parse_json(memcuda_cli(at(srv, {"leader", "--json"})));
   CHECK(j.at("pid").as_int64() == e->pid());
   e->kill(SIGINT);
   CHECK(e->wait() == 0);
   CHECK(c.command({"GET", "memcuda:leader"}).is_nil());
+}
+
+TEST_CASE("memcuda on the cuda backend: serve, create, cat, info with a 64-byte IPC handle", "[cli][redis][gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  test::Child a(
+      {cli_path(), "--url", srv.unix_url(), "serve", "--backend", "cuda", "--lease-ttl", std::to_string(kTtlMs)});
+  read_until(a, "allocator of record");
+  auto r =
+      memcuda_cli(at(srv, {"create", "g", "--dtype", "bf16", "--shape", "3", "--backend", "cuda", "--device", "0"}));
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "created g: bf16 [3], 6 B, cuda device 0"));
+  {
+    RegistryOptions o = host_opts(srv, false);
+    o.default_backend = BackendKind::cuda;
+    TensorRegistry reg(o);
+    auto t = reg.get<memcuda::bfloat16>("g");
+    CHECK(t.backend() == BackendKind::cuda);
+    const std::vector<memcuda::bfloat16> v{{0x3F80}, {0xC040}, {0x3EC0}};  // 1, -3, 0.375
+    t.copy_from_host(v);
+  }
+  r = memcuda_cli(at(srv, {"cat", "g"}));
+  INFO(r);
+  REQUIRE(r.code == 0);
+  CHECK(lines_of(r.out).at(1) == "1 -3 0.375");
+  auto j = parse_json(memcuda_cli(at(srv, {"info", "g", "--json"})));
+  CHECK(j.at("backend").as_string() == "cuda");
+  CHECK(j.at("device").as_int64() == 0);
+  const std::string uuid(j.at("device_uuid").as_string());
+  CHECK((uuid.rfind("GPU-", 0) == 0 || uuid.rfind("MIG-", 0) == 0));
+  CHECK(j.at("ipc_handle_bytes").as_int64() == 64);
+  CHECK(j.at("ipc_handle").as_string().size() == 128);
+  CHECK_FALSE(j.as_object().contains("shm_name"));
+  CHECK(j.at("owner_pid").as_int64() == a.pid());
+  r = memcuda_cli(at(srv, {"stats", "--prometheus"}));
+  CHECK(contains(r.out, "\nmemcuda_tensors{backend=\"cuda\",device=\"0\",uuid=\"" + uuid + "\"} 1\n"));
+  a.kill(SIGINT);
+  CHECK(a.wait() == 0);
 }
 
 TEST_CASE("memcuda: wrong password exits 5, no Redis exits 4, with what to do", "[cli][redis]") {
@@ -727,16 +763,15 @@ TEST_CASE("memcuda: wrong password exits 5, no Redis exits 4, with what to do", 
   CHECK(r.code == 4);
   CHECK(contains(r.err, "(the address came from MEMCUDA_REDIS_URL)"));
   CHECK(parse_json(r).at("error").at("code").as_string() == "redis_connection");
-  CHECK(memcuda_cli({"create", "w", "--dtype", "f32", "--shape", "1"},
-                    {{redis::kUrlEnv, "redis://127.0.0.1:" + nobody}})
-            .code == 4);
+  CHECK(
+      memcuda_cli({"create", "w", "--dtype", "f32", "--shape", "1"}, {{redis::kUrlEnv, "redis://127.0.0.1:" + nobody}})
+          .code == 4);
   // MEMCUDA_REDIS_URL is the default address; --url wins over it
   CHECK(memcuda_cli({"ls"}, {{redis::kUrlEnv, "redis://:s3cret@127.0.0.1:" + port}}).code == 0);
   CHECK(memcuda_cli({"ls", "--url", "redis://:s3cret@127.0.0.1:" + port},
                     {{redis::kUrlEnv, "redis://127.0.0.1:" + nobody}})
             .code == 0);
-  CHECK(memcuda_cli({"ls", "--url", "redis://:s3cret@127.0.0.1:" + port}, {{redis::kUrlEnv, "not a url"}}).code ==
-        0);
+  CHECK(memcuda_cli({"ls", "--url", "redis://:s3cret@127.0.0.1:" + port}, {{redis::kUrlEnv, "not a url"}}).code == 0);
   r = memcuda_cli({"ls"}, {{redis::kUrlEnv, "http://x"}});
   CHECK(r.code == 1);
   CHECK(contains(r.err, "MEMCUDA_REDIS_URL"));
@@ -760,8 +795,8 @@ TEST_CASE("memcuda --namespace isolates registries on one Redis", "[cli][redis]"
   r = memcuda_cli(at(srv, {"--namespace", "teamB", "create", "w", "--dtype", "f32", "--shape", "2"}));
   CHECK(r.code == 4);
   CHECK(contains(r.err, "(namespace 'teamB')"));
-  REQUIRE(memcuda_cli(at(srv, {"--namespace", "teamA", "create", "v", "--dtype", "f32", "--shape", "2", "--backend",
-                               "host"}))
+  REQUIRE(memcuda_cli(
+              at(srv, {"--namespace", "teamA", "create", "v", "--dtype", "f32", "--shape", "2", "--backend", "host"}))
               .code == 0);
   CHECK(reg.list().size() == 2);
   CHECK(memcuda_cli(at(srv, {"--namespace", "teamA", "rm", "v"})).code == 0);
@@ -783,7 +818,7 @@ TEST_CASE("memcuda usage errors exit 1 and say what to do", "[cli]") {
   usage({"frobnicate"}, "unknown command 'frobnicate'");
   usage({"ls", "--bogus"}, "unknown option '--bogus' for 'ls' (see memcuda ls --help)");
   usage({"ls", "a*", "b*"}, "quote the pattern");
-  usage({"info"}, "info needs a tensor NAME");
+  usage({"info"}, "memcuda: info: missing the tensor NAME");
   usage({"info", "a", "b"}, "'b' is extra");
   usage({"cat", "w", "--head", "-1"}, "option '--head': -1 is out of range");
   usage({"cat", "w", "--head", "ten"}, "option '--head': 'ten' is not an integer");
@@ -791,14 +826,13 @@ TEST_CASE("memcuda usage errors exit 1 and say what to do", "[cli]") {
   usage({"create", "w", "--dtype", "f33", "--shape", "2"}, "'f33' is not a dtype");
   usage({"create", "w", "--dtype", "f32", "--shape", "2,x"}, "'2,x' is not a list of dimensions");
   usage({"create", "w", "--dtype", "f32", "--shape", "2,-3"}, "dimension -3 is negative");
-  usage({"create", "w", "--dtype", "f32"}, "create needs --shape");
-  usage({"create", "w", "--shape", "2"}, "create needs --dtype");
+  usage({"create", "w", "--dtype", "f32"}, "memcuda: create w: needs --shape");
+  usage({"create", "w", "--shape", "2"}, "memcuda: create w: needs --dtype");
   usage({"create", "a b", "--dtype", "f32", "--shape", "2"}, "byte 0x20 at offset 1 is not allowed");
   usage({"create", "w", "--dtype", "f32", "--shape", "2", "--backend", "tpu"}, "'tpu' is not a backend");
   usage({"create", "w", "--dtype", "f32", "--shape", "2", "--persistent", "--no-persistent"}, "exclude each other");
   usage({"serve", "--lease-ttl", "5"}, "option '--lease-ttl': 5 is out of range");
-  usage({"stats", "--prometheus", "--json"}, "exclude each other");
-  usage({"leader", "now"}, "leader takes no arguments");
+  usage({"leader", "now"}, "memcuda: leader now: takes no arguments ('now' is extra)");
   usage({"ls", "--json=yes"}, "option '--json' takes no value");
   usage({"ls", "--namespace", "a", "--namespace", "b"}, "option '--namespace' given twice");
   usage({"help", "frobnicate"}, "no command 'frobnicate'");
@@ -806,11 +840,17 @@ TEST_CASE("memcuda usage errors exit 1 and say what to do", "[cli]") {
   CHECK(r.code == 1);
   CHECK(contains(r.err, "invalid Redis URL 'http://x'"));
   // with --json the error is a JSON document too
-  r = memcuda_cli({"--json", "frobnicate"});
-  CHECK(r.code == 1);
-  auto e = parse_json(r).at("error");
-  CHECK(e.at("code").as_string() == "usage");
-  CHECK(e.at("exit_code").as_int64() == 1);
+  const std::pair<std::vector<std::string>, std::string> json_usage[] = {
+      {{"--json", "frobnicate"}, "memcuda: unknown command 'frobnicate'"},
+      {{"stats", "--prometheus", "--json"}, "memcuda: stats: --prometheus and --json exclude each other"}};
+  for (const auto& [args, says] : json_usage) {
+    r = memcuda_cli(args);
+    CHECK(r.code == 1);
+    auto e = parse_json(r).at("error");
+    CHECK(e.at("code").as_string() == "usage");
+    CHECK(e.at("exit_code").as_int64() == 1);
+    CHECK(contains(r.err, says));
+  }
 
   r = memcuda_cli({"--help"});
   CHECK(r.code == 0);
