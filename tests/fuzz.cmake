@@ -3,7 +3,13 @@
 #   <target>_corpus  replays the committed corpus fuzz/corpus/<target> once
 #                    (-runs=0), crash reproducers included;
 #   <target>         fuzzes for MEMCUDA_FUZZ_SECONDS (12) seconds, starting
-#                    from a fresh copy of that corpus.
+#                    from a fresh copy of that corpus;
+#   <target>_known-<issue>  for each reproducer fuzz/corpus/<target>/known-<issue>
+#                    of an issue not fixed yet: runs it with MEMCUDA_FUZZ_STRICT=1
+#                    and passes while the issue is still there (its signature
+#                    below is in the output). Once include/ is fixed it fails:
+#                    delete the issue's predicate in fuzz/fuzz_support.hpp, its
+#                    line below, and rename the file (docs/fuzzing.md).
 # Both work under <build>/fuzz-runs/; the source tree is never written.
 # Where fuzz/ built nothing (no clang or fuzzer runtime; it said why) no test
 # is registered, and a STATUS line says so.
@@ -22,6 +28,11 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     return()
   endif()
   set(MEMCUDA_FUZZ_SECONDS 12 CACHE STRING "Seconds each fuzz test fuzzes for")
+  # What each known issue prints when the checks are strict.
+  set(_known_strides-overflow "runtime error: signed integer overflow")
+  set(_known_url-scheme-echo "control byte in the message")
+  set(_known_url-user-echo "control byte in the message")
+  set(_known_record-alloc-bytes-absent "encode_record wrote a Hash that decode_record rejects")
   foreach(name IN LISTS _fuzz_targets)
     get_property(_bin GLOBAL PROPERTY MEMCUDA_FUZZ_${name}_BINARY)
     get_property(_corpus GLOBAL PROPERTY MEMCUDA_FUZZ_${name}_CORPUS)
@@ -37,6 +48,22 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     set_tests_properties(${name}_corpus PROPERTIES LABELS fuzz TIMEOUT 120)
     math(EXPR _timeout "${MEMCUDA_FUZZ_SECONDS} + 120")
     set_tests_properties(${name} PROPERTIES LABELS fuzz TIMEOUT ${_timeout} PROCESSORS 1)
+
+    file(GLOB _known RELATIVE ${_corpus} CONFIGURE_DEPENDS ${_corpus}/known-*)
+    foreach(file IN LISTS _known)
+      string(REGEX REPLACE "^known-" "" _issue ${file})
+      if(NOT DEFINED _known_${_issue})
+        message(FATAL_ERROR "${_corpus}/${file}: no signature for known issue '${_issue}' in ${CMAKE_CURRENT_LIST_FILE}")
+      endif()
+      file(MAKE_DIRECTORY ${_work}/known)
+      add_test(NAME ${name}_${file}
+               COMMAND ${_bin} -artifact_prefix=${_work}/known/ ${_corpus}/${file}
+               WORKING_DIRECTORY ${_work}/known)
+      set_tests_properties(${name}_${file} PROPERTIES
+        LABELS fuzz TIMEOUT 60
+        ENVIRONMENT "MEMCUDA_FUZZ_STRICT=1;UBSAN_OPTIONS=print_stacktrace=1"
+        PASS_REGULAR_EXPRESSION "${_known_${_issue}}")
+    endforeach()
   endforeach()
   return()
 endif()
@@ -73,6 +100,7 @@ elseif(MODE STREQUAL "fuzz")
 else()
   message(FATAL_ERROR "fuzz.cmake: MODE must be replay or fuzz, not '${MODE}'")
 endif()
+set(ENV{UBSAN_OPTIONS} "print_stacktrace=1")
 string(REPLACE ";" " " _shown "${_args}")
 message(STATUS "${FUZZER} ${_shown}")
 execute_process(COMMAND ${FUZZER} ${_args} RESULT_VARIABLE rc)

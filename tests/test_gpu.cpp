@@ -70,13 +70,17 @@ TEST_CASE("cuda: memory freed by the last release goes back to the driver", "[gp
   cudaDeviceSynchronize();
   cudaMemGetInfo(&free0, &total);
   {
-    auto t = reg.create<std::uint8_t>("gpu/big", {256LL << 20});
+    auto t = reg.create<std::uint8_t>("gpu/big", {256LL << 20});  // dedicated: over half a slab
+    auto small = reg.create<float>("gpu/small", {1000});           // in a 256 MiB slab
     cudaMemGetInfo(&free1, &total);
-    CHECK(free0 - free1 >= (256u << 20));
+    CHECK(free0 - free1 >= (512u << 20));
   }
+  CHECK(reg.stats().process.owned_allocations == 0);
+  CHECK(reg.stats().pools.at(0).in_use == 0);
+  reg.trim();  // the control thread would do this on its own
   cudaMemGetInfo(&free2, &total);
   CHECK(free2 + (4u << 20) >= free0);  // back to within the driver's granularity
-  CHECK(reg.stats().process.owned_allocations == 0);
+  CHECK(reg.stats().pools.at(0).reserved == 0);
 }
 
 TEST_CASE("cuda: a tensor whose exporter was killed cannot be opened anew: Lost", "[gpu]") {
@@ -111,6 +115,93 @@ TEST_CASE("cuda: local tensors are stream-ordered", "[gpu]") {
   }  // freed on s
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   cudaStreamDestroy(s);
+}
+
+#if defined(MEMCUDA_TEST_KERNELS)
+extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
+
+TEST_CASE("cuda: a consumer's stream waits for the producer's published event", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  const std::size_t n = 1 << 20;
+  auto t = reg.create<float>("ordered", {static_cast<std::int64_t>(n)});
+  std::vector<float> ones(n, 1.f);
+  t.copy_from_host(ones);
+  test::Child w({test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--backend", "cuda",
+                 "--no-control"});
+  REQUIRE(w.read_line(20s));
+  REQUIRE(w.ask("getsum-nowait ordered", 30s) == "OK sum=" + std::to_string(n));  // warm: context, mapping
+
+  cudaStream_t s{};
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(memcuda_test_slow_fill(t.data(), n, 2.f, 2000, s) == cudaSuccess);  // 2 s, then writes 2.0
+  CHECK(t.publish(s) == 1);
+  // Control: a consumer that does not wait reads the old values while the producer still runs.
+  CHECK(w.ask("getsum-nowait ordered", 30s) == "OK sum=" + std::to_string(n));
+  // A consumer that gets with its stream waits on the event: it sees the new values.
+  CHECK(w.ask("getsum ordered", 30s) == "OK sum=" + std::to_string(2 * n));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  cudaStreamDestroy(s);
+}
+#endif
+
+TEST_CASE("cuda: tensors share slabs, mapped once per process", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  std::vector<SharedTensor<float>> ts;
+  for (int i = 0; i < 16; ++i) ts.push_back(reg.create<float>("slab/" + std::to_string(i), {4096}));
+  for (auto& t : ts) CHECK(t.info().alloc_id == ts[0].info().alloc_id);
+  test::Child w({test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--backend", "cuda",
+                 "--no-control"});
+  REQUIRE(w.read_line(20s));
+  for (int i = 0; i < 16; ++i) CHECK(w.ask("get slab/" + std::to_string(i), 30s).rfind("OK", 0) == 0);
+  auto r = w.ask("stats");
+  INFO(r);
+  CHECK(r.find("import_opens=1 ") != std::string::npos);
+}
+
+TEST_CASE("cuda: a budget caps the device memory the pool takes", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  auto o = cuda_opts(srv);
+  o.pool.slab_bytes = 64 << 20;
+  o.pool.budget_bytes = 128 << 20;
+  TensorRegistry reg(o);
+  auto a = reg.create<std::uint8_t>("a", {60LL << 20});                          // dedicated: reserved 60 MiB
+  CHECK_THROWS_AS(reg.create<std::uint8_t>("b", {80LL << 20}), BudgetExceeded);  // 140 > 128
+  auto c = reg.create<std::uint8_t>("c", {20LL << 20});                          // a 64 MiB slab: 124
+  auto p = reg.stats().pools.at(0);
+  CHECK(p.reserved == (124u << 20));
+  CHECK(p.budget == (128u << 20));
+  CHECK(reg.list().size() == 2);
+}
+
+TEST_CASE("cuda: a tensor on the second GPU is read by a kernel on the first (peer access)", "[gpu]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  CreateOptions on1;
+  on1.device = 1;
+  const std::size_t n = 1 << 20;
+  auto t = reg.create<float>("on1", {static_cast<std::int64_t>(n)}, on1);
+  CHECK(t.device() == 1);
+  CHECK(t.info().device_uuid == detail::device_uuid(1));
+  std::vector<float> v(n, 3.f);
+  t.copy_from_host(v);
+  // the worker's current device is 0: it opens with peer access and sums with a kernel on device 0
+  test::Child w({test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--backend", "cuda",
+                 "--no-control"});
+  REQUIRE(w.read_line(20s));
+#if defined(MEMCUDA_TEST_KERNELS)
+  CHECK(w.ask("getsum on1", 30s) == "OK sum=" + std::to_string(3 * n));
+#endif
+  CHECK(w.ask("get on1", 30s).find("sum=" + std::to_string(3 * n)) != std::string::npos);
+  auto st = reg.stats();
+  bool dev1 = false;
+  for (const auto& p : st.pools) dev1 |= p.device == 1 && p.in_use > 0;
+  CHECK(dev1);
 }
 
 #endif  // MEMCUDA_HAS_CUDA()

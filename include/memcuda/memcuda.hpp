@@ -13,3 +13,7 @@
 #include "memcuda/tensor_info.hpp"
 #include "memcuda/tensor_registry.hpp"
 #include "memcuda/version.hpp"
+
+#if __has_include(<dlpack/dlpack.h>)
+#include "memcuda/dlpack.hpp"
+#endif

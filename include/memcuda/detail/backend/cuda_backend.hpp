@@ -96,10 +96,14 @@ class CudaBackend final : public Backend {
     if (t.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))
       throw InternalError("tensor '" + t.name + "': IPC handle of " + std::to_string(t.ipc_handle.size()) +
                           " bytes, expected " + std::to_string(sizeof(cudaIpcMemHandle_t)));
-    int local = ordinal_of_uuid(t.device_uuid, t.device);
+    ordinal_of_uuid(t.device_uuid, t.device);  // Unavailable when this process cannot see it
     cudaIpcMemHandle_t h{};
     std::memcpy(&h, t.ipc_handle.data(), sizeof h);
-    DeviceGuard g(local);
+    // Opened in the caller's current device context: when that is not the
+    // tensor's device, the driver enables peer access to it (lazily), so
+    // kernels on the current device can read it.
+    int current = 0;
+    MEMCUDA_CUDA_TRY(cudaGetDevice(&current));
     void* p = nullptr;
     cudaError_t st = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
     if (st == cudaErrorInvalidResourceHandle || st == cudaErrorMapBufferObjectFailed) {
@@ -109,7 +113,7 @@ class CudaBackend final : public Backend {
                  std::to_string(t.owner_pid) + ") has exited");
     }
     if (st != cudaSuccess) throw_cuda(st, "cudaIpcOpenMemHandle");
-    return std::make_unique<CudaMapping>(p, t.alloc_bytes, local);
+    return std::make_unique<CudaMapping>(p, t.alloc_bytes, current);
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/log.hpp"
 #include "memcuda/detail/pool/block_allocator.hpp"
 #include "memcuda/detail/process_cache.hpp"
 #include "memcuda/options.hpp"
