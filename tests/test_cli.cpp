@@ -534,7 +534,7 @@ TEST_CASE("memcuda leader: the lease holder, or exit 3 without one", "[cli][redi
   CHECK(contains(r.out, "epoch    " + std::to_string(leader_epoch(c)) + "\n"));
 }
 
-TEST_CASE("memcuda stats: per device, leader, queue; Prometheus text with escaped labels", "[cli][redis]") {
+TEST_CASE("memcuda stats: per device, leader, queue, and Prometheus text with escaped labels", "[cli][redis]") {
   test::RedisServer srv;
   TensorRegistry reg(host_opts(srv, true));
   REQUIRE(reg.is_leader());
