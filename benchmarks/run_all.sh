@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Runs every benchmark on a GPU host and writes docs/benchmarks.md.
+#
+#   benchmarks/run_all.sh [extra memcuda_bench flags...]     (from anywhere)
+#
+# Built here, run there: `../shared/gpu/bundle.sh <build dir>` packs the
+# programs into .gpu/; on the GPU host, from the repository root, this script
+# sources .gpu/env.sh (programs and redis-server on PATH) unless
+# memcuda_bench is already on PATH. Each program starts its own private
+# redis-server on a unix socket unless MEMCUDA_REDIS_URL is set.
+#
+# Writes docs/benchmarks.md (MEMCUDA_BENCH_DOC overrides) and, when $OUT is
+# set, the raw JSON, the logs and a copy of the document under $OUT.
+# Budget: about 6-8 minutes on one H200 (memcuda_bench stops timing loops
+# early once --budget is spent, so the run ends inside one 10-minute call).
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+say() { printf 'run_all: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+if ! command -v memcuda_bench >/dev/null 2>&1; then
+  [[ -f .gpu/env.sh ]] || die "memcuda_bench is not on PATH and there is no .gpu/env.sh (build, then ../shared/gpu/bundle.sh)"
+  # shellcheck disable=SC1091
+  source .gpu/env.sh
+fi
+command -v memcuda_bench >/dev/null 2>&1 || die "memcuda_bench not found on PATH"
+command -v redis-server >/dev/null 2>&1 || [[ -n ${MEMCUDA_REDIS_URL:-} ]] || die "redis-server not on PATH and MEMCUDA_REDIS_URL unset"
+
+out=${OUT:-$(mktemp -d /tmp/memcuda-bench.XXXXXX)}
+mkdir -p "$out"
+doc=${MEMCUDA_BENCH_DOC:-docs/benchmarks.md}
+mkdir -p "$(dirname "$doc")"
+with_timeout() {  # with_timeout SECONDS cmd...: coreutils timeout where there is one
+  local s=$1; shift
+  if command -v timeout >/dev/null 2>&1; then timeout --kill-after=10 "$s" "$@"; else "$@"; fi
+}
+
+# ---- the machine ----
+gpu="no GPU (nvidia-smi not found)"
+cuda="?"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv 2>&1)
+  cuda=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -1 | sed 's/CUDA Version: *//')
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,utilization.gpu,clocks.sm,clocks.mem,persistence_mode \
+    --format=csv > "$out/nvidia-smi.csv" 2>&1 || true
+fi
+date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?")
+say "device: $(echo "$gpu" | tail -n +2 | head -1); CUDA $cuda; output in $out"
+
+rc=0
+start=$(date +%s)
+
+# ---- 1. read bandwidth through an imported mapping ----
+bw_args=()
+if command -v bench_bandwidth >/dev/null 2>&1; then
+  say "bench_bandwidth"
+  if with_timeout 90 bench_bandwidth --json "$out/bandwidth.json" > "$out/bandwidth.md" 2> "$out/bandwidth.log"; then
+    bw_args=(--bandwidth-json "$out/bandwidth.json")
+  else
+    say "bench_bandwidth failed (exit $?); see $out/bandwidth.log"
+    rc=1
+  fi
+  cat "$out/bandwidth.log" >&2
+else
+  say "bench_bandwidth not built (no nvcc at build time): bandwidth target n/a"
+fi
+
+# ---- 2. registry latency and throughput, both backends, all baselines ----
+say "memcuda_bench (progress below)"
+torch_script=$root/benchmarks/baselines/torch_handoff.py
+{
+  with_timeout 450 memcuda_bench --backend both --budget 360 --json "$out/memcuda_bench.json" \
+    --torch-script "$torch_script" "${bw_args[@]}" "$@" > "$out/memcuda_bench.md"
+} 2>&1 | tee "$out/memcuda_bench.log" >&2
+bench_rc=${PIPESTATUS[0]}
+if [[ $bench_rc -ne 0 ]]; then
+  say "memcuda_bench exited $bench_rc; see $out/memcuda_bench.log"
+  rc=1
+fi
+elapsed=$(( $(date +%s) - start ))
+
+# ---- 3. docs/benchmarks.md ----
+{
+  echo "# mem-cuda benchmarks"
+  echo
+  echo "Written by \`benchmarks/run_all.sh\` on $date_utc (commit $commit, total run ${elapsed} s)."
+  echo "Do not edit by hand: run the script again."
+  echo
+  echo "## Machine"
+  echo
+  echo '```'
+  echo "$gpu"
+  echo '```'
+  echo
+  echo "- CUDA version (driver, nvidia-smi): $cuda"
+  if [[ -f $out/memcuda_bench.json ]]; then
+    # The runtime the programs were built with, from memcuda_bench's JSON.
+    rt=$(grep -o '"cuda_runtime":"[^"]*"' "$out/memcuda_bench.json" | head -1 | cut -d'"' -f4)
+    [[ -n $rt ]] && echo "- CUDA runtime (cudart the benchmarks link): $rt"
+    cpus=$(grep -o '"cpus":[0-9]*' "$out/memcuda_bench.json" | head -1 | cut -d: -f2)
+    [[ -n $cpus ]] && echo "- CPU threads: $cpus"
+  fi
+  echo "- Host: $(uname -srm)"
+  echo
+  echo "## How to reproduce"
+  echo
+  echo '```'
+  echo "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build memcuda_bench bench_bandwidth"
+  echo "../shared/gpu/bundle.sh build      # then, on the GPU host, from the repository root:"
+  echo "benchmarks/run_all.sh"
+  echo '```'
+  echo
+  echo "Latencies are wall-clock times of one call (steady_clock) in the process that makes it;"
+  echo "every client-side measurement runs in a separate process (this binary re-executed, its own"
+  echo "TensorRegistry, control_thread=false) while the benchmark's main process is the allocator of"
+  echo "record. \"get (allocation already mapped)\" holds a handle to the tensor throughout; \"first"
+  echo "open\" gets tensors the process has never mapped (fresh consumer processes); the naive baseline"
+  echo "is cudaMalloc + cudaIpcGetMemHandle in the producer and cudaIpcOpenMemHandle + Close in a"
+  echo "consumer process, no registry; the PyTorch baseline is benchmarks/baselines/torch_handoff.py."
+  echo
+  echo "## Results"
+  echo
+  if [[ -s $out/memcuda_bench.md ]]; then
+    cat "$out/memcuda_bench.md"
+  else
+    echo "memcuda_bench produced no results (exit $bench_rc); its log ends with:"
+    echo
+    echo '```'
+    tail -n 30 "$out/memcuda_bench.log" 2>/dev/null
+    echo '```'
+  fi
+} > "$doc"
+cp "$doc" "$out/benchmarks.md"
+say "wrote $doc (and $out/benchmarks.md) in ${elapsed} s"
+exit $rc
