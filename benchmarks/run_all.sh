@@ -73,7 +73,7 @@ say "memcuda_bench (progress below)"
 torch_script=$root/benchmarks/baselines/torch_handoff.py
 {
   with_timeout 450 memcuda_bench --backend both --budget 360 --json "$out/memcuda_bench.json" \
-    --torch-script "$torch_script" "${bw_args[@]}" "$@" > "$out/memcuda_bench.md"
+    --torch-script "$torch_script" ${bw_args[@]+"${bw_args[@]}"} "$@" > "$out/memcuda_bench.md"
 } 2>&1 | tee "$out/memcuda_bench.log" >&2
 bench_rc=${PIPESTATUS[0]}
 if [[ $bench_rc -ne 0 ]]; then
