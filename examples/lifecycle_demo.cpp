@@ -47,13 +47,16 @@ int main(int argc, char** argv) try {
 
   memcuda::redis::Connection c(opts.redis);
   const std::string pid = std::to_string(::getpid());
+  // JSON holders are pids of this node (references of dead pids are
+  // collected): the second holder is our parent process.
+  const std::string other = std::to_string(::getppid());
   auto ok = [](const std::string& r) { return r.find("\"ok\":true") != std::string::npos; };
   bool good = true;
   good &= ok(ask(c, R"({"op":"create","name":"demo/X","dtype":"f32","shape":[2,3],"device":0,"backend":")" + be +
                         R"(","pid":)" + pid + R"(,"node":"demo","id":1,"reply_to":"lifecycle_demo:replies"})"));
   show_hash(c, "memcuda:tensor:demo/X");
-  good &= ok(ask(c, R"({"op":"get","name":"demo/X","pid":4242,"id":2,"reply_to":"lifecycle_demo:replies"})"));
-  good &= ok(ask(c, R"({"op":"delete","name":"demo/X","pid":4242,"id":3,"reply_to":"lifecycle_demo:replies"})"));
+  good &= ok(ask(c, R"({"op":"get","name":"demo/X","pid":)" + other + R"(,"id":2,"reply_to":"lifecycle_demo:replies"})"));
+  good &= ok(ask(c, R"({"op":"delete","name":"demo/X","pid":)" + other + R"(,"id":3,"reply_to":"lifecycle_demo:replies"})"));
   good &= ok(ask(c, R"({"op":"delete","name":"demo/X","pid":)" + pid +
                         R"(,"id":4,"reply_to":"lifecycle_demo:replies"})"));
   show_hash(c, "memcuda:tensor:demo/X");

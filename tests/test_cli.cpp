@@ -865,3 +865,24 @@ TEST_CASE("memcuda usage errors exit 1 and say what to do", "[cli]") {
   r = memcuda_cli({"--version"});
   CHECK(r.out == std::string("memcuda ") + kVersionString + "\n");
 }
+
+TEST_CASE("memcuda gc drops the references of a dead JSON client and reports it", "[cli][redis]") {
+  test::RedisServer srv;
+  TensorRegistry reg(host_opts(srv, true));
+  auto t = reg.create<float>("g", {4});
+  auto c = srv.connect();
+  {
+    test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+    c.command({"LPUSH", "tensor_lifecycle",
+               R"({"op":"get","name":"g","pid":)" + std::to_string(sleeper.pid()) + R"(,"reply_to":"r"})"});
+    REQUIRE_FALSE(c.blocking(std::chrono::seconds(5), {"BLPOP", "r", "5"}).is_nil());
+    REQUIRE(reg.info("g").refcount == 2);
+  }  // killed and reaped
+  auto j = parse_json(memcuda_cli(at(srv, {"gc", "--json"})));
+  // the leader's own periodic collection may have been first
+  if (j.at("references_dropped").to_number<std::uint64_t>() == 1) CHECK(j.at("dead_holders").to_number<std::uint64_t>() == 1);
+  CHECK(reg.info("g").refcount == 1);
+  auto r = memcuda_cli(at(srv, {"gc"}));
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "dead holders 0, references dropped 0"));
+}

@@ -152,27 +152,31 @@ TEST_CASE("raw JSON lifecycle commands from a plain Redis client are executed", 
     REQUIRE_FALSE(r.is_nil());
     return boost::json::parse(r[1].str()).as_object();
   };
+  // JSON holders are pids of this node, and references of dead pids are
+  // collected: use two live processes (this one and a sleeper).
+  test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+  const std::string p1 = std::to_string(::getpid()), p2 = std::to_string(sleeper.pid());
   // the seed's command, as `redis-cli LPUSH tensor_lifecycle '...'` sends it
-  auto rep = ask(R"({"op":"create","name":"X","dtype":"f32","shape":[2,3],"device":0,"pid":123,"node":"n1",
-                     "backend":"host","id":7,"reply_to":"client:replies"})");
+  auto rep = ask(R"({"op":"create","name":"X","dtype":"f32","shape":[2,3],"device":0,"pid":)" + p1 +
+                 R"(,"node":"n1","backend":"host","id":7,"reply_to":"client:replies"})");
   CHECK(rep.at("ok").as_bool());
   CHECK(rep.at("id").as_int64() == 7);
   auto info = reg.info("X");
   CHECK(info.refcount == 1);
-  CHECK(info.holders.count("pid:123") == 1);
+  CHECK(info.holders.count("pid:" + p1) == 1);
   CHECK(info.bytes == 24);
   CHECK(info.state == TensorState::ready);
 
-  rep = ask(R"({"op":"get","name":"X","pid":456,"id":"g1","reply_to":"client:replies"})");
+  rep = ask(R"({"op":"get","name":"X","pid":)" + p2 + R"(,"id":"g1","reply_to":"client:replies"})");
   CHECK(rep.at("ok").as_bool());
   CHECK(rep.at("id").as_string() == "g1");
   CHECK(rep.at("refcount").as_int64() == 2);
   CHECK(reg.info("X").refcount == 2);
 
-  rep = ask(R"({"op":"delete","name":"X","pid":123,"reply_to":"client:replies"})");
+  rep = ask(R"({"op":"delete","name":"X","pid":)" + p1 + R"(,"reply_to":"client:replies"})");
   CHECK(rep.at("ok").as_bool());
   CHECK(reg.info("X").refcount == 1);
-  rep = ask(R"({"op":"delete","name":"X","pid":456,"reply_to":"client:replies"})");
+  rep = ask(R"({"op":"delete","name":"X","pid":)" + p2 + R"(,"reply_to":"client:replies"})");
   CHECK(rep.at("ok").as_bool());
   CHECK_THROWS_AS(reg.info("X"), NotFound);  // refcount 0: freed and the Hash deleted
   CHECK(reg.stats().process.owned_allocations == 0);
@@ -311,4 +315,64 @@ TEST_CASE("cuda: refcounts across processes, and remove waits for the last relea
 TEST_CASE("cuda: a tensor created by a follower process is shared with a third process", "[gpu]") {
   MEMCUDA_REQUIRE_GPU();
   follower_create_shared("cuda");
+}
+
+static void killed_holder_is_collected(const std::string& backend) {
+  test::RedisServer srv;
+  auto o = opts_for(srv, true, *backend_from_string(backend));
+  o.session_ttl = 1000ms;
+  o.gc_interval = 200ms;
+  TensorRegistry reg(o);
+  REQUIRE(reg.is_leader());
+  auto held = reg.create<float>("held-by-both", {1024});
+  auto w = worker(srv, {"--no-control"}, backend);
+  ready(*w);
+  CHECK(w->ask("get held-by-both").rfind("OK", 0) == 0);
+  CHECK(w->ask("get held-by-both").rfind("OK", 0) == 0);
+  CHECK(w->ask("create only-worker 256 1").rfind("OK", 0) == 0);
+  CHECK(reg.info("held-by-both").refcount == 3);
+  const auto in_use = reg.stats().pools.at(0).in_use;
+  w->kill(SIGKILL);
+  w->wait();
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 5s &&
+         (reg.info("held-by-both").refcount != 1 || !reg.list("only-worker").empty()))
+    std::this_thread::sleep_for(20ms);
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  INFO("reclaimed after " << took.count() << " ms");
+  CHECK(reg.info("held-by-both").refcount == 1);
+  CHECK(reg.info("held-by-both").holders.size() == 1);
+  CHECK(reg.list("only-worker").empty());
+  CHECK(took < 3s);
+  CHECK(reg.stats().pools.at(0).in_use == in_use - 1024);  // only-worker's block is back
+  CHECK(reg.stats().sessions == 1);
+}
+
+TEST_CASE("a killed process's references are collected within 3 s", "[redis][multiprocess][gc]") {
+  killed_holder_is_collected("host");
+}
+TEST_CASE("cuda: a killed process's references are collected within 3 s", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  killed_holder_is_collected("cuda");
+}
+
+TEST_CASE("references of a dead JSON client pid are collected", "[redis][multiprocess][gc]") {
+  test::RedisServer srv;
+  TensorRegistry reg(opts_for(srv, true));
+  auto t = reg.create<float>("j", {4});
+  auto c = srv.connect();
+  pid_t gone = 0;
+  {
+    test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+    gone = sleeper.pid();
+    c.command({"LPUSH", "tensor_lifecycle",
+               R"({"op":"get","name":"j","pid":)" + std::to_string(gone) + R"(,"reply_to":"r"})"});
+    REQUIRE_FALSE(c.blocking(5s, {"BLPOP", "r", "5"}).is_nil());
+    CHECK(reg.info("j").refcount == 2);
+  }  // the sleeper is killed and reaped here
+  auto rep = reg.collect_garbage();
+  CHECK(rep.dead_holders == 1);
+  CHECK(rep.references_dropped == 1);
+  CHECK(reg.info("j").refcount == 1);
+  CHECK(reg.info("j").holders.count("pid:" + std::to_string(gone)) == 0);
 }

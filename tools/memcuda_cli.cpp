@@ -50,6 +50,9 @@ constexpr CommandDoc kDocs[] = {
      "their pid and whether that pid is alive on this machine.\n"},
     {"rm", "rm NAME...", "memcuda rm NAME...", "remove tensors by name (memory goes with the last holder)",
      "Exit code 2 when any name was not found; the others are still removed.\n"},
+    {"gc", "gc", "memcuda gc", "collect garbage now: drop references of dead processes, report what was reclaimed",
+     "Dead holders are expired registry sessions and JSON client pids that no longer exist on\n"
+     "this machine. The allocator of record also does this every gc_interval on its own.\n"},
     {"leader", "leader", "memcuda leader", "who holds the allocator-of-record lease",
      "Exit code 3 when nobody does (start one with `memcuda serve`).\n"},
     {"stats", "stats [--prometheus]", "memcuda stats [--prometheus]",
@@ -85,6 +88,7 @@ const std::map<std::string, std::vector<OptionSpec>, std::less<>>& command_optio
       {"ls", {}},
       {"info", {}},
       {"rm", {}},
+      {"gc", {}},
       {"leader", {}},
       {"stats", {{"--prometheus", false}}},
       {"serve", {{"--backend", true}, {"--lease-ttl", true}}},
@@ -406,6 +410,24 @@ int cmd_rm(Context& c) {
   }
   if (c.json) print_json(json::object{{"removed", removed}, {"missing", missing}});
   return missing.empty() ? kOk : kNotFound;
+}
+
+// ---- gc -------------------------------------------------------------------
+
+int cmd_gc(Context& c) {
+  if (!c.args.operands.empty()) throw UsageError("gc takes no operands");
+  TensorRegistry reg(c.registry_options(false));
+  auto r = reg.collect_garbage();
+  if (c.json) {
+    print_json(json::object{{"dead_holders", r.dead_holders},
+                            {"references_dropped", r.references_dropped},
+                            {"tensors_freed", r.tensors_freed},
+                            {"sessions_pruned", r.sessions_pruned}});
+  } else {
+    std::cout << "dead holders " << r.dead_holders << ", references dropped " << r.references_dropped
+              << ", tensors freed " << r.tensors_freed << ", stale sessions pruned " << r.sessions_pruned << "\n";
+  }
+  return kOk;
 }
 
 // ---- leader ---------------------------------------------------------------
@@ -756,6 +778,7 @@ int dispatch(Context& c) {
   if (cmd == "ls") return cmd_ls(c);
   if (cmd == "info") return cmd_info(c);
   if (cmd == "rm") return cmd_rm(c);
+  if (cmd == "gc") return cmd_gc(c);
   if (cmd == "leader") return cmd_leader(c);
   if (cmd == "stats") return cmd_stats(c);
   if (cmd == "serve") return cmd_serve(c);

@@ -57,15 +57,24 @@ struct RegistryOptions {
   // Empty (default): the lifecycle list is plain `tensor_lifecycle`.
   std::string name_space;
 
-  // Host the control thread: campaign for the allocator-of-record lease,
-  // serve the lifecycle list while holding it, follow otherwise. A process
-  // that only reads tensors may switch it off; some process must host it.
+  // Host the allocator-of-record role: campaign for the lease, serve the
+  // lifecycle list while holding it, follow otherwise. A process that only
+  // reads tensors may switch it off; some process must host it. (The
+  // registry's thread runs either way, to keep its session alive.)
   bool control_thread = true;
 
   // Allocator-of-record lease. The leader renews every ttl/3; followers
   // campaign every ttl/3, so a dead leader is replaced within about
   // ttl + ttl/3.
   std::chrono::milliseconds lease_ttl{1500};
+
+  // Every registry keeps a session key alive in Redis (refreshed by its
+  // thread every session_ttl/3, also when control_thread is off). When a
+  // process dies, its key expires and the allocator of record drops the
+  // references it held, checking every gc_interval: a killed process's
+  // tensors are reclaimed within about session_ttl + gc_interval.
+  std::chrono::milliseconds session_ttl{2000};
+  std::chrono::milliseconds gc_interval{500};
 
   // How long a create sent to the allocator of record waits for its reply.
   std::chrono::milliseconds request_timeout{5000};

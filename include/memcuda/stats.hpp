@@ -56,6 +56,14 @@ struct PoolStats {
   std::uint64_t largest_free = 0;  // largest free block in any slab
 };
 
+// What one garbage collection found and did.
+struct GcReport {
+  std::uint64_t dead_holders = 0;        // sessions or pids found dead
+  std::uint64_t references_dropped = 0;  // references they held
+  std::uint64_t tensors_freed = 0;       // tensors whose last reference that was
+  std::uint64_t sessions_pruned = 0;     // stale entries removed from the session index
+};
+
 struct RegistryStats {
   LeaderInfo leader;
   std::vector<PoolStats> pools;  // the leader's pools (as last published)

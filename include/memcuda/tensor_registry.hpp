@@ -20,10 +20,12 @@ namespace memcuda {
 // A connection to the tensor registry in Redis.
 //
 // Construction connects to Redis (ConnectionError/AuthError/TimeoutError
-// when it cannot) and, unless options.control_thread is false, starts the
-// control thread: if no process holds the allocator-of-record lease, this
-// one takes it before the constructor returns. Destruction stops the thread
-// and releases the lease at once, so a follower takes over.
+// when it cannot), registers a session (a key with a TTL its thread keeps
+// alive) and starts the registry's thread. Unless options.control_thread is
+// false, the thread campaigns for the allocator-of-record lease: if no
+// process holds it, this one takes it before the constructor returns.
+// Destruction stops the thread, releases the lease at once (so a follower
+// takes over) and ends the session.
 //
 // Tensors returned by create/get stay usable after the registry is
 // destroyed (they keep its connection alive); memory this process
@@ -35,11 +37,9 @@ class TensorRegistry {
  public:
   explicit TensorRegistry(RegistryOptions options = {})
       : core_(std::make_shared<detail::RegistryCore>(std::move(options))) {
-    if (core_->opts.control_thread) {
-      loop_ = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->opts.redis));
-      loop_->campaign_now();
-      thread_ = std::jthread([loop = loop_.get()](std::stop_token st) { loop->run(st); });
-    }
+    loop_ = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->opts.redis));
+    loop_->start();
+    thread_ = std::jthread([loop = loop_.get()](std::stop_token st) { loop->run(st); });
   }
   ~TensorRegistry() = default;  // thread_ stops and joins before loop_ goes
   TensorRegistry(TensorRegistry&&) noexcept = default;
@@ -92,6 +92,11 @@ class TensorRegistry {
     return t;
   }
 
+  // Drops the references of dead processes (expired sessions, dead JSON
+  // client pids) now and frees what that releases. The allocator of
+  // record does this every gc_interval on its own.
+  GcReport collect_garbage() { return core_->collect_garbage_now(); }
+
   // Returns the allocator of record's empty slabs to the driver now (in
   // this process, when it is the leader; the control thread also does it
   // on its own). Returns the bytes released.
@@ -121,6 +126,14 @@ class TensorRegistry {
 
   // Counts and bytes per device and backend, the leader, this process.
   RegistryStats stats() { return core_->stats(); }
+
+  // Who holds the allocator-of-record lease (two Redis commands).
+  LeaderInfo leader() { return core_->leader_info(); }
+
+  // Rethrows an error the registry's thread could not recover from (e.g.
+  // credentials no longer accepted after a Redis restart); every other call
+  // does this too. No-op when all is well.
+  void check() { core_->check_fatal(); }
 
   // True while this registry holds the allocator-of-record lease.
   bool is_leader() const noexcept { return core_->is_leader(); }

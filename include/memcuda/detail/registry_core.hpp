@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fnmatch.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <exception>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -463,9 +465,9 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   // Drops one of our references; returns the remaining refcount. Frees the
   // memory when it was the last and it is ours.
   std::int64_t release_ref(redis::Connection& c, lua::Scripts& s, const std::string& name, std::uint64_t gen,
-                           const std::string& holder, const std::string& token) {
+                           const std::string& holder, const std::string& token, bool all = false) {
     auto r = s.release.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle(), keys.leader()},
-                            {gen, holder, keys.prefix(), session, token});
+                            {gen, holder, keys.prefix(), session, token, all ? "all" : ""});
     std::string_view st = r[0].str();
     if (st == "ok") return reply_int(r[1]);
     if (st == "free") {
@@ -575,6 +577,25 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     return ready;
   }
 
+  LeaderInfo leader_info() {
+    check_fatal();
+    std::lock_guard lk(client_mu_);
+    return read_leader(client_);
+  }
+
+  LeaderInfo read_leader(redis::Connection& c) {
+    LeaderInfo l;
+    auto rs = c.pipeline({{"GET", keys.leader()}, {"PTTL", keys.leader()}});
+    if (rs[0].is_nil()) return l;
+    std::string tok(rs[0].str());
+    l.present = true;
+    l.epoch = std::stoull(tok.substr(0, tok.find(' ')));
+    l.session = tok.substr(tok.find(' ') + 1);
+    l.ttl_ms = rs[1].integer();
+    l.is_self = l.session == session;
+    return l;
+  }
+
   RegistryStats stats() {
     check_fatal();
     RegistryStats s;
@@ -592,16 +613,9 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     }
     for (auto& [k, v] : per) s.per_device.push_back(v);
     std::lock_guard lk(client_mu_);
-    auto rs = client_.pipeline({{"GET", keys.leader()}, {"PTTL", keys.leader()}, {"LLEN", keys.lifecycle()}});
-    if (!rs[0].is_nil()) {
-      std::string tok(rs[0].str());
-      s.leader.present = true;
-      s.leader.epoch = std::stoull(tok.substr(0, tok.find(' ')));
-      s.leader.session = tok.substr(tok.find(' ') + 1);
-      s.leader.ttl_ms = rs[1].integer();
-      s.leader.is_self = s.leader.session == session;
-    }
-    s.queue_length = static_cast<std::uint64_t>(rs[2].integer());
+    s.leader = read_leader(client_);
+    s.queue_length = static_cast<std::uint64_t>(client_.command({"LLEN", keys.lifecycle()}).integer());
+    s.sessions = live_sessions(client_);
     if (is_leader()) {
       s.pools = pool_stats();
     } else if (auto ps = client_.command({"GET", keys.prefix() + "memcuda:pool_stats"}); !ps.is_nil()) {
@@ -619,6 +633,134 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     s.process.import_opens = pc.opens();
     s.process.import_hits = pc.hits();
     return s;
+  }
+
+  // ---- sessions and garbage collection ------------------------------------
+
+  // Announces (and refreshes) this registry's session: a key that expires
+  // session_ttl after the last refresh, so a killed process's session ends.
+  void refresh_session(redis::Connection& c) {
+    boost::json::object o{{"pid", ::getpid()}, {"node", node}, {"started", started_ms_},
+                          {"allocator_capable", opts.control_thread}};
+    c.pipeline({{"SET", keys.session(session), boost::json::serialize(o), "PX",
+                 std::to_string(opts.session_ttl.count())},
+                {"SADD", keys.sessions(), session}});
+  }
+
+  void end_session(redis::Connection& c) { c.pipeline({{"DEL", keys.session(session)}, {"SREM", keys.sessions(), session}}); }
+
+  // "<pid>-<16 hex digits>": the holder id of a registry session.
+  static bool is_session_id(std::string_view h) {
+    auto dash = h.find('-');
+    if (dash == 0 || dash == std::string_view::npos || h.size() - dash - 1 != 16) return false;
+    for (std::size_t i = 0; i < dash; ++i)
+      if (!std::isdigit(static_cast<unsigned char>(h[i]))) return false;
+    for (std::size_t i = dash + 1; i < h.size(); ++i)
+      if (!std::isxdigit(static_cast<unsigned char>(h[i]))) return false;
+    return true;
+  }
+
+  // Drops every reference held by a dead session ("<pid>-<hex>") or a dead
+  // JSON client ("pid:<n>", a process of this node), frees what that
+  // releases, and prunes the session index. Safe from any process (the
+  // scripts are atomic); the allocator of record runs it every gc_interval
+  // with its lease token, so a deposed leader cannot act on stale views.
+  GcReport collect_garbage(redis::Connection& c, lua::Scripts& s, const std::string& token) {
+    GcReport rep;
+    // every record: the named ones and the unlinked-but-held ones
+    std::vector<std::string> names;
+    {
+      auto m = c.command({"SMEMBERS", keys.names()});
+      for (std::size_t i = 0; i < m.size(); ++i) names.emplace_back(keys.tensor(m[i].str()));
+      std::string cursor = "0";
+      do {
+        auto r = c.command({"SCAN", cursor, "MATCH", keys.prefix() + "memcuda:removed:*", "COUNT", "1000"});
+        cursor = std::string(r[0].str());
+        for (std::size_t i = 0; i < r[1].size(); ++i) names.emplace_back(r[1][i].str());
+      } while (cursor != "0");
+    }
+    if (!names.empty()) {
+      std::vector<redis::Command> cmds;
+      for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation"});
+      std::vector<redis::Command> hk;
+      for (const auto& k : names) hk.push_back({"HKEYS", k});
+      auto ids = c.pipeline(cmds);
+      auto fields = c.pipeline(hk);
+      struct Ref {
+        std::string name;
+        std::uint64_t gen;
+        std::string holder;
+      };
+      std::vector<Ref> refs;
+      std::map<std::string, bool> alive;
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        if (ids[i][0].is_nil() || ids[i][1].is_nil()) continue;
+        for (std::size_t j = 0; j < fields[i].size(); ++j) {
+          std::string f(fields[i][j].str());
+          if (!f.starts_with("holder:")) continue;
+          std::string h = f.substr(7);
+          refs.push_back({std::string(ids[i][0].str()), reply_u64(ids[i][1]), h});
+          alive.emplace(h, true);
+        }
+      }
+      std::vector<std::string> sess;
+      for (auto& [h, a] : alive) {
+        if (is_session_id(h)) sess.push_back(h);
+        else if (h.starts_with("pid:")) a = pid_alive(h.substr(4));
+      }
+      if (!sess.empty()) {
+        std::vector<redis::Command> ex;
+        for (const auto& h : sess) ex.push_back({"EXISTS", keys.session(h)});
+        auto r = c.pipeline(ex);
+        for (std::size_t i = 0; i < sess.size(); ++i) alive[sess[i]] = r[i].integer() == 1;
+      }
+      std::set<std::string> dead;
+      for (const auto& ref : refs) {
+        if (alive[ref.holder]) continue;
+        dead.insert(ref.holder);
+        auto cnt = c.command({"HGET", removed_or_named(ref.name, ref.gen, c), "holder:" + ref.holder});
+        std::int64_t n = cnt.is_nil() ? 0 : reply_int(cnt.view());
+        try {
+          if (release_ref(c, s, ref.name, ref.gen, ref.holder, token, true) == 0) ++rep.tensors_freed;
+          rep.references_dropped += static_cast<std::uint64_t>(n);
+          log(LogLevel::info, "gc: dropped " + std::to_string(n) + " reference(s) of dead holder " + ref.holder +
+                                  " to '" + ref.name + "'");
+        } catch (const NotFound&) {
+        } catch (const InvalidArgument&) {  // released meanwhile
+        }
+      }
+      rep.dead_holders = dead.size();
+    }
+    auto members = c.command({"SMEMBERS", keys.sessions()});
+    std::vector<std::string> all;
+    for (std::size_t i = 0; i < members.size(); ++i) all.emplace_back(members[i].str());
+    if (!all.empty()) {
+      std::vector<redis::Command> ex;
+      for (const auto& m : all) ex.push_back({"EXISTS", keys.session(m)});
+      auto r = c.pipeline(ex);
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (r[i].integer() == 0) {
+          c.command({"SREM", keys.sessions(), all[i]});
+          ++rep.sessions_pruned;
+        }
+    }
+    return rep;
+  }
+
+  GcReport collect_garbage_now() {
+    check_fatal();
+    std::lock_guard lk(client_mu_);
+    return collect_garbage(client_, scripts_, "");
+  }
+
+  std::uint64_t live_sessions(redis::Connection& c) {
+    auto members = c.command({"SMEMBERS", keys.sessions()});
+    if (members.size() == 0) return 0;
+    std::vector<redis::Command> ex;
+    for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"EXISTS", keys.session(members[i].str())});
+    std::uint64_t n = 0;
+    for (auto& r : c.pipeline(ex)) n += r.integer() == 1;
+    return n;
   }
 
   // ---- the pools (allocator of record) -----------------------------------
@@ -708,6 +850,22 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
 
   std::string waiters_key(std::string_view name) const { return keys.prefix() + "memcuda:waiters:" + std::string(name); }
 
+  static bool pid_alive(const std::string& pid_text) {
+    try {
+      long long pid = std::stoll(pid_text);
+      if (pid <= 0 || pid > 0x7fffffff) return true;  // not a pid we can judge: keep it
+      return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
+
+  std::string removed_or_named(const std::string& name, std::uint64_t gen, redis::Connection& c) {
+    auto g = c.command({"HGET", keys.tensor(name), "generation"});
+    if (!g.is_nil() && reply_u64(g.view()) == gen) return keys.tensor(name);
+    return keys.removed(gen);
+  }
+
   static std::string seconds_arg(std::chrono::milliseconds ms) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", std::max<double>(ms.count(), 1.0) / 1000.0);
@@ -733,6 +891,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     throw NotLeader("lost the allocator-of-record lease");
   }
 
+  const std::int64_t started_ms_ = now_ms();
   redis::Connection client_;
   lua::Scripts scripts_;
   std::mutex client_mu_;

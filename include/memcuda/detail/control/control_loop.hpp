@@ -1,6 +1,7 @@
-// The control thread every registry hosts (unless switched off). Followers
-// campaign for the allocator-of-record lease every ttl/3; the leader renews
-// it every ttl/3 and serves `tensor_lifecycle`, taking each command with
+// The thread every registry runs. It keeps the registry's session alive;
+// when the registry may be allocator of record it also campaigns for the
+// lease every ttl/3 (followers) or renews it, collects garbage and serves
+// `tensor_lifecycle` (the leader), taking each command with
 // BLMOVE into its own processing list, so a command taken by a leader that
 // dies before finishing is queued again by the next leader (kRequeue).
 #pragma once
@@ -25,9 +26,13 @@ class ControlLoop {
   ControlLoop(std::shared_ptr<RegistryCore> core, redis::Connection conn)
       : core_(std::move(core)), conn_(std::move(conn)) {}
 
-  // Campaign once, synchronously, so that the first registry to start is
+  // Registers the session and, when this registry may be allocator of
+  // record, campaigns once, synchronously: the first registry to start is
   // the allocator of record by the time its constructor returns.
-  void campaign_now() { core_->try_acquire_lease(conn_, scripts_); }
+  void start() {
+    core_->refresh_session(conn_);
+    if (core_->opts.control_thread) core_->try_acquire_lease(conn_, scripts_);
+  }
 
   void run(std::stop_token st) {
     std::stop_callback on_stop(st, [this] {
@@ -37,25 +42,36 @@ class ControlLoop {
       cv_.notify_all();
       if (blocked_.load()) conn_.interrupt();
     });
-    const auto period = std::max(core_->opts.lease_ttl / 3, std::chrono::milliseconds(10));
-    auto next_lease = std::chrono::steady_clock::now() + period;
+    const bool campaign = core_->opts.control_thread;
+    const auto period = std::max(std::min(core_->opts.lease_ttl, core_->opts.session_ttl) / 3,
+                                 std::chrono::milliseconds(10));
+    auto next_tick = std::chrono::steady_clock::now() + period;
+    auto next_gc = std::chrono::steady_clock::now() + core_->opts.gc_interval;
     while (!st.stop_requested()) {
       try {
         auto now = std::chrono::steady_clock::now();
-        if (now >= next_lease) {
-          if (core_->is_leader()) core_->renew_lease(conn_, scripts_);
-          else core_->try_acquire_lease(conn_, scripts_);
-          if (core_->is_leader()) {
-            core_->trim_pools();
-            core_->publish_pool_stats(conn_);
+        if (now >= next_tick) {
+          core_->refresh_session(conn_);
+          if (campaign) {
+            if (core_->is_leader()) core_->renew_lease(conn_, scripts_);
+            else core_->try_acquire_lease(conn_, scripts_);
+            if (core_->is_leader()) {
+              core_->trim_pools();
+              core_->publish_pool_stats(conn_);
+            }
           }
-          next_lease = now + period;
+          next_tick = now + period;
+        }
+        if (core_->is_leader() && now >= next_gc) {
+          core_->collect_garbage(conn_, scripts_, core_->lease().first);
+          next_gc = now + core_->opts.gc_interval;
         }
         if (core_->is_leader()) {
-          serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(next_lease - now), st);
+          auto until = std::min(next_tick, next_gc);
+          serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
         } else {
           std::unique_lock lk(mu_);
-          cv_.wait_until(lk, st, next_lease, [] { return false; });
+          cv_.wait_until(lk, st, next_tick, [] { return false; });
         }
         failures_ = 0;
       } catch (const AuthError& e) {
@@ -76,8 +92,9 @@ class ControlLoop {
     }
     try {
       core_->release_lease(conn_, scripts_);
+      core_->end_session(conn_);
     } catch (const std::exception& e) {
-      log(LogLevel::warn, std::string("releasing the lease: ") + e.what());
+      log(LogLevel::warn, std::string("ending the session: ") + e.what());
     }
   }
 

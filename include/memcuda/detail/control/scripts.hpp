@@ -100,7 +100,8 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 // unlinks the name at once, so nobody can take memory about to be freed;
 // the owner frees it, or the allocator of record through a "free" command.
 // KEYS: tensor, names, lifecycle, leader
-// ARGV: generation, holder, key prefix, caller session, token ('' = unfenced)
+// ARGV: generation, holder, key prefix, caller session, token ('' = unfenced),
+//       'all' to drop every reference of the holder (garbage collection)
 // -> {'ok', refcount} | {'free', generation} (caller owns it: free now)
 //    | {'queued', generation} | {'notfound'} | {'notholder'} | {'notleader', t}
 inline constexpr const char* kRelease = R"lua(
@@ -118,8 +119,10 @@ end
 local h = 'holder:' .. ARGV[2]
 local c = tonumber(redis.call('HGET', key, h) or '0')
 if c <= 0 then return {'notholder'} end
-if c == 1 then redis.call('HDEL', key, h) else redis.call('HINCRBY', key, h, -1) end
-local rc = redis.call('HINCRBY', key, 'refcount', -1)
+local drop = 1
+if ARGV[6] == 'all' then drop = c end
+if c == drop then redis.call('HDEL', key, h) else redis.call('HINCRBY', key, h, -drop) end
+local rc = redis.call('HINCRBY', key, 'refcount', -drop)
 if rc > 0 then return {'ok', rc} end
 local f = redis.call('HMGET', key, 'name', 'owner')
 if linked then
