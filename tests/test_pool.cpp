@@ -721,3 +721,20 @@ TEST_CASE("DeviceMemoryResource forwards to its private virtuals", "[pool]") {
   CHECK(r.last_device == 2);
   static_assert(noexcept(mr.deallocate(p, 1, 0)));
 }
+
+TEST_CASE("allocate_in takes room from the named slab only", "[pool]") {
+  memcuda::detail::BlockAllocator a;
+  a.add_slab(1, 4096);
+  a.add_slab(2, 8192);
+  auto b = a.allocate_in(2, 1000);
+  REQUIRE(b);
+  CHECK(b->slab_id == 2);
+  CHECK(b->offset == 0);
+  CHECK(b->size == 1024);
+  CHECK_FALSE(a.allocate_in(1, 5000));  // does not fit there
+  CHECK_FALSE(a.allocate_in(9, 1));     // unknown slab
+  CHECK(a.counters().in_use == 1024);
+  a.deallocate(*b);
+  CHECK(a.slab_empty(2));
+  a.validate();
+}

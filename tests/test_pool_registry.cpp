@@ -79,7 +79,9 @@ TEST_CASE("a process maps a slab once for all the tensors in it", "[redis][pool]
   CHECK(r.find("live_imports=1 ") != std::string::npos);
   for (int i = 0; i < 10; ++i) CHECK(w.ask("release s" + std::to_string(i)) == "OK");
   r = w.ask("stats");
-  CHECK(r.find("live_imports=0 ") != std::string::npos);  // closed with its last user
+  CHECK(r.find("live_imports=1 ") != std::string::npos);  // idle, kept for the next get
+  CHECK(w.ask("get s3").rfind("OK", 0) == 0);
+  CHECK(w.ask("stats").find("import_opens=1 ") != std::string::npos);  // no second open
   // the leader publishes its pool statistics every ttl/3 for every process
   for (int i = 0; i < 100 && r.find("pools=1") == std::string::npos; ++i) {
     std::this_thread::sleep_for(20ms);
@@ -166,4 +168,19 @@ TEST_CASE("publish bumps the event version and refuses stale handles (host backe
   reg.remove("pub");
   CHECK_THROWS_AS(t.publish(), StaleHandle);
   CHECK_THROWS_AS(t.wait_published(nullptr), StaleHandle);
+}
+
+TEST_CASE("an empty dedicated allocation of a fitting size is reused", "[redis][pool]") {
+  test::RedisServer srv;
+  TensorRegistry reg(pool_opts(srv));
+  std::uint64_t first = 0;
+  {
+    auto a = reg.create<std::uint8_t>("big", {700 << 10});
+    first = a.info().alloc_id;
+  }
+  auto b = reg.create<std::uint8_t>("big2", {650 << 10});  // fits in 700 KiB with < 25% waste
+  CHECK(b.info().alloc_id == first);
+  auto c = reg.create<std::uint8_t>("big3", {900 << 10});  // nothing fits: a new one
+  CHECK(c.info().alloc_id != first);
+  CHECK(reg.stats().pools.at(0).slabs == 2);
 }

@@ -7,9 +7,17 @@
 // Entries are keyed by (owner session, allocation id): session ids are
 // random per registry, so a key is never reused, and an address recycled
 // after a free can never be mistaken for a live mapping.
+//
+// A mapping stays open while any tensor of this process uses it, and the
+// most recently used idle ones (MEMCUDA_IMPORT_CACHE, default 16; 0 closes
+// at once) are kept open too, so a get/release loop does not pay an IPC
+// open (60-170 us) every time. The cost: memory the allocator of record
+// has returned stays allocated until this process drops the mapping.
 #pragma once
 
+#include <cstdlib>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,6 +73,7 @@ class ProcessCache {
     if (auto it = imported_.find(k); it != imported_.end()) {
       if (auto m = it->second.lock()) {
         ++hits_;
+        keep_recent(k, m);
         return {m->base(), m};
       }
       imported_.erase(it);
@@ -74,6 +83,7 @@ class ProcessCache {
     std::shared_ptr<Mapping> m(open());
     ++opens_;
     imported_[k] = m;
+    keep_recent(k, m);
     if (imported_.size() > 2 * live_hint_ + 64) sweep();
     return {m->base(), m};
   }
@@ -86,15 +96,51 @@ class ProcessCache {
     std::lock_guard lk(m_);
     return hits_;
   }
-  // Mappings currently alive in this process.
+  // Foreign allocations mapped in this process now (in use or kept idle).
   std::size_t live_imports() const {
     std::lock_guard lk(m_);
     std::size_t n = 0;
     for (auto& [k, w] : imported_) n += !w.expired();
     return n;
   }
+  // Of those, the ones no tensor of this process uses (kept for reuse).
+  std::size_t idle_imports() const {
+    std::lock_guard lk(m_);
+    std::size_t n = 0;
+    for (auto& [k, m] : recent_) n += m.use_count() == 1;
+    return n;
+  }
+  // Closes every idle mapping now.
+  void drop_idle() {
+    std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
+    {
+      std::lock_guard lk(m_);
+      gone.swap(recent_);
+    }
+  }
 
  private:
+  void keep_recent(const std::string& k, const std::shared_ptr<Mapping>& m) {
+    for (auto it = recent_.begin(); it != recent_.end(); ++it)
+      if (it->first == k) {
+        recent_.splice(recent_.begin(), recent_, it);
+        return;
+      }
+    if (keep_idle_ == 0) return;
+    recent_.emplace_front(k, m);
+    if (recent_.size() > keep_idle_) recent_.pop_back();  // closes it if unused (lock held: close is quick)
+  }
+
+  static std::size_t idle_limit() {
+    const char* e = std::getenv("MEMCUDA_IMPORT_CACHE");
+    if (!e || !*e) return 16;
+    try {
+      return static_cast<std::size_t>(std::stoul(e));
+    } catch (const std::exception&) {
+      return 16;
+    }
+  }
+
   void sweep() {
     std::size_t live = 0;
     for (auto it = imported_.begin(); it != imported_.end();) {
@@ -111,6 +157,8 @@ class ProcessCache {
   mutable std::mutex m_;
   std::unordered_map<std::string, std::weak_ptr<ExportedBlock>> exported_;
   std::unordered_map<std::string, std::weak_ptr<Mapping>> imported_;
+  std::list<std::pair<std::string, std::shared_ptr<Mapping>>> recent_;  // MRU first
+  const std::size_t keep_idle_ = idle_limit();
   std::size_t live_hint_ = 0;
   std::uint64_t opens_ = 0;
   std::uint64_t hits_ = 0;

@@ -260,7 +260,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
 
   // Frees an unlinked tensor whose last reference is gone. Ours: drop the
   // allocation. Another (dead) owner's: reclaim what the backend can.
-  void free_unlinked(redis::Connection& c, std::uint64_t generation) {
+  void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) {
     const std::string rkey = keys.removed(generation);
     std::optional<Owned> mine;
     {
@@ -273,10 +273,11 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     }
     if (mine) {
       mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
-      c.command({"DEL", rkey});
+      if (!record_gone) c.command({"DEL", rkey});
       ++stats_.frees;
       return;
     }
+    if (record_gone) return;
     auto r = c.command({"HGETALL", rkey});
     if (r.size() == 0) return;  // already freed
     TensorInfo t = protocol::decode_record(fields_from_reply(r.view()));
@@ -312,7 +313,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
         break;
       }
       case protocol::Op::get: {
-        auto r = s.acquire.eval(c, {keys.tensor(cmd.name), keys.leader()}, {holder_of(cmd), "", node, token});
+        auto r = s.acquire.eval(c, {keys.tensor(cmd.name), keys.leader()}, {holder_of(cmd), "", node, token, "", ""});
         auto t = check_acquire(r, cmd.name, std::nullopt);
         rep.generation = t.generation;
         rep.refcount = t.refcount;
@@ -349,10 +350,28 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     TensorInfo t;
     {
       std::lock_guard lk(client_mu_);
+      // A record never changes after creation except refcount, holders and
+      // the event: when our cached copy has the current generation and
+      // event version, the script skips sending the whole Hash.
+      auto cached = record_cache_.find(std::string(name));
+      std::string cgen, cver;
+      if (cached != record_cache_.end()) {
+        cgen = std::to_string(cached->second.generation);
+        cver = std::to_string(cached->second.event_version);
+      }
       auto r = scripts_.acquire.eval(
           client_, {keys.tensor(name), keys.leader()},
-          {session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), node, ""});
-      t = check_acquire(r, std::string(name), dtype);
+          {session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), node, "", cgen, cver});
+      if (r[0].str() == "same" && cached != record_cache_.end()) {
+        t = cached->second;
+        t.refcount = reply_int(r[1]);
+      } else {
+        t = check_acquire(r, std::string(name), dtype);
+        if (record_cache_.size() >= 4096) record_cache_.clear();
+        TensorInfo keep = t;
+        keep.holders.clear();  // changes all the time; reg.info() has the truth
+        record_cache_.insert_or_assign(std::string(name), std::move(keep));
+      }
     }
     try {
       return {t, map(t)};
@@ -459,7 +478,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
                                   {keys.prefix(), session});
     std::string_view st = r[0].str();
     if (st == "notfound") throw NotFound("no tensor named '" + std::string(name) + "'");
-    if (st == "free") free_unlinked(client_, reply_u64(r[1]));
+    if (st == "free") free_unlinked(client_, reply_u64(r[1]), true);
   }
 
   // Drops one of our references; returns the remaining refcount. Frees the
@@ -471,7 +490,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     std::string_view st = r[0].str();
     if (st == "ok") return reply_int(r[1]);
     if (st == "free") {
-      free_unlinked(c, gen);
+      free_unlinked(c, gen, true);
       return 0;
     }
     if (st == "queued") return 0;
@@ -894,6 +913,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   const std::int64_t started_ms_ = now_ms();
   redis::Connection client_;
   lua::Scripts scripts_;
+  std::unordered_map<std::string, TensorInfo> record_cache_;  // by name, under client_mu_
   std::mutex client_mu_;
   std::uint64_t request_seq_ = 0;
 

@@ -55,11 +55,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'exists', g}
 end
 local gen = redis.call('INCR', KEYS[4])
-local n = 7
-while n < #ARGV do
-  redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1])
-  n = n + 2
-end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 local rc = 1
 redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[5], 1)
 if ARGV[6] == '1' then
@@ -78,20 +74,24 @@ return {'ok', gen, rc}
 )lua";
 
 // Takes a reference (the get fast path; also the leader's JSON get).
-// KEYS: tensor, leader   ARGV: holder, dtype ('' = any), node, token ('' = unfenced)
-// -> {'ok', HGETALL...} | {'notfound'} | {'state', s} | {'dtype', d} | {'node', n}
-//    | {'notleader', token}
+// KEYS: tensor, leader
+// ARGV: holder, dtype ('' = any), node, token ('' = unfenced),
+//       generation the caller has cached ('' = none), its event_version
+// -> {'ok', HGETALL...} | {'same', refcount} (the cached record is current:
+//    same generation and event version, nothing else changes after creation)
+//    | {'notfound'} | {'state', s} | {'dtype', d} | {'node', n} | {'notleader', token}
 inline constexpr const char* kAcquire = R"lua(
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
   return {'notleader', tostring(redis.call('GET', KEYS[2]))}
 end
-local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node')
+local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node', 'generation', 'event_version')
 if not f[1] then return {'notfound'} end
 if f[1] ~= 'ready' then return {'state', f[1]} end
 if ARGV[2] ~= '' and f[2] ~= ARGV[2] then return {'dtype', f[2]} end
 if f[3] ~= ARGV[3] then return {'node', f[3]} end
-redis.call('HINCRBY', KEYS[1], 'refcount', 1)
+local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
 redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1)
+if ARGV[5] ~= '' and f[4] == ARGV[5] and f[5] == ARGV[6] then return {'same', rc} end
 return {'ok', redis.call('HGETALL', KEYS[1])}
 )lua";
 
@@ -102,7 +102,7 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 // KEYS: tensor, names, lifecycle, leader
 // ARGV: generation, holder, key prefix, caller session, token ('' = unfenced),
 //       'all' to drop every reference of the holder (garbage collection)
-// -> {'ok', refcount} | {'free', generation} (caller owns it: free now)
+// -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted, free now)
 //    | {'queued', generation} | {'notfound'} | {'notholder'} | {'notleader', t}
 inline constexpr const char* kRelease = R"lua(
 if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
@@ -125,11 +125,12 @@ if c == drop then redis.call('HDEL', key, h) else redis.call('HINCRBY', key, h, 
 local rc = redis.call('HINCRBY', key, 'refcount', -drop)
 if rc > 0 then return {'ok', rc} end
 local f = redis.call('HMGET', key, 'name', 'owner')
-if linked then
-  redis.call('RENAME', key, rkey)
-  redis.call('SREM', KEYS[2], f[1])
+if linked then redis.call('SREM', KEYS[2], f[1]) end
+if f[2] == ARGV[4] then
+  redis.call('DEL', key)  -- the caller owns the memory and frees it now
+  return {'free', ARGV[1]}
 end
-if f[2] == ARGV[4] then return {'free', ARGV[1]} end
+if linked then redis.call('RENAME', key, rkey) end
 redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[1], generation = tonumber(ARGV[1])}))
 return {'queued', ARGV[1]}
 )lua";
@@ -152,7 +153,10 @@ redis.call('RENAME', KEYS[1], rkey)
 redis.call('SREM', KEYS[2], f[2])
 local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
 if rc > 0 then return {'ok', f[1], rc} end
-if f[3] == ARGV[2] then return {'free', f[1]} end
+if f[3] == ARGV[2] then
+  redis.call('DEL', rkey)
+  return {'free', f[1]}
+end
 redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[2], generation = tonumber(f[1])}))
 return {'queued', f[1]}
 )lua";

@@ -172,7 +172,27 @@ class BlockAllocator {
 
     auto fit = free_.lower_bound(FreeKey{want, 0, 0, nullptr});
     if (fit == free_.end()) return std::nullopt;
+    return take(fit, want, bytes);
+  }
 
+  // Like allocate(), but only from slab `slab_id` (its first free range
+  // that fits): the pool reuses an empty dedicated slab this way. nullopt
+  // when the slab is unknown or has no room.
+  std::optional<Block> allocate_in(std::uint64_t slab_id, std::uint64_t bytes) {
+    const std::uint64_t mask = alignment_ - 1;
+    if (bytes > std::numeric_limits<std::uint64_t>::max() - mask) return std::nullopt;
+    const std::uint64_t want = bytes == 0 ? alignment_ : (bytes + mask) & ~mask;
+    auto sit = slabs_.find(slab_id);
+    if (sit == slabs_.end()) return std::nullopt;
+    for (auto& [off, r] : sit->second.ranges)
+      if (!r.live && r.size >= want) return take(r.free_it, want, bytes);
+    return std::nullopt;
+  }
+
+ private:
+  // Carves `want` bytes from the start of the free range `fit`.
+  template <class FreeIt>  // FreeSet::iterator (declared below)
+  Block take(FreeIt fit, std::uint64_t want, std::uint64_t bytes) {
     Slab& slab = *fit->slab;
     const std::uint64_t offset = fit->offset;
     const std::uint64_t have = fit->size;
@@ -209,6 +229,8 @@ class BlockAllocator {
     ++counters_.allocations;
     return Block{slab.id, offset, want};
   }
+
+ public:
 
   // Returns a block from allocate() and merges it with free neighbours.
   // Throws InvalidArgument, changing nothing, when the block is not a live

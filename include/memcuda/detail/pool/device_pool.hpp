@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -55,15 +56,28 @@ class DevicePool {
   // budget (after returning empty slabs) or the device cannot hold it.
   PoolBlock allocate(std::uint64_t bytes) {
     const std::uint64_t want = round_up(bytes == 0 ? 1 : bytes);
+    std::vector<std::shared_ptr<ExportedBlock>> released;  // freed after unlocking
     std::lock_guard lk(mu_);
     if (want < threshold_) {
       if (auto b = blocks_.allocate(want)) return finish(*b, bytes);
+    } else if (auto id = reusable_dedicated(want)) {
+      if (auto b = blocks_.allocate_in(*id, want)) return finish(*b, bytes);
     }
     const std::uint64_t slab = want < threshold_ ? slab_bytes_ : want;
-    make_room(slab, bytes);
+    make_room(slab, bytes, released);
     const std::uint64_t id = next_id_.fetch_add(1);
-    auto exported = std::make_shared<ExportedBlock>(backend_, backend_.allocate(slab, device_, id, tag_,
-                                                                                opts_.upstream.get()));
+    std::shared_ptr<ExportedBlock> exported;
+    try {
+      exported = std::make_shared<ExportedBlock>(
+          backend_, backend_.allocate(slab, device_, id, tag_, opts_.upstream.get()));
+    } catch (const BudgetExceeded&) {
+      // The device (not our budget) is full: give back what we keep idle
+      // and try once more.
+      if (trim_locked(0, released) == 0) throw;
+      released.clear();
+      exported = std::make_shared<ExportedBlock>(
+          backend_, backend_.allocate(slab, device_, id, tag_, opts_.upstream.get()));
+    }
     blocks_.add_slab(id, slab);
     slabs_.emplace(id, SlabEntry{exported, want >= threshold_});
     ProcessCache::instance().add_export(tag_, exported);
@@ -89,8 +103,9 @@ class DevicePool {
   // Returns empty slabs to the driver: dedicated ones always, others beyond
   // retain_empty_slabs (all of them when `all`). Returns the bytes released.
   std::uint64_t trim(bool all = false) {
+    std::vector<std::shared_ptr<ExportedBlock>> released;  // freed after unlocking
     std::lock_guard lk(mu_);
-    return trim_locked(all ? 0 : opts_.retain_empty_slabs);
+    return trim_locked(all ? 0 : opts_.retain_empty_slabs, released);
   }
 
   PoolStats stats() const {
@@ -139,10 +154,25 @@ class DevicePool {
 
   // Makes `slab` more bytes fit under the budget, returning empty slabs if
   // that helps; throws BudgetExceeded when it cannot.
-  void make_room(std::uint64_t slab, std::uint64_t requested) {
+  // An empty dedicated slab that fits `want` without wasting over a quarter.
+  std::optional<std::uint64_t> reusable_dedicated(std::uint64_t want) const {
+    std::optional<std::uint64_t> best;
+    std::uint64_t best_size = 0;
+    for (const auto& [id, e] : slabs_) {
+      if (!e.dedicated || !blocks_.slab_empty(id)) continue;
+      auto size = blocks_.slab_size(id);
+      if (size >= want && size - want <= want / 4 && (!best || size < best_size)) {
+        best = id;
+        best_size = size;
+      }
+    }
+    return best;
+  }
+
+  void make_room(std::uint64_t slab, std::uint64_t requested, std::vector<std::shared_ptr<ExportedBlock>>& released) {
     if (budget_ == 0) return;
     auto reserved = blocks_.counters().reserved;
-    if (reserved + slab > budget_) trim_locked(0);
+    if (reserved + slab > budget_) trim_locked(0, released);
     reserved = blocks_.counters().reserved;
     if (reserved + slab > budget_)
       throw BudgetExceeded("allocating " + std::to_string(requested) + " bytes on " +
@@ -152,7 +182,9 @@ class DevicePool {
                            " more, budget " + std::to_string(budget_) + " bytes");
   }
 
-  std::uint64_t trim_locked(std::uint64_t keep) {
+  // Takes empty slabs out of the pool; the caller drops `out` after
+  // unlocking, so the cudaFree/munmap happens outside the lock.
+  std::uint64_t trim_locked(std::uint64_t keep, std::vector<std::shared_ptr<ExportedBlock>>& out) {
     std::uint64_t released = 0, kept = 0;
     for (auto id : blocks_.empty_slabs()) {
       auto it = slabs_.find(id);
@@ -162,6 +194,7 @@ class DevicePool {
       }
       released += blocks_.slab_size(id);
       blocks_.remove_slab(id);
+      out.push_back(std::move(it->second.exported));
       slabs_.erase(it);  // memory goes with the last local user of the slab
     }
     return released;
