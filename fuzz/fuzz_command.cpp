@@ -1,0 +1,130 @@
+// libFuzzer target: a lifecycle command as any Redis client may LPUSH it on
+// tensor_lifecycle (the input is the raw List element).
+//
+// Checks, for every input, what the consumer (detail::ControlLoop::handle)
+// relies on:
+//  - decode_command throws nothing but ProtocolError;
+//  - a rejected command: peek_reply_route does not throw, and when it finds a
+//    reply_to the error reply make_error_reply builds encodes (encode_reply
+//    does not throw) and decodes back to the same Reply, so the sender always
+//    gets an answer and the consumer is never stopped by a bad command;
+//  - an accepted command: encode_command round-trips to an equal Command and
+//    its text is a fixed point; peek_reply_route agrees with decode_command on
+//    reply_to and id; the success and error replies for it encode and decode.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "fuzz_support.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/protocol.hpp"
+
+namespace {
+
+namespace p = memcuda::protocol;
+
+// encode_reply must accept the reply, and decode_reply must give it back.
+void check_reply_round_trip(const p::Reply& rep) {
+  std::string text;
+  try {
+    text = p::encode_reply(rep);
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("encode_reply of a reply the consumer would send");
+  }
+  p::Reply back;
+  try {
+    back = p::decode_reply(text);
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("decode_reply of encode_reply's output");
+  }
+  MEMCUDA_FUZZ_CHECK(back == rep, "reply: " + memcuda_fuzz::shown(text));
+}
+
+// What ControlLoop::reply_malformed does with a command that did not decode.
+void check_rejected(std::string_view text, const memcuda::ProtocolError& e) {
+  MEMCUDA_FUZZ_CHECK(std::string_view(memcuda::to_string(e.errc())) != "unknown");
+  MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
+  std::optional<p::ReplyRoute> route = p::peek_reply_route(text);  // noexcept
+  if (!route) return;
+  MEMCUDA_FUZZ_CHECK(!route->reply_to.empty() && route->reply_to.size() <= p::kMaxReplyToBytes);
+  p::Reply rep = p::make_error_reply(nullptr, e);
+  rep.id = route->id;
+  rep.id_is_number = route->id_is_number;
+  MEMCUDA_FUZZ_CHECK(!rep.ok && rep.error && rep.error->code == "protocol_error");
+  check_reply_round_trip(rep);
+}
+
+void check_accepted(std::string_view text, const p::Command& cmd) {
+  MEMCUDA_FUZZ_CHECK(memcuda::is_valid_name(cmd.name));
+  if (cmd.op == p::Op::create) {
+    MEMCUDA_FUZZ_CHECK(cmd.dtype && cmd.shape);
+    try {
+      (void)memcuda::byte_size(*cmd.dtype, *cmd.shape);
+    } catch (...) {
+      MEMCUDA_FUZZ_UNEXPECTED("byte_size of an accepted create");
+    }
+    MEMCUDA_FUZZ_CHECK_STRIDES(*cmd.shape);
+  }
+  if (cmd.op == p::Op::free) MEMCUDA_FUZZ_CHECK(cmd.generation.has_value());
+
+  std::string encoded;
+  try {
+    encoded = p::encode_command(cmd);
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("encode_command of a decoded command");
+  }
+  p::Command back;
+  try {
+    back = p::decode_command(encoded);
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("decode_command of encode_command's output");
+  }
+  MEMCUDA_FUZZ_CHECK(back == cmd, "encoded: " + memcuda_fuzz::shown(encoded));
+  std::string again;
+  try {
+    again = p::encode_command(back);
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("encode_command of a round-tripped command");
+  }
+  MEMCUDA_FUZZ_CHECK(again == encoded,
+                     memcuda_fuzz::shown(encoded) + " / " + memcuda_fuzz::shown(again));
+
+  // The route of a valid command is the command's own reply_to and id.
+  std::optional<p::ReplyRoute> route = p::peek_reply_route(text);
+  MEMCUDA_FUZZ_CHECK(route.has_value() == cmd.reply_to.has_value());
+  if (route) {
+    MEMCUDA_FUZZ_CHECK(route->reply_to == *cmd.reply_to);
+    MEMCUDA_FUZZ_CHECK(route->id == cmd.id && route->id_is_number == cmd.id_is_number);
+  }
+
+  // The two replies ControlLoop::handle may send for it.
+  p::Reply ok;
+  ok.id = cmd.id;
+  ok.id_is_number = cmd.id_is_number;
+  ok.op = std::string(p::to_string(cmd.op));
+  ok.name = cmd.name;
+  ok.generation = cmd.generation.value_or(1);
+  ok.refcount = 1;
+  check_reply_round_trip(ok);
+  check_reply_round_trip(
+      p::make_error_reply(&cmd, memcuda::NotFound("no tensor '" + cmd.name + "'")));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::string_view text = memcuda_fuzz::as_text(data, size);
+  p::Command cmd;
+  try {
+    cmd = p::decode_command(text);
+  } catch (const memcuda::ProtocolError& e) {
+    check_rejected(text, e);
+    return 0;
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("decode_command");
+  }
+  check_accepted(text, cmd);
+  return 0;
+}
