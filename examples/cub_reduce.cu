@@ -52,12 +52,15 @@ int consumer() {
   float got = 0;
   CHECK_CUDA(cudaMemcpyAsync(&got, out, sizeof got, cudaMemcpyDeviceToHost, s));
   CHECK_CUDA(cudaFreeAsync(out, s));
+  temp.reset();  // freed on s, before s goes away
   CHECK_CUDA(cudaStreamSynchronize(s));
   double want = 0;
   for (std::size_t i = 0; i < t.size(); ++i) want += value(i);
   double rel = std::abs(got - want) / want;
   std::printf("[consumer] cub::DeviceReduce::Sum over %zu floats = %.1f (expected %.1f, relative error %.2e)\n",
               static_cast<std::size_t>(t.size()), got, want, rel);
+  std::fflush(stdout);
+  t.release();
   cudaStreamDestroy(s);
   return rel < 1e-5 ? 0 : 2;
 }

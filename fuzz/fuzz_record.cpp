@@ -141,12 +141,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!t) return 0;
 
   check_promises(*t);
-  bool has_alloc_bytes = std::any_of(fields.begin(), fields.end(), [](const auto& kv) {
-    return kv.first == p::record_field::alloc_bytes;
-  });
-  if (memcuda_fuzz::known_record_alloc_bytes_absent(
-          has_alloc_bytes, t->state == memcuda::TensorState::pending, t->offset, t->bytes))
-    return 0;
   p::Fields encoded = p::encode_record(*t);
   std::string why;
   std::optional<memcuda::TensorInfo> back =

@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
 # Runs the GPU checks on a GPU host from a .gpu/ bundle (../shared/gpu/bundle.sh):
-# the [gpu] test group, the Redis-backed suite, and the examples on the cuda
+# the [gpu] test group on every GPU and on GPU 0 alone, the same under
+# compute-sanitizer memcheck (all processes), and the examples on the cuda
 # backend against a private redis-server. Logs go to $OUT when set.
+#   scripts/gpu-check.sh [--no-sanitizer]
 set -uo pipefail
 source .gpu/env.sh
 out=${OUT:-/tmp}
 nvidia-smi -L
 rc=0
-memcuda_tests '[gpu]' 2>&1 | tee "$out/gpu.log" | tail -5; rc=$((rc | ${PIPESTATUS[0]}))
+step() { echo "== $*"; }
+step "[gpu] tests, all GPUs"
+memcuda_tests '[gpu]' > "$out/gpu-all.log" 2>&1; r=$?; tail -3 "$out/gpu-all.log"; rc=$((rc | r))
+step "[gpu] tests, GPU 0 only"
+CUDA_VISIBLE_DEVICES=0 memcuda_tests '[gpu]' > "$out/gpu-one.log" 2>&1; r=$?; tail -3 "$out/gpu-one.log"; rc=$((rc | r))
+
 dir=$(mktemp -d /tmp/memcuda-gpu.XXXXXX)
 redis-server --port 0 --unixsocket "$dir/r.sock" --save '' --appendonly no --daemonize yes --logfile "$dir/log" --dir "$dir"
 for i in $(seq 100); do [[ -S $dir/r.sock ]] && break; sleep 0.05; done
 export MEMCUDA_REDIS_URL=unix://$dir/r.sock
-for ex in "ipc_demo --backend cuda" "lifecycle_demo --backend cuda" "quickstart --backend cuda"; do
-  echo "== $ex"; $ex 2>&1 | tee -a "$out/examples.log"; rc=$((rc | ${PIPESTATUS[0]}))
+for ex in "ipc_demo --backend cuda" "lifecycle_demo --backend cuda" "quickstart --backend cuda" "cub_reduce"; do
+  step "$ex"; $ex > "$out/ex.log" 2>&1; r=$?; cat "$out/ex.log" >> "$out/examples.log"; grep -v '^  ' "$out/ex.log" | tail -4; rc=$((rc | r))
 done
 redis-cli -s "$dir/r.sock" shutdown nosave >/dev/null 2>&1
+unset MEMCUDA_REDIS_URL
+
+if [[ ${1:-} != --no-sanitizer ]] && command -v compute-sanitizer >/dev/null; then
+  # API errors are not reported: one test provokes cudaErrorInvalidResourceHandle
+  # on purpose (opening a handle whose exporter was killed must raise Lost).
+  step "compute-sanitizer --tool memcheck, [gpu] tests (all processes)"
+  compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 9 \
+    memcuda_tests '[gpu]' \
+    > "$out/sanitizer.log" 2>&1; r=$?
+  grep -E "ERROR SUMMARY|All tests passed|test cases" "$out/sanitizer.log" | sort | uniq -c | tail -5; rc=$((rc | r))
+fi
 echo "gpu-check rc=$rc"
 exit $rc

@@ -24,7 +24,7 @@ repo=$(pwd -P)
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
-packages=(libhiredis-dev libboost-json1.81-dev libdlpack-dev catch2 redis-server cmake g++ pkg-config ninja-build)
+packages=(libhiredis-dev libboost-json1.81-dev libdlpack-dev catch2 redis-server cmake g++ pkg-config ninja-build clang-14 libclang-rt-14-dev)
 
 install_packages() {
   if [[ "${MEMCUDA_SKIP_PACKAGES:-0}" == 1 ]]; then

@@ -698,7 +698,7 @@ TEST_CASE("records round-trip, binary handles and holders included", "[protocol]
 TEST_CASE("records missing a required field are bad_record", "[protocol]") {
   protocol::Fields f = protocol::encode_record(sample_record());
   for (std::string_view field : {"name", "dtype", "shape", "bytes", "backend", "state",
-                                 "generation", "refcount", "device", "ipc_handle"}) {
+                                 "generation", "refcount", "device", "ipc_handle", "alloc_bytes"}) {
     INFO("without " << field);
     CHECK(outcome([&] { (void)protocol::decode_record(without(f, field)); }) == "bad_record");
     CHECK(message_of([&] {
@@ -708,7 +708,7 @@ TEST_CASE("records missing a required field are bad_record", "[protocol]") {
   // Optional fields may be absent: the defaults of TensorInfo apply.
   protocol::Fields minimal = f;
   for (std::string_view field :
-       {"ctime", "node", "device_uuid", "offset", "alloc_bytes", "alloc_id", "epoch", "owner",
+       {"ctime", "node", "device_uuid", "offset", "alloc_id", "epoch", "owner",
         "owner_pid", "create_id", "event_handle", "event_version", "holder:pid:100",
         "holder:session with:colon"})
     minimal = without(minimal, field);
@@ -805,4 +805,29 @@ TEST_CASE("enum names of backends and states round-trip", "[protocol]") {
     CHECK(protocol::op_from_string(protocol::to_string(op)) == op);
   CHECK(protocol::to_string(Op::del) == "delete");
   CHECK_FALSE(protocol::op_from_string("del"));
+}
+
+TEST_CASE("regressions found by fuzzing stay fixed", "[protocol]") {
+  // strides of an empty tensor whose other dims overflow int64: refused at creation
+  memcuda::Shape huge_empty{2, 0, 1099511627776, 4194304 * 4};
+  CHECK_THROWS_AS(memcuda::byte_size(memcuda::DType::f32, huge_empty), memcuda::ProtocolError);
+  // the outermost dimension scales no stride, so this fits (it overflowed before)
+  memcuda::Shape s{7, 67, 767, 6667, 767, 6667, 7, 666};
+  CHECK(memcuda::contiguous_strides(s).front() == 8167679920338518034LL);
+  // a record that is not pending must say how large its allocation is
+  memcuda::protocol::Fields f = memcuda::protocol::encode_record([] {
+    memcuda::TensorInfo t;
+    t.name = "r";
+    t.shape = {4};
+    t.bytes = 16;
+    t.backend = memcuda::BackendKind::host;
+    t.ipc_handle = "/memcuda.x.1";
+    t.alloc_bytes = 256;
+    t.state = memcuda::TensorState::ready;
+    t.generation = 1;
+    return t;
+  }());
+  std::erase_if(f, [](const auto& kv) { return kv.first == "alloc_bytes"; });
+  CHECK_THROWS_AS(memcuda::protocol::decode_record(f), memcuda::ProtocolError);
+  CHECK(memcuda::contiguous_strides(memcuda::Shape{3, 4}) == memcuda::Shape{4, 1});
 }

@@ -322,3 +322,16 @@ TEST_CASE("options_from_env reads MEMCUDA_REDIS_URL", "[url]") {
     }
   }
 }
+
+TEST_CASE("URL errors never echo control bytes or a mistyped password", "[url]") {
+  for (std::string bad : {std::string("\n://x"), std::string("redis://%0a:@host"), std::string("redis:/:hunter2@localhost:6379")}) {
+    try {
+      memcuda::redis::parse_url(bad);
+      FAIL("accepted " << bad);
+    } catch (const memcuda::InvalidArgument& e) {
+      std::string m = e.what();
+      for (char ch : m) CHECK(static_cast<unsigned char>(ch) >= 0x20);
+      CHECK(m.find("hunter2") == std::string::npos);
+    }
+  }
+}

@@ -5,6 +5,7 @@
 //   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--backend host|cuda]
 //   commands: create NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
 //             | fill NAME VALUE | sum NAME | leader | info NAME | exit
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     std::string cmd, name;
     in >> cmd >> name;
     std::ostringstream out;
+    out << std::setprecision(17);  // sums are integers: print them whole
     try {
       if (cmd == "create") {
         std::string dims;

@@ -43,6 +43,9 @@ namespace memcuda::protocol {
 // Largest command or reply document, in bytes; longer input is rejected
 // (too_large) before any parsing.
 inline constexpr std::size_t kMaxCommandBytes = 64 * 1024;
+// How large a rejected command may be for its reply_to to be read (so that
+// even an oversized command is answered with its error).
+inline constexpr std::size_t kMaxPeekBytes = 1024 * 1024;
 // Deepest nesting of arrays/objects a document may have. A valid command
 // needs 2 (the object and "shape"), a reply 2 ("error").
 inline constexpr std::size_t kMaxJsonDepth = 16;
@@ -270,11 +273,11 @@ class StrictHandler {
 
 // Parses exactly one JSON document of at most kMaxCommandBytes bytes and at
 // most kMaxJsonDepth levels. `what` ("command", "reply") starts the messages.
-inline json::value parse_document(std::string_view text, std::string_view what) {
-  if (text.size() > kMaxCommandBytes)
+inline json::value parse_document(std::string_view text, std::string_view what,
+                                  std::size_t limit = kMaxCommandBytes) {
+  if (text.size() > limit)
     fail(ProtocolErrc::too_large, std::string(what) + ": " + std::to_string(text.size()) +
-                                      " bytes exceeds the limit of " +
-                                      std::to_string(kMaxCommandBytes) + " bytes");
+                                      " bytes exceeds the limit of " + std::to_string(limit) + " bytes");
   json::parse_options opt;
   opt.max_depth = kMaxJsonDepth;
   json::basic_parser<StrictHandler> p(opt);
@@ -642,7 +645,9 @@ inline std::string encode_command(const Command& c) {
 inline std::optional<ReplyRoute> peek_reply_route(std::string_view text) noexcept {
   namespace json = boost::json;
   try {
-    json::value doc = detail::parse_document(text, "command");
+    // An oversized command still deserves its error reply: read reply_to
+    // from documents up to kMaxPeekBytes (depth stays bounded).
+    json::value doc = detail::parse_document(text, "command", kMaxPeekBytes);
     const json::object* o = doc.if_object();
     if (!o) return std::nullopt;
     const json::value* rt = detail::find(*o, "reply_to");
@@ -810,7 +815,8 @@ inline Fields encode_record(const TensorInfo& t) {
 // Rebuilds a TensorInfo from a Hash (HGETALL). Unknown fields are ignored;
 // "holder:<id>" fields fill holders. Throws ProtocolError(bad_record), naming
 // the field, when a required field (name, dtype, shape, bytes, backend,
-// state, generation, refcount, device, ipc_handle) is missing, a field appears
+// state, generation, refcount, device, ipc_handle, and alloc_bytes once not
+// pending) is missing, a field appears
 // twice, or a value does not parse or is inconsistent: bytes must equal
 // byte_size(dtype, shape); device is -1 for host and 0..1023 for cuda; once
 // the tensor is not pending, ipc_handle is 64 bytes for cuda and non-empty for
@@ -926,7 +932,11 @@ inline TensorInfo decode_record(const Fields& fields) {
   if (auto v = optional(f::node)) t.node = std::string(*v);
   if (auto v = optional(f::device_uuid)) t.device_uuid = std::string(*v);
   if (auto v = optional(f::offset)) t.offset = as_u64(f::offset, *v);
-  if (auto v = optional(f::alloc_bytes)) {
+  // Once allocated, the mapping's extent is needed to map it and to check
+  // offset + bytes: alloc_bytes is required then (a record without it could
+  // not be written back either).
+  if (auto v = t.state == TensorState::pending ? optional(f::alloc_bytes)
+                                               : std::optional<std::string_view>(required(f::alloc_bytes))) {
     t.alloc_bytes = as_u64(f::alloc_bytes, *v);
     if (t.state != TensorState::pending &&
         (t.offset > t.alloc_bytes || t.bytes > t.alloc_bytes - t.offset))

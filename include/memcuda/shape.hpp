@@ -198,8 +198,13 @@ inline std::uint64_t element_count(std::span<const std::int64_t> shape) {
 // itemsize(dtype) * element_count(shape). Validates the shape; size_overflow
 // when the result exceeds kMaxTensorBytes (or 64 bits); bad_value for a DType
 // outside the enum.
+inline Shape contiguous_strides(std::span<const std::int64_t> shape);
+
 inline std::uint64_t byte_size(DType dtype, std::span<const std::int64_t> shape) {
   std::uint64_t n = element_count(shape);
+  // An empty tensor's strides treat zero dims as 1 and may not fit int64
+  // ([2,0,2^40,2^40]): refuse it here rather than when strides are asked for.
+  if (n == 0) (void)contiguous_strides(shape);
   std::uint64_t item = itemsize(dtype);
   if (item == 0)
     throw ProtocolError(
@@ -223,8 +228,9 @@ inline Shape contiguous_strides(std::span<const std::int64_t> shape) {
   std::int64_t s = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
+    if (i == 0) break;  // the outermost dimension scales no stride
     std::int64_t d = shape[i] > 0 ? shape[i] : 1;
-    if (i > 0 && s > std::numeric_limits<std::int64_t>::max() / d)
+    if (s > std::numeric_limits<std::int64_t>::max() / d)
       throw ProtocolError(ProtocolErrc::size_overflow,
                           "shape " + detail::rules::shape_text(shape) + ": strides overflow int64");
     s *= d;

@@ -170,8 +170,9 @@ class SharedTensor {
   void release() noexcept { h_.reset(); }
 
   // Bounds-checked copies between host memory and the tensor, starting at
-  // element `offset`. Synchronous. Throws InvalidArgument when the range
-  // does not fit.
+  // element `offset`. Synchronous: the bytes are in place (visible to other
+  // processes) when the call returns; on cuda they are ordered on the legacy
+  // default stream. Throws InvalidArgument when the range does not fit.
   void copy_from_host(std::span<const value_type> src, std::uint64_t offset = 0) const {
     auto [dst, n] = range(offset, src.size());
     copy(dst, src.data(), n, true);
@@ -208,8 +209,13 @@ class SharedTensor {
     }
 #if MEMCUDA_HAS_CUDA()
     detail::DeviceGuard g(device());
-    if (to_tensor) MEMCUDA_CUDA_TRY(cudaMemcpy(tensor_ptr, host, n, cudaMemcpyHostToDevice));
-    else MEMCUDA_CUDA_TRY(cudaMemcpy(const_cast<void*>(host), tensor_ptr, n, cudaMemcpyDeviceToHost));
+    // cudaMemcpy from pageable memory may return before the DMA has landed;
+    // another process must see the bytes once we return, so wait for it.
+    if (to_tensor)
+      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(tensor_ptr, host, n, cudaMemcpyHostToDevice, cudaStreamLegacy));
+    else
+      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(const_cast<void*>(host), tensor_ptr, n, cudaMemcpyDeviceToHost, cudaStreamLegacy));
+    MEMCUDA_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
 #else
     throw Unavailable("cuda backend not built");
 #endif

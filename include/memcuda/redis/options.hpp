@@ -104,10 +104,36 @@ inline bool url_ctl(char c) { return static_cast<unsigned char>(c) <= 0x20 || c 
 // The URL as it may appear in a message: the password replaced by "***" and
 // control bytes escaped, so that neither secrets nor terminal escapes leak
 // into logs. Mirrors how parse_url finds the userinfo.
+// Control bytes as \xNN, so a message never carries raw terminal bytes.
+inline std::string escape_ctl(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (url_ctl(c) && c != ' ') {
+      static constexpr char kHex[] = "0123456789abcdef";
+      auto b = static_cast<unsigned char>(c);
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 inline std::string redact_url(std::string_view url) {
   std::string u(url);
   auto sep = u.find("://");
-  if (sep != std::string::npos) {
+  if (sep == std::string::npos) {
+    // A mistyped scheme ("redis:/:secret@host") may still carry a password:
+    // hide everything between the first ':' and the last '@'.
+    auto at = u.rfind('@');
+    auto colon = u.find(':');
+    if (at != std::string::npos) {
+      std::size_t b = colon != std::string::npos && colon < at ? colon + 1 : 0;
+      u = u.substr(0, b) + "***" + u.substr(at);
+    }
+  } else {
     std::size_t b = sep + 3;
     bool is_unix = u.size() >= 4 && (u[0] | 0x20) == 'u' && (u[1] | 0x20) == 'n' &&
                    (u[2] | 0x20) == 'i' && (u[3] | 0x20) == 'x';
@@ -192,7 +218,7 @@ inline void parse_userinfo(std::string_view url, std::string_view ui, Options& o
     o.password = pct_decode(url, ui.substr(colon + 1), "password");
   }
   if (o.password.empty() && !o.user.empty())
-    bad_url(url, "user '" + o.user + "' given without a password");
+    bad_url(url, "user '" + escape_ctl(o.user) + "' given without a password");
   if (o.password.empty()) bad_url(url, "empty password before '@'");
 }
 
@@ -243,7 +269,7 @@ inline Options parse_url(std::string_view url) {
     auto sep = url.find("://");
     detail::bad_url(url, sep == std::string_view::npos
                              ? std::string("no scheme (use redis:// or unix://)")
-                             : "unknown scheme '" + std::string(url.substr(0, sep)) +
+                             : "unknown scheme '" + detail::escape_ctl(url.substr(0, sep)) +
                                    "' (use redis:// or unix://)");
   }
   for (std::size_t i = 0; i < url.size(); ++i)

@@ -157,11 +157,16 @@ class ControlLoop {
   }
 
   void send_reply(const std::string& to, const std::string& body) {
-    // Replies expire so that abandoned reply lists do not pile up. A
-    // reply_to naming a key of another type only loses that reply.
-    std::vector<std::exception_ptr> errors;
-    conn_.pipeline({{"LPUSH", to, body}, {"PEXPIRE", to, "60000"}}, &errors);
-    if (errors[0]) log(LogLevel::warn, "could not reply to '" + to + "' (not a list?)");
+    // reply_to is untrusted: never write into mem-cuda's own keys (other
+    // than registries' reply lists) or the lifecycle list itself.
+    const auto& k = core_->keys;
+    const std::string own = k.prefix() + "memcuda:";
+    if (to == k.lifecycle() || (to.starts_with(own) && !to.starts_with(own + "reply:"))) {
+      log(LogLevel::warn, "refusing to reply to '" + to + "': a key of the registry itself");
+      return;
+    }
+    if (scripts_.reply.eval(conn_, {to}, {body, "60000"}).integer() == 0)
+      log(LogLevel::warn, "could not reply to '" + to + "': not a list");
   }
 
   std::shared_ptr<RegistryCore> core_;

@@ -170,6 +170,19 @@ redis.call('HSET', KEYS[1], 'event_handle', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
 )lua";
 
+// Delivers a reply to the list a command named in reply_to. Only lists (or
+// absent keys) receive replies, and only a list this script created (or
+// one that already expires) gets the 60 s expiry, so a hostile reply_to
+// cannot make the leader touch or expire any other key.
+// KEYS: reply list   ARGV: body, ttl_ms  -> 1 delivered, 0 refused (not a list)
+inline constexpr const char* kReply = R"lua(
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'list' then return 0 end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+if t == 'none' or redis.call('PTTL', KEYS[1]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+)lua";
+
 // Moves commands left in the processing lists of earlier leaders back to
 // the head of the lifecycle list (oldest first), then registers ours.
 // KEYS: lifecycle, processing list set   ARGV: our processing list
@@ -198,6 +211,7 @@ struct Scripts {
   redis::Script remove{kRemove};
   redis::Script requeue{kRequeue};
   redis::Script publish{kPublish};
+  redis::Script reply{kReply};
 };
 
 }  // namespace memcuda::detail::lua
