@@ -698,7 +698,7 @@ TEST_CASE("memcuda on the cuda backend: serve, create, cat, info with a 64-byte 
   MEMCUDA_REQUIRE_GPU();
   test::RedisServer srv;
   test::Child a(
-      {cli_path(), "--url", srv.unix_url(), "serve", "--backend", "cuda", "--lease-ttl", "2000"});  // slow CUDA starts
+      {cli_path(), "--url", srv.unix_url(), "serve", "--backend", "cuda", "--lease-ttl", "10000"});  // CUDA starts are slow under compute-sanitizer
   read_until(a, "allocator of record");
   auto r =
       memcuda_cli(at(srv, {"create", "g", "--dtype", "bf16", "--shape", "3", "--backend", "cuda", "--device", "0"}));
