@@ -382,7 +382,7 @@ TEST_CASE("references of a dead JSON client pid are collected", "[redis][multipr
   CHECK(reg.info("j").holders.count("pid:" + std::to_string(gone)) == 0);
 }
 
-TEST_CASE("a hostile reply_to cannot touch the registry's keys; oversized commands are answered",
+TEST_CASE("a hostile reply_to cannot touch the registry's keys, and oversized commands are answered",
           "[redis][multiprocess]") {
   test::RedisServer srv;
   TensorRegistry reg(opts_for(srv, true));

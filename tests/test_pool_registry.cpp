@@ -27,7 +27,7 @@ RegistryOptions pool_opts(const test::RedisServer& srv, bool control = true) {
 }
 }  // namespace
 
-TEST_CASE("small tensors share a slab at aligned offsets; big ones get their own", "[redis][pool]") {
+TEST_CASE("small tensors share a slab at aligned offsets, and big ones get their own", "[redis][pool]") {
   test::RedisServer srv;
   TensorRegistry reg(pool_opts(srv));
   std::vector<SharedTensor<float>> ts;
@@ -91,7 +91,7 @@ TEST_CASE("a process maps a slab once for all the tensors in it", "[redis][pool]
   CHECK(r.find("pools=1 in_use=2560 reserved=1048576") != std::string::npos);  // 10 x 256 B blocks
 }
 
-TEST_CASE("freed blocks return to the pool; trim returns empty slabs", "[redis][pool]") {
+TEST_CASE("freed blocks return to the pool, and trim returns empty slabs", "[redis][pool]") {
   test::RedisServer srv;
   auto o = pool_opts(srv);
   o.pool.retain_empty_slabs = 0;
