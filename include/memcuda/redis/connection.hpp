@@ -346,6 +346,11 @@ class Connection {
     intr_->cv.notify_all();
   }
 
+  // Forgets an interrupt that found no command to fail (e.g. one that came
+  // just after a blocking call returned), so the next command runs; a socket
+  // the interrupt shut down is re-established by that command.
+  void clear_interrupt() noexcept { (void)take_interrupt(); }
+
   // Number of times this connection was re-established after a break.
   std::uint64_t reconnects() const noexcept { return reconnects_; }
 

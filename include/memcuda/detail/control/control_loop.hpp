@@ -90,6 +90,9 @@ class ControlLoop {
         cv_.wait_for(lk, st, std::min(period, std::chrono::milliseconds(200)), [] { return false; });
       }
     }
+    // The stop callback may have interrupted a blocking call that had just
+    // returned: the goodbye below must still reach Redis.
+    conn_.clear_interrupt();
     try {
       core_->release_lease(conn_, scripts_);
       core_->end_session(conn_);
