@@ -24,7 +24,7 @@ class ControlLoop {
   // `conn` is this thread's own connection, made by the caller so that a
   // bad address fails in the registry's constructor, not in the thread.
   ControlLoop(std::shared_ptr<RegistryCore> core, redis::Connection conn)
-      : core_(std::move(core)), conn_(std::move(conn)) {}
+      : core_(std::move(core)), conn_(std::move(conn)), beat_conn_(core_->opts.redis) {}
 
   // Registers the session and, when this registry may be allocator of
   // record, campaigns once, synchronously: the first registry to start is
@@ -45,16 +45,18 @@ class ControlLoop {
     const bool campaign = core_->opts.control_thread;
     const auto period = std::max(std::min(core_->opts.lease_ttl, core_->opts.session_ttl) / 3,
                                  std::chrono::milliseconds(10));
+    // The session and the lease are kept alive by a thread of their own, so
+    // a slow command (a large first cudaMalloc, a sanitizer) never lets them
+    // expire while this process is alive and serving.
+    std::jthread beat([this, period](std::stop_token bst) { heartbeat(bst, period); });
     auto next_tick = std::chrono::steady_clock::now() + period;
     auto next_gc = std::chrono::steady_clock::now() + core_->opts.gc_interval;
     while (!st.stop_requested()) {
       try {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_tick) {
-          core_->refresh_session(conn_);
           if (campaign) {
-            if (core_->is_leader()) core_->renew_lease(conn_, scripts_);
-            else core_->try_acquire_lease(conn_, scripts_);
+            if (!core_->is_leader()) core_->try_acquire_lease(conn_, scripts_);
             if (core_->is_leader()) {
               core_->trim_pools();
               core_->publish_pool_stats(conn_);
@@ -90,6 +92,8 @@ class ControlLoop {
         cv_.wait_for(lk, st, std::min(period, std::chrono::milliseconds(200)), [] { return false; });
       }
     }
+    beat.request_stop();
+    beat.join();
     // The stop callback may have interrupted a blocking call that had just
     // returned: the goodbye below must still reach Redis.
     conn_.clear_interrupt();
@@ -102,6 +106,23 @@ class ControlLoop {
   }
 
  private:
+  void heartbeat(std::stop_token st, std::chrono::milliseconds period) {
+    std::mutex m;
+    std::condition_variable_any cv;
+    int failures = 0;
+    while (!st.stop_requested()) {
+      try {
+        core_->refresh_session(beat_conn_);
+        if (core_->is_leader()) core_->renew_lease(beat_conn_, beat_scripts_);
+        failures = 0;
+      } catch (const std::exception& e) {
+        if (++failures <= 3 || failures % 50 == 0) log(LogLevel::warn, std::string("heartbeat: ") + e.what());
+      }
+      std::unique_lock lk(m);
+      cv.wait_for(lk, st, period, [] { return false; });
+    }
+  }
+
   void serve_one(std::chrono::milliseconds budget, std::stop_token& st) {
     auto block = std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
     const std::string processing = core_->keys.processing(core_->lease().second);
@@ -175,6 +196,8 @@ class ControlLoop {
   std::shared_ptr<RegistryCore> core_;
   redis::Connection conn_;
   lua::Scripts scripts_;
+  redis::Connection beat_conn_;  // the heartbeat thread's own
+  lua::Scripts beat_scripts_;
   std::mutex mu_;
   std::condition_variable_any cv_;
   std::atomic<bool> blocked_{false};
