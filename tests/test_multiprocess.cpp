@@ -28,6 +28,10 @@ std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<st
                                     const std::string& backend = "host") {
   std::vector<std::string> argv{test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--ttl",
                                 std::to_string(ttl_for(backend)), "--backend", backend};
+  if (backend == "cuda") {  // a leader's first CUDA calls take seconds under compute-sanitizer
+    argv.push_back("--timeout");
+    argv.push_back("30000");
+  }
   argv.insert(argv.end(), extra.begin(), extra.end());
   return std::make_unique<test::Child>(argv);
 }
@@ -74,7 +78,7 @@ static void election_and_takeover(const std::string& backend) {
   CHECK(leaders == 1);
 
   int follower = (leader_idx + 1) % 4;
-  auto r = ws[static_cast<std::size_t>(follower)]->ask("create before 16 2");
+  auto r = ws[static_cast<std::size_t>(follower)]->ask("create before 16 2", std::chrono::seconds(40));
   CHECK(starts_with(r, "OK gen="));
 
   // the leader dies without a word
@@ -94,7 +98,7 @@ static void election_and_takeover(const std::string& backend) {
   int second_follower = -1;
   for (int i = 0; i < 4; ++i)
     if (i != leader_idx && i != new_leader) second_follower = i;
-  r = ws[static_cast<std::size_t>(second_follower)]->ask("create after 16 3");
+  r = ws[static_cast<std::size_t>(second_follower)]->ask("create after 16 3", std::chrono::seconds(40));
   CHECK(starts_with(r, "OK gen="));
   auto c = srv.connect();
   auto token = std::string(c.command({"GET", "memcuda:leader"}).str());
@@ -287,7 +291,7 @@ static void follower_create_shared(const std::string& backend) {
   CHECK_FALSE(ready(*producer));
   auto consumer = worker(srv, {"--no-control"}, backend);
   CHECK_FALSE(ready(*consumer));
-  CHECK(starts_with(producer->ask("create act 100 3"), "OK gen="));
+  CHECK(starts_with(producer->ask("create act 100 3", std::chrono::seconds(40)), "OK gen="));
   auto r = consumer->ask("get act");
   INFO(r);
   CHECK(r.find("sum=300") != std::string::npos);
