@@ -43,27 +43,10 @@ target_compile_options(memcuda_header_check PRIVATE -Wall -Wextra -Werror -pedan
 set_target_properties(memcuda_header_check PROPERTIES CXX_EXTENSIONS OFF)
 
 # nvcc: only where the CUDA backend is on and nvcc can build for this host
-# compiler. check_language finds nvcc on PATH or in CUDACXX; point it at the
-# toolkit that find_package(CUDAToolkit) chose, with our host compiler.
-set(MEMCUDA_HEADER_CHECK_CUDA OFF)
-if(MEMCUDA_WITH_CUDA)
-  include(CheckLanguage)
-  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND CUDAToolkit_NVCC_EXECUTABLE)
-    set(ENV{CUDACXX} ${CUDAToolkit_NVCC_EXECUTABLE})
-  endif()
-  if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})
-    set(ENV{CUDAHOSTCXX} ${CMAKE_CXX_COMPILER})
-  endif()
-  check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)
-    endif()
-    enable_language(CUDA)
-    set(MEMCUDA_HEADER_CHECK_CUDA ON)
-  else()
-    message(STATUS "memcuda: no usable CUDA compiler; headers are checked with ${CMAKE_CXX_COMPILER_ID} only")
-  endif()
+# compiler (cmake/MemcudaCudaLanguage.cmake decides, once for the project).
+set(MEMCUDA_HEADER_CHECK_CUDA ${MEMCUDA_CUDA_LANGUAGE})
+if(NOT MEMCUDA_HEADER_CHECK_CUDA)
+  message(STATUS "memcuda: no usable CUDA compiler; headers are checked with ${CMAKE_CXX_COMPILER_ID} only")
 endif()
 if(MEMCUDA_HEADER_CHECK_CUDA)
   add_library(memcuda_header_check_cuda OBJECT ${_hc_cu_sources})

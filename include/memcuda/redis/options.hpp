@@ -146,19 +146,7 @@ inline std::string redact_url(std::string_view url) {
       u = u.substr(0, b) + shown + u.substr(at);
     }
   }
-  std::string out;
-  for (char c : u) {
-    if (url_ctl(c) && c != ' ') {
-      static constexpr char kHex[] = "0123456789abcdef";
-      auto b = static_cast<unsigned char>(c);
-      out += "\\x";
-      out += kHex[b >> 4];
-      out += kHex[b & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out;
+  return escape_ctl(u);
 }
 
 [[noreturn]] inline void bad_url(std::string_view url, std::string_view why) {
