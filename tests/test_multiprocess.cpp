@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <boost/json.hpp>
+#include <filesystem>
+#include <iostream>
 #include <memory>
 #include <thread>
 
@@ -419,4 +421,230 @@ TEST_CASE("a hostile reply_to cannot touch the registry's keys, and oversized co
   auto o = boost::json::parse(r[1].str()).as_object();
   CHECK_FALSE(o.at("ok").as_bool());
   CHECK(std::string(o.at("error").at("message").as_string()).find("too_large") != std::string::npos);
+}
+
+// The allocator of record is killed while its memory holds tensors. Its
+// successor gives each one a new home: a tensor some live process holds is
+// copied by that holder (the only one that can still read it) into memory
+// the successor allocates, and republished under a new generation; a
+// persistent tensor nobody holds is marked lost and its name freed. At the
+// end nothing is left: no keys, no pool memory, no shm objects, and on cuda
+// the driver's free memory is back.
+static void dead_allocator_tensors_migrate(const std::string& backend) {
+  test::RedisServer srv;
+  const bool cuda = backend == "cuda";
+  // On cuda `kept` is 512 MiB, so a copy or mapping left behind would show
+  // in cudaMemGetInfo beyond the noise of a CUDA context.
+  const std::uint64_t kept_n = cuda ? (std::uint64_t{1} << 27) : 65536;
+  auto a = worker(srv, {}, backend);
+  REQUIRE(ready(*a));  // the allocator of record
+  auto b = worker(srv, {"--no-control"}, backend);
+  CHECK_FALSE(ready(*b));  // a holder that never leads
+  auto succ = worker(srv, {}, backend);
+  CHECK_FALSE(ready(*succ));  // the successor
+  std::uint64_t free0 = 0;
+  auto mem_free = [&]() -> std::uint64_t {
+    auto r = b->ask("meminfo");
+    INFO(r);
+    REQUIRE(starts_with(r, "OK free="));
+    return std::stoull(r.substr(8));
+  };
+  if (cuda) free0 = mem_free();
+  const auto wait = std::chrono::seconds(40);
+
+  REQUIRE(starts_with(a->ask("create kept " + std::to_string(kept_n) + " 7", wait), "OK"));
+  REQUIRE(starts_with(a->ask("create kept2 1024 3", wait), "OK"));
+  REQUIRE(starts_with(a->ask("createp orphan 4096 5", wait), "OK"));
+  REQUIRE(starts_with(a->ask("create unlinked 256 2", wait), "OK"));
+  const std::string kept_sum = "sum=" + std::to_string(7 * kept_n);
+  CHECK(b->ask("get kept", wait).find(kept_sum) != std::string::npos);
+  CHECK(b->ask("get unlinked", wait).find("sum=512") != std::string::npos);
+  CHECK(succ->ask("get kept2", wait).find("sum=3072") != std::string::npos);
+  CHECK(a->ask("remove unlinked") == "OK");  // unlinked but still held by b (and a)
+  CHECK(a->ask("release orphan") == "OK");   // only the name holds it now
+
+  auto c = srv.connect();
+  const std::string a_pid = std::to_string(a->pid());
+  const auto kept_gen = std::string(c.command({"HGET", "memcuda:tensor:kept", "generation"}).str());
+
+  a->kill(SIGKILL);
+  a->wait();
+  auto t0 = std::chrono::steady_clock::now();
+  const auto limit = cuda ? 40s : 15s;
+  while (std::chrono::steady_clock::now() - t0 < limit && succ->ask("leader") != "OK leader=1")
+    std::this_thread::sleep_for(20ms);
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  INFO("takeover after " << took.count() << " ms");
+  REQUIRE(succ->ask("leader") == "OK leader=1");
+  CHECK(took <= 3s);
+
+  auto owner_pid = [&](const char* key) {
+    auto r = c.command({"HGET", key, "owner_pid"});
+    return r.is_nil() ? std::string() : std::string(r.str());
+  };
+  auto migrated = [&] {
+    if (owner_pid("memcuda:tensor:kept") == a_pid || owner_pid("memcuda:tensor:kept2") == a_pid) return false;
+    if (c.command({"EXISTS", "memcuda:lost:orphan"}).integer() != 1) return false;
+    auto rm = c.command({"KEYS", "memcuda:removed:*"});
+    return rm.size() == 1 && owner_pid(std::string(rm[0].str()).c_str()) != a_pid;
+  };
+  while (std::chrono::steady_clock::now() - t0 < limit && !migrated()) std::this_thread::sleep_for(50ms);
+  took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  INFO("tensors migrated " << took.count() << " ms after the kill");
+  REQUIRE(migrated());
+
+  // a new process reads identical bytes from the new home
+  auto d = worker(srv, {"--no-control"}, backend);
+  CHECK_FALSE(ready(*d));
+  auto r = d->ask("get kept", wait);
+  INFO(r);
+  CHECK(r.find(kept_sum) != std::string::npos);
+  CHECK(r.find("gen=" + kept_gen + " ") == std::string::npos);  // a new generation
+  CHECK(d->ask("get kept2", wait).find("sum=3072") != std::string::npos);
+  r = d->ask("get orphan", wait);
+  INFO(r);
+  CHECK(starts_with(r, "ERR lost "));
+  CHECK(r.find("pid " + a_pid) != std::string::npos);
+  CHECK(starts_with(d->ask("create orphan 16 1", wait), "OK"));  // the name is free again
+  CHECK(c.command({"EXISTS", "memcuda:lost:orphan"}).integer() == 0);
+
+  // old handles keep working (their copy) and release through the forward
+  CHECK(b->ask("sum kept") == "OK " + kept_sum + " valid=0");  // a copy now: re-get to share
+  CHECK(b->ask("sum unlinked") == "OK sum=512 valid=0");
+  CHECK(c.command({"HGET", "memcuda:tensor:kept", "refcount"}).str() == "2");  // b's old + d's new
+  CHECK(b->ask("release kept") == "OK");
+  CHECK(c.command({"HGET", "memcuda:tensor:kept", "refcount"}).str() == "1");
+  CHECK(d->ask("release kept") == "OK");
+  CHECK(b->ask("release unlinked") == "OK");
+  CHECK(succ->ask("release kept2") == "OK");
+  CHECK(d->ask("release kept2") == "OK");
+  CHECK(d->ask("remove orphan") == "OK");
+  CHECK(d->ask("release orphan") == "OK");
+
+  // nothing left: keys, pool memory, shm objects, device memory
+  auto leftovers = [&] {
+    std::vector<std::string> out;
+    auto ks = c.command({"KEYS", "memcuda:*"});
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      std::string k(ks[i].str());
+      for (const char* p : {"memcuda:tensor:", "memcuda:removed:", "memcuda:moved:", "memcuda:lost:", "memcuda:names"})
+        if (starts_with(k, p)) out.push_back(k);
+    }
+    return out;
+  };
+  t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 5s && !leftovers().empty()) std::this_thread::sleep_for(20ms);
+  for (const auto& k : leftovers()) {
+    auto h = c.command({"TYPE", k});
+    UNSCOPED_INFO("left: " << k << " (" << h.str() << ")");
+    if (h.str() == "hash") {
+      auto f = c.command({"HGETALL", k});
+      for (std::size_t i = 0; i + 1 < f.size(); i += 2)
+        if (f[i].str() != "ipc_handle") std::cerr << "  " << f[i].str() << "=" << f[i + 1].str() << "\n";
+    }
+  }
+  CHECK(leftovers().empty());
+  CHECK(starts_with(succ->ask("trim"), "OK"));
+  r = succ->ask("stats");
+  INFO(r);
+  CHECK(r.find(" in_use=0 reserved=0") != std::string::npos);
+  if (!cuda) {
+    auto shm_of_a = [&] {
+      int n = 0;
+      for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+        n += starts_with(e.path().filename().string(), "memcuda." + a_pid + "-");
+      return n;
+    };
+    t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < 5s && shm_of_a() != 0) std::this_thread::sleep_for(20ms);
+    CHECK(shm_of_a() == 0);
+  } else {
+    // a's context is gone too, so free memory ends at least where it began
+    t0 = std::chrono::steady_clock::now();
+    std::uint64_t free1 = 0;
+    while (std::chrono::steady_clock::now() - t0 < 10s && (free1 = mem_free()) + (64u << 20) < free0)
+      std::this_thread::sleep_for(100ms);
+    INFO("free before " << free0 << ", after " << free1);
+    CHECK(free1 + (64u << 20) >= free0);
+  }
+}
+
+TEST_CASE("a dead allocator of record's tensors move to its successor or are marked lost", "[redis][multiprocess][gc]") {
+  dead_allocator_tensors_migrate("host");
+}
+TEST_CASE("cuda: a dead allocator of record's tensors move to its successor or are marked lost", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  dead_allocator_tensors_migrate("cuda");
+}
+
+// Redis restarts empty. While it is down, calls fail with typed errors
+// within the timeouts; once it is back, the allocator of record republishes
+// what it owns from its own table and every holder re-registers its
+// references, so names, refcounts and gets work as before.
+TEST_CASE("after a Redis restart that lost its data the registry is rebuilt from the processes", "[redis][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry reg(opts_for(srv, true));
+  REQUIRE(reg.is_leader());
+  auto a = reg.create<float>("a", {1024});
+  std::vector<float> v(1024, 1.5f);
+  a.copy_from_host(v);
+  {
+    CreateOptions po;
+    po.persistent = true;
+    reg.create<float>("p", {16}, po).copy_from_host(std::vector<float>(16, 2.0f));
+  }  // only the name holds p now
+  auto w = worker(srv, {"--no-control"});
+  CHECK_FALSE(ready(*w));
+  CHECK(w->ask("get a").find("sum=1536") != std::string::npos);
+  CHECK(starts_with(w->ask("create wmade 64 2"), "OK"));  // allocated by reg, held by w
+  const auto in_use = reg.stats().pools.at(0).in_use;
+
+  srv.kill(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(reg.list(), RedisError);  // typed, and bounded by the connect/reconnect timeouts
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  srv.start();
+
+  auto c = srv.connect();
+  auto field = [&](const char* key, const char* f) {
+    auto r = c.command({"HGET", key, f});
+    return r.is_nil() ? std::string() : std::string(r.str());
+  };
+  auto rebuilt = [&] {
+    return field("memcuda:tensor:a", "refcount") == "2" && field("memcuda:tensor:p", "refcount") == "1" &&
+           field("memcuda:tensor:wmade", "refcount") == "1";
+  };
+  t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 15s && !rebuilt()) std::this_thread::sleep_for(50ms);
+  INFO("a: refcount " << field("memcuda:tensor:a", "refcount") << ", p: " << field("memcuda:tensor:p", "refcount")
+                      << ", wmade: " << field("memcuda:tensor:wmade", "refcount"));
+  REQUIRE(rebuilt());
+  CHECK(field("memcuda:tensor:p", "holder:@name") == "1");
+  CHECK(c.command({"SCARD", "memcuda:names"}).integer() == 3);
+
+  // a new process finds everything; new tensors get generations of their own
+  auto x = worker(srv, {"--no-control"});
+  CHECK_FALSE(ready(*x));
+  auto xr = x->ask("get a");
+  INFO(xr);
+  CHECK(xr.find("sum=1536") != std::string::npos);
+  CHECK(x->ask("get p").find("sum=32") != std::string::npos);
+  CHECK(x->ask("get wmade").find("sum=128") != std::string::npos);
+  auto after = reg.create<float>("after", {4});
+  CHECK(after.generation() > a.generation());
+  CHECK(reg.info("a").refcount == 3);
+
+  // and it all unwinds to nothing
+  CHECK(x->ask("exit") == "OK");
+  CHECK(w->ask("exit") == "OK");
+  a.release();
+  after.release();
+  reg.remove("p");
+  t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 5s && c.command({"EXISTS", "memcuda:names"}).integer() != 0)
+    std::this_thread::sleep_for(20ms);
+  CHECK(c.command({"EXISTS", "memcuda:names"}).integer() == 0);
+  CHECK(c.command({"KEYS", "memcuda:removed:*"}).size() == 0);
+  CHECK(reg.stats().pools.at(0).in_use == 0);
+  CHECK(in_use > 0);
 }

@@ -3,8 +3,9 @@
 // "ERR <code> <message>").
 //
 //   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--backend host|cuda]
-//   commands: create NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
-//             | fill NAME VALUE | sum NAME | leader | info NAME | exit
+//   commands: create|createp NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
+//             | fill NAME VALUE | sum NAME | leader | info NAME | gc | trim | stats
+//             | meminfo (cuda) | exit
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -82,11 +83,13 @@ int main(int argc, char** argv) {
     std::ostringstream out;
     out << std::setprecision(17);  // sums are integers: print them whole
     try {
-      if (cmd == "create") {
+      if (cmd == "create" || cmd == "createp") {
         std::string dims;
         float v = 0;
         in >> dims >> v;
-        auto t = reg->create<float>(name, parse_dims(dims));
+        CreateOptions co;
+        co.persistent = cmd == "createp";
+        auto t = reg->create<float>(name, parse_dims(dims), co);
         fill(t, v);
         out << "OK gen=" << t.generation();
         held.emplace(name, std::move(t));
@@ -138,6 +141,19 @@ int main(int argc, char** argv) {
         cudaFree(d);
         cudaStreamDestroy(s);
         out << "OK sum=" << h;
+#endif
+      } else if (cmd == "gc") {
+        auto r = reg->collect_garbage();
+        out << "OK dead=" << r.dead_holders << " dropped=" << r.references_dropped << " freed=" << r.tensors_freed
+            << " migrated=" << r.tensors_migrated << " lost=" << r.tensors_lost;
+      } else if (cmd == "trim") {
+        out << "OK slabs=" << reg->trim();
+#if MEMCUDA_HAS_CUDA()
+      } else if (cmd == "meminfo") {
+        // free device memory as the driver sees it (device 0)
+        std::size_t free = 0, total = 0;
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess) throw Error("cudaMemGetInfo failed");
+        out << "OK free=" << free << " total=" << total;
 #endif
       } else if (cmd == "leader") {
         out << "OK leader=" << reg->is_leader();

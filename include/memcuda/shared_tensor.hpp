@@ -117,9 +117,11 @@ class SharedTensor {
 
   T* data() const noexcept { return h_ ? static_cast<T*>(h_->data()) : nullptr; }
 
-  // False once the name was removed (or removed and created again): this
-  // handle still maps valid memory, but it is no longer what the name
-  // means. Asks Redis (one round trip).
+  // False once the name was removed (or removed and created again), or its
+  // tensor was moved to a new allocator of record after the old one died:
+  // this handle still maps valid memory (after a move, a copy taken at the
+  // move), but it is no longer what the name means; get() it again. Asks
+  // Redis (one round trip).
   bool valid() const {
     if (!h_) return false;
     auto g = h_->core().current_generation(name());
@@ -129,7 +131,7 @@ class SharedTensor {
   void check_valid() const {
     if (!valid())
       throw StaleHandle("handle to '" + name() + "' (generation " + std::to_string(generation()) +
-                        ") is stale: the name was removed or re-created");
+                        ") is stale: the name was removed, re-created or moved to a new allocator of record");
   }
 
   // Cross-process stream ordering, producer side: records an interprocess

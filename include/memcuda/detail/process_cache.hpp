@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "memcuda/detail/backend/backend.hpp"
 
@@ -88,6 +89,36 @@ class ProcessCache {
     return {m->base(), m};
   }
 
+  // The mapping of an allocation if this process has it (owned or
+  // imported), without opening anything: a dead exporter's memory can only
+  // be read through a mapping made while it lived.
+  std::pair<void*, std::shared_ptr<void>> find(const std::string& owner, std::uint64_t alloc_id) {
+    auto k = key(owner, alloc_id);
+    std::lock_guard lk(m_);
+    if (auto it = exported_.find(k); it != exported_.end())
+      if (auto b = it->second.lock()) return {b->base(), b};
+    if (auto it = imported_.find(k); it != imported_.end())
+      if (auto m = it->second.lock()) return {m->base(), m};
+    return {nullptr, nullptr};
+  }
+
+  // The exporter `owner` is dead and its tensors have moved: stop keeping
+  // its idle mappings, so its memory goes back to the driver as soon as no
+  // handle of this process uses it.
+  void forget_owner(const std::string& owner) {
+    std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
+    {
+      std::lock_guard lk(m_);
+      const std::string pre = owner + "#";
+      for (auto it = recent_.begin(); it != recent_.end();) {
+        auto next = std::next(it);
+        if (it->first.starts_with(pre)) gone.splice(gone.end(), recent_, it);
+        it = next;
+      }
+      dead_owners_.insert(owner);
+    }
+  }
+
   std::uint64_t opens() const {
     std::lock_guard lk(m_);
     return opens_;
@@ -126,7 +157,7 @@ class ProcessCache {
         recent_.splice(recent_.begin(), recent_, it);
         return;
       }
-    if (keep_idle_ == 0) return;
+    if (keep_idle_ == 0 || dead_owners_.count(k.substr(0, k.rfind('#')))) return;
     recent_.emplace_front(k, m);
     if (recent_.size() > keep_idle_) recent_.pop_back();  // closes it if unused (lock held: close is quick)
   }
@@ -158,6 +189,7 @@ class ProcessCache {
   std::unordered_map<std::string, std::weak_ptr<ExportedBlock>> exported_;
   std::unordered_map<std::string, std::weak_ptr<Mapping>> imported_;
   std::list<std::pair<std::string, std::shared_ptr<Mapping>>> recent_;  // MRU first
+  std::unordered_set<std::string> dead_owners_;  // forget_owner: never kept idle
   const std::size_t keep_idle_ = idle_limit();
   std::size_t live_hint_ = 0;
   std::uint64_t opens_ = 0;

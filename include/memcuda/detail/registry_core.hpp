@@ -231,7 +231,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     const std::string nkey = keys.names();
     const std::string gkey = keys.generation();
     const std::string wkey = waiters_key(cmd.name);
-    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey};
+    const std::string lost_key = keys.lost(cmd.name);
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key};
     auto r = s.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
     std::string_view st = r[0].str();
     if (st == "ok") {
@@ -242,7 +243,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       giveback.pool = nullptr;
       {
         std::lock_guard lk(owned_mu_);
-        owned_[t.generation] = Owned{&pool, pb};
+        owned_[t.generation] = Owned{&pool, pb, t, cmd.persistent.value_or(false)};
         owned_bytes_ += pb.block.size;
       }
       ++stats_.creates;
@@ -286,11 +287,16 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       return;
     }
     if (t.owner != session) {
-      try {
-        backend_for(t.backend).reclaim_orphan(t);
-      } catch (const std::exception& e) {
-        log(LogLevel::warn, std::string("reclaim: ") + e.what());
+      if (owner_alive(c, t.owner, t.owner_pid)) {
+        // An ex-allocator of record that is still alive owns it: only it can
+        // free it (it keeps the record until then).
+        send_inbox(c, t.owner, boost::json::object{{"op", "free"}, {"generation", generation}});
+        return;
       }
+      // A dead owner's host memory outlives it; its object may hold other
+      // tensors too, so it is unlinked once no record uses it.
+      std::lock_guard lk(owned_mu_);
+      pending_reclaim_.emplace(t.ipc_handle, t);
     }
     c.command({"DEL", rkey});
     ++stats_.frees;
@@ -313,7 +319,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
         break;
       }
       case protocol::Op::get: {
-        auto r = s.acquire.eval(c, {keys.tensor(cmd.name), keys.leader()}, {holder_of(cmd), "", node, token, "", ""});
+        auto r = s.acquire.eval(c, {keys.tensor(cmd.name), keys.leader(), keys.lost(cmd.name)},
+                                {holder_of(cmd), "", node, token, "", ""});
         auto t = check_acquire(r, cmd.name, std::nullopt);
         rep.generation = t.generation;
         rep.refcount = t.refcount;
@@ -360,7 +367,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
         cver = std::to_string(cached->second.event_version);
       }
       auto r = scripts_.acquire.eval(
-          client_, {keys.tensor(name), keys.leader()},
+          client_, {keys.tensor(name), keys.leader(), keys.lost(name)},
           {session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), node, "", cgen, cver});
       if (r[0].str() == "same" && cached != record_cache_.end()) {
         t = cached->second;
@@ -374,9 +381,11 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       }
     }
     try {
-      return {t, map(t)};
+      auto m = map(t);
+      note_hold(t.name, t.generation, +1);
+      return {t, std::move(m)};
     } catch (...) {
-      release_noexcept(t.name, t.generation);
+      release_noexcept(t.name, t.generation, false);
       throw;
     }
   }
@@ -404,6 +413,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
         auto cr = leader_create(client_, scripts_, cmd);
         if (cr.block.slab) {
           void* p = static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
+          note_hold(cr.info.name, cr.info.generation, +1);
           return {std::move(cr.info), {p, std::move(cr.block.slab)}};
         }
       } catch (const NotLeader&) {
@@ -421,9 +431,11 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     if (t.generation != gen)
       throw StaleHandle("tensor '" + cmd.name + "' was replaced right after its creation");
     try {
-      return {t, map(t)};
+      auto m = map(t);
+      note_hold(t.name, t.generation, +1);
+      return {t, std::move(m)};
     } catch (...) {
-      release_noexcept(t.name, t.generation);
+      release_noexcept(t.name, t.generation, false);
       throw;
     }
   }
@@ -490,7 +502,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     std::string_view st = r[0].str();
     if (st == "ok") return reply_int(r[1]);
     if (st == "free") {
-      free_unlinked(c, gen, true);
+      free_unlinked(c, reply_u64(r[1]), true);  // the generation it had last (a migration renews it)
       return 0;
     }
     if (st == "queued") return 0;
@@ -500,7 +512,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     throw NotLeader("lost the allocator-of-record lease");
   }
 
-  void release_noexcept(const std::string& name, std::uint64_t gen) noexcept {
+  void release_noexcept(const std::string& name, std::uint64_t gen, bool held = true) noexcept {
+    if (held) note_hold(name, gen, -1);
     try {
       std::lock_guard lk(client_mu_);
       release_ref(client_, scripts_, name, gen, session, "");
@@ -658,12 +671,25 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
 
   // Announces (and refreshes) this registry's session: a key that expires
   // session_ttl after the last refresh, so a killed process's session ends.
-  void refresh_session(redis::Connection& c) {
+  // Returns false when the key was gone before this refresh (Redis lost
+  // its data, or this process was stopped past its TTL): the caller then
+  // re-registers what this process owns and holds (recover()).
+  bool refresh_session(redis::Connection& c) {
     boost::json::object o{{"pid", ::getpid()}, {"node", node}, {"started", started_ms_},
                           {"allocator_capable", opts.control_thread}};
-    c.pipeline({{"SET", keys.session(session), boost::json::serialize(o), "PX",
-                 std::to_string(opts.session_ttl.count())},
-                {"SADD", keys.sessions(), session}});
+    auto r = c.pipeline({{"SET", keys.session(session), boost::json::serialize(o), "PX",
+                          std::to_string(opts.session_ttl.count()), "GET"},
+                         {"SADD", keys.sessions(), session}});
+    return !r[0].is_nil();
+  }
+
+  // One garbage collection round of the allocator of record: references of
+  // dead processes, then tensors of dead allocators.
+  void gc_round(redis::Connection& c, lua::Scripts& s) {
+    auto token = lease().first;
+    collect_garbage(c, s, token);
+    std::lock_guard ml(migrate_mu_);
+    adopt_orphans(c, s, token);
   }
 
   void end_session(redis::Connection& c) { c.pipeline({{"DEL", keys.session(session)}, {"SREM", keys.sessions(), session}}); }
@@ -687,20 +713,10 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   GcReport collect_garbage(redis::Connection& c, lua::Scripts& s, const std::string& token) {
     GcReport rep;
     // every record: the named ones and the unlinked-but-held ones
-    std::vector<std::string> names;
-    {
-      auto m = c.command({"SMEMBERS", keys.names()});
-      for (std::size_t i = 0; i < m.size(); ++i) names.emplace_back(keys.tensor(m[i].str()));
-      std::string cursor = "0";
-      do {
-        auto r = c.command({"SCAN", cursor, "MATCH", keys.prefix() + "memcuda:removed:*", "COUNT", "1000"});
-        cursor = std::string(r[0].str());
-        for (std::size_t i = 0; i < r[1].size(); ++i) names.emplace_back(r[1][i].str());
-      } while (cursor != "0");
-    }
+    std::vector<std::string> names = record_keys(c);
     if (!names.empty()) {
       std::vector<redis::Command> cmds;
-      for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation"});
+      for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation", "refcount", "republished"});
       std::vector<redis::Command> hk;
       for (const auto& k : names) hk.push_back({"HKEYS", k});
       auto ids = c.pipeline(cmds);
@@ -714,6 +730,27 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       std::map<std::string, bool> alive;
       for (std::size_t i = 0; i < names.size(); ++i) {
         if (ids[i][0].is_nil() || ids[i][1].is_nil()) continue;
+        // A record republished after Redis lost its data that no holder
+        // re-registered (they died meanwhile) has no reference to release:
+        // once the holders' re-registration window has passed, free it.
+        if (!ids[i][3].is_nil() && !ids[i][2].is_nil() && reply_int(ids[i][2]) == 0 &&
+            now_ms() - reply_int(ids[i][3]) > kRepublishGraceMs + opts.session_ttl.count()) {
+          std::string name(ids[i][0].str());
+          std::uint64_t gen = reply_u64(ids[i][1]);
+          try {
+            if (names[i] == keys.tensor(name)) {
+              auto r = s.remove.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle()}, {keys.prefix(), session});
+              if (r[0].str() == "free") free_unlinked(c, reply_u64(r[1]), true);
+            } else {
+              free_unlinked(c, gen);
+            }
+            ++rep.tensors_freed;
+            log(LogLevel::info, "gc: freed '" + name + "': republished after a Redis restart, nobody re-registered");
+          } catch (const std::exception& e) {
+            log(LogLevel::warn, "gc: freeing unclaimed '" + name + "': " + e.what());
+          }
+          continue;
+        }
         for (std::size_t j = 0; j < fields[i].size(); ++j) {
           std::string f(fields[i][j].str());
           if (!f.starts_with("holder:")) continue;
@@ -757,11 +794,17 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       std::vector<redis::Command> ex;
       for (const auto& m : all) ex.push_back({"EXISTS", keys.session(m)});
       auto r = c.pipeline(ex);
-      for (std::size_t i = 0; i < all.size(); ++i)
-        if (r[i].integer() == 0) {
-          c.command({"SREM", keys.sessions(), all[i]});
-          ++rep.sessions_pruned;
-        }
+      std::vector<std::string> gone, live;
+      for (std::size_t i = 0; i < all.size(); ++i) (r[i].integer() == 0 ? gone : live).push_back(all[i]);
+      for (const auto& g : gone) {
+        c.command({"SREM", keys.sessions(), g});
+        ++rep.sessions_pruned;
+        // Processes that mapped its memory stop keeping idle mappings of it,
+        // so a dead exporter's device memory is released by the driver.
+        ProcessCache::instance().forget_owner(g);
+        for (const auto& l : live)
+          if (l != session) send_inbox(c, l, boost::json::object{{"op", "forget"}, {"owner", g}});
+      }
     }
     return rep;
   }
@@ -769,7 +812,16 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   GcReport collect_garbage_now() {
     check_fatal();
     std::lock_guard lk(client_mu_);
-    return collect_garbage(client_, scripts_, "");
+    auto [token, epoch] = lease();
+    bool lead = is_leader();
+    GcReport rep = collect_garbage(client_, scripts_, lead ? token : "");
+    if (lead) {
+      std::lock_guard ml(migrate_mu_);
+      auto [m, l] = adopt_orphans(client_, scripts_, token);
+      rep.tensors_migrated = m;
+      rep.tensors_lost = l;
+    }
+    return rep;
   }
 
   std::uint64_t live_sessions(redis::Connection& c) {
@@ -780,6 +832,398 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     std::uint64_t n = 0;
     for (auto& r : c.pipeline(ex)) n += r.integer() == 1;
     return n;
+  }
+
+  // ---- references this process holds (for re-registration) ---------------
+
+  void note_hold(const std::string& name, std::uint64_t gen, int delta) noexcept {
+    try {
+      std::lock_guard lk(held_mu_);
+      auto& n = held_[{name, gen}];
+      n += delta;
+      if (n <= 0) held_.erase({name, gen});
+    } catch (...) {
+    }
+  }
+
+  // ---- messages to one session (allocator of record -> holder / owner) ----
+
+  void send_inbox(redis::Connection& c, const std::string& sid, const boost::json::object& msg) {
+    const std::string k = keys.inbox(sid);
+    c.pipeline({{"LPUSH", k, boost::json::serialize(msg)}, {"PEXPIRE", k, "60000"}});
+  }
+
+  bool owner_alive(redis::Connection& c, const std::string& owner, std::int64_t pid) {
+    if (owner.empty()) return false;
+    if (c.command({"EXISTS", keys.session(owner)}).integer() == 1) return true;
+    // No session key: dead, unless the process still runs (paused past its
+    // TTL, or Redis lost the key): its memory is then still good.
+    return pid > 0 && pid_alive(std::to_string(pid));
+  }
+
+  static std::string to_hex(std::string_view b) {
+    static const char* d = "0123456789abcdef";
+    std::string out;
+    out.reserve(2 * b.size());
+    for (unsigned char ch : b) {
+      out.push_back(d[ch >> 4]);
+      out.push_back(d[ch & 15]);
+    }
+    return out;
+  }
+  static std::string from_hex(std::string_view h) {
+    auto v = [](char ch) -> int {
+      if (ch >= '0' && ch <= '9') return ch - '0';
+      if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+      throw ProtocolError(ProtocolErrc::bad_value, "bad hex digit in an inbox message");
+    };
+    if (h.size() % 2) throw ProtocolError(ProtocolErrc::bad_value, "odd hex length in an inbox message");
+    std::string out;
+    for (std::size_t i = 0; i < h.size(); i += 2) out.push_back(static_cast<char>(v(h[i]) * 16 + v(h[i + 1])));
+    return out;
+  }
+
+  // Copies a tensor of a dead exporter, through this process's existing
+  // mapping of it, into its replacement. Throws when this process no longer
+  // maps the old memory.
+  void copy_for_migration(const TensorInfo& from, const TensorInfo& to) {
+    auto [src, keep_src] = ProcessCache::instance().find(from.owner, from.alloc_id);
+    if (!src)
+      throw Unavailable("this process does not map the memory of '" + from.name + "' (owner " + from.owner + ")");
+    auto [dst, keep_dst] = ProcessCache::instance().resolve(to.owner, to.alloc_id,
+                                                            [&] { return backend_for(to.backend).open(to); });
+    int dev = -1;
+#if MEMCUDA_HAS_CUDA()
+    if (to.backend == BackendKind::cuda) dev = ordinal_of_uuid(to.device_uuid, to.device);
+#endif
+    backend_for(to.backend).copy(static_cast<char*>(dst) + to.offset, static_cast<const char*>(src) + from.offset,
+                                 from.bytes, dev);
+  }
+
+  // Executes one inbox message (the control thread of a non-leader calls it).
+  void handle_inbox(redis::Connection& c, const std::string& raw) {
+    boost::json::object m;
+    try {
+      if (raw.size() > protocol::kMaxCommandBytes) throw ProtocolError(ProtocolErrc::too_large, "inbox message too large");
+      m = boost::json::parse(raw).as_object();
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("ignoring an unreadable inbox message: ") + e.what());
+      return;
+    }
+    auto str = [&](const char* k) { return std::string(m.at(k).as_string()); };
+    auto u64 = [&](const char* k) { return m.at(k).to_number<std::uint64_t>(); };
+    try {
+      const std::string op = str("op");
+      if (op == "forget") {
+        ProcessCache::instance().forget_owner(str("owner"));
+      } else if (op == "free") {
+        free_unlinked(c, u64("generation"));
+      } else if (op == "migrate") {
+        const std::string reply_to = str("reply_to");
+        if (!reply_to.starts_with(keys.reply(""))) throw InvalidArgument("migrate reply_to is not a reply list");
+        boost::json::object rep{{"id", m.at("id")}, {"ok", true}};
+        try {
+          TensorInfo from, to;
+          from.name = to.name = str("name");
+          from.backend = to.backend = backend_from_string(str("backend")).value();
+          from.owner = str("from_owner");
+          from.alloc_id = u64("from_alloc_id");
+          from.offset = u64("from_offset");
+          from.bytes = to.bytes = u64("bytes");
+          to.owner = str("to_owner");
+          to.owner_pid = m.at("to_owner_pid").to_number<std::int64_t>();
+          to.alloc_id = u64("to_alloc_id");
+          to.offset = u64("to_offset");
+          to.alloc_bytes = u64("to_alloc_bytes");
+          to.ipc_handle = from_hex(str("to_handle"));
+          to.device = static_cast<int>(m.at("to_device").to_number<std::int64_t>());
+          to.device_uuid = str("to_device_uuid");
+          to.node = node;
+          if (to.offset > to.alloc_bytes || to.bytes > to.alloc_bytes - to.offset)
+            throw InvalidArgument("migration target out of bounds");
+          copy_for_migration(from, to);
+          log(LogLevel::info, "copied '" + to.name + "' (" + std::to_string(to.bytes) +
+                                  " bytes) for the allocator of record: its exporter died");
+        } catch (const std::exception& e) {
+          rep["ok"] = false;
+          rep["error"] = e.what();
+        }
+        c.pipeline({{"LPUSH", reply_to, boost::json::serialize(rep)}, {"PEXPIRE", reply_to, "60000"}});
+      } else {
+        log(LogLevel::warn, "ignoring an inbox message with op '" + op + "'");
+      }
+    } catch (const ConnectionError&) {
+      throw;
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("inbox message failed: ") + e.what());
+    }
+  }
+
+  // ---- a dead allocator of record's tensors (run by the leader) -----------
+
+  // Every record key: the named tensors and the unlinked-but-held ones.
+  std::vector<std::string> record_keys(redis::Connection& c) {
+    std::vector<std::string> out;
+    auto m = c.command({"SMEMBERS", keys.names()});
+    for (std::size_t i = 0; i < m.size(); ++i) out.emplace_back(keys.tensor(m[i].str()));
+    std::string cursor = "0";
+    do {
+      auto r = c.command({"SCAN", cursor, "MATCH", keys.prefix() + "memcuda:removed:*", "COUNT", "1000"});
+      cursor = std::string(r[0].str());
+      for (std::size_t i = 0; i < r[1].size(); ++i) out.emplace_back(r[1][i].str());
+    } while (cursor != "0");
+    return out;
+  }
+
+  enum class Adopted { migrated, lost, gone, retry };
+
+  // Gives every tensor whose allocator of record died a new home: a live
+  // holder copies it into memory this leader allocates (the dead exporter's
+  // handle cannot be opened anew, but existing mappings still read it), the
+  // record is republished under a new generation; with no live holder it is
+  // marked lost. Host memory of dead owners is unlinked once no record uses
+  // it. Returns {migrated, lost}.
+  std::pair<std::uint64_t, std::uint64_t> adopt_orphans(redis::Connection& c, lua::Scripts& s,
+                                                        const std::string& token) {
+    std::uint64_t migrated = 0, lost = 0;
+    auto rkeys = record_keys(c);
+    std::set<std::string> still_used;  // ipc handles of dead owners that records still use
+    if (!rkeys.empty()) {
+      std::vector<redis::Command> cmds;
+      for (const auto& k : rkeys) cmds.push_back({"HMGET", k, "owner", "owner_pid", "node", "state"});
+      auto rs = c.pipeline(cmds);
+      std::map<std::string, bool> dead;  // owner -> dead
+      for (std::size_t i = 0; i < rkeys.size(); ++i) {
+        if (rs[i][0].is_nil() || rs[i][2].is_nil() || rs[i][3].is_nil()) continue;
+        std::string owner(rs[i][0].str());
+        if (owner == session || rs[i][2].str() != node || rs[i][3].str() != "ready") continue;
+        if (!dead.count(owner)) {
+          std::int64_t pid = rs[i][1].is_nil() ? 0 : reply_int(rs[i][1]);
+          dead[owner] = !owner_alive(c, owner, pid);
+        }
+        if (!dead[owner]) continue;
+        auto r = c.command({"HGETALL", rkeys[i]});
+        if (r.size() == 0) continue;
+        TensorInfo t;
+        try {
+          t = protocol::decode_record(fields_from_reply(r.view()));
+        } catch (const ProtocolError& e) {
+          log(LogLevel::warn, std::string("orphan scan: skipping a corrupt record: ") + e.what());
+          continue;
+        }
+        Adopted a = adopt_one(c, s, token, t);
+        if (a == Adopted::migrated) ++migrated;
+        if (a == Adopted::lost) ++lost;
+        if (a == Adopted::retry) {
+          still_used.insert(t.ipc_handle);
+        } else {
+          std::lock_guard lk(owned_mu_);
+          pending_reclaim_.emplace(t.ipc_handle, t);
+        }
+      }
+    }
+    // Unlink what dead owners left once nothing refers to it any more.
+    std::vector<TensorInfo> reclaim;
+    {
+      std::lock_guard lk(owned_mu_);
+      for (auto it = pending_reclaim_.begin(); it != pending_reclaim_.end();) {
+        if (still_used.count(it->first)) {
+          ++it;
+          continue;
+        }
+        reclaim.push_back(std::move(it->second));
+        it = pending_reclaim_.erase(it);
+      }
+    }
+    for (const auto& t : reclaim) backend_for(t.backend).reclaim_orphan(t);
+    return {migrated, lost};
+  }
+
+  Adopted adopt_one(redis::Connection& c, lua::Scripts& s, const std::string& token, const TensorInfo& t) {
+    // Live registry sessions that hold it, this process first.
+    std::vector<std::string> live;
+    for (const auto& [h, n] : t.holders)
+      if (n > 0 && is_session_id(h) && (h == session || c.command({"EXISTS", keys.session(h)}).integer() == 1))
+        live.push_back(h);
+    std::stable_partition(live.begin(), live.end(), [&](const std::string& h) { return h == session; });
+    const std::string dead_owner = t.owner;
+    for (const auto& h : live) {
+      std::optional<PoolBlock> pb;
+      DevicePool* pool = nullptr;
+      try {
+        int device = t.device;
+#if MEMCUDA_HAS_CUDA()
+        if (t.backend == BackendKind::cuda) device = ordinal_of_uuid(t.device_uuid, t.device);
+#endif
+        auto [tok, epoch] = lease();
+        pool = &pool_for(t.backend, device);
+        pb = pool->allocate(t.bytes);
+        const Allocation& a = pb->slab->allocation();
+        TensorInfo n = t;
+        n.ipc_handle = a.handle;
+        n.offset = pb->block.offset;
+        n.alloc_bytes = a.size;
+        n.alloc_id = a.alloc_id;
+        n.owner = session;
+        n.owner_pid = ::getpid();
+        n.epoch = epoch;
+        n.device = a.device;
+        n.device_uuid = a.device_uuid;
+        n.node = node;
+        if (h == session) copy_for_migration(t, n);
+        else ask_holder_to_copy(c, h, t, n);
+        std::vector<redis::Arg> args{token, t.generation, dead_owner, keys.prefix()};
+        std::vector<std::pair<std::string, std::string>> fv{
+            {"ipc_handle", n.ipc_handle},       {"offset", std::to_string(n.offset)},
+            {"alloc_bytes", std::to_string(n.alloc_bytes)}, {"alloc_id", std::to_string(n.alloc_id)},
+            {"owner", n.owner},                 {"owner_pid", std::to_string(n.owner_pid)},
+            {"epoch", std::to_string(n.epoch)}, {"device", std::to_string(n.device)},
+            {"device_uuid", n.device_uuid},     {"node", n.node}};
+        for (const auto& [k, v] : fv) {
+          args.emplace_back(k);
+          args.emplace_back(v);
+        }
+        const std::string tk = keys.tensor(t.name), lk = keys.leader(), gk = keys.generation();
+        redis::Arg kv[] = {tk, lk, gk};
+        auto r = s.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+        std::string_view st = r[0].str();
+        if (st == "ok") {
+          n.generation = reply_u64(r[1]);
+          {
+            std::lock_guard lk2(owned_mu_);
+            owned_bytes_ += pb->block.size;
+            owned_[n.generation] = Owned{pool, *pb, n, t.holders.count("@name") > 0};
+          }
+          log(LogLevel::info, "migrated '" + t.name + "' of dead allocator " + dead_owner + " (pid " +
+                                  std::to_string(t.owner_pid) + "): generation " + std::to_string(t.generation) +
+                                  " -> " + std::to_string(n.generation) + ", copied by " +
+                                  (h == session ? std::string("this process") : h));
+          migrate_attempts_.erase(t.generation);
+          return Adopted::migrated;
+        }
+        pool->deallocate(*pb);
+        if (st == "gone") return Adopted::gone;
+        lose_leadership("lease taken over");
+        throw NotLeader("lost the allocator-of-record lease while migrating '" + t.name + "'");
+      } catch (const NotLeader&) {
+        throw;
+      } catch (const ConnectionError&) {
+        if (pb && pool) pool->deallocate(*pb);
+        throw;
+      } catch (const std::exception& e) {
+        if (pb && pool) pool->deallocate(*pb);
+        log(LogLevel::warn, "migrating '" + t.name + "' through holder " + h + " failed: " + e.what());
+      }
+    }
+    // Nobody alive can copy it (or every holder failed, several times).
+    bool force = false;
+    if (!live.empty()) {
+      if (++migrate_attempts_[t.generation] < kMigrateAttempts) return Adopted::retry;
+      force = true;
+    }
+    const std::string tk = keys.tensor(t.name), nk = keys.names(), lk = keys.leader(), mk = keys.lost(t.name);
+    redis::Arg kv[] = {tk, nk, lk, mk};
+    std::vector<redis::Arg> args{token, t.generation, dead_owner, keys.prefix(), kLostMarkerTtlMs, now_ms(),
+                                 force ? "1" : "0"};
+    auto r = s.mark_lost.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+    std::string_view st = r[0].str();
+    if (st == "lost") {
+      migrate_attempts_.erase(t.generation);
+      log(LogLevel::warn, "'" + t.name + "' (generation " + std::to_string(t.generation) +
+                              ") is lost: its allocator of record " + dead_owner + " (pid " +
+                              std::to_string(t.owner_pid) + ") died and no live process could copy it");
+      return Adopted::lost;
+    }
+    if (st == "held") return Adopted::retry;  // a holder appeared meanwhile: next round
+    if (st == "gone") return Adopted::gone;
+    lose_leadership("lease taken over");
+    throw NotLeader("lost the allocator-of-record lease while giving up '" + t.name + "'");
+  }
+
+  // Sends a holder the old and new places of a tensor and waits for it to
+  // copy (its control thread runs handle_inbox).
+  void ask_holder_to_copy(redis::Connection& c, const std::string& holder, const TensorInfo& from,
+                          const TensorInfo& to) {
+    const std::string rk = keys.reply(session) + ":migrate";
+    const std::uint64_t id = ++migrate_seq_;
+    boost::json::object m{{"op", "migrate"},
+                          {"id", id},
+                          {"reply_to", rk},
+                          {"name", from.name},
+                          {"backend", std::string(to_string(from.backend))},
+                          {"bytes", from.bytes},
+                          {"from_owner", from.owner},
+                          {"from_alloc_id", from.alloc_id},
+                          {"from_offset", from.offset},
+                          {"to_owner", to.owner},
+                          {"to_owner_pid", to.owner_pid},
+                          {"to_alloc_id", to.alloc_id},
+                          {"to_offset", to.offset},
+                          {"to_alloc_bytes", to.alloc_bytes},
+                          {"to_handle", to_hex(to.ipc_handle)},
+                          {"to_device", to.device},
+                          {"to_device_uuid", to.device_uuid}};
+    send_inbox(c, holder, m);
+    auto deadline = std::chrono::steady_clock::now() + opts.request_timeout;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw TimeoutError("holder " + holder + " did not copy '" + from.name + "' within " +
+                           std::to_string(opts.request_timeout.count()) + " ms");
+      auto r = c.blocking(left, {"BLPOP", rk, seconds_arg(left)});
+      if (r.is_nil()) continue;
+      boost::json::object rep = boost::json::parse(r[1].str()).as_object();
+      if (rep.at("id").to_number<std::uint64_t>() != id) continue;  // a late answer to an earlier ask
+      if (!rep.at("ok").as_bool()) throw Unavailable(std::string(rep.at("error").as_string()));
+      return;
+    }
+  }
+
+  // ---- after Redis lost its data (or this session's key expired) ----------
+
+  // Writes back the records of what this process owns and sets this
+  // session's references to what it holds. Returns true when every
+  // reference found its record (false: some owner has not republished yet;
+  // call again).
+  bool recover(redis::Connection& c, lua::Scripts& s) {
+    std::vector<std::pair<TensorInfo, bool>> mine;
+    {
+      std::lock_guard lk(owned_mu_);
+      for (const auto& [g, o] : owned_) mine.emplace_back(o.info, o.persistent);
+    }
+    std::uint64_t republished = 0;
+    for (auto& [t, persistent] : mine) {
+      TensorInfo r = t;
+      r.holders.clear();
+      std::vector<redis::Arg> args{t.generation, keys.prefix(), persistent ? "1" : "0", t.name, now_ms()};
+      const protocol::Fields fields = protocol::encode_record(r);  // args point into it
+      for (const auto& [k, v] : fields) {
+        if (k == "generation" || k == "state" || k == "refcount" || k == "event_handle" || k == "event_version")
+          continue;
+        args.emplace_back(k);
+        args.emplace_back(v);
+      }
+      const std::string tk = keys.tensor(t.name), nk = keys.names(), gk = keys.generation();
+      redis::Arg kv[] = {tk, nk, gk};
+      auto res = s.republish.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+      if (res[0].str() != "present") ++republished;
+    }
+    std::vector<std::pair<std::pair<std::string, std::uint64_t>, std::int64_t>> held;
+    {
+      std::lock_guard lk(held_mu_);
+      held.assign(held_.begin(), held_.end());
+    }
+    bool all = true;
+    for (const auto& [k, n] : held) {
+      auto res = s.reregister.eval(c, {keys.tensor(k.first)}, {k.second, session, n, keys.prefix()});
+      if (res[0].str() == "absent") all = false;
+    }
+    if (republished)
+      log(LogLevel::warn, "Redis had lost the records of " + std::to_string(republished) +
+                              " tensor(s) this process owns: republished them");
+    return all;
   }
 
   // ---- the pools (allocator of record) -----------------------------------
@@ -901,6 +1345,13 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
                          std::string(dtype ? to_string(*dtype) : "?"));
     if (st == "node")
       throw Unavailable("tensor '" + name + "' lives on node " + std::string(r[1].str()) + ", this is " + node);
+    if (st == "lost") {
+      std::map<std::string, std::string> m;
+      for (auto& [k, v] : fields_from_reply(r[1])) m[k] = v;
+      throw Lost("tensor '" + name + "' (generation " + m["generation"] + ") was lost: its allocator of record " +
+                 "(pid " + m["owner_pid"] + ", session " + m["owner"] + ", epoch " + m["epoch"] +
+                 ") died and no live process held a copy; the name is free to create again");
+    }
     if (st == "state") {
       if (r[1].str() == "lost")
         throw Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it");
@@ -925,6 +1376,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   struct Owned {
     DevicePool* pool;
     PoolBlock pb;
+    TensorInfo info;  // its record as published (republished if Redis loses it)
+    bool persistent = false;
   };
   std::mutex pools_mu_;
   std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
@@ -932,6 +1385,22 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
   std::atomic<std::uint64_t> next_alloc_id_{1};
+  // Host objects of dead owners, unlinked once no record uses them (under owned_mu_).
+  std::multimap<std::string, TensorInfo> pending_reclaim_;
+  // Failed migration rounds per generation (control thread only).
+  std::map<std::uint64_t, int> migrate_attempts_;
+  std::mutex migrate_mu_;  // one adopt_orphans at a time (control thread, collect_garbage_now)
+  std::uint64_t migrate_seq_ = 0;
+  static constexpr int kMigrateAttempts = 5;
+ public:
+  // How long holders may take to re-register after Redis lost its data
+  // (the control loop retries that long) before unclaimed records are freed.
+  static constexpr std::int64_t kRepublishGraceMs = 30000;
+ private:
+  static constexpr std::int64_t kLostMarkerTtlMs = 24 * 3600 * 1000;
+  // The references this process holds: (name, generation) -> count.
+  std::mutex held_mu_;
+  std::map<std::pair<std::string, std::uint64_t>, std::int64_t> held_;
   struct {
     std::atomic<std::uint64_t> creates{0}, frees{0};
   } stats_;

@@ -57,6 +57,10 @@ class Backend {
   // Frees what a dead exporter left behind, where the backend can (a shm
   // object outlives its creator; CUDA memory does not).
   virtual void reclaim_orphan(const TensorInfo&) noexcept {}
+  // Copies n bytes between two mappings of this backend and returns when
+  // the copy is complete (migration of a dead allocator's tensors).
+  // `device` is the local ordinal of the destination, -1 for host.
+  virtual void copy(void* dst, const void* src, std::uint64_t n, int device) = 0;
 };
 
 }  // namespace memcuda::detail

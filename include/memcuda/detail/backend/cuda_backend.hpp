@@ -92,6 +92,18 @@ class CudaBackend final : public Backend {
 
   void deallocate(const Allocation& a) noexcept override { a.upstream->deallocate(a.base, a.size, a.device); }
 
+  // On a stream of its own, so it neither waits for nor delays the user's
+  // work on the legacy default stream; synchronous to the caller.
+  void copy(void* dst, const void* src, std::uint64_t n, int device) override {
+    DeviceGuard g(device < 0 ? 0 : device);
+    cudaStream_t s{};
+    MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaError_t st = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
+    if (st == cudaSuccess) st = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
+  }
+
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
     if (t.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))
       throw InternalError("tensor '" + t.name + "': IPC handle of " + std::to_string(t.ipc_handle.size()) +

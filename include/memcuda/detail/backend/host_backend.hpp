@@ -90,6 +90,8 @@ class HostBackend final : public Backend {
     return std::make_unique<HostMapping>(p, t.alloc_bytes);
   }
 
+  void copy(void* dst, const void* src, std::uint64_t n, int /*device*/) override { std::memcpy(dst, src, n); }
+
   void reclaim_orphan(const TensorInfo& t) noexcept override {
     if (!t.ipc_handle.empty()) ::shm_unlink(t.ipc_handle.c_str());
   }

@@ -51,6 +51,7 @@ class ControlLoop {
     std::jthread beat([this, period](std::stop_token bst) { heartbeat(bst, period); });
     auto next_tick = std::chrono::steady_clock::now() + period;
     auto next_gc = std::chrono::steady_clock::now() + core_->opts.gc_interval;
+    auto next_recover = std::chrono::steady_clock::now();
     while (!st.stop_requested()) {
       try {
         auto now = std::chrono::steady_clock::now();
@@ -65,15 +66,21 @@ class ControlLoop {
           next_tick = now + period;
         }
         if (core_->is_leader() && now >= next_gc) {
-          core_->collect_garbage(conn_, scripts_, core_->lease().first);
+          core_->gc_round(conn_, scripts_);
           next_gc = now + core_->opts.gc_interval;
+        }
+        if (recover_.load() && now >= next_recover) {
+          // Redis lost our session (data loss or a long stop): put back what
+          // this process owns and holds; retried until every reference found
+          // its record, for at most kRecoverWindow.
+          if (core_->recover(conn_, scripts_) || now >= recover_until_.load()) recover_.store(false);
+          next_recover = now + period;
         }
         if (core_->is_leader()) {
           auto until = std::min(next_tick, next_gc);
           serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
         } else {
-          std::unique_lock lk(mu_);
-          cv_.wait_until(lk, st, next_tick, [] { return false; });
+          read_inbox(std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now), st);
         }
         failures_ = 0;
       } catch (const AuthError& e) {
@@ -112,7 +119,10 @@ class ControlLoop {
     int failures = 0;
     while (!st.stop_requested()) {
       try {
-        core_->refresh_session(beat_conn_);
+        if (!core_->refresh_session(beat_conn_)) {
+          recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
+          recover_.store(true);
+        }
         if (core_->is_leader()) core_->renew_lease(beat_conn_, beat_scripts_);
         failures = 0;
       } catch (const std::exception& e) {
@@ -121,6 +131,28 @@ class ControlLoop {
       std::unique_lock lk(m);
       cv.wait_for(lk, st, period, [] { return false; });
     }
+  }
+
+  // A follower waits for the next tick on its inbox (messages from the
+  // allocator of record: copy a tensor whose exporter died, free memory it
+  // still owns, forget a dead exporter's mappings).
+  void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
+    auto block = std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
+    redis::Reply r;
+    blocked_.store(true);
+    if (st.stop_requested()) {
+      blocked_.store(false);
+      return;
+    }
+    try {
+      r = conn_.blocking(block, {"BLPOP", core_->keys.inbox(core_->session), RegistryCore::seconds_arg(block)});
+    } catch (...) {
+      blocked_.store(false);
+      throw;
+    }
+    blocked_.store(false);
+    if (r.is_nil()) return;
+    core_->handle_inbox(conn_, std::string(r[1].str()));
   }
 
   void serve_one(std::chrono::milliseconds budget, std::stop_token& st) {
@@ -202,6 +234,9 @@ class ControlLoop {
   std::condition_variable_any cv_;
   std::atomic<bool> blocked_{false};
   int failures_ = 0;
+  static constexpr auto kRecoverWindow = std::chrono::milliseconds(RegistryCore::kRepublishGraceMs);
+  std::atomic<bool> recover_{false};
+  std::atomic<std::chrono::steady_clock::time_point> recover_until_{};
 };
 
 }  // namespace memcuda::detail

@@ -29,6 +29,12 @@ class Keys {
   std::string tensor_prefix() const { return prefix_ + "memcuda:tensor:"; }
   // Where a tensor's Hash goes when its name is unlinked while still held.
   std::string removed(std::uint64_t gen) const { return prefix_ + "memcuda:removed:" + std::to_string(gen); }
+  // Forwards releases of a migrated generation to its successor.
+  std::string moved(std::uint64_t gen) const { return prefix_ + "memcuda:moved:" + std::to_string(gen); }
+  // Says why a name whose tensor died with its allocator of record is gone.
+  std::string lost(std::string_view name) const { return prefix_ + "memcuda:lost:" + std::string(name); }
+  // Messages from the allocator of record to one session (migrate, free, forget).
+  std::string inbox(std::string_view sid) const { return prefix_ + "memcuda:inbox:" + std::string(sid); }
   std::string names() const { return prefix_ + "memcuda:names"; }
   std::string leader() const { return prefix_ + "memcuda:leader"; }
   std::string epoch() const { return prefix_ + "memcuda:epoch"; }

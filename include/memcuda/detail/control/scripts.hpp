@@ -39,8 +39,11 @@ end
 return 0
 )lua";
 
-// Publishes a tensor the leader has just allocated.
-// KEYS: tensor, names, leader, generation counter, waiters set of the name
+// Publishes a tensor the leader has just allocated. The first generation of
+// a fresh Redis is its clock in microseconds, so generations stay unique
+// across a Redis restart that lost its data (records republished from the
+// processes keep theirs).
+// KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker
 // ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
 //    already done) | {'exists', generation} | {'notleader', current token}
@@ -55,6 +58,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'exists', g}
 end
 local gen = redis.call('INCR', KEYS[4])
+if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
+  local t = redis.call('TIME')
+  gen = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[4], gen)
+end
+redis.call('DEL', KEYS[6])
 redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 local rc = 1
 redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[5], 1)
@@ -74,18 +83,22 @@ return {'ok', gen, rc}
 )lua";
 
 // Takes a reference (the get fast path; also the leader's JSON get).
-// KEYS: tensor, leader
+// KEYS: tensor, leader, lost marker of the name
 // ARGV: holder, dtype ('' = any), node, token ('' = unfenced),
 //       generation the caller has cached ('' = none), its event_version
 // -> {'ok', HGETALL...} | {'same', refcount} (the cached record is current:
 //    same generation and event version, nothing else changes after creation)
-//    | {'notfound'} | {'state', s} | {'dtype', d} | {'node', n} | {'notleader', token}
+//    | {'notfound'} | {'lost', HGETALL of the marker} | {'state', s} | {'dtype', d}
+//    | {'node', n} | {'notleader', token}
 inline constexpr const char* kAcquire = R"lua(
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
   return {'notleader', tostring(redis.call('GET', KEYS[2]))}
 end
 local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node', 'generation', 'event_version')
-if not f[1] then return {'notfound'} end
+if not f[1] then
+  if redis.call('EXISTS', KEYS[3]) == 1 then return {'lost', redis.call('HGETALL', KEYS[3])} end
+  return {'notfound'}
+end
 if f[1] ~= 'ready' then return {'state', f[1]} end
 if ARGV[2] ~= '' and f[2] ~= ARGV[2] then return {'dtype', f[2]} end
 if f[3] ~= ARGV[3] then return {'node', f[3]} end
@@ -96,9 +109,11 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 )lua";
 
 // Drops one reference of a holder to one generation of a tensor, wherever
-// its Hash is (still named, or unlinked by remove). The last reference
-// unlinks the name at once, so nobody can take memory about to be freed;
-// the owner frees it, or the allocator of record through a "free" command.
+// its Hash is (still named, or unlinked by remove). A generation that was
+// migrated to a new allocator of record is followed through its
+// memcuda:moved:<gen> forward. The last reference unlinks the name at once,
+// so nobody can take memory about to be freed; the owner frees it, or the
+// allocator of record through a "free" command.
 // KEYS: tensor, names, lifecycle, leader
 // ARGV: generation, holder, key prefix, caller session, token ('' = unfenced),
 //       'all' to drop every reference of the holder (garbage collection)
@@ -108,14 +123,17 @@ inline constexpr const char* kRelease = R"lua(
 if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
   return {'notleader', tostring(redis.call('GET', KEYS[4]))}
 end
-local key = KEYS[1]
-local linked = true
-local rkey = ARGV[3] .. 'memcuda:removed:' .. ARGV[1]
-if redis.call('HGET', key, 'generation') ~= ARGV[1] then
-  key = rkey
-  linked = false
-  if redis.call('EXISTS', key) == 0 then return {'notfound'} end
+local gen = ARGV[1]
+local key, linked
+for _ = 1, 64 do
+  if redis.call('HGET', KEYS[1], 'generation') == gen then key = KEYS[1]; linked = true; break end
+  local r = ARGV[3] .. 'memcuda:removed:' .. gen
+  if redis.call('EXISTS', r) == 1 then key = r; linked = false; break end
+  gen = redis.call('GET', ARGV[3] .. 'memcuda:moved:' .. gen)
+  if not gen then return {'notfound'} end
 end
+if not key then return {'notfound'} end
+local rkey = ARGV[3] .. 'memcuda:removed:' .. gen
 local h = 'holder:' .. ARGV[2]
 local c = tonumber(redis.call('HGET', key, h) or '0')
 if c <= 0 then return {'notholder'} end
@@ -124,15 +142,19 @@ if ARGV[6] == 'all' then drop = c end
 if c == drop then redis.call('HDEL', key, h) else redis.call('HINCRBY', key, h, -drop) end
 local rc = redis.call('HINCRBY', key, 'refcount', -drop)
 if rc > 0 then return {'ok', rc} end
-local f = redis.call('HMGET', key, 'name', 'owner')
+local f = redis.call('HMGET', key, 'name', 'owner', 'migrated_from')
+if f[3] then
+  for g in string.gmatch(f[3], '%d+') do redis.call('DEL', ARGV[3] .. 'memcuda:moved:' .. g) end
+end
 if linked then redis.call('SREM', KEYS[2], f[1]) end
 if f[2] == ARGV[4] then
   redis.call('DEL', key)  -- the caller owns the memory and frees it now
-  return {'free', ARGV[1]}
+  return {'free', gen}
 end
 if linked then redis.call('RENAME', key, rkey) end
-redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[1], generation = tonumber(ARGV[1])}))
-return {'queued', ARGV[1]}
+-- generations pass 2^47: written as digits, not through cjson's 14-digit numbers
+redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(f[1]) .. ',"generation":' .. gen .. '}')
+return {'queued', gen}
 )lua";
 
 // Unlinks a name now (a new create may reuse it). A persistent tensor's
@@ -153,12 +175,140 @@ redis.call('RENAME', KEYS[1], rkey)
 redis.call('SREM', KEYS[2], f[2])
 local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
 if rc > 0 then return {'ok', f[1], rc} end
+local mf = redis.call('HGET', rkey, 'migrated_from')
+if mf then
+  for g in string.gmatch(mf, '%d+') do redis.call('DEL', ARGV[1] .. 'memcuda:moved:' .. g) end
+end
 if f[3] == ARGV[2] then
   redis.call('DEL', rkey)
   return {'free', f[1]}
 end
-redis.call('LPUSH', KEYS[3], cjson.encode({op = 'free', name = f[2], generation = tonumber(f[1])}))
+redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(f[2]) .. ',"generation":' .. f[1] .. '}')
 return {'queued', f[1]}
+)lua";
+
+// Republishes a tensor of a dead allocator of record after a live holder
+// copied its bytes into a replacement this leader allocated: the record
+// (named or unlinked) gets the new memory's fields and a new generation,
+// and memcuda:moved:<old> forwards releases of the old generation.
+// KEYS: tensor, leader, generation counter
+// ARGV: token, old generation, dead owner, key prefix, field, value, ...
+// -> {'ok', new generation} | {'gone'} (released, removed or migrated
+//    meanwhile) | {'notleader', t}
+inline constexpr const char* kMigrate = R"lua(
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'notleader', tostring(redis.call('GET', KEYS[2]))} end
+local key = KEYS[1]
+local linked = true
+if redis.call('HGET', key, 'generation') ~= ARGV[2] then
+  key = ARGV[4] .. 'memcuda:removed:' .. ARGV[2]
+  linked = false
+  if redis.call('EXISTS', key) == 0 then return {'gone'} end
+end
+local f = redis.call('HMGET', key, 'owner', 'refcount', 'migrated_from')
+if f[1] ~= ARGV[3] or tonumber(f[2] or '0') <= 0 then return {'gone'} end
+-- as text: Lua would print a number this large as 1.79e+15
+local gen = string.format('%.0f', redis.call('INCR', KEYS[3]))
+redis.call('HSET', key, unpack(ARGV, 5))
+redis.call('HDEL', key, 'event_handle')
+redis.call('HSET', key, 'generation', gen, 'event_version', 0,
+           'migrated_from', (f[3] and (f[3] .. ' ') or '') .. ARGV[2])
+redis.call('SET', ARGV[4] .. 'memcuda:moved:' .. ARGV[2], gen)
+if not linked then redis.call('RENAME', key, ARGV[4] .. 'memcuda:removed:' .. gen) end
+return {'ok', gen}
+)lua";
+
+// Gives up a tensor of a dead allocator of record that no live process can
+// copy: the record goes, the name is free again, and a marker (kept
+// ARGV[5] ms) makes get() say what happened. Refused while a live session
+// holds a reference, unless forced.
+// KEYS: tensor, names, leader, lost marker of the name
+// ARGV: token, generation, dead owner, key prefix, marker ttl ms, now ms, force ('1'|'0')
+// -> {'lost', 1 named | 0 unlinked} | {'held', session} | {'gone'} | {'notleader', t}
+inline constexpr const char* kMarkLost = R"lua(
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'notleader', tostring(redis.call('GET', KEYS[3]))} end
+local key = KEYS[1]
+local linked = true
+if redis.call('HGET', key, 'generation') ~= ARGV[2] then
+  key = ARGV[4] .. 'memcuda:removed:' .. ARGV[2]
+  linked = false
+  if redis.call('EXISTS', key) == 0 then return {'gone'} end
+end
+if redis.call('HGET', key, 'owner') ~= ARGV[3] then return {'gone'} end
+if ARGV[7] ~= '1' then
+  local all = redis.call('HKEYS', key)
+  for _, k in ipairs(all) do
+    local h = string.match(k, '^holder:(%d+%-%x+)$')
+    if h and redis.call('EXISTS', ARGV[4] .. 'memcuda:session:' .. h) == 1 then return {'held', h} end
+  end
+end
+local m = redis.call('HMGET', key, 'name', 'owner_pid', 'epoch', 'migrated_from')
+if m[4] then
+  for g in string.gmatch(m[4], '%d+') do redis.call('DEL', ARGV[4] .. 'memcuda:moved:' .. g) end
+end
+redis.call('DEL', key)
+if linked then
+  redis.call('SREM', KEYS[2], m[1])
+  redis.call('DEL', KEYS[4])
+  redis.call('HSET', KEYS[4], 'generation', ARGV[2], 'owner', ARGV[3], 'owner_pid', m[2] or '0',
+             'epoch', m[3] or '0', 'lost_ms', ARGV[6])
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+  return {'lost', 1}
+end
+return {'lost', 0}
+)lua";
+
+// Writes back a record its owner still has after Redis lost its data: under
+// the name when the name is free, else as unlinked. Holders re-register
+// their references with kReregister. The generation counter is raised past
+// every republished generation (and, on a fresh Redis, to its clock).
+// KEYS: tensor, names, generation counter
+// ARGV: generation, key prefix, persistent ('1'|'0'), name, now ms, field, value, ...
+// -> {'named'} | {'unlinked'} | {'present'}
+inline constexpr const char* kRepublish = R"lua(
+local g = ARGV[1]
+if redis.call('HGET', KEYS[1], 'generation') == g then return {'present'} end
+local r = ARGV[2] .. 'memcuda:removed:' .. g
+if redis.call('EXISTS', r) == 1 then return {'present'} end
+local named = redis.call('EXISTS', KEYS[1]) == 0
+local key = r
+if named then key = KEYS[1] end
+redis.call('HSET', key, unpack(ARGV, 6))
+local rc = 0
+if named and ARGV[3] == '1' then
+  rc = 1
+  redis.call('HSET', key, 'holder:@name', 1)
+end
+redis.call('HSET', key, 'generation', g, 'state', 'ready', 'refcount', rc, 'republished', ARGV[5])
+if named then redis.call('SADD', KEYS[2], ARGV[4]) end
+local cur = redis.call('GET', KEYS[3])
+if not cur then
+  local t = redis.call('TIME')
+  cur = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[3], cur)
+end
+if tonumber(cur) < tonumber(g) then redis.call('SET', KEYS[3], g) end
+if named then return {'named'} end
+return {'unlinked'}
+)lua";
+
+// Sets a holder's reference count on one generation to what the holder
+// knows it holds (re-registration after Redis lost its data, or after this
+// session's key expired). Idempotent.
+// KEYS: tensor   ARGV: generation, holder, count, key prefix
+// -> {'ok', refcount} | {'absent'}
+inline constexpr const char* kReregister = R"lua(
+local key = KEYS[1]
+if redis.call('HGET', key, 'generation') ~= ARGV[1] then
+  key = ARGV[4] .. 'memcuda:removed:' .. ARGV[1]
+  if redis.call('EXISTS', key) == 0 then return {'absent'} end
+end
+local h = 'holder:' .. ARGV[2]
+local d = tonumber(ARGV[3]) - tonumber(redis.call('HGET', key, h) or '0')
+if d ~= 0 then
+  if tonumber(ARGV[3]) == 0 then redis.call('HDEL', key, h) else redis.call('HSET', key, h, ARGV[3]) end
+  redis.call('HINCRBY', key, 'refcount', d)
+end
+return {'ok', redis.call('HGET', key, 'refcount')}
 )lua";
 
 // Publishes a producer's interprocess event for one generation.
@@ -212,6 +362,10 @@ struct Scripts {
   redis::Script requeue{kRequeue};
   redis::Script publish{kPublish};
   redis::Script reply{kReply};
+  redis::Script migrate{kMigrate};
+  redis::Script mark_lost{kMarkLost};
+  redis::Script republish{kRepublish};
+  redis::Script reregister{kReregister};
 };
 
 }  // namespace memcuda::detail::lua
