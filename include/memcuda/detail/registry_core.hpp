@@ -421,15 +421,22 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       }
     }
     std::uint64_t gen = request(cmd);
+    // From here the leader has registered this process's reference to
+    // `gen`: every way out that returns no handle must give it back.
     TensorInfo t;
-    {
+    try {
       std::lock_guard lk(client_mu_);
       auto r = client_.command({"HGETALL", keys.tensor(cmd.name)});
       if (r.size() == 0) throw NotFound("tensor '" + cmd.name + "' vanished right after its creation");
       t = protocol::decode_record(fields_from_reply(r.view()));
+      if (t.generation != gen)
+        throw StaleHandle("tensor '" + cmd.name + "' was replaced right after its creation");
+    } catch (const ConnectionError&) {
+      throw;  // Redis away: GC drops the reference if this process dies
+    } catch (...) {
+      release_noexcept(cmd.name, gen, false);
+      throw;
     }
-    if (t.generation != gen)
-      throw StaleHandle("tensor '" + cmd.name + "' was replaced right after its creation");
     try {
       auto m = map(t);
       note_hold(t.name, t.generation, +1);
