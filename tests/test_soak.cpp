@@ -231,7 +231,15 @@ void soak(const SoakConfig& cfg) {
     for (std::size_t i = 0; i < ws.size(); ++i)
       if (!ws[i].killed && !ws[i].finished && !ws[i].session.empty() && ws[i].progress < cfg.ops * 8 / 10)
         cand.push_back(i);
-    if (cand.empty()) return;
+    if (cand.empty()) {
+      // Every running worker is past the window (fast machines finish 1,000
+      // operations between two polls): start one more to be the victim,
+      // unless one is starting already.
+      bool starting = false;
+      for (auto& w : ws) starting |= !w.killed && !w.finished && w.session.empty();
+      if (!starting) spawn();
+      return;
+    }
     victim = cand[std::uniform_int_distribution<std::size_t>(0, cand.size() - 1)(rng)];
     const long lo = std::max(ws[*victim].progress, cfg.ops / 10);
     victim_at = std::uniform_int_distribution<long>(lo, std::max(lo, cfg.ops * 8 / 10))(rng);
@@ -258,7 +266,10 @@ void soak(const SoakConfig& cfg) {
     for (auto& w : ws) {
       if (w.killed || w.finished) continue;
       // (read_line rounds its wait down to whole ms: 1 ms would never poll)
-      while (auto l = w.child->read_line(3ms)) take(w, *l);
+      while (auto l = w.child->read_line(3ms)) {
+        take(w, *l);
+        if (victim && &ws[*victim] == &w && w.progress >= victim_at) break;  // kill it before it goes on
+      }
       if (exited(w.child->pid())) {
         while (auto l = w.child->read_line(200ms)) take(w, *l);  // what it wrote before exiting
         w.status = w.child->wait();

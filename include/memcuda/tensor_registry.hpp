@@ -100,7 +100,7 @@ class TensorRegistry {
   // Returns the allocator of record's empty slabs to the driver now (in
   // this process, when it is the leader; the control thread also does it
   // on its own). Returns the bytes released.
-  std::uint64_t trim() { return core_->trim_pools(true); }
+  std::uint64_t trim() { return core_->trim_now(); }
 
   // Sets the pools' peak statistic to their current use (leader only).
   void reset_peak() { core_->reset_pool_peaks(); }

@@ -12,7 +12,9 @@
 // most recently used idle ones (MEMCUDA_IMPORT_CACHE, default 16; 0 closes
 // at once) are kept open too, so a get/release loop does not pay an IPC
 // open (60-170 us) every time. The cost: memory the allocator of record
-// has returned stays allocated until this process drops the mapping.
+// has returned stays allocated until this process drops the mapping, so
+// the allocator of record tells every process when it returns a slab
+// ("unmap" in the inbox) and when an exporter's session ends ("forget").
 #pragma once
 
 #include <cstdlib>
@@ -117,6 +119,19 @@ class ProcessCache {
       }
       dead_owners_.insert(owner);
     }
+  }
+
+  // The exporter returned this allocation to the driver: stop keeping an
+  // idle mapping of it (which would keep the memory allocated).
+  void forget_allocation(const std::string& owner, std::uint64_t alloc_id) {
+    std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
+    std::lock_guard lk(m_);
+    const std::string k = key(owner, alloc_id);
+    for (auto it = recent_.begin(); it != recent_.end(); ++it)
+      if (it->first == k) {
+        gone.splice(gone.end(), recent_, it);
+        break;
+      }
   }
 
   std::uint64_t opens() const {

@@ -923,6 +923,9 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       const std::string op = str("op");
       if (op == "forget") {
         ProcessCache::instance().forget_owner(str("owner"));
+      } else if (op == "unmap") {
+        for (const auto& id : m.at("alloc_ids").as_array())
+          ProcessCache::instance().forget_allocation(str("owner"), id.to_number<std::uint64_t>());
       } else if (op == "free") {
         free_unlinked(c, u64("generation"));
       } else if (op == "migrate") {
@@ -1251,11 +1254,34 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
 
   // Returns empty slabs to the driver (the control thread calls it each
   // tick, so no cudaFree runs on a create or release path).
-  std::uint64_t trim_pools(bool all = false) {
+  std::uint64_t trim_pools(bool all = false, std::vector<std::uint64_t>* ids = nullptr) {
     std::lock_guard lk(pools_mu_);
     std::uint64_t n = 0;
-    for (auto& [k, p] : pools_) n += p->trim(all);
+    for (auto& [k, p] : pools_) n += p->trim(all, ids);
     return n;
+  }
+
+  // Trims, then tells every other live session to close its idle mappings
+  // of what was returned: an importer's open mapping keeps freed device
+  // memory allocated (see process_cache.hpp).
+  std::uint64_t trim_and_announce(redis::Connection& c, bool all) {
+    std::vector<std::uint64_t> ids;
+    auto n = trim_pools(all, &ids);
+    if (ids.empty()) return n;
+    boost::json::array a;
+    for (auto id : ids) a.push_back(id);
+    auto members = c.command({"SMEMBERS", keys.sessions()});
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      std::string sid(members[i].str());
+      if (sid != session) send_inbox(c, sid, boost::json::object{{"op", "unmap"}, {"owner", session}, {"alloc_ids", a}});
+    }
+    return n;
+  }
+
+  std::uint64_t trim_now() {
+    check_fatal();
+    std::lock_guard lk(client_mu_);
+    return trim_and_announce(client_, true);
   }
 
   void reset_pool_peaks() {

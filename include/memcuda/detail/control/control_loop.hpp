@@ -59,7 +59,7 @@ class ControlLoop {
           if (campaign) {
             if (!core_->is_leader()) core_->try_acquire_lease(conn_, scripts_);
             if (core_->is_leader()) {
-              core_->trim_pools();
+              core_->trim_and_announce(conn_, false);
               core_->publish_pool_stats(conn_);
             }
           }

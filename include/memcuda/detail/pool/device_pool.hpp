@@ -102,10 +102,15 @@ class DevicePool {
 
   // Returns empty slabs to the driver: dedicated ones always, others beyond
   // retain_empty_slabs (all of them when `all`). Returns the bytes released.
-  std::uint64_t trim(bool all = false) {
+  // The ids of the returned allocations are appended to `ids` when given
+  // (importers are told to drop idle mappings of them).
+  std::uint64_t trim(bool all = false, std::vector<std::uint64_t>* ids = nullptr) {
     std::vector<std::shared_ptr<ExportedBlock>> released;  // freed after unlocking
     std::lock_guard lk(mu_);
-    return trim_locked(all ? 0 : opts_.retain_empty_slabs, released);
+    auto n = trim_locked(all ? 0 : opts_.retain_empty_slabs, released);
+    if (ids)
+      for (const auto& b : released) ids->push_back(b->allocation().alloc_id);
+    return n;
   }
 
   PoolStats stats() const {
