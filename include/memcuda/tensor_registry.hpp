@@ -117,7 +117,8 @@ class TensorRegistry {
   // Records of the named tensors matching a glob pattern, sorted by name.
   std::vector<TensorInfo> list(std::string_view pattern = "*") { return core_->list(pattern); }
 
-  // The current record of one tensor. Throws NotFound.
+  // The current record of one tensor. Throws NotFound, InvalidArgument (a
+  // name no tensor can have).
   TensorInfo info(std::string_view name) {
     auto i = core_->info(name);
     if (!i) throw NotFound("no tensor named '" + std::string(name) + "'");

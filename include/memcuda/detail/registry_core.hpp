@@ -558,6 +558,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
 
   std::optional<TensorInfo> info(std::string_view name) {
     check_fatal();
+    ::memcuda::validate_name(name);
     std::lock_guard lk(client_mu_);
     auto r = client_.command({"HGETALL", keys.tensor(name)});
     if (r.size() == 0) return std::nullopt;
