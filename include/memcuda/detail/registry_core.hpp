@@ -1135,7 +1135,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       force = true;
     }
     const std::string tk = keys.tensor(t.name), nk = keys.names(), lk = keys.leader(), mk = keys.lost(t.name);
-    redis::Arg kv[] = {tk, nk, lk, mk};
+    redis::Arg kv[] = {tk, lk, nk, mk};
     std::vector<redis::Arg> args{token, t.generation, dead_owner, keys.prefix(), kLostMarkerTtlMs, now_ms(),
                                  force ? "1" : "0"};
     auto r = s.mark_lost.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));

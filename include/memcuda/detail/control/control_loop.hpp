@@ -133,45 +133,44 @@ class ControlLoop {
     }
   }
 
-  // A follower waits for the next tick on its inbox (messages from the
-  // allocator of record: copy a tensor whose exporter died, free memory it
-  // still owns, forget a dead exporter's mappings).
-  void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
-    auto block = std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
+  // One blocking pop (the server waits `block`, the last argument) that
+  // the stop callback can interrupt; nil when it timed out or a stop was
+  // requested.
+  redis::Reply blocking_pop(std::stop_token& st, std::chrono::milliseconds block, std::vector<std::string> cmd) {
+    cmd.push_back(RegistryCore::seconds_arg(block));
+    std::vector<redis::Arg> args(cmd.begin(), cmd.end());
     redis::Reply r;
     blocked_.store(true);
     if (st.stop_requested()) {
       blocked_.store(false);
-      return;
+      return r;
     }
     try {
-      r = conn_.blocking(block, {"BLPOP", core_->keys.inbox(core_->session), RegistryCore::seconds_arg(block)});
+      r = conn_.blocking(block, std::span<const redis::Arg>(args));
     } catch (...) {
       blocked_.store(false);
       throw;
     }
     blocked_.store(false);
+    return r;
+  }
+
+  static std::chrono::milliseconds clamp_block(std::chrono::milliseconds budget) {
+    return std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
+  }
+
+  // A follower waits for the next tick on its inbox (messages from the
+  // allocator of record: copy a tensor whose exporter died, free memory it
+  // still owns, forget a dead exporter's mappings, close returned slabs).
+  void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
+    auto r = blocking_pop(st, clamp_block(budget), {"BLPOP", core_->keys.inbox(core_->session)});
     if (r.is_nil()) return;
     core_->handle_inbox(conn_, std::string(r[1].str()));
   }
 
   void serve_one(std::chrono::milliseconds budget, std::stop_token& st) {
-    auto block = std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
     const std::string processing = core_->keys.processing(core_->lease().second);
-    redis::Reply r;
-    blocked_.store(true);
-    if (st.stop_requested()) {
-      blocked_.store(false);
-      return;
-    }
-    try {
-      r = conn_.blocking(block, {"BLMOVE", core_->keys.lifecycle(), processing, "RIGHT", "LEFT",
-                                 RegistryCore::seconds_arg(block)});
-    } catch (...) {
-      blocked_.store(false);
-      throw;
-    }
-    blocked_.store(false);
+    auto r = blocking_pop(st, clamp_block(budget), {"BLMOVE", core_->keys.lifecycle(), processing, "RIGHT", "LEFT"});
     if (r.is_nil()) return;
     std::string raw(r.str());
     handle(raw);

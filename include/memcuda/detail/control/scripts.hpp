@@ -187,15 +187,11 @@ redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(f[2]) .. ',"
 return {'queued', f[1]}
 )lua";
 
-// Republishes a tensor of a dead allocator of record after a live holder
-// copied its bytes into a replacement this leader allocated: the record
-// (named or unlinked) gets the new memory's fields and a new generation,
-// and memcuda:moved:<old> forwards releases of the old generation.
-// KEYS: tensor, leader, generation counter
-// ARGV: token, old generation, dead owner, key prefix, field, value, ...
-// -> {'ok', new generation} | {'gone'} (released, removed or migrated
-//    meanwhile) | {'notleader', t}
-inline constexpr const char* kMigrate = R"lua(
+// The start of the scripts that act on a dead allocator's tensor (fenced;
+// KEYS[1] tensor, KEYS[2] leader; ARGV[1] token, ARGV[2] generation,
+// ARGV[4] key prefix): finds the record of that generation, named or
+// unlinked, as `key` (and `linked`), or answers 'gone'.
+inline constexpr const char* kDeadOwnerRecord = R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'notleader', tostring(redis.call('GET', KEYS[2]))} end
 local key = KEYS[1]
 local linked = true
@@ -204,6 +200,17 @@ if redis.call('HGET', key, 'generation') ~= ARGV[2] then
   linked = false
   if redis.call('EXISTS', key) == 0 then return {'gone'} end
 end
+)lua";
+
+// Republishes a tensor of a dead allocator of record after a live holder
+// copied its bytes into a replacement this leader allocated: the record
+// (named or unlinked) gets the new memory's fields and a new generation,
+// and memcuda:moved:<old> forwards releases of the old generation.
+// KEYS: tensor, leader, generation counter
+// ARGV: token, old generation, dead owner, key prefix, field, value, ...
+// -> {'ok', new generation} | {'gone'} (released, removed or migrated
+//    meanwhile) | {'notleader', t}
+inline const std::string kMigrate = std::string(kDeadOwnerRecord) + R"lua(
 local f = redis.call('HMGET', key, 'owner', 'refcount', 'migrated_from')
 if f[1] ~= ARGV[3] or tonumber(f[2] or '0') <= 0 then return {'gone'} end
 -- as text: Lua would print a number this large as 1.79e+15
@@ -221,18 +228,10 @@ return {'ok', gen}
 // copy: the record goes, the name is free again, and a marker (kept
 // ARGV[5] ms) makes get() say what happened. Refused while a live session
 // holds a reference, unless forced.
-// KEYS: tensor, names, leader, lost marker of the name
+// KEYS: tensor, leader, names, lost marker of the name
 // ARGV: token, generation, dead owner, key prefix, marker ttl ms, now ms, force ('1'|'0')
 // -> {'lost', 1 named | 0 unlinked} | {'held', session} | {'gone'} | {'notleader', t}
-inline constexpr const char* kMarkLost = R"lua(
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'notleader', tostring(redis.call('GET', KEYS[3]))} end
-local key = KEYS[1]
-local linked = true
-if redis.call('HGET', key, 'generation') ~= ARGV[2] then
-  key = ARGV[4] .. 'memcuda:removed:' .. ARGV[2]
-  linked = false
-  if redis.call('EXISTS', key) == 0 then return {'gone'} end
-end
+inline const std::string kMarkLost = std::string(kDeadOwnerRecord) + R"lua(
 if redis.call('HGET', key, 'owner') ~= ARGV[3] then return {'gone'} end
 if ARGV[7] ~= '1' then
   local all = redis.call('HKEYS', key)
@@ -247,7 +246,7 @@ if m[4] then
 end
 redis.call('DEL', key)
 if linked then
-  redis.call('SREM', KEYS[2], m[1])
+  redis.call('SREM', KEYS[3], m[1])
   redis.call('DEL', KEYS[4])
   redis.call('HSET', KEYS[4], 'generation', ARGV[2], 'owner', ARGV[3], 'owner_pid', m[2] or '0',
              'epoch', m[3] or '0', 'lost_ms', ARGV[6])
