@@ -380,10 +380,16 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
         record_cache_.insert_or_assign(std::string(name), std::move(keep));
       }
     }
+    return adopt_reference(std::move(t));
+  }
+
+  // Maps a tensor whose reference this process has just taken and records
+  // the reference; gives it back when the mapping fails.
+  std::pair<TensorInfo, std::pair<void*, std::shared_ptr<void>>> adopt_reference(TensorInfo t) {
     try {
       auto m = map(t);
       note_hold(t.name, t.generation, +1);
-      return {t, std::move(m)};
+      return {std::move(t), std::move(m)};
     } catch (...) {
       release_noexcept(t.name, t.generation, false);
       throw;
@@ -437,14 +443,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
       release_noexcept(cmd.name, gen, false);
       throw;
     }
-    try {
-      auto m = map(t);
-      note_hold(t.name, t.generation, +1);
-      return {t, std::move(m)};
-    } catch (...) {
-      release_noexcept(t.name, t.generation, false);
-      throw;
-    }
+    return adopt_reference(std::move(t));
   }
 
   // Sends a command to the allocator of record and waits for its reply.
