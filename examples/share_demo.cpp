@@ -18,11 +18,11 @@
 
 #include <chrono>
 #include <iostream>
+#include <memcuda/memcuda.hpp>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "common.hpp"
 
 namespace {
 
@@ -63,8 +63,9 @@ int producer(memcuda::RegistryOptions opts, const std::string& name) {
       std::cout << "producer (pid " << ::getpid() << ") created '" << name << "': " << to_string(t.dtype()) << " "
                 << memcuda::shape_to_string(t.shape()) << ", " << t.bytes() / (1 << 20) << " MiB of " << where(t)
                 << ", filled with 0, 1, 2, ...\n"
-                << "   refcount " << reg.info(name).refcount << ": the producer's handle. It is the allocator of record"
-                << (reg.is_leader() ? "" : " (NOT: another process is)") << ": the memory is its own.\n";
+                << "refcount " << reg.info(name).refcount << ": the producer's handle. "
+                << (reg.is_leader() ? "It is the allocator of record: the memory is its own.\n"
+                                    : "Another process is the allocator of record and holds the memory.\n");
     } else if (cmd == "check") {
       float first = -1;
       t.copy_to_host(std::span<float>(&first, 1));
@@ -77,8 +78,8 @@ int producer(memcuda::RegistryOptions opts, const std::string& name) {
       t.release();
       auto after = refcount_after_release(reg, name, before);
       std::cout << "producer let go of its handle: refcount " << before << " -> " << after
-                << ". The tensor lives on: the consumer still holds it.\n"
-                << "   (The producer stays up: as allocator of record its memory would die with it.)\n";
+                << (after > 0 ? ". The tensor lives on: the consumer still holds it.\n" : ".\n");
+      if (reg.is_leader()) std::cout << "(The producer stays up: as allocator of record, its memory dies with it.)\n";
     } else {
       std::cerr << "share_demo producer: unknown step '" << cmd << "'\n";
       return 1;
@@ -100,7 +101,7 @@ int consumer(memcuda::RegistryOptions opts, const std::string& name) {
       std::size_t same = 0;
       for (std::size_t i = 0; i < v.size(); ++i) same += v[i] == static_cast<float>(i);
       std::cout << "consumer (pid " << ::getpid() << ", another process) opened '" << name << "' by name, in "
-                << where(t) << ":\n   " << same << " of " << v.size()
+                << where(t) << ":\n" << same << " of " << v.size()
                 << " values are the producer's. It writes 42 into element 0.\n";
       if (same != v.size()) return 1;
       t.copy_from_host(std::span<const float>(&kMark, 1));
@@ -129,7 +130,14 @@ int main(int argc, char** argv) try {
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--name") name = argv[i + 1];
   memcuda::RegistryOptions opts;  // MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379
-  opts.default_backend = examples::backend_from_args(argc, argv);
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--backend" && std::string(argv[i + 1]) != "auto") {
+      opts.default_backend = memcuda::backend_from_string(argv[i + 1]);  // unset: cuda when a GPU is usable
+      if (!opts.default_backend) {
+        std::cerr << "share_demo: unknown backend '" << argv[i + 1] << "' (host, cuda or auto)\n";
+        return 2;
+      }
+    }
   if (role == "producer") return producer(opts, name);
   if (role == "consumer") return consumer(opts, name);
   std::cerr << "usage: share_demo producer|consumer [--backend host|cuda|auto] [--name NAME]\n";
