@@ -138,8 +138,11 @@ start_role() {
   from[$role]=$fd
 }
 tell() {
-  local role=$1 line
-  printf '%s\n' "$2" >&"${to[$role]}"
+  local role=$1 line sent=0
+  trap '' PIPE  # a process that exited: an error from printf, not the end of the script
+  printf '%s\n' "$2" 2>/dev/null >&"${to[$role]}" && sent=1
+  trap 'die "a demo process went away"' PIPE
+  ((sent)) || die "the $role (pid ${pid[$role]}) exited before '$2'"
   while IFS= read -r -t 60 line <&"${from[$role]}"; do
     [[ $line == . ]] && return 0
     printf '    %s\n' "$line"
