@@ -125,11 +125,12 @@ fi
 # `share_demo producer` and `share_demo consumer` run in the background with
 # stdin and stdout on FIFOs: `tell ROLE STEP` sends a step and prints the
 # answer, up to the line "." that ends it. Errors reach the terminal directly.
+name=demo/weights
 declare -A to from pid
 start_role() {
   local role=$1 fd
   mkfifo "$tmp/$role.in" "$tmp/$role.out"
-  "$share_demo" "$role" --backend "$backend" <"$tmp/$role.in" >"$tmp/$role.out" &
+  "$share_demo" "$role" --backend "$backend" --name "$name" <"$tmp/$role.in" >"$tmp/$role.out" &
   pid[$role]=$!
   children+=($!)
   exec {fd}>"$tmp/$role.in"
@@ -163,7 +164,6 @@ finish() {  # finish ROLE: close its stdin, wait for it to exit
 }
 proves() { printf '\n[%s] %s\n' "$1" "$2"; }
 
-name=demo/weights
 start_role producer
 start_role consumer
 
@@ -175,7 +175,7 @@ proves 3 "Another process opens it by name and sees the same memory, not a copy.
 tell consumer open
 tell producer check
 proves 4 "Each process holding it counts: refcount 2, and memcuda info names both holders."
-printf '    $ memcuda info %s   (the lines about holders; it prints every field)\n' "$name"
+printf '    $ memcuda info %s   (excerpt: it prints every field)\n' "$name"
 "$memcuda" info "$name" | grep -E '^(backend|refcount|owner_pid) |^  ' | sed 's/^/    /' ||
   die "memcuda info $name failed"
 proves 5 "The refcount goes down as holders let go; the tensor stays while anyone holds it."
