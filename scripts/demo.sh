@@ -106,8 +106,13 @@ gpu=
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpu=$(nvidia-smi -L 2>/dev/null | grep -m 1 '^GPU ' || true)
 fi
-with_cuda=no  # the programs link the CUDA runtime only when built with the CUDA backend
-if ldd "$share_demo" 2>/dev/null | grep -q libcudart; then with_cuda=yes; fi
+# Built with the CUDA backend: the build's cache says so, and prebuilt
+# programs link the CUDA runtime only then.
+with_cuda=no
+if { [[ -n ${build_dir:-} ]] && grep -qx 'MEMCUDA_WITH_CUDA:INTERNAL=ON' "$build_dir/CMakeCache.txt"; } ||
+  ldd "$share_demo" 2>/dev/null | grep -q libcudart; then
+  with_cuda=yes
+fi
 if [[ -n $backend ]]; then
   say "backend: $backend (--backend)"
 elif [[ -n $gpu && $with_cuda == yes ]]; then
