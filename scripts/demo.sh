@@ -110,7 +110,7 @@ fi
 # programs link the CUDA runtime only then.
 with_cuda=no
 if { [[ -n ${build_dir:-} ]] && grep -qx 'MEMCUDA_WITH_CUDA:INTERNAL=ON' "$build_dir/CMakeCache.txt"; } ||
-  ldd "$share_demo" 2>/dev/null | grep -q libcudart; then
+  [[ $(ldd "$share_demo" 2>/dev/null) == *libcudart* ]]; then
   with_cuda=yes
 fi
 if [[ -n $backend ]]; then
