@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Runs every benchmark on a GPU host and writes docs/benchmarks.md.
 #
-#   benchmarks/run_all.sh [extra memcuda_bench flags...]     (from anywhere)
+#   benchmarks/run_all.sh [--commit SHA] [extra memcuda_bench flags...]   (from anywhere)
+#
+# The document names the project commit measured: --commit SHA, else
+# $MEMCUDA_COMMIT, else `git rev-parse HEAD` when this directory is the top
+# of a git checkout (with "-dirty" when it has local changes). A copy of the
+# tree carried to a GPU host has no .git, or sits inside some other
+# repository whose HEAD is not ours: pass the commit there, e.g.
+#   MEMCUDA_COMMIT=$(git rev-parse --short HEAD)   (here, before carrying it)
 #
 # Built here, run there: `../shared/gpu/bundle.sh <build dir>` packs the
 # programs into .gpu/; on the GPU host, from the repository root, this script
@@ -19,6 +26,24 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 say() { printf 'run_all: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+commit=${MEMCUDA_COMMIT:-}
+case ${1:-} in
+  --commit) [[ -n ${2:-} ]] || die "--commit needs a SHA"; commit=$2; shift 2 ;;
+  --commit=*) commit=${1#--commit=}; shift ;;
+esac
+if [[ -z $commit ]]; then
+  # Only this repository's own HEAD: an enclosing repository's is not ours.
+  top=$(git -C "$root" rev-parse --show-toplevel 2>/dev/null || true)
+  if [[ -n $top && $(cd "$top" && pwd -P) == $(pwd -P) ]]; then
+    commit=$(git -C "$root" rev-parse --short HEAD)
+    git -C "$root" diff --quiet HEAD -- 2>/dev/null || commit+="-dirty"
+  fi
+fi
+if [[ -z $commit ]]; then
+  commit="unknown: no git checkout here; pass --commit SHA or MEMCUDA_COMMIT"
+  say "warning: commit $commit"
+fi
 
 if ! command -v memcuda_bench >/dev/null 2>&1; then
   [[ -f .gpu/env.sh ]] || die "memcuda_bench is not on PATH and there is no .gpu/env.sh (build, then ../shared/gpu/bundle.sh)"
@@ -47,7 +72,6 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     --format=csv > "$out/nvidia-smi.csv" 2>&1 || true
 fi
 date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?")
 say "device: $(echo "$gpu" | tail -n +2 | head -1); CUDA $cuda; output in $out"
 
 rc=0

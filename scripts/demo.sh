@@ -1,49 +1,64 @@
 #!/usr/bin/env bash
-# The demo command: installs what is missing, builds, and runs the quickstart
-# example against a Redis server, on the GPU when there is one.
+# The demo: two processes share one tensor by name, and the `memcuda` tool
+# watches. It installs what is missing, builds only the two programs it runs
+# (the `memcuda` tool and examples/share_demo) into build/, Release, and
+# runs them against Redis: on the GPU when there is one, in host shared
+# memory otherwise. scripts/test.sh later builds the rest in the same tree.
 #
-#   scripts/demo.sh [extra quickstart arguments]
+#   scripts/demo.sh [--backend host|cuda]
 #
+# MEMCUDA_DEMO_BIN=DIR   run the prebuilt DIR/share_demo and DIR/memcuda;
+#                        install and build nothing (e.g. .gpu/bin on a GPU host)
 # Redis: MEMCUDA_REDIS_URL when set; else the server answering at
 # redis://127.0.0.1:6379; else a private redis-server on a unix socket in a
 # temporary directory, without persistence, stopped when the demo ends.
-# Backend: cuda when nvidia-smi lists a GPU and the build has the CUDA
-# backend, host otherwise. Environment: see scripts/setup.sh.
+# Backend: cuda when nvidia-smi lists a GPU and the programs have the CUDA
+# backend, host otherwise. Build environment: see scripts/setup.sh.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+start=$SECONDS
 
 say() { printf 'demo: %s\n' "$*"; }
 die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 
-build_dir=${MEMCUDA_BUILD_DIR:-build}
-quickstart=$build_dir/examples/quickstart
-
-if [[ ! -f examples/CMakeLists.txt ]]; then
-  die "the quickstart example is missing: examples/CMakeLists.txt does not exist yet, so there is nothing to run (build/examples/quickstart)"
+backend=
+if [[ ${1:-} == --backend && -n ${2:-} ]]; then
+  backend=$2
+elif [[ $# -gt 0 ]]; then
+  die "usage: scripts/demo.sh [--backend host|cuda]"
 fi
 
-scripts/setup.sh
-
-if [[ ! -x "$quickstart" ]]; then
-  die "$quickstart was not built: examples/CMakeLists.txt must define the target 'quickstart' (and MEMCUDA_BUILD_EXAMPLES must be ON in $build_dir/CMakeCache.txt)"
+# --- the programs -------------------------------------------------------------
+if [[ -n ${MEMCUDA_DEMO_BIN:-} ]]; then
+  share_demo=$MEMCUDA_DEMO_BIN/share_demo
+  memcuda=$MEMCUDA_DEMO_BIN/memcuda
+else
+  build_dir=${MEMCUDA_BUILD_DIR:-build}
+  scripts/setup.sh memcuda_cli share_demo
+  share_demo=$build_dir/examples/share_demo
+  memcuda=$build_dir/tools/memcuda
 fi
+for p in "$share_demo" "$memcuda"; do
+  [[ -x $p ]] || die "$p is missing (not built, or MEMCUDA_DEMO_BIN points elsewhere)"
+done
 
-# --- Redis ------------------------------------------------------------------
-redis_pid=
-redis_dir=
-# shellcheck disable=SC2317  # called by the EXIT trap
+# --- cleanup: on every exit path ----------------------------------------------
+tmp=$(mktemp -d /tmp/memcuda-demo.XXXXXX)  # /tmp: a unix socket path must stay under 108 bytes
+children=()
+# shellcheck disable=SC2317  # called by the traps
 cleanup() {
-  if [[ -n "$redis_pid" ]]; then
-    kill "$redis_pid" 2>/dev/null || true
-    wait "$redis_pid" 2>/dev/null || true
-  fi
-  if [[ -n "$redis_dir" ]]; then
-    rm -rf "$redis_dir"
-  fi
+  local p
+  for p in ${children[@]+"${children[@]}"}; do kill "$p" 2>/dev/null || true; done
+  for p in ${children[@]+"${children[@]}"}; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'die "a demo process went away"' PIPE
 
+# --- Redis ------------------------------------------------------------------
 # True when a Redis server answers PING on 127.0.0.1:6379 without a password.
 redis_on_6379() {
   if command -v redis-cli >/dev/null 2>&1; then
@@ -58,25 +73,18 @@ redis_on_6379() {
 start_private_redis() {
   command -v redis-server >/dev/null 2>&1 ||
     die "no Redis at redis://127.0.0.1:6379 and redis-server is not installed (apt-get install redis-server), or set MEMCUDA_REDIS_URL"
-  # /tmp, not $TMPDIR: a unix socket path must stay under 108 bytes.
-  redis_dir=$(mktemp -d /tmp/memcuda-demo-redis.XXXXXX)
-  local sock=$redis_dir/redis.sock
+  local sock=$tmp/redis.sock i
   redis-server --port 0 --unixsocket "$sock" --unixsocketperm 700 \
     --save '' --appendonly no --daemonize no \
-    --dir "$redis_dir" --logfile "$redis_dir/redis.log" &
-  redis_pid=$!
-  local i
+    --dir "$tmp" --logfile "$tmp/redis.log" &
+  children+=($!)
   for ((i = 0; i < 200; i++)); do
-    if ! kill -0 "$redis_pid" 2>/dev/null; then
-      redis_pid=
-      die "redis-server exited at start: $(tail -n 5 "$redis_dir/redis.log" 2>/dev/null)"
-    fi
-    if [[ -S "$sock" ]]; then
-      if ! command -v redis-cli >/dev/null 2>&1 ||
-        [[ "$(redis-cli -s "$sock" ping 2>/dev/null)" == PONG ]]; then
-        export MEMCUDA_REDIS_URL="unix://$sock"
-        return 0
-      fi
+    kill -0 "${children[-1]}" 2>/dev/null ||
+      die "redis-server exited at start: $(tail -n 5 "$tmp/redis.log" 2>/dev/null)"
+    if [[ -S $sock ]] && { ! command -v redis-cli >/dev/null 2>&1 ||
+      [[ "$(redis-cli -s "$sock" ping 2>/dev/null)" == PONG ]]; }; then
+      export MEMCUDA_REDIS_URL="unix://$sock"
+      return 0
     fi
     sleep 0.05
   done
@@ -90,35 +98,99 @@ elif redis_on_6379; then
   say "Redis: the server already running at $MEMCUDA_REDIS_URL"
 else
   start_private_redis
-  say "Redis: nothing answers at redis://127.0.0.1:6379; started a private redis-server (pid $redis_pid) at $MEMCUDA_REDIS_URL, stopped when the demo ends"
+  say "Redis: a private redis-server at $MEMCUDA_REDIS_URL, stopped when the demo ends"
 fi
 
-# --- Backend ----------------------------------------------------------------
+# --- backend ----------------------------------------------------------------
 gpu=
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpu=$(nvidia-smi -L 2>/dev/null | grep -m 1 '^GPU ' || true)
 fi
-cuda_build=no
-if grep -qx 'MEMCUDA_WITH_CUDA:INTERNAL=ON' "$build_dir/CMakeCache.txt" 2>/dev/null; then
-  cuda_build=yes
+# Built with the CUDA backend: the build's cache says so, and prebuilt
+# programs link the CUDA runtime only then.
+with_cuda=no
+if { [[ -n ${build_dir:-} ]] && grep -qx 'MEMCUDA_WITH_CUDA:INTERNAL=ON' "$build_dir/CMakeCache.txt"; } ||
+  [[ $(ldd "$share_demo" 2>/dev/null) == *libcudart* ]]; then
+  with_cuda=yes
 fi
-if [[ -n "$gpu" && "$cuda_build" == yes ]]; then
+if [[ -n $backend ]]; then
+  say "backend: $backend (--backend)"
+elif [[ -n $gpu && $with_cuda == yes ]]; then
   backend=cuda
   say "backend: cuda (${gpu%% (UUID*})"
-elif [[ -n "$gpu" ]]; then
+elif [[ -n $gpu ]]; then
   backend=host
-  say "backend: host (a GPU is present, but $build_dir was built without the CUDA backend: no nvcc found, or MEMCUDA_CUDA=OFF)"
+  say "backend: host (a GPU is present, but the programs were built without the CUDA backend: no nvcc found, or MEMCUDA_CUDA=OFF)"
 else
   backend=host
-  say "backend: host (nvidia-smi lists no GPU)"
+  say "backend: host shared memory (nvidia-smi lists no GPU); on a GPU the same steps share device memory"
 fi
 
-say "running $quickstart --backend $backend $*"
-rc=0
-"$quickstart" --backend "$backend" "$@" || rc=$?
-if ((rc == 0)); then
-  say "done"
-else
-  say "quickstart failed (exit $rc)"
-fi
-exit "$rc"
+# --- the two processes --------------------------------------------------------
+# `share_demo producer` and `share_demo consumer` run in the background with
+# stdin and stdout on FIFOs: `tell ROLE STEP` sends a step and prints the
+# answer, up to the line "." that ends it. Errors reach the terminal directly.
+name=demo/weights
+declare -A to from pid
+start_role() {
+  local role=$1 fd
+  mkfifo "$tmp/$role.in" "$tmp/$role.out"
+  "$share_demo" "$role" --backend "$backend" --name "$name" <"$tmp/$role.in" >"$tmp/$role.out" &
+  pid[$role]=$!
+  children+=($!)
+  exec {fd}>"$tmp/$role.in"
+  to[$role]=$fd
+  exec {fd}<"$tmp/$role.out"
+  from[$role]=$fd
+}
+tell() {
+  local role=$1 line sent=0
+  trap '' PIPE  # a process that exited: an error from printf, not the end of the script
+  printf '%s\n' "$2" 2>/dev/null >&"${to[$role]}" && sent=1
+  trap 'die "a demo process went away"' PIPE
+  ((sent)) || die "the $role (pid ${pid[$role]}) exited before '$2'"
+  while IFS= read -r -t 60 line <&"${from[$role]}"; do
+    [[ $line == . ]] && return 0
+    printf '    %s\n' "$line"
+  done
+  die "the $role (pid ${pid[$role]}) stopped before finishing '$2'"
+}
+run() {  # run CMD...: show a command of the memcuda tool and its output
+  printf '    $ memcuda %s\n' "$*"
+  "$memcuda" "$@" | sed 's/^/    /'
+}
+finish() {  # finish ROLE: close its stdin, wait for it to exit
+  local fd=${to[$1]} rc=0 keep=() c
+  exec {fd}>&-
+  wait "${pid[$1]}" || rc=$?
+  for c in "${children[@]}"; do [[ $c == "${pid[$1]}" ]] || keep+=("$c"); done
+  children=("${keep[@]}")  # reaped: nothing to kill at exit
+  ((rc == 0)) || die "the $1 (pid ${pid[$1]}) exited $rc"
+}
+proves() { printf '\n[%s] %s\n' "$1" "$2"; }
+
+start_role producer
+start_role consumer
+
+proves 1 "One process creates a tensor under a name."
+tell producer create
+proves 2 "The name is in the registry (Redis): memcuda ls, a third process, lists it."
+run ls
+proves 3 "Another process opens it by name and sees the same memory, not a copy."
+tell consumer open
+tell producer check
+proves 4 "Each process holding it counts: refcount 2, and memcuda info names both holders."
+printf '    $ memcuda info %s   (excerpt: it prints every field)\n' "$name"
+"$memcuda" info "$name" | grep -E '^(backend|refcount|owner_pid) |^  ' | sed 's/^/    /' ||
+  die "memcuda info $name failed"
+proves 5 "The refcount goes down as holders let go; the tensor stays while anyone holds it."
+tell producer release
+run ls
+proves 6 "The memory goes when the last holder lets go."
+tell consumer release
+finish consumer
+run ls
+
+finish producer  # its stdin closes: it exits
+printf '\n'
+say "done in $((SECONDS - start)) s"

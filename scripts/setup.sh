@@ -2,11 +2,15 @@
 # Installs what mem-cuda needs from Debian packages (only what is missing),
 # then configures and builds the tree into build/.
 #
-#   scripts/setup.sh                 # from anywhere; idempotent
+#   scripts/setup.sh [TARGET...]     # from anywhere; idempotent
+#
+# With TARGETs only those are built (scripts/demo.sh builds its two
+# programs); without, everything. One tree serves both: scripts/test.sh
+# after scripts/demo.sh builds only what the demo did not.
 #
 # Environment (all optional):
 #   MEMCUDA_BUILD_DIR    build directory (default: build, relative to the repo)
-#   MEMCUDA_BUILD_TYPE   CMAKE_BUILD_TYPE (default: RelWithDebInfo)
+#   MEMCUDA_BUILD_TYPE   CMAKE_BUILD_TYPE (default: Release)
 #   MEMCUDA_CUDA         AUTO | ON | OFF (default: AUTO; AUTO builds the CUDA
 #                        backend when nvcc is found, on PATH or /usr/local/cuda)
 #   MEMCUDA_JOBS         build parallelism (default: nproc)
@@ -76,7 +80,7 @@ or set MEMCUDA_SKIP_PACKAGES=1 if they are installed some other way."
 
 configure_and_build() {
   local build_dir=${MEMCUDA_BUILD_DIR:-build}
-  local build_type=${MEMCUDA_BUILD_TYPE:-RelWithDebInfo}
+  local build_type=${MEMCUDA_BUILD_TYPE:-Release}
   local cuda=${MEMCUDA_CUDA:-AUTO}
   local jobs=${MEMCUDA_JOBS:-$(nproc 2>/dev/null || echo 2)}
   command -v cmake >/dev/null 2>&1 || die "cmake not found"
@@ -100,8 +104,7 @@ configure_and_build() {
     # shellcheck disable=SC2206
     local extra=(${MEMCUDA_CMAKE_ARGS:-})
     say "configuring $build_dir (${gen[1]:-default generator}, $build_type, MEMCUDA_CUDA=$cuda)"
-    cmake -S . -B "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE="$build_type" \
-      -DMEMCUDA_CUDA="$cuda" "${extra[@]}"
+    configure "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE="$build_type" -DMEMCUDA_CUDA="$cuda" "${extra[@]}"
   else
     # Re-run only when the cache disagrees with what was asked for, or when
     # examples/ or benchmarks/ got a CMakeLists.txt after the last configure
@@ -120,13 +123,34 @@ configure_and_build() {
     done
     if [[ -n "$why" ]]; then
       say "reconfiguring $build_dir ($why)"
-      cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DMEMCUDA_CUDA="$cuda"
+      configure "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DMEMCUDA_CUDA="$cuda"
     fi
   fi
 
-  say "building $build_dir with $jobs jobs"
-  cmake --build "$build_dir" --parallel "$jobs"
+  if (($# > 0)); then
+    say "building $* in $build_dir with $jobs jobs"
+    cmake --build "$build_dir" --parallel "$jobs" --target "$@"
+  else
+    say "building $build_dir with $jobs jobs"
+    cmake --build "$build_dir" --parallel "$jobs"
+  fi
+}
+
+# configure BUILD_DIR ARGS...: runs CMake with its chatter in
+# BUILD_DIR/setup-configure.log; shows the log when it fails, else only
+# what the project itself reports (lines starting "-- memcuda").
+configure() {
+  local build_dir=$1 log
+  shift
+  mkdir -p "$build_dir"
+  log=$build_dir/setup-configure.log
+  if ! cmake -S . -B "$build_dir" "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    die "cmake failed to configure $build_dir (log: $log)"
+  fi
+  grep -E '^-- memcuda' "$log" || true
+  if grep -q '^CMake Warning' "$log"; then say "cmake printed warnings: see $log"; fi
 }
 
 install_packages
-configure_and_build
+configure_and_build "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, runs the whole test
-# suite and exits with CTest's status.
+# suite and exits with CTest's status. It builds into the same tree as
+# scripts/demo.sh (build/, Release), so what the demo built is not built again.
 #
 #   scripts/test.sh [extra ctest arguments, e.g. -R redis or -L packaging]
 #

@@ -1,10 +1,35 @@
-// CUDA runtime helpers: the error macro, a scoped device switch and device
-// identity by UUID. Compiles to nothing useful without the toolkit; callers
-// guard with MEMCUDA_HAS_CUDA().
+// CUDA runtime helpers: the two error tiers, a scoped device switch and
+// device identity by UUID. Compiles to nothing useful without the toolkit;
+// callers guard with MEMCUDA_HAS_CUDA().
+//
+// Error tiers (as RMM's RMM_CUDA_TRY / RMM_ASSERT_CUDA_SUCCESS_SAFE_SHUTDOWN
+// and CCCL's throwing and logging checks):
+//   MEMCUDA_CUDA_TRY(call)  throws CudaError: for every path that may throw.
+//   MEMCUDA_CUDA_LOG(call)  noexcept, logs a warning and goes on: for
+//                           destructors and other cleanup. It is silent when
+//                           the failure only says the process is exiting:
+//                           process-wide caches close their mappings during
+//                           static destruction, which can run after the CUDA
+//                           runtime has unloaded itself ("driver shutting
+//                           down"); nothing is leaked, the driver frees it all.
 #pragma once
+
+#include <atomic>
 
 #include "memcuda/config.hpp"
 #include "memcuda/error.hpp"
+
+namespace memcuda::detail {
+
+// Set by the destructors of process-wide caches (ProcessCache), which only
+// run once exit() has begun; read by MEMCUDA_CUDA_LOG. Constant-initialised,
+// so it is usable during static destruction too. Outside the CUDA guard:
+// those caches exist without CUDA.
+inline std::atomic<bool> process_exit_started{false};
+inline void note_process_exit() noexcept { process_exit_started.store(true, std::memory_order_relaxed); }
+inline bool process_exiting() noexcept { return process_exit_started.load(std::memory_order_relaxed); }
+
+}  // namespace memcuda::detail
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -16,6 +41,8 @@
 #include <source_location>
 #include <string>
 #include <vector>
+
+#include "memcuda/detail/log.hpp"
 
 namespace memcuda::detail {
 
@@ -43,6 +70,33 @@ namespace memcuda::detail {
 
 namespace memcuda::detail {
 
+// True for a status that only says the process is exiting: the runtime
+// has unloaded (cudaErrorCudartUnloading), or, once exit began, the context
+// was already torn down. Anywhere else a destroyed context is a real fault.
+inline bool cuda_exit_status(cudaError_t st) noexcept {
+  return st == cudaErrorCudartUnloading || (st == cudaErrorContextIsDestroyed && process_exiting());
+}
+
+// The logging tier: clears the error state and logs a warning with the API
+// name and call site, unless `st` is success or only says we are exiting.
+inline void log_cuda(cudaError_t st, const char* api,
+                     std::source_location where = std::source_location::current()) noexcept {
+  if (st == cudaSuccess) return;
+  cudaGetLastError();
+  if (cuda_exit_status(st)) return;
+  try {
+    log(LogLevel::warn, std::string(api) + " failed: " + cudaGetErrorName(st) + " (" + cudaGetErrorString(st) +
+                            ") at " + where.file_name() + ":" + std::to_string(where.line()));
+  } catch (...) {  // no memory for the message: nothing better to do
+  }
+}
+
+}  // namespace memcuda::detail
+
+#define MEMCUDA_CUDA_LOG(call) ::memcuda::detail::log_cuda((call), #call)
+
+namespace memcuda::detail {
+
 // Makes `device` current for a scope and restores the previous device.
 class DeviceGuard {
  public:
@@ -52,7 +106,7 @@ class DeviceGuard {
     else prev_ = -1;
   }
   ~DeviceGuard() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
+    if (prev_ >= 0) MEMCUDA_CUDA_LOG(cudaSetDevice(prev_));
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

@@ -56,7 +56,7 @@ class EventCache {
     imported_[handle] = {ev, lru_.begin()};
     if (imported_.size() > kMaxImports) {
       auto& old = lru_.back();
-      cudaEventDestroy(imported_[old].first);
+      MEMCUDA_CUDA_LOG(cudaEventDestroy(imported_[old].first));
       imported_.erase(old);
       lru_.pop_back();
     }
@@ -93,7 +93,7 @@ class ExportedEvent {
   }
   ~ExportedEvent() {
     EventCache::instance().remove_own(handle_);
-    cudaEventDestroy(ev_);
+    MEMCUDA_CUDA_LOG(cudaEventDestroy(ev_));
   }
   ExportedEvent(const ExportedEvent&) = delete;
   ExportedEvent& operator=(const ExportedEvent&) = delete;

@@ -27,6 +27,7 @@
 #include <unordered_set>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/cuda.hpp"  // note_process_exit
 
 namespace memcuda::detail {
 
@@ -53,6 +54,12 @@ class ProcessCache {
     static ProcessCache c;  // process-wide by design (see above)
     return c;
   }
+  // Runs only at exit (static destruction), before the members close the
+  // mappings they keep: CUDA may already be unloaded, and that is no error.
+  ~ProcessCache() { note_process_exit(); }
+  ProcessCache() = default;
+  ProcessCache(const ProcessCache&) = delete;
+  ProcessCache& operator=(const ProcessCache&) = delete;
 
   static std::string key(const std::string& owner, std::uint64_t alloc_id) {
     return owner + "#" + std::to_string(alloc_id);

@@ -24,15 +24,14 @@ class CudaMapping final : public Mapping {
     size_ = n;
     device_ = device;
   }
+  // May run during static destruction (mappings kept idle by ProcessCache),
+  // after the runtime unloaded: MEMCUDA_CUDA_LOG stays quiet then.
   ~CudaMapping() override {
     int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != device_) cudaSetDevice(device_);
-    if (cudaError_t st = cudaIpcCloseMemHandle(base_); st != cudaSuccess) {
-      cudaGetLastError();
-      log(LogLevel::warn, std::string("cudaIpcCloseMemHandle: ") + cudaGetErrorString(st));
-    }
-    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+    if (cudaGetDevice(&prev) != cudaSuccess) cudaGetLastError();
+    if (prev != device_) MEMCUDA_CUDA_LOG(cudaSetDevice(device_));
+    MEMCUDA_CUDA_LOG(cudaIpcCloseMemHandle(base_));
+    if (prev >= 0 && prev != device_) MEMCUDA_CUDA_LOG(cudaSetDevice(prev));
   }
 };
 
@@ -56,13 +55,10 @@ class CudaMallocResource final : public DeviceMemoryResource {
   }
   void do_deallocate(void* p, std::size_t, int device) noexcept override {
     int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != device) cudaSetDevice(device);
-    if (cudaError_t st = cudaFree(p); st != cudaSuccess) {
-      cudaGetLastError();
-      log(LogLevel::warn, std::string("cudaFree: ") + cudaGetErrorString(st));
-    }
-    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+    if (cudaGetDevice(&prev) != cudaSuccess) cudaGetLastError();
+    if (prev != device) MEMCUDA_CUDA_LOG(cudaSetDevice(device));
+    MEMCUDA_CUDA_LOG(cudaFree(p));
+    if (prev >= 0 && prev != device) MEMCUDA_CUDA_LOG(cudaSetDevice(prev));
   }
 };
 
@@ -100,7 +96,7 @@ class CudaBackend final : public Backend {
     MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaError_t st = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
     if (st == cudaSuccess) st = cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
+    MEMCUDA_CUDA_LOG(cudaStreamDestroy(s));
     if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
   }
 
