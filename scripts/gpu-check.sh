@@ -25,6 +25,14 @@ done
 redis-cli -s "$dir/r.sock" shutdown nosave >/dev/null 2>&1
 unset MEMCUDA_REDIS_URL
 
+# The newcomer's demo on the cuda path, from the bundle's programs (its own
+# private redis-server); a stray "warn:" line is a failure (issue 15).
+step "scripts/demo.sh (cuda, prebuilt programs)"
+MEMCUDA_DEMO_BIN=.gpu/bin scripts/demo.sh > "$out/demo.log" 2>&1; r=$?
+grep -E '^demo:|^\[|refcount|GPU memory' "$out/demo.log" | head -20
+if grep -q 'warn' "$out/demo.log"; then echo "demo printed a warning:"; grep 'warn' "$out/demo.log"; r=$((r | 1)); fi
+rc=$((rc | r))
+
 if [[ ${1:-} != --no-sanitizer ]] && command -v compute-sanitizer >/dev/null; then
   # API errors are not reported: one test provokes cudaErrorInvalidResourceHandle
   # on purpose (opening a handle whose exporter was killed must raise Lost).
