@@ -264,6 +264,17 @@ class Connection {
   // True for a moved-from connection.
   bool empty() const noexcept { return intr_ == nullptr; }
 
+  // True when the next user can trust this connection: a socket hiredis saw
+  // no error on, no command left half-done and no interrupt pending. Every
+  // ConnectionError, TimeoutError and Interrupted drops the socket, so after
+  // any of them this is false (ConnectionPool closes such a connection
+  // rather than lending it again). An error reply leaves it true.
+  bool reusable() const noexcept {
+    if (!intr_ || !ctx_ || ctx_->err || in_flight_) return false;
+    std::lock_guard lk(intr_->m);
+    return !intr_->pending;
+  }
+
   // Runs one command; error replies throw ReplyError (AuthError for NOAUTH/
   // WRONGPASS). A broken connection is re-established first (bounded by
   // Options::reconnect_timeout); a command that fails in flight is not
