@@ -13,9 +13,9 @@
 //   connection_pool.hpp  ConnectionPool, for callers on many threads
 //
 // Thread safety: a Connection is used by one thread at a time, except for
-// interrupt(), which any thread may call. mem-cuda gives every thread that
-// talks to Redis its own Connection (the control thread has its own, the
-// client API serialises on a mutex).
+// interrupt(), which any thread may call. Threads that share Redis access
+// take connections from a ConnectionPool (connection_pool.hpp) rather than
+// queue on one behind a mutex.
 //
 // hiredis 0.14 notes that shape this file:
 //  * hiredis writes with write(2): a write to a socket the peer reset raises
@@ -130,8 +130,9 @@ class Connection {
     return !intr_->pending;
   }
 
-  // Runs one command; error replies throw ReplyError (AuthError for NOAUTH/
-  // WRONGPASS). A broken connection is re-established first (bounded by
+  // Runs one command; error replies throw ReplyError with the server's
+  // prefix (AuthError for NOAUTH/WRONGPASS/NOPERM; see classify() in
+  // errors.hpp for the whole table). A broken connection is re-established first (bounded by
   // Options::reconnect_timeout); a command that fails in flight is not
   // retried, because it may have run. I/O failures throw TimeoutError
   // (no answer within command_timeout) or ConnectionError; either way the
