@@ -5,9 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -272,6 +277,48 @@ TEST_CASE("I/O failures keep hiredis's error code", "[redis][redis_errors]") {
       CHECK(contains(e.what(), "interrupted"));
     }
   }
+}
+
+TEST_CASE("bytes that are not RESP: ConnectionError REDIS_ERR_PROTOCOL", "[redis_errors]") {
+  // Not a Redis: a unix socket that answers the first command with bytes no
+  // RESP reply starts with, to see what hiredis's parser makes of them.
+  char dir[] = "/tmp/memcuda-garbage-XXXXXX";
+  REQUIRE(::mkdtemp(dir));
+  const std::string path = std::string(dir) + "/garbage.sock";
+  int lfd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  std::thread peer([lfd] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    char buf[256];
+    (void)::read(fd, buf, sizeof buf);  // the PING
+    const char junk[] = "?this is not RESP\r\n";
+    (void)::send(fd, junk, sizeof junk - 1, MSG_NOSIGNAL);
+    (void)::read(fd, buf, sizeof buf);  // until the client hangs up
+    ::close(fd);
+  });
+  redis::Options o;
+  o.transport = redis::Options::Transport::unix_socket;
+  o.path = path;
+  o.command_timeout = 2000ms;
+  {
+    redis::Connection c(o);
+    try {
+      c.command({"PING"});
+      FAIL("garbage accepted as a reply");
+    } catch (const ConnectionError& e) {
+      CHECK(e.redis_code() == REDIS_ERR_PROTOCOL);
+      CHECK(contains(e.what(), "protocol error"));
+    }
+    CHECK_FALSE(c.reusable());
+  }
+  peer.join();
+  ::close(lfd);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a Script still works after SCRIPT FLUSH from another connection", "[redis][redis_errors]") {
