@@ -6,6 +6,11 @@
 //    command's reply_to (decode_reply / encode_reply / make_error_reply);
 //  - record.hpp: tensor records, the fields of a tensor's Redis Hash
 //    (decode_record / encode_record);
+//  - inbox.hpp: messages on a registry's inbox List and migrate answers
+//    (decode_inbox / encode_inbox / decode_migrate_answer / encode_migrate_answer);
+//  - session.hpp: the value of `memcuda:session:<id>` (decode_session / encode_session);
+//  - pool_stats.hpp: the leader's pools under `memcuda:pool_stats`
+//    (decode_pool_stats / encode_pool_stats);
 //  - json_util.hpp and limits.hpp: the strict parsing and limits they share.
 //
 // Decoders face untrusted bytes: they are strict, bounded (size and nesting)
@@ -20,7 +25,10 @@
 #pragma once
 
 #include "memcuda/protocol/command.hpp"
+#include "memcuda/protocol/inbox.hpp"
 #include "memcuda/protocol/json_util.hpp"
 #include "memcuda/protocol/limits.hpp"
+#include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/protocol/record.hpp"
 #include "memcuda/protocol/reply.hpp"
+#include "memcuda/protocol/session.hpp"
