@@ -38,6 +38,8 @@ inline constexpr std::size_t kMaxHolderBytes = 255;
 inline constexpr std::size_t kMaxDeviceUuidBytes = 128;
 inline constexpr int kMaxDevice = 1023;
 inline constexpr std::int64_t kMaxPid = std::numeric_limits<std::int32_t>::max();
+// Longest CUDA API name an error reply carries (make_error_reply cuts).
+inline constexpr std::size_t kMaxCudaApiBytes = 128;
 // make_error_reply cuts longer messages so that a reply always fits.
 inline constexpr std::size_t kMaxErrorMessageBytes = 4096;
 

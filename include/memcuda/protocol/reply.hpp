@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,9 +20,15 @@
 
 namespace memcuda::protocol {
 
+// The reply's "error" object (docs/protocol.md, "The error object"). The
+// optional members default to nullopt so that {code, message} still
+// initializes one.
 struct ReplyErrorInfo {
   std::string code;     // memcuda::Error::code() of the failure, e.g. "not_found"
   std::string message;  // human-readable; for protocol errors starts with the ProtocolErrc
+  std::optional<ProtocolErrc> errc = std::nullopt;     // wire "errc": a ProtocolError's reason
+  std::optional<int> cuda_status = std::nullopt;       // a CudaError's status()
+  std::optional<std::string> cuda_api = std::nullopt;  // a CudaError's api()
 
   friend bool operator==(const ReplyErrorInfo&, const ReplyErrorInfo&) = default;
 };
@@ -77,6 +84,16 @@ inline Reply decode_reply(std::string_view text) {
         detail::get_string(detail::require(*eo, "code", "field \"error\""), "error.code"));
     info.message = std::string(
         detail::get_string(detail::require(*eo, "message", "field \"error\""), "error.message"));
+    // An errc this process does not know (a newer sender's) is left out:
+    // throw_reply_error then falls back to the message's prefix.
+    if (const json::value* v = detail::find(*eo, "errc"))
+      info.errc = protocol_errc_from_string(detail::get_string(*v, "error.errc"));
+    if (const json::value* v = detail::find(*eo, "cuda_status"))
+      info.cuda_status = static_cast<int>(detail::get_int(*v, "error.cuda_status",
+                                                          std::numeric_limits<std::int32_t>::min(),
+                                                          std::numeric_limits<std::int32_t>::max()));
+    if (const json::value* v = detail::find(*eo, "cuda_api"))
+      info.cuda_api = detail::get_bounded_text(*v, "error.cuda_api", kMaxCudaApiBytes);
     r.error = std::move(info);
   }
   return r;
@@ -100,6 +117,9 @@ inline std::string encode_reply(const Reply& r) {
     json::object e;
     e["code"] = sv(r.error->code);
     e["message"] = sv(r.error->message);
+    if (r.error->errc) e["errc"] = json::string_view(memcuda::to_string(*r.error->errc));
+    if (r.error->cuda_status) e["cuda_status"] = *r.error->cuda_status;
+    if (r.error->cuda_api) e["cuda_api"] = sv(*r.error->cuda_api);
     o["error"] = std::move(e);
   }
   std::string out = json::serialize(o);
@@ -120,8 +140,19 @@ inline Reply make_error_reply(const Command* cmd, const std::exception& e) {
   std::string message = e.what();
   if (const auto* me = dynamic_cast<const memcuda::Error*>(&e)) {
     info.code = me->code();
-    if (const auto* pe = dynamic_cast<const ProtocolError*>(&e))
+    // The prefix stays for receivers older than the "errc" field.
+    if (const auto* pe = dynamic_cast<const ProtocolError*>(&e)) {
       message = std::string(memcuda::to_string(pe->errc())) + ": " + message;
+      info.errc = pe->errc();
+    }
+    if (const auto* ce = dynamic_cast<const CudaError*>(&e)) {
+      info.cuda_status = ce->status();
+      std::string api = ce->api().substr(0, kMaxCudaApiBytes);
+      for (char& c : api)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+      api = detail::sanitize_utf8(api);
+      if (!api.empty()) info.cuda_api = std::move(api);
+    }
   } else {
     info.code = "internal";
   }
@@ -144,6 +175,14 @@ inline Reply make_error_reply(const Command* cmd, const std::exception& e) {
     r.name = detail::sanitize_utf8(cmd->name);
   }
   return r;
+}
+
+// Re-throws the error of a failed reply as exactly the memcuda::Error class
+// that the allocator of record threw (throw_for_code), with its ProtocolErrc
+// or CUDA status and API when the reply carries them. What a process that
+// sent a command calls on `ok == false`.
+[[noreturn]] inline void throw_reply_error(const ReplyErrorInfo& e) {
+  throw_for_code(e.code, e.message, WireErrorDetail{e.errc, e.cuda_status, e.cuda_api});
 }
 
 }  // namespace memcuda::protocol
