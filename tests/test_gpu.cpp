@@ -17,7 +17,7 @@ using namespace memcuda;
 using namespace std::chrono_literals;
 
 namespace {
-RegistryOptions cuda_opts(const test::RedisServer& srv, bool control = true) {
+[[maybe_unused]] RegistryOptions cuda_opts(const test::RedisServer& srv, bool control = true) {
   RegistryOptions o;
   o.redis = srv.options();
   o.control_thread = control;

@@ -43,7 +43,9 @@ RegistryOptions host_opts(const test::RedisServer& srv, bool control) {
   RegistryOptions o;
   o.redis = srv.options();
   o.control_thread = control;
-  o.lease_ttl = 2s;
+  // Long enough that a starved control thread (TSan, two busy cores) never
+  // loses the lease mid-test: a leader change is not what this test is about.
+  o.lease_ttl = 10s;
   // Generous: under TSan on two shared cores the leader's single control
   // thread serves eight followers' requests one after another.
   o.request_timeout = 60s;
