@@ -17,6 +17,7 @@
 
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/skip.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -62,10 +63,8 @@ struct TempDir {
 
 TEST_CASE("memcuda_bench --quick runs on the host backend and writes its JSON", "[bench][redis]") {
   auto exe = find_memcuda_bench();
-  if (!exe) {
-    WARN("SKIPPED: memcuda_bench not found next to the tests or in ../benchmarks (MEMCUDA_BUILD_BENCHMARKS=OFF?)");
-    return;
-  }
+  if (!exe)
+    MEMCUDA_SKIP("memcuda_bench not found next to the tests or in ../benchmarks (built with MEMCUDA_BUILD_BENCHMARKS=OFF?)");
   test::RedisServer srv;
   TempDir tmp;
   const fs::path json_path = tmp.path / "bench.json";

@@ -3,12 +3,17 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "memcuda/dlpack.hpp"
 #include "memcuda/memcuda.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/skip.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -45,17 +50,34 @@ TEST_CASE("to_dlpack describes the tensor and its deleter releases the reference
 }
 
 #if MEMCUDA_HAS_CUDA()
-TEST_CASE("cuda: PyTorch imports a shared tensor through DLPack", "[gpu]") {
+namespace {
+// tests/dlpack_check.py: MEMCUDA_TEST_DLPACK_SCRIPT, else relative to the
+// working directory (the repository root), else in the source tree this
+// binary was built from (CTest runs in the build tree).
+std::string find_dlpack_script() {
+  if (const char* e = std::getenv("MEMCUDA_TEST_DLPACK_SCRIPT"); e && *e) return e;
+  if (::access("tests/dlpack_check.py", R_OK) == 0) return "tests/dlpack_check.py";
+#ifdef MEMCUDA_TEST_SOURCE_DIR
+  const std::string in_src = std::string(MEMCUDA_TEST_SOURCE_DIR) + "/dlpack_check.py";
+  if (::access(in_src.c_str(), R_OK) == 0) return in_src;
+#endif
+  return {};
+}
+}  // namespace
+
+// Tagged [torch]: it runs as its own CTest entry (gpu_torch_tests), which
+// reports itself skipped where python3 with a CUDA-enabled torch is missing.
+TEST_CASE("cuda: PyTorch imports a shared tensor through DLPack", "[gpu][torch]") {
   MEMCUDA_REQUIRE_GPU();
-  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    WARN("SKIPPED: python3 with torch is not available here");
-    return;
+  const int torch = std::system(
+      "python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)' >/dev/null 2>&1");
+  if (torch != 0) {
+    if (WIFEXITED(torch) && WEXITSTATUS(torch) == 3) MEMCUDA_SKIP("torch is installed but sees no CUDA device");
+    MEMCUDA_SKIP("needs python3 with torch (python3 -c 'import torch' failed)");
   }
-  const char* script = "tests/dlpack_check.py";
-  if (::access(script, R_OK) != 0) {
-    WARN("SKIPPED: run from the repository root to find " << script);
-    return;
-  }
+  const std::string script = find_dlpack_script();
+  if (script.empty())
+    MEMCUDA_SKIP("tests/dlpack_check.py not found (run from the repository root or set MEMCUDA_TEST_DLPACK_SCRIPT)");
   test::RedisServer srv;
   RegistryOptions o;
   o.redis = srv.options();

@@ -1,19 +1,23 @@
 // CUDA backend tests. Tagged [gpu]: skipped with a visible reason where no
-// CUDA device is usable (CTest reports the group as skipped).
+// CUDA device is usable (CTest reports the group as skipped); [multi-gpu]
+// cases need two devices and run as their own group (gpu_multi_tests).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "memcuda/memcuda.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/skip.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
 
 namespace {
-RegistryOptions cuda_opts(const test::RedisServer& srv, bool control = true) {
+[[maybe_unused]] RegistryOptions cuda_opts(const test::RedisServer& srv, bool control = true) {
   RegistryOptions o;
   o.redis = srv.options();
   o.control_thread = control;
@@ -98,27 +102,88 @@ TEST_CASE("cuda: a tensor whose exporter was killed cannot be opened anew: Lost"
   CHECK(reg.info("orphaned").refcount == 1);  // the failed get gave its reference back
 }
 
-TEST_CASE("cuda: local tensors are stream-ordered", "[gpu]") {
-  MEMCUDA_REQUIRE_GPU();
-  cudaStream_t s{};
-  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
-  {
-    LocalOptions o;
-    o.stream = s;
-    LocalTensor<float> a({1024}, o);
-    REQUIRE(a.data() != nullptr);
-    REQUIRE(cudaMemsetAsync(a.data(), 0, a.bytes(), s) == cudaSuccess);
-    std::vector<float> h(1024, 1.f);
-    REQUIRE(cudaMemcpyAsync(h.data(), a.data(), a.bytes(), cudaMemcpyDeviceToHost, s) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-    CHECK(h[1023] == 0.f);
-  }  // freed on s
-  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-  cudaStreamDestroy(s);
-}
-
 #if defined(MEMCUDA_TEST_KERNELS)
 extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
+
+namespace {
+std::uint64_t pool_used_bytes(cudaMemPool_t pool) {
+  std::uint64_t used = 0;
+  REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess);
+  return used;
+}
+bool all_equal(const std::vector<float>& v, float x) {
+  for (float e : v)
+    if (e != x) return false;
+  return true;
+}
+}  // namespace
+
+// LocalTensor promises stream-ordered allocation and free (cudaMallocAsync /
+// cudaFreeAsync). Each check below fails for an allocator that does not keep
+// that promise:
+//  - plain cudaMalloc/cudaFree: the memory is not from the stream-ordered pool
+//    (its used bytes do not move) and cudaFree blocks until the slow kernel
+//    that still writes the tensor has finished (the stream is idle after it);
+//  - a pool that hands a freed block to the next allocation at once, without
+//    ordering it after the work still using it: the slow kernel's late
+//    writes land in the new tensor, which then no longer holds what was
+//    written to it.
+TEST_CASE("cuda: local tensors are stream-ordered: the free does not wait, the reuse does not race", "[gpu]") {
+  MEMCUDA_REQUIRE_GPU();
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaStream_t s{}, s2{};
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
+  cudaMemPool_t pool{};
+  REQUIRE(cudaDeviceGetMemPool(&pool, 0) == cudaSuccess);
+  const std::size_t n = 1 << 20;
+  const unsigned spin_ms = 1500;
+  LocalOptions on_s, on_s2;
+  on_s.stream = s;
+  on_s2.stream = s2;
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::uint64_t used0 = pool_used_bytes(pool);
+
+  LocalTensor<float> a({static_cast<std::int64_t>(n)}, on_s);
+  REQUIRE(a.data() != nullptr);
+  const void* a_ptr = a.data();
+  const std::uint64_t bytes = a.bytes();
+  CHECK(pool_used_bytes(pool) >= used0 + bytes);  // from the stream-ordered pool, not cudaMalloc
+  // The kernel spins, then writes 2.0 everywhere: a tensor freed while it
+  // runs is still being written.
+  REQUIRE(memcuda_test_slow_fill(a.data(), n, 2.f, spin_ms, s) == cudaSuccess);
+  const auto t0 = std::chrono::steady_clock::now();
+  a.reset();  // enqueued on s behind the kernel
+  const auto free_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(cudaStreamQuery(s) == cudaErrorNotReady);  // the kernel still runs: the free did not wait for it
+  cudaGetLastError();                               // "not ready" is a status, keep it out of later checks
+  CHECK(free_ms < spin_ms / 3);
+
+  // A new tensor on another stream while the old block's free is pending.
+  // The pool may give it the same block only after making s2 wait for s.
+  LocalTensor<float> b({static_cast<std::int64_t>(n)}, on_s2);
+  REQUIRE(b.data() != nullptr);
+  INFO("new tensor reuses the freed block: " << (static_cast<const void*>(b.data()) == a_ptr));
+  REQUIRE(cudaMemsetAsync(b.data(), 0, b.bytes(), s2) == cudaSuccess);
+  std::vector<float> h1(n, -1.f), h2(n, -1.f);
+  REQUIRE(cudaMemcpyAsync(h1.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost, s2) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
+  CHECK(all_equal(h1, 0.f));
+  // Let the slow kernel finish: had b been handed a's block without
+  // ordering, its late writes of 2.0 are now in b.
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(h2.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost, s2) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
+  CHECK(all_equal(h2, 0.f));
+
+  // And on one stream, freed memory goes back to the pool in stream order.
+  b.reset();
+  REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
+  CHECK(pool_used_bytes(pool) == used0);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(s2);
+}
 
 TEST_CASE("cuda: a consumer's stream waits for the producer's published event", "[gpu]") {
   MEMCUDA_REQUIRE_GPU();
@@ -143,6 +208,10 @@ TEST_CASE("cuda: a consumer's stream waits for the producer's published event", 
   CHECK(w.ask("getsum ordered", 30s) == "OK sum=" + std::to_string(2 * n));
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   cudaStreamDestroy(s);
+}
+#else
+TEST_CASE("cuda: the stream-ordering tests (local tensors, published events)", "[gpu]") {
+  MEMCUDA_SKIP("needs the test kernels (tests/kernels.cu): this build had no CUDA compiler");
 }
 #endif
 
@@ -178,7 +247,7 @@ TEST_CASE("cuda: a budget caps the device memory the pool takes", "[gpu]") {
   CHECK(reg.list().size() == 2);
 }
 
-TEST_CASE("cuda: a tensor on the second GPU is read by a kernel on the first (peer access)", "[gpu]") {
+TEST_CASE("cuda: a tensor on the second GPU is read by a kernel on the first (peer access)", "[gpu][multi-gpu]") {
   MEMCUDA_REQUIRE_GPUS(2);
   test::RedisServer srv;
   TensorRegistry reg(cuda_opts(srv));

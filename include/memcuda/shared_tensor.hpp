@@ -115,6 +115,8 @@ class SharedTensor {
   // The record as it was when this handle was opened.
   const TensorInfo& info() const { return h().info(); }
 
+  // A SharedTensor<const T> (from get<const T>) is a read-only view: data()
+  // returns const T* and copy_from_host does not exist for it.
   T* data() const noexcept { return h_ ? static_cast<T*>(h_->data()) : nullptr; }
 
   // False once the name was removed (or removed and created again), or its
@@ -175,7 +177,10 @@ class SharedTensor {
   // element `offset`. Synchronous: the bytes are in place (visible to other
   // processes) when the call returns; on cuda they are ordered on the legacy
   // default stream. Throws InvalidArgument when the range does not fit.
-  void copy_from_host(std::span<const value_type> src, std::uint64_t offset = 0) const {
+  // Not available on SharedTensor<const T>: a read-only view cannot write.
+  void copy_from_host(std::span<const value_type> src, std::uint64_t offset = 0) const
+    requires(!std::is_const_v<T>)
+  {
     auto [dst, n] = range(offset, src.size());
     copy(dst, src.data(), n, true);
   }

@@ -1,8 +1,12 @@
-// GPU presence for tests: [gpu] cases call MEMCUDA_REQUIRE_GPU() first, which
-// ends the case with a visible warning where no CUDA device is usable.
+// GPU presence for tests: [gpu] cases call MEMCUDA_REQUIRE_GPU() (or
+// MEMCUDA_REQUIRE_GPUS(n)) first, which ends the case as skipped, with the
+// reason, where the GPUs it needs are not usable (support/skip.hpp: CTest
+// then reports it as skipped, not passed).
 #pragma once
 
 #include <string>
+
+#include "support/skip.hpp"
 
 #include "memcuda/config.hpp"
 #if MEMCUDA_HAS_CUDA()
@@ -46,18 +50,15 @@ inline int gpu_count() {
 #define MEMCUDA_REQUIRE_GPU()                                      \
   do {                                                             \
     std::string memcuda_why_;                                      \
-    if (!::memcuda::test::gpu_available(&memcuda_why_)) {          \
-      WARN("SKIPPED (no GPU): " << memcuda_why_);                  \
-      return;                                                      \
-    }                                                              \
+    if (!::memcuda::test::gpu_available(&memcuda_why_))            \
+      MEMCUDA_SKIP("needs a CUDA device: " << memcuda_why_);       \
   } while (0)
 
-#define MEMCUDA_REQUIRE_GPUS(n)                                    \
-  do {                                                             \
-    MEMCUDA_REQUIRE_GPU();                                         \
-    if (::memcuda::test::gpu_count() < (n)) {                      \
-      WARN("SKIPPED: needs " << (n) << " GPUs, have "              \
-           << ::memcuda::test::gpu_count());                       \
-      return;                                                      \
-    }                                                              \
+// Tag such cases [multi-gpu] too: they run as their own CTest entry.
+#define MEMCUDA_REQUIRE_GPUS(n)                                            \
+  do {                                                                     \
+    MEMCUDA_REQUIRE_GPU();                                                 \
+    if (::memcuda::test::gpu_count() < (n))                                \
+      MEMCUDA_SKIP("needs " << (n) << " GPUs, this host has "              \
+                   << ::memcuda::test::gpu_count());                       \
   } while (0)
