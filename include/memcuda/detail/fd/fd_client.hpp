@@ -162,6 +162,9 @@ inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chro
   }
   fdwire::Received msg;
   ssize_t got = fdwire::recv_message(sock.get(), fdwire::kMaxReply, &msg);
+  if (got < 0 && errno == ECONNRESET)
+    fail(FdErrc::no_server, ctx + ": the server reset the connection without an answer "
+                                  "(it crashed or is exiting?)", errno);
   if (got < 0) fail(FdErrc::system, ctx + ": recvmsg failed: " + std::strerror(errno), errno);
   if (got == 0)
     fail(FdErrc::no_server, ctx + ": the server closed the connection without an answer "

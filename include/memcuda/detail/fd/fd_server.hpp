@@ -21,8 +21,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "memcuda/detail/fd/fd_error.hpp"
@@ -70,11 +72,6 @@ class FdServer {
     // The spare fd lets an exhausted server still accept and tell the peer
     // why, instead of leaving it in the backlog, where poll() keeps waking.
     spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    struct stat st{};
-    if (::stat("/proc/self/ns/pid", &st) == 0) {
-      own_ns_dev_ = st.st_dev;
-      own_ns_ino_ = st.st_ino;
-    }
   }
   ~FdServer() {
     if (!opt_.address.empty() && opt_.address[0] != '@') ::unlink(opt_.address.c_str());
@@ -140,9 +137,7 @@ class FdServer {
       if (is_fd_exhaustion(err)) return answer_exhausted(err);
       return ServeResult::idle;  // EAGAIN (the peer gave up), ECONNABORTED, ...
     }
-    ServeResult r = handle(conn.get());
-    (r == ServeResult::served ? served_ : refused_).fetch_add(1);
-    return r;
+    return handle(conn.get());
   }
 
   // Counters for tests and stats.
@@ -164,13 +159,19 @@ class FdServer {
     throw FdTransferError(FdErrc::system, what + " failed: " + std::strerror(err) + hint, err);
   }
 
-  void note(const std::string& why) {
-    std::lock_guard lk(mu_);
-    last_error_ = why;
+  // Records a refusal. Counted before any answer goes out, so a peer that
+  // has its answer can rely on the counters (the tests do).
+  ServeResult refuse(const std::string& why) {
+    {
+      std::lock_guard lk(mu_);
+      last_error_ = why;
+    }
+    refused_.fetch_add(1);
+    return ServeResult::refused;
   }
 
   ServeResult reply_error(int conn, fdwire::Status st, std::uint64_t id, const std::string& why) {
-    note(why);
+    refuse(why);
     fdwire::send_message(conn, fdwire::encode_reply({st, id, why}));
     return ServeResult::refused;
   }
@@ -194,37 +195,65 @@ class FdServer {
       return "peer is in a pid namespace this fd server (pid " + std::to_string(::getpid()) +
              ") cannot see (another container?): run both processes in one pid namespace "
              "(docker run --pid=host or --pid=container:<id>)";
-    if (own_ns_ino_ == 0)
-      return "this fd server cannot read its own pid namespace (/proc/self/ns/pid); mount /proc";
-    struct stat st{};
-    std::string path = "/proc/" + std::to_string(cr.pid) + "/ns/pid";
-    if (::stat(path.c_str(), &st) != 0)
-      return "cannot verify the pid namespace of peer pid " + std::to_string(cr.pid) + " (" + path +
-             ": " + std::strerror(errno) + "); mount /proc or run both processes in one container";
-    if (st.st_dev != own_ns_dev_ || st.st_ino != own_ns_ino_)
+    int mine = pid_ns_depth(::getpid()), theirs = pid_ns_depth(cr.pid);
+    if (mine < 0 || theirs < 0)
+      return "cannot verify the pid namespace of peer pid " + std::to_string(cr.pid) +
+             " (/proc/<pid>/status has no NSpid line); mount /proc (Linux >= 4.1)";
+    if (theirs != mine)
       return "peer pid " + std::to_string(cr.pid) +
              " is in another pid namespace than this fd server (pid " + std::to_string(::getpid()) +
-             "): run both processes in one pid namespace";
+             "; a nested container or unshare --pid): run both processes in one pid namespace";
     return {};
   }
 
-  ServeResult handle(int conn) {
-    if (std::string why = check_peer(conn); !why.empty())
-      return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
+  // How deep a process's pid namespace is: the number of pids on the NSpid
+  // line of /proc/<pid>/status (-1 if unreadable). A peer we can see at all
+  // is in our pid namespace or one nested in it, so the same depth means the
+  // same namespace. The status file is world-readable, unlike
+  // /proc/<pid>/ns/pid, which needs ptrace read rights over the peer (a
+  // server of an ordinary user could not check a root peer).
+  static int pid_ns_depth(pid_t pid) {
+    std::string path = "/proc/" + std::to_string(pid) + "/status";
+    UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f) return -1;
+    char buf[4096];
+    ssize_t n = ::read(f.get(), buf, sizeof buf - 1);
+    if (n <= 0) return -1;
+    std::string_view text(buf, static_cast<std::size_t>(n));
+    auto at = text.find("\nNSpid:");
+    if (at == std::string_view::npos) return -1;
+    auto end = text.find('\n', at + 1);
+    if (end == std::string_view::npos) return -1;  // cut by the buffer: not expected
+    int depth = 0;
+    bool in_word = false;
+    for (char c : text.substr(at + 7, end - at - 7)) {
+      bool digit = c >= '0' && c <= '9';
+      if (digit && !in_word) ++depth;
+      in_word = digit;
+    }
+    return depth;
+  }
+
+  // Waits up to io_timeout for the peer's one message. Every answer, a
+  // refusal included, is sent only after the request was read: closing a
+  // unix socket with unread data resets the peer's side (ECONNRESET), and
+  // the peer would lose our answer with it.
+  ssize_t read_request(int conn, fdwire::Received* msg) {
     pollfd p{conn, POLLIN, 0};
     int n;
     do n = ::poll(&p, 1, static_cast<int>(opt_.io_timeout.count()));
     while (n < 0 && errno == EINTR);
-    if (n <= 0) {
-      note("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms");
-      return ServeResult::refused;
-    }
+    if (n <= 0) return -1;
+    return fdwire::recv_message(conn, fdwire::kRequestSize + 16, msg);
+  }
+
+  ServeResult handle(int conn) {
     fdwire::Received msg;
-    ssize_t got = fdwire::recv_message(conn, fdwire::kRequestSize + 16, &msg);
-    if (got <= 0) {
-      note("peer closed the connection without a request");
-      return ServeResult::refused;
-    }
+    ssize_t got = read_request(conn, &msg);
+    if (got < 0) return refuse("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms");
+    if (got == 0) return refuse("peer closed the connection without a request");
+    if (std::string why = check_peer(conn); !why.empty())
+      return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
     if (msg.fd) return reply_error(conn, fdwire::Status::bad_request, 0, "requests must not carry fds");
     if (msg.truncated)
       return reply_error(conn, fdwire::Status::bad_request, 0,
@@ -254,9 +283,11 @@ class FdServer {
                          is_fd_exhaustion(dup_errno)
                              ? fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") dup", dup_errno)
                              : std::string("fd server: dup failed: ") + std::strerror(dup_errno));
+    served_.fetch_add(1);
     if (fdwire::send_message(conn, fdwire::encode_reply({fdwire::Status::ok, req.id, {}}), copy.get()) < 0) {
-      note(std::string("sending the fd failed: ") + std::strerror(errno));
-      return ServeResult::refused;
+      int err = errno;
+      served_.fetch_sub(1);
+      return refuse(std::string("sending the fd failed: ") + std::strerror(err));
     }
     return ServeResult::served;
   }
@@ -265,20 +296,21 @@ class FdServer {
   // server is exhausted, and keep the spare for next time.
   ServeResult answer_exhausted(int err) {
     std::string why = fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") accept", err);
-    note(why);
+    refuse(why);
     spare_.reset();
     UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (conn) fdwire::send_message(conn.get(), fdwire::encode_reply({fdwire::Status::server_error, 0, why}));
+    if (conn) {
+      fdwire::Received msg;
+      read_request(conn.get(), &msg);  // an fd it carried is closed with msg
+      fdwire::send_message(conn.get(), fdwire::encode_reply({fdwire::Status::server_error, 0, why}));
+    }
     conn.reset();
     spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    refused_.fetch_add(1);
     return ServeResult::refused;
   }
 
   FdServerOptions opt_;
   UniqueFd listen_, wake_, spare_;
-  dev_t own_ns_dev_ = 0;
-  ino_t own_ns_ino_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> served_{0}, refused_{0};
   mutable std::mutex mu_;  // guards fds_ and last_error_; never held across a wait
