@@ -298,6 +298,23 @@ TEST_CASE("running out of fds while fetching is a clear, typed error", "[fd]") {
     CHECK(r.starts_with("err exhausted "));
     CHECK_THAT(r, Catch::Contains("EMFILE") && Catch::Contains("LimitNOFILE"));
   }
+  SECTION("the server itself out of fds answers so, and goes on answering") {
+    Child full = peer();
+    std::string full_addr = unique_address("full-server");
+    REQUIRE(full.ask("serve " + full_addr).starts_with("ok "));
+    REQUIRE(full.ask("memfd 4 never-sent").starts_with("ok "));
+    REQUIRE(full.ask("limit 0").starts_with("ok "));  // its next accept() fails with EMFILE
+    for (int i = 0; i < 2; ++i) {  // the spare fd is taken back after each answer
+      try {
+        fetch_fd(full_addr, 4, 2s);
+        FAIL("an exhausted server sent an fd");
+      } catch (const FdTransferError& e) {
+        CHECK(e.reason() == FdErrc::refused);
+        CHECK_THAT(e.what(), Catch::Contains("accept") && Catch::Contains("out of file descriptors"));
+      }
+    }
+    CHECK(full.ask("stats") == "ok 0 2 0");
+  }
   CHECK(owner.ask("read 3") == "ok unreachable");  // the owner is unharmed
 }
 
