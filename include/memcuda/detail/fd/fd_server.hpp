@@ -18,10 +18,12 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -64,6 +66,9 @@ class FdServer {
     socklen_t len = fdwire::make_address(opt_.address, &sa);
     listen_ = fdwire::make_socket();
     if (!listen_) fail("socket()", errno);
+    // Non-blocking: a peer that gives up between poll() and accept() must not
+    // leave the owner's thread blocked in accept().
+    ::fcntl(listen_.get(), F_SETFL, ::fcntl(listen_.get(), F_GETFL) | O_NONBLOCK);
     if (opt_.address[0] != '@') ::unlink(opt_.address.c_str());  // a dead owner's leftover
     if (::bind(listen_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) fail("bind", errno);
     if (::listen(listen_.get(), opt_.backlog) != 0) fail("listen", errno);
@@ -122,7 +127,8 @@ class FdServer {
   ServeResult serve_once(std::chrono::milliseconds timeout) {
     if (stopping_.load()) return ServeResult::stopped;
     pollfd p[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    int n = ::poll(p, 2, static_cast<int>(timeout.count()));
+    auto ms = std::clamp<std::int64_t>(timeout.count(), 0, std::numeric_limits<int>::max());
+    int n = ::poll(p, 2, static_cast<int>(ms));
     if (n < 0 && errno != EINTR) fail("poll", errno);
     if (p[1].revents) {
       std::uint64_t v;
