@@ -1,0 +1,247 @@
+// fetch_fd: obtain another process's fd for an allocation (docs/fd-transfer.md).
+//
+// Two paths. The default one asks the owner's FdServer over a unix socket and
+// receives the fd by SCM_RIGHTS: it needs no privilege, so it works in
+// Docker's default seccomp profile and under Yama ptrace_scope=1. The fast
+// path, pidfd_open + pidfd_getfd (Linux >= 5.6), copies the fd straight out
+// of the owner without waking its thread, but needs ptrace rights over the
+// owner (PTRACE_MODE_ATTACH_REALCREDS); where they are missing it fails with
+// EPERM/EACCES (or ENOSYS under seccomp / old kernels). The first such
+// failure turns the fast path off for the rest of the process, so each fetch
+// does not pay a failing syscall.
+#pragma once
+
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "memcuda/detail/fd/fd_error.hpp"
+#include "memcuda/detail/fd/fd_limit.hpp"
+#include "memcuda/detail/fd/fd_wire.hpp"
+#include "memcuda/detail/fd/unique_fd.hpp"
+
+// Old libc headers lack the numbers; they are the same on every architecture
+// but alpha (which mem-cuda does not target).
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+namespace memcuda::detail {
+
+// Which file an fd refers to. Checked after pidfd_getfd, which addresses the
+// owner's fd by number: a record that outlived its fd (the number reused for
+// another file, or the pid for another process) must not yield the wrong
+// file silently. Note: files made by anon_inode_getfd() share one inode, so
+// for those the check only catches a number reused by an ordinary file; the
+// cuMem backend checks the allocation's size after import as well.
+struct FdIdentity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FdIdentity&) const = default;
+};
+
+inline FdIdentity fd_identity(int fd) noexcept {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return {};
+  return {st.st_dev, st.st_ino};
+}
+
+// Where an allocation's fd can be had: what the owner publishes in its record.
+struct FdSource {
+  std::string address;  // the owner's FdServer ("@name" or a path)
+  pid_t pid = 0;        // the owner's pid; 0 disables the fast path
+  int remote_fd = -1;   // the fd's number in the owner
+  FdIdentity identity;  // fd_identity() of it in the owner; {} disables the fast path
+};
+
+enum class FdPath {
+  automatic,    // pidfd_getfd where permitted, else the socket
+  socket_only,  // always the socket (SCM_RIGHTS)
+  pidfd_only,   // only pidfd_getfd; fails with pidfd_failed instead of falling back
+};
+
+struct FetchOptions {
+  std::chrono::milliseconds timeout{2000};  // whole fetch, connect included
+  FdPath path = FdPath::automatic;
+};
+
+struct Fetched {
+  UniqueFd fd;
+  bool via_pidfd = false;
+};
+
+namespace fdclient {
+
+// errno of the first permission-type pidfd failure in this process, 0 while
+// the fast path is on.
+inline std::atomic<int>& pidfd_disabled_errno() {
+  static std::atomic<int> e{0};
+  return e;
+}
+
+[[noreturn]] inline void fail(FdErrc why, const std::string& what, int err = 0) {
+  throw FdTransferError(why, what, err);
+}
+
+// pidfd_open + pidfd_getfd. Returns an empty fd (and sets *err) on failure.
+inline UniqueFd try_pidfd(const FdSource& src, int* err) {
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, src.pid, 0)));
+  if (!pidfd) {
+    *err = errno;
+    return {};
+  }
+  // pidfd_getfd always sets close-on-exec on the new fd.
+  UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), src.remote_fd, 0)));
+  if (!fd) *err = errno;
+  return fd;
+}
+
+inline std::string where(std::string_view address, std::uint64_t id) {
+  return "fetching the fd of allocation " + std::to_string(id) + " from the fd server at '" +
+         std::string(address) + "'";
+}
+
+inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string ctx = where(address, id);
+  sockaddr_un sa;
+  socklen_t len = fdwire::make_address(address, &sa);
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!sock) {
+    if (is_fd_exhaustion(errno)) throw_fd_exhausted(ctx + ": socket()", errno);
+    fail(FdErrc::system, ctx + ": socket() failed: " + std::strerror(errno), errno);
+  }
+  // A non-blocking unix connect fails with EAGAIN while the server's backlog
+  // is full: retry until the deadline rather than block the caller.
+  while (::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    int e = errno;
+    if (e == EINTR) continue;
+    if (e == EAGAIN && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (e == ECONNREFUSED || e == ENOENT)
+      fail(FdErrc::no_server, ctx + ": no server listens there (" + std::strerror(e) +
+                                  "); its owner has exited or serves no fds. Check that the owner "
+                                  "process is alive and that both run in one network namespace "
+                                  "(abstract sockets are per network namespace)", e);
+    if (e == EACCES || e == EPERM)
+      fail(FdErrc::permission, ctx + ": permission denied on the socket path; run both processes "
+                                     "as the same user", e);
+    if (e == EAGAIN) fail(FdErrc::timeout, ctx + ": the server's backlog stayed full for " +
+                                               std::to_string(timeout.count()) + " ms", e);
+    fail(FdErrc::system, ctx + ": connect failed: " + std::strerror(e), e);
+  }
+  // A server that refuses us may answer and close before reading: our send
+  // then fails (EPIPE), but its answer is still queued for us to read.
+  if (fdwire::send_message(sock.get(), fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, id})) < 0 &&
+      errno != EPIPE && errno != ECONNRESET)
+    fail(FdErrc::system, ctx + ": send failed: " + std::strerror(errno), errno);
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{sock.get(), POLLIN, 0};
+    int n = ::poll(&p, 1, left.count() > 0 ? static_cast<int>(left.count()) : 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(FdErrc::system, ctx + ": poll failed: " + std::strerror(errno), errno);
+    if (n == 0)
+      fail(FdErrc::timeout, ctx + ": no answer within " + std::to_string(timeout.count()) +
+                                " ms; the owner's thread is stuck or the process is stopped");
+    break;
+  }
+  fdwire::Received msg;
+  ssize_t got = fdwire::recv_message(sock.get(), fdwire::kMaxReply, &msg);
+  if (got < 0 && errno == ECONNRESET)
+    fail(FdErrc::no_server, ctx + ": the server reset the connection without an answer "
+                                  "(it crashed or is exiting?)", errno);
+  if (got < 0) fail(FdErrc::system, ctx + ": recvmsg failed: " + std::strerror(errno), errno);
+  if (got == 0)
+    fail(FdErrc::no_server, ctx + ": the server closed the connection without an answer "
+                                  "(the owner is exiting?)");
+  fdwire::Reply rep;
+  std::string why;
+  if (msg.truncated || msg.extra_fds || !fdwire::decode_reply(msg.bytes, &rep, &why))
+    fail(FdErrc::protocol, ctx + ": malformed answer: " + (why.empty() ? "too long or too many fds" : why));
+  switch (rep.status) {
+    case fdwire::Status::ok: break;
+    case fdwire::Status::refused: fail(FdErrc::permission, ctx + ": server " + rep.message);
+    case fdwire::Status::unknown_id: fail(FdErrc::unknown_id, ctx + ": " + rep.message);
+    default: fail(FdErrc::refused, ctx + ": server answered an error: " + rep.message);
+  }
+  if (msg.ctrunc || !msg.fd) {
+    if (msg.ctrunc) throw_fd_exhausted(ctx, 0);
+    fail(FdErrc::protocol, ctx + ": the answer said ok but carried no fd");
+  }
+  if (rep.id != id)
+    fail(FdErrc::protocol, ctx + ": the answer is for allocation " + std::to_string(rep.id));
+  return std::move(msg.fd);
+}
+
+}  // namespace fdclient
+
+// Whether pidfd_getfd is still tried in this process, and why not.
+inline int pidfd_fast_path_disabled_errno() noexcept { return fdclient::pidfd_disabled_errno().load(); }
+
+// Obtains a close-on-exec duplicate of the owner's fd for allocation `id`.
+// The fd is the caller's (close it when the allocation is no longer needed:
+// an fd held is device memory held). Throws FdTransferError (an Unavailable)
+// with a reason and a message that says what to change; InvalidArgument for
+// a bad address.
+inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {
+  raise_nofile_limit();
+  const bool fast_possible = src.pid > 0 && src.remote_fd >= 0 && src.identity != FdIdentity{};
+  if (opt.path == FdPath::pidfd_only ||
+      (opt.path == FdPath::automatic && fast_possible && pidfd_fast_path_disabled_errno() == 0)) {
+    std::string ctx = "pidfd_getfd of fd " + std::to_string(src.remote_fd) + " (allocation " +
+                      std::to_string(id) + ") from pid " + std::to_string(src.pid);
+    if (!fast_possible)
+      fdclient::fail(FdErrc::pidfd_failed, ctx + ": the source names no pid, fd or identity");
+    int err = 0;
+    UniqueFd fd = fdclient::try_pidfd(src, &err);
+    if (fd && fd_identity(fd.get()) == src.identity) return {std::move(fd), true};
+    if (fd) {  // a live process, but that number is another file now
+      fd.reset();
+      err = ESTALE;
+    }
+    if (is_fd_exhaustion(err)) throw_fd_exhausted(ctx, err);
+    if (err == EPERM || err == EACCES || err == ENOSYS) {
+      int expected = 0;  // remember only the first failure
+      fdclient::pidfd_disabled_errno().compare_exchange_strong(expected, err);
+    }
+    if (opt.path == FdPath::pidfd_only)
+      fdclient::fail(FdErrc::pidfd_failed,
+                     ctx + " failed: " + std::strerror(err) +
+                         (err == EPERM || err == EACCES
+                              ? " (no ptrace rights over the owner: Yama ptrace_scope, another "
+                                "user, or a container without CAP_SYS_PTRACE; the socket path needs none)"
+                              : ""),
+                     err);
+    // ESRCH (owner gone), EBADF/ESTALE (fd closed or reused): the socket
+    // answers with the precise reason.
+  }
+  return {fdclient::via_socket(src.address, id, opt.timeout), false};
+}
+
+// The socket path alone, for callers that know only the server's address.
+inline UniqueFd fetch_fd(std::string_view address, std::uint64_t id,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
+  raise_nofile_limit();
+  return fdclient::via_socket(address, id, timeout);
+}
+
+inline UniqueFd fetch_fd(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {
+  return fetch(src, id, opt).fd;
+}
+
+}  // namespace memcuda::detail

@@ -1,0 +1,327 @@
+// FdServer: hands the fds this process owns to other processes of the same
+// user, node and pid namespace (docs/fd-transfer.md).
+//
+// The owner (the registry's control thread, issue 13) drives it: poll_fd()
+// goes into the owner's own poll set, or the owner calls serve_once(timeout)
+// in its loop. The server has no thread of its own, so it starts and stops
+// with the owner's thread. wake() and stop() end a waiting serve_once() from
+// any thread.
+//
+// One connection carries one request, answered at once. A peer gets at most
+// io_timeout to send it, so a stuck peer delays the owner's thread by that
+// much at worst; nothing here waits on the network or on another machine.
+#pragma once
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "memcuda/detail/fd/fd_error.hpp"
+#include "memcuda/detail/fd/fd_limit.hpp"
+#include "memcuda/detail/fd/fd_wire.hpp"
+#include "memcuda/detail/fd/unique_fd.hpp"
+
+namespace memcuda::detail {
+
+struct FdServerOptions {
+  // "@name" (abstract, the default choice: see fd_wire.hpp) or a path.
+  std::string address;
+  // Time a connected peer has to send its request.
+  std::chrono::milliseconds io_timeout{500};
+  int backlog = 64;
+  // Refuse peers in another pid namespace (a peer whose pid we cannot see,
+  // or whose /proc/<pid>/ns/pid differs from ours). Off only for tests of
+  // setups that knowingly share fds across containers.
+  bool require_same_pid_namespace = true;
+};
+
+enum class ServeResult {
+  idle,     // nothing happened before the timeout (or a wake())
+  served,   // a peer got its fd
+  refused,  // a peer was refused (credentials) or answered with an error
+  stopped,  // stop() was called
+};
+
+class FdServer {
+ public:
+  // Binds and listens. Throws InvalidArgument for a bad address and
+  // FdTransferError (system, or exhausted) when the socket cannot be made,
+  // e.g. the address is in use by a live server.
+  explicit FdServer(FdServerOptions opt) : opt_(std::move(opt)) {
+    raise_nofile_limit();
+    sockaddr_un sa;
+    socklen_t len = fdwire::make_address(opt_.address, &sa);
+    listen_ = fdwire::make_socket();
+    if (!listen_) fail("socket()", errno);
+    // Non-blocking: a peer that gives up between poll() and accept() must not
+    // leave the owner's thread blocked in accept().
+    ::fcntl(listen_.get(), F_SETFL, ::fcntl(listen_.get(), F_GETFL) | O_NONBLOCK);
+    if (opt_.address[0] != '@') ::unlink(opt_.address.c_str());  // a dead owner's leftover
+    if (::bind(listen_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) fail("bind", errno);
+    if (::listen(listen_.get(), opt_.backlog) != 0) fail("listen", errno);
+    wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_) fail("eventfd()", errno);
+    // The spare fd lets an exhausted server still accept and tell the peer
+    // why, instead of leaving it in the backlog, where poll() keeps waking.
+    spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
+  ~FdServer() {
+    if (!opt_.address.empty() && opt_.address[0] != '@') ::unlink(opt_.address.c_str());
+  }
+  FdServer(const FdServer&) = delete;
+  FdServer& operator=(const FdServer&) = delete;
+
+  const std::string& address() const noexcept { return opt_.address; }
+  // The listening socket: POLLIN when a peer waits. For owners with a poll
+  // loop of their own; call serve_once(0ms) when it is readable.
+  int poll_fd() const noexcept { return listen_.get(); }
+
+  // Serves `fd` under `id` until remove(id). The fd stays the caller's (it is
+  // borrowed, never closed here) and must stay open until remove() returns;
+  // after that the server never touches it again (it sends a dup taken under
+  // the lock). Re-adding an id replaces it. Thread-safe.
+  void add(std::uint64_t id, int fd) {
+    MEMCUDA_EXPECTS(fd >= 0, InvalidArgument, "FdServer::add: negative fd");
+    std::lock_guard lk(mu_);
+    fds_[id] = fd;
+  }
+  // True when the id was served. Thread-safe.
+  bool remove(std::uint64_t id) {
+    std::lock_guard lk(mu_);
+    return fds_.erase(id) != 0;
+  }
+  std::size_t size() const {
+    std::lock_guard lk(mu_);
+    return fds_.size();
+  }
+
+  // Ends a serve_once() that is waiting, from any thread.
+  void wake() noexcept {
+    std::uint64_t one = 1;
+    ssize_t r = ::write(wake_.get(), &one, sizeof one);
+    (void)r;
+  }
+  // Makes this and every later serve_once() return `stopped`.
+  void stop() noexcept {
+    stopping_.store(true);
+    wake();
+  }
+  bool stopping() const noexcept { return stopping_.load(); }
+
+  // Waits up to `timeout` for one peer and answers it. Call from one thread
+  // at a time (the owner's). Never throws for what a peer sends or does;
+  // throws FdTransferError only if poll() itself fails.
+  ServeResult serve_once(std::chrono::milliseconds timeout) {
+    if (stopping_.load()) return ServeResult::stopped;
+    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    auto ms = std::clamp<std::int64_t>(timeout.count(), 0, std::numeric_limits<int>::max());
+    int n = ::poll(p, 2, static_cast<int>(ms));
+    if (n < 0 && errno != EINTR) fail("poll", errno);
+    if (p[1].revents) {
+      std::uint64_t v;
+      ssize_t r = ::read(wake_.get(), &v, sizeof v);
+      (void)r;
+    }
+    if (stopping_.load()) return ServeResult::stopped;
+    if (n <= 0 || !(p[0].revents & POLLIN)) return ServeResult::idle;
+    UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!conn) {
+      int err = errno;
+      if (is_fd_exhaustion(err)) return answer_exhausted(err);
+      return ServeResult::idle;  // EAGAIN (the peer gave up), ECONNABORTED, ...
+    }
+    return handle(conn.get());
+  }
+
+  // Counters for tests and stats.
+  std::uint64_t served() const noexcept { return served_.load(); }
+  std::uint64_t refused() const noexcept { return refused_.load(); }
+  // The last refusal or failure, for the owner's log.
+  std::string last_error() const {
+    std::lock_guard lk(mu_);
+    return last_error_;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& call, int err) const {
+    std::string what = "fd server at '" + opt_.address + "': " + call;
+    if (is_fd_exhaustion(err)) throw_fd_exhausted(what, err);
+    std::string hint = err == EADDRINUSE ? " (another live process serves this address; each "
+                                           "process needs its own)"
+                                         : "";
+    throw FdTransferError(FdErrc::system, what + " failed: " + std::strerror(err) + hint, err);
+  }
+
+  // Records a refusal. Counted before any answer goes out, so a peer that
+  // has its answer can rely on the counters (the tests do).
+  ServeResult refuse(const std::string& why) {
+    {
+      std::lock_guard lk(mu_);
+      last_error_ = why;
+    }
+    refused_.fetch_add(1);
+    return ServeResult::refused;
+  }
+
+  ServeResult reply_error(int conn, fdwire::Status st, std::uint64_t id, const std::string& why) {
+    refuse(why);
+    fdwire::send_message(conn, fdwire::encode_reply({st, id, why}));
+    return ServeResult::refused;
+  }
+
+  // The credential check. SO_PEERCRED holds the peer's credentials from the
+  // time it called connect(), translated into our namespaces by the kernel:
+  // a uid our user namespace cannot map reads as the overflow uid (65534),
+  // a pid our pid namespace cannot see reads as 0.
+  std::string check_peer(int conn) const {
+    ucred cr{};
+    socklen_t len = sizeof cr;
+    if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0)
+      return std::string("cannot read the peer's credentials (SO_PEERCRED): ") + std::strerror(errno);
+    uid_t me = ::geteuid();
+    if (cr.uid != me && cr.uid != 0)
+      return "peer pid " + std::to_string(cr.pid) + " runs as uid " + std::to_string(cr.uid) +
+             " but this fd server (pid " + std::to_string(::getpid()) + ") serves only uid " +
+             std::to_string(me) + " and root: run both processes as the same user";
+    if (!opt_.require_same_pid_namespace) return {};
+    if (cr.pid <= 0)
+      return "peer is in a pid namespace this fd server (pid " + std::to_string(::getpid()) +
+             ") cannot see (another container?): run both processes in one pid namespace "
+             "(docker run --pid=host or --pid=container:<id>)";
+    int mine = pid_ns_depth(::getpid()), theirs = pid_ns_depth(cr.pid);
+    if (mine < 0 || theirs < 0)
+      return "cannot verify the pid namespace of peer pid " + std::to_string(cr.pid) +
+             " (/proc/<pid>/status has no NSpid line); mount /proc (Linux >= 4.1)";
+    if (theirs != mine)
+      return "peer pid " + std::to_string(cr.pid) +
+             " is in another pid namespace than this fd server (pid " + std::to_string(::getpid()) +
+             "; a nested container or unshare --pid): run both processes in one pid namespace";
+    return {};
+  }
+
+  // How deep a process's pid namespace is: the number of pids on the NSpid
+  // line of /proc/<pid>/status (-1 if unreadable). A peer we can see at all
+  // is in our pid namespace or one nested in it, so the same depth means the
+  // same namespace. The status file is world-readable, unlike
+  // /proc/<pid>/ns/pid, which needs ptrace read rights over the peer (a
+  // server of an ordinary user could not check a root peer).
+  static int pid_ns_depth(pid_t pid) {
+    std::string path = "/proc/" + std::to_string(pid) + "/status";
+    UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f) return -1;
+    char buf[4096];
+    ssize_t n = ::read(f.get(), buf, sizeof buf - 1);
+    if (n <= 0) return -1;
+    std::string_view text(buf, static_cast<std::size_t>(n));
+    auto at = text.find("\nNSpid:");
+    if (at == std::string_view::npos) return -1;
+    auto end = text.find('\n', at + 1);
+    if (end == std::string_view::npos) return -1;  // cut by the buffer: not expected
+    int depth = 0;
+    bool in_word = false;
+    for (char c : text.substr(at + 7, end - at - 7)) {
+      bool digit = c >= '0' && c <= '9';
+      if (digit && !in_word) ++depth;
+      in_word = digit;
+    }
+    return depth;
+  }
+
+  // Waits up to io_timeout for the peer's one message. Every answer, a
+  // refusal included, is sent only after the request was read: closing a
+  // unix socket with unread data resets the peer's side (ECONNRESET), and
+  // the peer would lose our answer with it.
+  ssize_t read_request(int conn, fdwire::Received* msg) {
+    pollfd p{conn, POLLIN, 0};
+    int n;
+    do n = ::poll(&p, 1, static_cast<int>(opt_.io_timeout.count()));
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return -1;
+    return fdwire::recv_message(conn, fdwire::kRequestSize + 16, msg);
+  }
+
+  ServeResult handle(int conn) {
+    fdwire::Received msg;
+    ssize_t got = read_request(conn, &msg);
+    if (got < 0) return refuse("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms");
+    if (got == 0) return refuse("peer closed the connection without a request");
+    if (std::string why = check_peer(conn); !why.empty())
+      return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
+    if (msg.fd) return reply_error(conn, fdwire::Status::bad_request, 0, "requests must not carry fds");
+    if (msg.truncated)
+      return reply_error(conn, fdwire::Status::bad_request, 0,
+                         "request longer than " + std::to_string(fdwire::kRequestSize) + " bytes");
+    fdwire::Request req;
+    std::string why;
+    if (auto st = fdwire::decode_request(msg.bytes, &req, &why); st != fdwire::Status::ok)
+      return reply_error(conn, st, 0, why);
+    UniqueFd copy;
+    bool known = false;
+    int dup_errno = 0;
+    {
+      std::lock_guard lk(mu_);
+      if (auto it = fds_.find(req.id); it != fds_.end()) {
+        known = true;
+        copy = UniqueFd(::fcntl(it->second, F_DUPFD_CLOEXEC, 0));
+        dup_errno = errno;
+      }
+    }
+    if (!known)
+      return reply_error(conn, fdwire::Status::unknown_id, req.id,
+                         "this process (pid " + std::to_string(::getpid()) +
+                             ") serves no allocation with id " + std::to_string(req.id) +
+                             " (freed, or the record is stale)");
+    if (!copy)
+      return reply_error(conn, fdwire::Status::server_error, req.id,
+                         is_fd_exhaustion(dup_errno)
+                             ? fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") dup", dup_errno)
+                             : std::string("fd server: dup failed: ") + std::strerror(dup_errno));
+    served_.fetch_add(1);
+    if (fdwire::send_message(conn, fdwire::encode_reply({fdwire::Status::ok, req.id, {}}), copy.get()) < 0) {
+      int err = errno;
+      served_.fetch_sub(1);
+      return refuse(std::string("sending the fd failed: ") + std::strerror(err));
+    }
+    return ServeResult::served;
+  }
+
+  // accept() hit EMFILE/ENFILE: free the spare fd, take the peer, tell it the
+  // server is exhausted, and keep the spare for next time.
+  ServeResult answer_exhausted(int err) {
+    std::string why = fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") accept", err);
+    refuse(why);
+    spare_.reset();
+    UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (conn) {
+      fdwire::Received msg;
+      read_request(conn.get(), &msg);  // an fd it carried is closed with msg
+      fdwire::send_message(conn.get(), fdwire::encode_reply({fdwire::Status::server_error, 0, why}));
+    }
+    conn.reset();
+    spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    return ServeResult::refused;
+  }
+
+  FdServerOptions opt_;
+  UniqueFd listen_, wake_, spare_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> served_{0}, refused_{0};
+  mutable std::mutex mu_;  // guards fds_ and last_error_; never held across a wait
+  std::unordered_map<std::uint64_t, int> fds_;
+  std::string last_error_;
+};
+
+}  // namespace memcuda::detail

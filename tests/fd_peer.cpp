@@ -1,0 +1,155 @@
+// memcuda_fd_peer: a real process for tests/test_fd_transfer.cpp. It reads
+// one command per line on stdin and answers one line on stdout:
+//   serve ADDR                 run an FdServer at ADDR on a thread   -> ok PID
+//   memfd ID TEXT              make a memfd holding TEXT, serve it  -> ok FD DEV INO
+//   hold ID ADDR               fetch ID from ADDR (socket), keep it, serve it too -> ok FD DEV INO
+//   fetch MODE ID ADDR [PID RFD DEV INO]   MODE: socket|pidfd|auto  -> ok socket|pidfd TEXT
+//   read ID                    the text of a held or made fd        -> ok TEXT
+//   stats                      -> ok SERVED REFUSED PIDFD_DISABLED_ERRNO
+//   limit EXTRA                soft = hard RLIMIT_NOFILE = lowest free fd + EXTRA -> ok LOWEST
+//   setuid UID                 drop to UID (and gid UID, no groups)  -> ok
+//   newpidns                   continue in a child in a new pid namespace -> ok
+// Failures answer "err REASON message" (REASON: FdErrc name, or "error").
+#include <sched.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "memcuda/detail/fd/fd_client.hpp"
+#include "memcuda/detail/fd/fd_server.hpp"
+
+using namespace memcuda::detail;
+
+namespace {
+
+std::unique_ptr<FdServer> server;
+std::jthread server_thread;
+std::map<std::uint64_t, UniqueFd> fds;  // made or held, by allocation id
+
+std::string read_all(int fd) {
+  std::string out(4096, '\0');
+  ssize_t n = ::pread(fd, out.data(), out.size(), 0);
+  out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return out;
+}
+
+std::string describe(std::uint64_t id, int fd) {
+  if (server) server->add(id, fd);
+  FdIdentity idn = fd_identity(fd);
+  return "ok " + std::to_string(fd) + " " + std::to_string(idn.dev) + " " + std::to_string(idn.ino);
+}
+
+std::string run(const std::string& line) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  if (cmd == "serve") {
+    std::string addr;
+    in >> addr;
+    server = std::make_unique<FdServer>(FdServerOptions{addr});
+    server_thread = std::jthread([s = server.get()] {
+      while (s->serve_once(std::chrono::milliseconds(200)) != ServeResult::stopped) {
+      }
+    });
+    return "ok " + std::to_string(::getpid());
+  }
+  if (cmd == "memfd") {
+    std::uint64_t id;
+    std::string text;
+    in >> id >> text;
+    UniqueFd fd(::memfd_create("memcuda-fd-peer", MFD_CLOEXEC));
+    if (!fd || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      return std::string("err error memfd: ") + std::strerror(errno);
+    std::string r = describe(id, fd.get());
+    fds[id] = std::move(fd);
+    return r;
+  }
+  if (cmd == "hold") {
+    std::uint64_t id;
+    std::string addr;
+    in >> id >> addr;
+    UniqueFd fd = fetch_fd(addr, id);
+    std::string r = describe(id, fd.get());
+    fds[id] = std::move(fd);
+    return r;
+  }
+  if (cmd == "fetch") {
+    std::string mode;
+    FdSource src;
+    std::uint64_t id;
+    in >> mode >> id >> src.address >> src.pid >> src.remote_fd >> src.identity.dev >> src.identity.ino;
+    FetchOptions opt;
+    opt.path = mode == "socket" ? FdPath::socket_only : mode == "pidfd" ? FdPath::pidfd_only : FdPath::automatic;
+    Fetched f = fetch(src, id, opt);
+    return std::string("ok ") + (f.via_pidfd ? "pidfd " : "socket ") + read_all(f.fd.get());
+  }
+  if (cmd == "read") {
+    std::uint64_t id;
+    in >> id;
+    auto it = fds.find(id);
+    return it == fds.end() ? "err error no such id" : "ok " + read_all(it->second.get());
+  }
+  if (cmd == "stats") {
+    return "ok " + std::to_string(server ? server->served() : 0) + " " +
+           std::to_string(server ? server->refused() : 0) + " " +
+           std::to_string(pidfd_fast_path_disabled_errno());
+  }
+  if (cmd == "limit") {
+    rlim_t extra;
+    in >> extra;
+    int lowest = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ::close(lowest);
+    rlimit rl{static_cast<rlim_t>(lowest) + extra, static_cast<rlim_t>(lowest) + extra};
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return std::string("err error setrlimit: ") + std::strerror(errno);
+    return "ok " + std::to_string(lowest);
+  }
+  if (cmd == "setuid") {
+    unsigned uid;
+    in >> uid;
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0)
+      return std::string("err error setuid: ") + std::strerror(errno);
+    return "ok";
+  }
+  if (cmd == "newpidns") {
+    if (::unshare(CLONE_NEWPID) != 0) return std::string("err error unshare(CLONE_NEWPID): ") + std::strerror(errno);
+    pid_t child = ::fork();
+    if (child < 0) return std::string("err error fork: ") + std::strerror(errno);
+    if (child > 0) {  // the parent only relays the child's exit
+      int st = 0;
+      ::waitpid(child, &st, 0);
+      ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+    }
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    return "ok";
+  }
+  return "err error unknown command: " + cmd;
+}
+
+}  // namespace
+
+int main() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "quit") break;
+    std::string reply;
+    try {
+      reply = run(line);
+    } catch (const FdTransferError& e) {
+      reply = std::string("err ") + to_string(e.reason()) + " " + e.what();
+    } catch (const std::exception& e) {
+      reply = std::string("err error ") + e.what();
+    }
+    std::cout << reply << std::endl;
+  }
+  if (server) server->stop();
+  return 0;
+}
