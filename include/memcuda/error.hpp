@@ -99,16 +99,75 @@ class CudaError : public Error {
   std::source_location where_;
 };
 
-// Anything that went wrong talking to Redis.
+// Anything that went wrong talking to Redis. redis::classify()
+// (memcuda/redis/errors.hpp) is the one place that picks the class below
+// for a failure; docs/redis-layer.md has the table.
 MEMCUDA_DEFINE_ERROR(RedisError, Error, "redis_error");
-// Could not connect, or the connection broke and could not be re-established.
-MEMCUDA_DEFINE_ERROR(ConnectionError, RedisError, "redis_connection");
-// Redis rejected the credentials (wrong password, unknown ACL user).
-MEMCUDA_DEFINE_ERROR(AuthError, ConnectionError, "redis_auth");
-// Connect or command did not complete within the configured timeout.
-MEMCUDA_DEFINE_ERROR(TimeoutError, RedisError, "timeout");
-// Redis answered with an error reply (-ERR ...), or a reply of the wrong type.
-MEMCUDA_DEFINE_ERROR(ReplyError, RedisError, "redis_reply");
+
+// Could not connect, or the connection broke and could not be
+// re-established. Keeps hiredis's error code (REDIS_ERR_IO, REDIS_ERR_EOF,
+// REDIS_ERR_PROTOCOL, REDIS_ERR_OOM, ...; 0 where hiredis reported none: an
+// interrupt, a moved-from connection, an error reply) and errno of the
+// failed call (0 where none applies), so callers can switch on them.
+class ConnectionError : public RedisError {
+ public:
+  explicit ConnectionError(const std::string& what, int redis_code = 0, int sys_errno = 0)
+      : RedisError(what), redis_code_(redis_code), sys_errno_(sys_errno) {}
+  int redis_code() const noexcept { return redis_code_; }
+  int sys_errno() const noexcept { return sys_errno_; }
+  const char* code() const noexcept override { return "redis_connection"; }
+
+ private:
+  int redis_code_;
+  int sys_errno_;
+};
+
+// Redis refused the credentials or what they allow: prefix() is the
+// server's error code, "WRONGPASS" (wrong password, unknown ACL user),
+// "NOAUTH" (a password is needed) or "NOPERM" (the ACL user may not run that
+// command or touch that key; the connection stays usable).
+class AuthError : public ConnectionError {
+ public:
+  explicit AuthError(const std::string& what, std::string prefix = {})
+      : ConnectionError(what), prefix_(std::move(prefix)) {}
+  const std::string& prefix() const noexcept { return prefix_; }
+  const char* code() const noexcept override { return "redis_auth"; }
+
+ private:
+  std::string prefix_;
+};
+
+// Connect or command did not complete within the configured timeout. Keeps
+// hiredis's error code and errno as ConnectionError does (REDIS_ERR_IO with
+// EAGAIN for a read, ETIMEDOUT for a connect); both 0 for mem-cuda's own
+// timeouts (a control-plane request nobody answered).
+class TimeoutError : public RedisError {
+ public:
+  explicit TimeoutError(const std::string& what, int redis_code = 0, int sys_errno = 0)
+      : RedisError(what), redis_code_(redis_code), sys_errno_(sys_errno) {}
+  int redis_code() const noexcept { return redis_code_; }
+  int sys_errno() const noexcept { return sys_errno_; }
+  const char* code() const noexcept override { return "timeout"; }
+
+ private:
+  int redis_code_;
+  int sys_errno_;
+};
+
+// Redis answered with an error reply, or a reply of the wrong type.
+// prefix() is the error code the server put first ("ERR", "WRONGTYPE",
+// "NOSCRIPT", "BUSY", "LOADING", "READONLY", "OOM", ...), or empty for a
+// reply of the wrong type and an error reply without one.
+class ReplyError : public RedisError {
+ public:
+  explicit ReplyError(const std::string& what, std::string prefix = {})
+      : RedisError(what), prefix_(std::move(prefix)) {}
+  const std::string& prefix() const noexcept { return prefix_; }
+  const char* code() const noexcept override { return "redis_reply"; }
+
+ private:
+  std::string prefix_;
+};
 
 #undef MEMCUDA_DEFINE_ERROR
 

@@ -1,5 +1,16 @@
-// STAND-IN for the redis helper's pool (branch wip/redis), same API as
-// /work/notes/POOL_API.md; replaced by theirs at merge.
+// A pool of redis::Connection for callers on many threads, so that one
+// caller's slow or blocking command (BLPOP, a script, a reconnect) never
+// makes another queue behind it.
+//
+// Locking rule: the pool's one mutex guards only its free list and its
+// count of open connections. It is never held while a connection talks to
+// Redis: connections are made, used and closed with the mutex released, and
+// a caller that finds every connection leased waits on a condition variable
+// (which releases the mutex) until one comes back or wait_timeout passes.
+//
+// Lifetime: the free list lives in state shared between the pool and its
+// leases, so a Lease that outlives its pool still returns (or closes) its
+// connection safely; the connections die with the last of them.
 #pragma once
 
 #include <chrono>
@@ -7,100 +18,201 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "memcuda/error.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "memcuda/redis/options.hpp"
 
 namespace memcuda::redis {
 
 struct PoolOptions {
-  std::size_t size = 4;
-  std::chrono::milliseconds wait_timeout{10000};
+  std::size_t size = 4;                           // connections at most (>= 1)
+  std::chrono::milliseconds wait_timeout{10000};  // acquire() waits this long when all are busy, then TimeoutError
 };
 
+namespace detail {
+// What the pool and its leases share. `open` counts every connection made
+// and not yet closed: idle ones, leased ones and one being made (counted
+// before the connect, so that concurrent acquire()s never exceed the size).
+struct PoolState {
+  PoolState(Options o, PoolOptions p) : opts(std::move(o)), pool(p) {}
+  const Options opts;
+  const PoolOptions pool;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<Connection>> idle;  // LIFO: the warmest socket goes out first
+  std::size_t open = 0;
+};
+}  // namespace detail
+
+// Thread-safe. Connections are made lazily up to `size` (the first one
+// eagerly in the constructor, so a bad address or password fails there).
+// Not copyable; moves are noexcept and leave the source empty (acquire()
+// on it throws ConnectionError, its counts read 0).
 class ConnectionPool {
  public:
-  explicit ConnectionPool(Options opts, PoolOptions pool = {}) : opts_(std::move(opts)), pool_(pool) {
-    if (pool_.size < 1) throw InvalidArgument("a connection pool needs at least one connection");
-    free_.push_back(std::make_unique<Connection>(opts_));
-    open_ = 1;
+  // Far above any Redis maxclients; a larger size is a mistake.
+  static constexpr std::size_t kMaxSize = 100000;
+
+  // Throws InvalidArgument (size 0, a negative wait_timeout, bad Options)
+  // and whatever Connection's constructor throws for the first connection
+  // (ConnectionError, AuthError, TimeoutError, ReplyError).
+  explicit ConnectionPool(Options opts, PoolOptions pool = {}) {
+    if (pool.size == 0)
+      throw InvalidArgument("redis::PoolOptions::size is 0: a connection pool needs room for at least one connection");
+    if (pool.wait_timeout.count() < 0)
+      throw InvalidArgument("redis::PoolOptions::wait_timeout is negative (" +
+                            std::to_string(pool.wait_timeout.count()) + " ms)");
+    if (pool.size > kMaxSize)
+      throw InvalidArgument("redis::PoolOptions::size " + std::to_string(pool.size) + " is over " +
+                            std::to_string(kMaxSize) + ", more connections than a Redis server accepts");
+    opts.validate();
+    state_ = std::make_shared<detail::PoolState>(std::move(opts), pool);
+    // Room for every connection up front, so that giving one back (noexcept)
+    // never allocates.
+    state_->idle.reserve(pool.size);
+    auto first = std::make_unique<Connection>(state_->opts);
+    state_->idle.push_back(std::move(first));
+    state_->open = 1;
   }
 
+  ConnectionPool(ConnectionPool&&) noexcept = default;
+  ConnectionPool& operator=(ConnectionPool&&) noexcept = default;
+  ConnectionPool(const ConnectionPool&) = delete;
+  ConnectionPool& operator=(const ConnectionPool&) = delete;
+  // Idle connections close with the last of the pool and its leases; closing
+  // a socket is no network wait.
+  ~ConnectionPool() = default;
+
+  // Move-only RAII lease of one connection; gives it back on destruction. A
+  // connection that is not Connection::reusable() any more (its last call
+  // threw ConnectionError, TimeoutError or Interrupted, or an interrupt is
+  // pending) is closed instead, and the pool makes a fresh one when needed.
+  // The connection is the lessee's alone: use it from one thread at a time
+  // (interrupt() excepted) and not after the lease is gone.
   class Lease {
    public:
-    Lease(ConnectionPool* p, std::unique_ptr<Connection> c) : p_(p), c_(std::move(c)) {}
-    Lease(Lease&& o) noexcept : p_(o.p_), c_(std::move(o.c_)) {}
-    Lease& operator=(Lease&&) = delete;
-    ~Lease() {
-      if (p_ && c_) p_->give_back(std::move(c_));
-      else if (p_ && !c_ && discarded_) p_->dropped();
+    Lease() = default;  // empty: holds nothing
+    Lease(Lease&& o) noexcept = default;
+    Lease& operator=(Lease&& o) noexcept {
+      if (this != &o) {
+        give_back();
+        state_ = std::move(o.state_);
+        conn_ = std::move(o.conn_);
+      }
+      return *this;
     }
-    Connection& operator*() const noexcept { return *c_; }
-    Connection* operator->() const noexcept { return c_.get(); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { give_back(); }
+
+    // The leased connection. An empty lease (moved-from, discarded,
+    // default-made) holds none: do not dereference it.
+    Connection& operator*() const noexcept { return *conn_; }
+    Connection* operator->() const noexcept { return conn_.get(); }
+    explicit operator bool() const noexcept { return conn_ != nullptr; }
+
+    // Closes the connection instead of returning it (its state is unknown,
+    // e.g. a MULTI left open); the lease is empty afterwards.
     void discard() noexcept {
-      c_.reset();
-      discarded_ = true;
+      if (!conn_) return;
+      std::unique_ptr<Connection> dead = std::move(conn_);
+      forget(std::move(state_));
+      // `dead` closes here, outside the pool's mutex.
     }
 
    private:
-    ConnectionPool* p_;
-    std::unique_ptr<Connection> c_;
-    bool discarded_ = false;
+    friend class ConnectionPool;
+    Lease(std::shared_ptr<detail::PoolState> s, std::unique_ptr<Connection> c) noexcept
+        : state_(std::move(s)), conn_(std::move(c)) {}
+
+    void give_back() noexcept {
+      if (!conn_) return;
+      if (!conn_->reusable()) return discard();
+      auto s = std::move(state_);
+      {
+        std::lock_guard lk(s->m);
+        // No allocation: the free list was reserved to the size.
+        s->idle.push_back(std::move(conn_));
+      }
+      s->cv.notify_one();
+    }
+
+    // One connection fewer: a waiter in acquire() may now make its own.
+    static void forget(std::shared_ptr<detail::PoolState> s) noexcept {
+      {
+        std::lock_guard lk(s->m);
+        --s->open;
+      }
+      s->cv.notify_one();
+    }
+
+    std::shared_ptr<detail::PoolState> state_;
+    std::unique_ptr<Connection> conn_;
   };
 
+  // A connection for the caller's exclusive use: an idle one if any, else a
+  // new one while fewer than `size` are open, else waits (no lock held) up
+  // to wait_timeout for one to come back and then throws TimeoutError. A
+  // failed connect throws as Connection's constructor does and takes no room.
   Lease acquire() {
-    std::unique_lock lk(mu_);
+    if (!state_) throw ConnectionError("acquire() on a moved-from redis::ConnectionPool");
+    auto& s = *state_;
+    const auto deadline = std::chrono::steady_clock::now() + s.pool.wait_timeout;
+    std::unique_lock lk(s.m);
     for (;;) {
-      if (!free_.empty()) {
-        auto c = std::move(free_.back());
-        free_.pop_back();
-        return Lease(this, std::move(c));
+      if (!s.idle.empty()) {
+        std::unique_ptr<Connection> c = std::move(s.idle.back());
+        s.idle.pop_back();
+        return Lease(state_, std::move(c));
       }
-      if (open_ < pool_.size) {
-        ++open_;
+      if (s.open < s.pool.size) {
+        ++s.open;
         lk.unlock();
         try {
-          return Lease(this, std::make_unique<Connection>(opts_));
+          return Lease(state_, std::make_unique<Connection>(s.opts));
         } catch (...) {
-          lk.lock();
-          --open_;
-          cv_.notify_one();
+          Lease::forget(state_);
           throw;
         }
       }
-      if (!cv_.wait_for(lk, pool_.wait_timeout, [&] { return !free_.empty() || open_ < pool_.size; }))
-        throw TimeoutError("no Redis connection free in the pool within " +
-                           std::to_string(pool_.wait_timeout.count()) + " ms");
+      if (s.cv.wait_until(lk, deadline) == std::cv_status::timeout && s.idle.empty() &&
+          s.open >= s.pool.size)
+        throw TimeoutError("no Redis connection to " + s.opts.describe() + " came free within " +
+                           std::to_string(s.pool.wait_timeout.count()) +
+                           " ms (PoolOptions::wait_timeout): all " + std::to_string(s.pool.size) +
+                           " of the pool are leased; raise PoolOptions::size or hold leases for "
+                           "shorter");
     }
   }
-  const Options& options() const noexcept { return opts_; }
-  std::size_t capacity() const noexcept { return pool_.size; }
+
+  // The options every connection of the pool is made with (empty after a move).
+  const Options& options() const noexcept { return state_ ? state_->opts : empty_options(); }
+  // PoolOptions::size (0 after a move).
+  std::size_t capacity() const noexcept { return state_ ? state_->pool.size : 0; }
+  // Connections ready in the free list.
   std::size_t idle() const {
-    std::lock_guard lk(mu_);
-    return free_.size();
+    if (!state_) return 0;
+    std::lock_guard lk(state_->m);
+    return state_->idle.size();
   }
+  // Connections currently made (leased + idle, and any being made).
   std::size_t open() const {
-    std::lock_guard lk(mu_);
-    return open_;
+    if (!state_) return 0;
+    std::lock_guard lk(state_->m);
+    return state_->open;
   }
 
  private:
-  void give_back(std::unique_ptr<Connection> c) {
-    std::lock_guard lk(mu_);
-    free_.push_back(std::move(c));
-    cv_.notify_one();
+  static const Options& empty_options() noexcept {
+    static const Options o;
+    return o;
   }
-  void dropped() {
-    std::lock_guard lk(mu_);
-    --open_;
-    cv_.notify_one();
-  }
-  Options opts_;
-  PoolOptions pool_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Connection>> free_;
-  std::size_t open_ = 0;
+
+  std::shared_ptr<detail::PoolState> state_;
 };
 
 }  // namespace memcuda::redis
