@@ -171,7 +171,7 @@ class ReleaseQueue {
           try {
             std::rethrow_exception(errors[i]);
           } catch (const ReplyError& e) {
-            if (std::string_view(e.what()).find("NOSCRIPT") == std::string_view::npos) throw;
+            if (e.prefix() != "NOSCRIPT") throw;
             // Not loaded yet (a fresh Redis): one at a time, which loads it.
             it.alloc->release(c, it.name, it.gen, ctx.session, "");
             continue;
