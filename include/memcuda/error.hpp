@@ -3,10 +3,14 @@
 // memcuda::Error is the root; its children are the conditions a caller can act
 // on. Each class has a stable wire code (Error::code()) used in JSON replies
 // on the control plane, so an error raised in the allocator of record is
-// re-thrown with the same type in the process that asked (throw_for_code).
+// re-thrown with the same type in the process that asked (throw_for_code):
+// every code maps back to exactly the class that sends it, and the wire error
+// also carries what that class keeps besides its message (a ProtocolError's
+// ProtocolErrc, a CudaError's status and API; WireErrorDetail).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -192,11 +196,54 @@ inline const char* to_string(ProtocolErrc e) noexcept {
   return "unknown";
 }
 
-// Re-throws an error received on the wire (code + message) as its own type,
-// so that a create sent to the allocator of record fails exactly like a local
-// one. Unknown codes become plain Error.
-[[noreturn]] inline void throw_for_code(std::string_view code, const std::string& msg) {
-  if (code == "invalid_argument" || code == "protocol_error") throw InvalidArgument(msg);
+// The ProtocolErrc named `s` (as to_string writes it); nullopt for any other text.
+inline std::optional<ProtocolErrc> protocol_errc_from_string(std::string_view s) noexcept {
+  for (int i = 0; i <= static_cast<int>(ProtocolErrc::bad_record); ++i) {
+    auto e = static_cast<ProtocolErrc>(i);
+    if (s == to_string(e)) return e;
+  }
+  return std::nullopt;
+}
+
+// What a wire error carries besides its code and message (docs/protocol.md,
+// "The error object"): absent members are unknown.
+struct WireErrorDetail {
+  std::optional<ProtocolErrc> errc = std::nullopt;        // code "protocol_error"
+  std::optional<int> cuda_status = std::nullopt;          // code "cuda_error"
+  std::optional<std::string> cuda_api = std::nullopt;     // code "cuda_error"
+};
+
+// Re-throws an error received on the wire (code + message + detail) as
+// exactly the class whose code() it is, so that a command sent to the
+// allocator of record fails like a local one and a catch clause for any
+// class of this file sees it:
+//  - "protocol_error" -> ProtocolError with detail.errc; without it (an older
+//    sender), with the ProtocolErrc the message starts with ("bad_dim: ...",
+//    what make_error_reply writes), else bad_value. A leading "<errc>: " is
+//    taken off the message, so what() reads as it did where it was thrown.
+//  - "cuda_error" -> CudaError with detail's status and API (-1 and "remote"
+//    when absent); its where() is this call, the remote location is lost.
+//  - every other code of this file -> its class; another "redis_..." code
+//    (a Redis error class newer than this process) -> RedisError, anything
+//    else -> plain Error.
+[[noreturn]] inline void throw_for_code(std::string_view code, const std::string& msg,
+                                        const WireErrorDetail& detail = {}) {
+  if (code == "protocol_error") {
+    std::optional<ProtocolErrc> errc = detail.errc;
+    std::string text = msg;
+    auto colon = msg.find(": ");
+    if (colon != std::string::npos) {
+      auto prefix = protocol_errc_from_string(std::string_view(msg).substr(0, colon));
+      if (prefix && (!errc || *errc == *prefix)) {
+        errc = prefix;
+        text = msg.substr(colon + 2);
+      }
+    }
+    throw ProtocolError(errc.value_or(ProtocolErrc::bad_value), text);
+  }
+  if (code == "cuda_error")
+    throw CudaError(detail.cuda_status.value_or(-1), detail.cuda_api.value_or("remote"), msg);
+  if (code == "invalid_argument") throw InvalidArgument(msg);
   if (code == "not_found") throw NotFound(msg);
   if (code == "already_exists") throw AlreadyExists(msg);
   if (code == "type_mismatch") throw TypeMismatch(msg);
@@ -205,10 +252,13 @@ inline const char* to_string(ProtocolErrc e) noexcept {
   if (code == "lost") throw Lost(msg);
   if (code == "not_leader") throw NotLeader(msg);
   if (code == "unavailable") throw Unavailable(msg);
-  if (code == "cuda_error") throw CudaError(-1, "remote", msg);
   if (code == "internal") throw InternalError(msg);
+  if (code == "redis_error") throw RedisError(msg);
+  if (code == "redis_connection") throw ConnectionError(msg);
+  if (code == "redis_auth") throw AuthError(msg);
+  if (code == "redis_reply") throw ReplyError(msg);
   if (code == "timeout") throw TimeoutError(msg);
-  if (code.starts_with("redis")) throw RedisError(msg);
+  if (code.starts_with("redis_")) throw RedisError(msg);
   throw Error(msg);
 }
 

@@ -1,0 +1,241 @@
+// Lifecycle commands: the JSON documents LPUSHed on the List
+// `tensor_lifecycle` (docs/protocol.md, "Lifecycle commands"), and where to
+// answer a command that could not be decoded (peek_reply_route).
+//
+// decode_command faces untrusted bytes: strict, bounded, and every rejection
+// is a ProtocolError with a specific ProtocolErrc naming the field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "memcuda/dtype.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/protocol/json_util.hpp"
+#include "memcuda/protocol/limits.hpp"
+#include "memcuda/shape.hpp"
+#include "memcuda/tensor_info.hpp"
+
+namespace memcuda::protocol {
+
+// Lifecycle operations. `free` is internal: a process whose release dropped a
+// tensor's refcount to 0 sends it so that the allocator of record frees the
+// memory.
+enum class Op : std::uint8_t { create, get, del, free };
+
+// Wire names: "create", "get", "delete", "free".
+constexpr std::string_view to_string(Op op) noexcept {
+  switch (op) {
+    case Op::create: return "create";
+    case Op::get: return "get";
+    case Op::del: return "delete";
+    case Op::free: return "free";
+  }
+  return "";
+}
+
+inline std::optional<Op> op_from_string(std::string_view s) noexcept {
+  if (s == "create") return Op::create;
+  if (s == "get") return Op::get;
+  if (s == "delete") return Op::del;
+  if (s == "free") return Op::free;
+  return std::nullopt;
+}
+
+// One lifecycle command. Which fields each op uses, and their limits, are in
+// docs/protocol.md; a field the op does not use is ignored by decode_command
+// and not written by encode_command.
+struct Command {
+  Op op = Op::get;
+  std::string name;
+  std::optional<DType> dtype;               // create (required)
+  std::optional<Shape> shape;               // create (required)
+  std::optional<int> device;                // create
+  std::optional<BackendKind> backend;       // create
+  std::optional<bool> persistent;           // create: also held by its name until deleted
+  std::optional<std::string> device_uuid;   // create: names the device across processes
+  std::optional<std::int64_t> pid;          // all ops
+  std::optional<std::string> node;          // all ops
+  std::optional<std::string> id;            // all ops; echoed in the reply
+  bool id_is_number = false;                // id was a JSON integer (id holds its decimal text)
+  std::optional<std::string> reply_to;      // all ops; List that receives the reply
+  std::optional<std::uint64_t> generation;  // get, delete (optional), free (required)
+  std::optional<std::string> holder;        // all ops
+
+  friend bool operator==(const Command&, const Command&) = default;
+};
+
+// Where to send the error reply for a command that could not be decoded.
+struct ReplyRoute {
+  std::string reply_to;
+  std::optional<std::string> id;
+  bool id_is_number = false;
+};
+
+namespace detail {
+
+inline bool is_command_field(std::string_view k) noexcept {
+  static constexpr std::string_view kFields[] = {
+      "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
+      "pid", "node", "reply_to", "generation", "holder", "device_uuid", "id"};
+  for (std::string_view f : kFields)
+    if (k == f) return true;
+  return false;
+}
+
+}  // namespace detail
+
+// Decodes one lifecycle command. Throws ProtocolError (see the errc table in
+// docs/protocol.md); duplicate keys are bad_json.
+inline Command decode_command(std::string_view text) {
+  namespace json = boost::json;
+  using detail::fail;
+  json::value doc = detail::parse_document(text, "command");
+  const json::object* o = doc.if_object();
+  if (!o) fail(ProtocolErrc::not_object, detail::object_kind_error("command", doc));
+  for (const auto& kv : *o) {
+    std::string_view k(kv.key().data(), kv.key().size());
+    if (!detail::is_command_field(k))
+      fail(ProtocolErrc::unknown_field,
+           "command: unknown field \"" + memcuda::detail::rules::printable(k) +
+               "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
+               "persistent, pid, node, holder, generation, id, reply_to");
+  }
+
+  Command c;
+  std::string_view op = detail::get_string(detail::require(*o, "op", "command"), "op");
+  auto parsed_op = op_from_string(op);
+  if (!parsed_op)
+    fail(ProtocolErrc::unknown_op, "field \"op\": unknown operation \"" +
+                                       memcuda::detail::rules::printable(op) +
+                                       "\"; expected create, get, delete or free");
+  c.op = *parsed_op;
+
+  std::string_view name = detail::get_string(detail::require(*o, "name", "command"), "name");
+  memcuda::detail::rules::validate_name(name, "field \"name\"");
+  c.name = std::string(name);
+
+  if (const json::value* v = detail::find(*o, "id")) c.id = detail::get_id(*v, c.id_is_number);
+  if (const json::value* v = detail::find(*o, "reply_to"))
+    c.reply_to = detail::get_bounded_text(*v, "reply_to", kMaxReplyToBytes);
+  if (const json::value* v = detail::find(*o, "pid"))
+    c.pid = detail::get_int(*v, "pid", 1, kMaxPid);
+  if (const json::value* v = detail::find(*o, "node"))
+    c.node = detail::get_token(*v, "node", kMaxNodeBytes);
+  if (const json::value* v = detail::find(*o, "holder"))
+    c.holder = detail::get_bounded_text(*v, "holder", kMaxHolderBytes);
+
+  switch (c.op) {
+    case Op::create: {
+      std::string_view dt =
+          detail::get_string(detail::require(*o, "dtype", "command \"create\""), "dtype");
+      c.dtype = dtype_from_string(dt);
+      if (!c.dtype)
+        fail(ProtocolErrc::unknown_dtype,
+             "field \"dtype\": unknown dtype \"" + memcuda::detail::rules::printable(dt) +
+                 "\"; expected one of bool u8 i8 i16 i32 i64 u16 u32 u64 f16 bf16 f32 f64");
+      c.shape = memcuda::detail::rules::shape_from_json(
+          detail::require(*o, "shape", "command \"create\""), "field \"shape\"");
+      try {
+        (void)byte_size(*c.dtype, *c.shape);
+      } catch (const ProtocolError& e) {
+        fail(e.errc(), std::string("field \"shape\": ") + e.what());
+      }
+      if (const json::value* v = detail::find(*o, "device"))
+        c.device = static_cast<int>(detail::get_int(*v, "device", 0, kMaxDevice));
+      if (const json::value* v = detail::find(*o, "device_uuid"))
+        c.device_uuid = detail::get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
+      if (const json::value* v = detail::find(*o, "persistent")) {
+        if (!v->is_bool()) detail::wrong_type("persistent", "a boolean", *v);
+        c.persistent = v->get_bool();
+      }
+      if (const json::value* v = detail::find(*o, "backend")) {
+        std::string_view b = detail::get_string(*v, "backend");
+        c.backend = backend_from_string(b);
+        if (!c.backend)
+          fail(ProtocolErrc::bad_value, "field \"backend\": \"" +
+                                            memcuda::detail::rules::printable(b) +
+                                            "\" is not a backend; expected \"cuda\" or \"host\"");
+      }
+      break;
+    }
+    case Op::get:
+    case Op::del:
+      if (const json::value* v = detail::find(*o, "generation"))
+        c.generation = detail::get_uint(*v, "generation");
+      break;
+    case Op::free:
+      c.generation =
+          detail::get_uint(detail::require(*o, "generation", "command \"free\""), "generation");
+      break;
+  }
+  return c;
+}
+
+// Encodes a command as compact JSON, writing only the fields its op uses (in
+// a fixed order). The result is checked with decode_command, so an invalid
+// command throws the ProtocolError that decoding it would, and whatever this
+// returns decodes back to the same command minus the unused fields.
+inline std::string encode_command(const Command& c) {
+  namespace json = boost::json;
+  json::object o;
+  o["op"] = json::string_view(to_string(c.op).data(), to_string(c.op).size());
+  o["name"] = json::string_view(c.name.data(), c.name.size());
+  if (c.op == Op::create) {
+    if (c.dtype)
+      o["dtype"] = json::string_view(to_string(*c.dtype).data(), to_string(*c.dtype).size());
+    if (c.shape) {
+      json::array a;
+      for (std::int64_t d : *c.shape) a.emplace_back(d);
+      o["shape"] = std::move(a);
+    }
+    if (c.device) o["device"] = *c.device;
+    if (c.device_uuid)
+      o["device_uuid"] = json::string_view(c.device_uuid->data(), c.device_uuid->size());
+    if (c.backend)
+      o["backend"] = json::string_view(to_string(*c.backend).data(), to_string(*c.backend).size());
+    if (c.persistent) o["persistent"] = *c.persistent;
+  }
+  if (c.pid) o["pid"] = *c.pid;
+  if (c.node) o["node"] = json::string_view(c.node->data(), c.node->size());
+  if (c.holder) o["holder"] = json::string_view(c.holder->data(), c.holder->size());
+  if (c.op != Op::create && c.generation) o["generation"] = *c.generation;
+  if (c.id) o["id"] = detail::id_to_json(*c.id, c.id_is_number);
+  if (c.reply_to) o["reply_to"] = json::string_view(c.reply_to->data(), c.reply_to->size());
+  std::string out = json::serialize(o);
+  (void)decode_command(out);
+  return out;
+}
+
+// Best effort for a command that decode_command rejected: if `text` is a JSON
+// object with a valid "reply_to", returns it (and "id" when that is valid
+// too) so the error reply can still reach the sender. Never throws.
+inline std::optional<ReplyRoute> peek_reply_route(std::string_view text) noexcept {
+  namespace json = boost::json;
+  try {
+    // An oversized command still deserves its error reply: read reply_to
+    // from documents up to kMaxPeekBytes (depth stays bounded).
+    json::value doc = detail::parse_document(text, "command", kMaxPeekBytes);
+    const json::object* o = doc.if_object();
+    if (!o) return std::nullopt;
+    const json::value* rt = detail::find(*o, "reply_to");
+    if (!rt) return std::nullopt;
+    ReplyRoute r;
+    r.reply_to = detail::get_bounded_text(*rt, "reply_to", kMaxReplyToBytes);
+    if (const json::value* v = detail::find(*o, "id")) {
+      try {
+        r.id = detail::get_id(*v, r.id_is_number);
+      } catch (const ProtocolError&) {
+        r.id.reset();
+        r.id_is_number = false;
+      }
+    }
+    return r;
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace memcuda::protocol

@@ -1,0 +1,242 @@
+// The tensor record: the fields of a tensor's Redis Hash (docs/protocol.md,
+// "The tensor Hash"), written with HSET and read with HGETALL.
+//
+// Not JSON: the fields are binary-safe strings, integers in decimal text. This
+// header includes no Boost.JSON header of its own; the one JSON value in a
+// record, "shape", is read by shape.hpp's shape_from_string.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "memcuda/dtype.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/protocol/limits.hpp"
+#include "memcuda/shape.hpp"
+#include "memcuda/tensor_info.hpp"
+
+namespace memcuda::protocol {
+
+// Field names of the tensor Hash (docs/protocol.md, "The tensor Hash"), for
+// code that reads or updates single fields (HGET, HINCRBY, Lua scripts).
+namespace record_field {
+inline constexpr std::string_view name = "name";
+inline constexpr std::string_view dtype = "dtype";
+inline constexpr std::string_view shape = "shape";
+inline constexpr std::string_view ctime = "ctime";
+inline constexpr std::string_view node = "node";
+inline constexpr std::string_view device = "device";
+inline constexpr std::string_view device_uuid = "device_uuid";
+inline constexpr std::string_view bytes = "bytes";
+inline constexpr std::string_view backend = "backend";
+inline constexpr std::string_view ipc_handle = "ipc_handle";
+inline constexpr std::string_view offset = "offset";
+inline constexpr std::string_view alloc_bytes = "alloc_bytes";
+inline constexpr std::string_view alloc_id = "alloc_id";
+inline constexpr std::string_view refcount = "refcount";
+inline constexpr std::string_view state = "state";
+inline constexpr std::string_view generation = "generation";
+inline constexpr std::string_view epoch = "epoch";
+inline constexpr std::string_view owner = "owner";
+inline constexpr std::string_view owner_pid = "owner_pid";
+inline constexpr std::string_view create_id = "create_id";
+inline constexpr std::string_view event_handle = "event_handle";
+inline constexpr std::string_view event_version = "event_version";
+// A holder's count is stored in the field kHolderPrefix + holder id.
+inline constexpr std::string_view holder_prefix = "holder:";
+}  // namespace record_field
+
+// Hash fields in HSET order, values binary-safe.
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
+// The Hash fields of a record, in a fixed order (name, dtype, shape, ctime,
+// node, device, device_uuid, bytes, backend, ipc_handle, offset, alloc_bytes,
+// alloc_id, refcount, state, generation, epoch, owner, owner_pid, create_id,
+// event_handle, event_version, then "holder:<id>" per holder). Integers are
+// decimal text; ipc_handle and event_handle are copied byte for byte.
+inline Fields encode_record(const TensorInfo& t) {
+  namespace f = record_field;
+  Fields out;
+  out.reserve(22 + t.holders.size());
+  auto add = [&](std::string_view k, std::string v) {
+    out.emplace_back(std::string(k), std::move(v));
+  };
+  add(f::name, t.name);
+  add(f::dtype, std::string(to_string(t.dtype)));
+  add(f::shape, shape_to_string(t.shape));
+  add(f::ctime, std::to_string(t.ctime_ms));
+  add(f::node, t.node);
+  add(f::device, std::to_string(t.device));
+  add(f::device_uuid, t.device_uuid);
+  add(f::bytes, std::to_string(t.bytes));
+  add(f::backend, std::string(to_string(t.backend)));
+  add(f::ipc_handle, t.ipc_handle);
+  add(f::offset, std::to_string(t.offset));
+  add(f::alloc_bytes, std::to_string(t.alloc_bytes));
+  add(f::alloc_id, std::to_string(t.alloc_id));
+  add(f::refcount, std::to_string(t.refcount));
+  add(f::state, std::string(to_string(t.state)));
+  add(f::generation, std::to_string(t.generation));
+  add(f::epoch, std::to_string(t.epoch));
+  add(f::owner, t.owner);
+  add(f::owner_pid, std::to_string(t.owner_pid));
+  add(f::create_id, t.create_id);
+  add(f::event_handle, t.event_handle);
+  add(f::event_version, std::to_string(t.event_version));
+  for (const auto& [holder, count] : t.holders)
+    add(std::string(f::holder_prefix) + holder, std::to_string(count));
+  return out;
+}
+
+// Rebuilds a TensorInfo from a Hash (HGETALL). Unknown fields are ignored;
+// "holder:<id>" fields fill holders. Throws ProtocolError(bad_record), naming
+// the field, when a required field (name, dtype, shape, bytes, backend,
+// state, generation, refcount, device, ipc_handle, and alloc_bytes once not
+// pending) is missing, a field appears
+// twice, or a value does not parse or is inconsistent: bytes must equal
+// byte_size(dtype, shape); device is -1 for host and 0..1023 for cuda; once
+// the tensor is not pending, ipc_handle is 64 bytes for cuda and non-empty for
+// host, and offset + bytes <= alloc_bytes when alloc_bytes is stored;
+// event_handle is empty or 64 bytes; refcount and holder counts are >= 0.
+// Optional fields that are absent keep TensorInfo's default values.
+inline TensorInfo decode_record(const Fields& fields) {
+  namespace f = record_field;
+  std::map<std::string_view, std::string_view> by_name;
+  TensorInfo t;
+  std::string who = "tensor record";
+  for (const auto& [k, v] : fields)
+    if (k == f::name && memcuda::is_valid_name(v)) who = "tensor record \"" + v + "\"";
+  auto bad = [&](std::string_view field, const std::string& why) {
+    detail::fail(ProtocolErrc::bad_record,
+                 who + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
+  };
+  for (const auto& [k, v] : fields) {
+    std::string_view key = k;
+    if (key.starts_with(f::holder_prefix)) {
+      std::string id(key.substr(f::holder_prefix.size()));
+      if (id.empty()) bad(key, "names no holder");
+      auto n = detail::parse_decimal<std::int64_t>(v);
+      if (!n || *n < 0)
+        bad(key, "is \"" + memcuda::detail::rules::printable(v) + "\", expected an integer >= 0");
+      if (!t.holders.emplace(std::move(id), *n).second) bad(key, "appears twice");
+      continue;
+    }
+    if (!by_name.emplace(key, v).second) bad(key, "appears twice");
+  }
+  auto required = [&](std::string_view field) -> std::string_view {
+    auto it = by_name.find(field);
+    if (it == by_name.end()) bad(field, "is missing");
+    return it->second;
+  };
+  auto optional = [&](std::string_view field) -> std::optional<std::string_view> {
+    auto it = by_name.find(field);
+    if (it == by_name.end()) return std::nullopt;
+    return it->second;
+  };
+  auto shown = [](std::string_view v) {
+    return "\"" + memcuda::detail::rules::printable(v) + "\"";
+  };
+  auto as_i64 = [&](std::string_view field, std::string_view v) {
+    auto n = detail::parse_decimal<std::int64_t>(v);
+    if (!n) bad(field, "is " + shown(v) + ", expected a decimal int64");
+    return *n;
+  };
+  auto as_u64 = [&](std::string_view field, std::string_view v) {
+    auto n = detail::parse_decimal<std::uint64_t>(v);
+    if (!n) bad(field, "is " + shown(v) + ", expected a decimal uint64");
+    return *n;
+  };
+
+  std::string_view name = required(f::name);
+  if (!is_valid_name(name)) bad(f::name, "is " + shown(name) + ", not a valid tensor name");
+  t.name = std::string(name);
+
+  std::string_view dt = required(f::dtype);
+  auto dtype = dtype_from_string(dt);
+  if (!dtype) bad(f::dtype, "is " + shown(dt) + ", not a dtype");
+  t.dtype = *dtype;
+
+  std::string_view sh = required(f::shape);
+  try {
+    t.shape = shape_from_string(sh);
+  } catch (const ProtocolError& e) {
+    bad(f::shape, "is " + shown(sh) + ": " + e.what());
+  }
+
+  t.bytes = as_u64(f::bytes, required(f::bytes));
+  std::uint64_t expected = 0;
+  try {
+    expected = byte_size(t.dtype, t.shape);
+  } catch (const ProtocolError& e) {
+    bad(f::shape, std::string("does not give a valid size: ") + e.what());
+  }
+  if (t.bytes != expected)
+    bad(f::bytes, "is " + std::to_string(t.bytes) + " but " + std::string(to_string(t.dtype)) +
+                      " " + shape_to_string(t.shape) + " needs " + std::to_string(expected));
+
+  std::string_view be = required(f::backend);
+  auto backend = backend_from_string(be);
+  if (!backend) bad(f::backend, "is " + shown(be) + ", expected \"cuda\" or \"host\"");
+  t.backend = *backend;
+
+  std::string_view st = required(f::state);
+  auto state = state_from_string(st);
+  if (!state) bad(f::state, "is " + shown(st) + ", expected \"pending\", \"ready\" or \"lost\"");
+  t.state = *state;
+
+  t.generation = as_u64(f::generation, required(f::generation));
+  t.refcount = as_i64(f::refcount, required(f::refcount));
+  if (t.refcount < 0) bad(f::refcount, "is " + std::to_string(t.refcount) + ", expected >= 0");
+
+  std::int64_t device = as_i64(f::device, required(f::device));
+  if (t.backend == BackendKind::host && device != -1)
+    bad(f::device, "is " + std::to_string(device) + ", expected -1 for a host tensor");
+  if (t.backend == BackendKind::cuda && (device < 0 || device > protocol::kMaxDevice))
+    bad(f::device, "is " + std::to_string(device) + ", expected 0..1023 for a cuda tensor");
+  t.device = static_cast<int>(device);
+
+  t.ipc_handle = std::string(required(f::ipc_handle));
+  if (t.state != TensorState::pending) {
+    if (t.backend == BackendKind::cuda && t.ipc_handle.size() != kIpcHandleBytes)
+      bad(f::ipc_handle,
+          "is " + std::to_string(t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
+    if (t.backend == BackendKind::host && t.ipc_handle.empty())
+      bad(f::ipc_handle, "is empty, expected the shm object name of a host tensor");
+  }
+
+  if (auto v = optional(f::ctime)) t.ctime_ms = as_i64(f::ctime, *v);
+  if (auto v = optional(f::node)) t.node = std::string(*v);
+  if (auto v = optional(f::device_uuid)) t.device_uuid = std::string(*v);
+  if (auto v = optional(f::offset)) t.offset = as_u64(f::offset, *v);
+  // Once allocated, the mapping's extent is needed to map it and to check
+  // offset + bytes: alloc_bytes is required then (a record without it could
+  // not be written back either).
+  if (auto v = t.state == TensorState::pending ? optional(f::alloc_bytes)
+                                               : std::optional<std::string_view>(required(f::alloc_bytes))) {
+    t.alloc_bytes = as_u64(f::alloc_bytes, *v);
+    if (t.state != TensorState::pending &&
+        (t.offset > t.alloc_bytes || t.bytes > t.alloc_bytes - t.offset))
+      bad(f::alloc_bytes, "is " + std::to_string(t.alloc_bytes) + ", too small for offset " +
+                              std::to_string(t.offset) + " + bytes " + std::to_string(t.bytes));
+  }
+  if (auto v = optional(f::alloc_id)) t.alloc_id = as_u64(f::alloc_id, *v);
+  if (auto v = optional(f::epoch)) t.epoch = as_u64(f::epoch, *v);
+  if (auto v = optional(f::owner)) t.owner = std::string(*v);
+  if (auto v = optional(f::owner_pid)) t.owner_pid = as_i64(f::owner_pid, *v);
+  if (auto v = optional(f::create_id)) t.create_id = std::string(*v);
+  if (auto v = optional(f::event_handle)) {
+    t.event_handle = std::string(*v);
+    if (!t.event_handle.empty() && t.event_handle.size() != kIpcHandleBytes)
+      bad(f::event_handle,
+          "is " + std::to_string(t.event_handle.size()) + " bytes, expected 0 or 64");
+  }
+  if (auto v = optional(f::event_version)) t.event_version = as_u64(f::event_version, *v);
+  return t;
+}
+
+}  // namespace memcuda::protocol

@@ -1,0 +1,64 @@
+// The session value: what each registry's control thread writes (SET ... PX
+// session_ttl) under `memcuda:session:<session>` to say that its process is
+// alive (docs/protocol.md, "Redis keys and scripts"):
+//
+//   {"pid":123,"node":"host/1a2b3c4d","started":1732350000000,"allocator_capable":true}
+//
+// Expiry of the key means the process is gone; the value tells tools and the
+// leader who it was. Any client can write the key, so decode_session is
+// strict like decode_command; fields it does not know are ignored.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "memcuda/error.hpp"
+#include "memcuda/protocol/json_util.hpp"
+#include "memcuda/protocol/limits.hpp"
+
+namespace memcuda::protocol {
+
+struct SessionInfo {
+  std::int64_t pid = 0;            // 1..kMaxPid
+  std::string node;                // the process's node id (1..kMaxNodeBytes, no controls)
+  std::int64_t started_ms = 0;     // wire "started": Unix time in ms the registry started, >= 0
+  bool allocator_capable = false;  // it runs a control thread, so it may become the leader
+  friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
+};
+
+// Throws ProtocolError: too_large, bad_json, trailing_garbage, not_object;
+// missing_field for any of the four fields; wrong_type; bad_value for a pid
+// outside 1..kMaxPid, a negative "started", an empty, over-long or
+// control-character node.
+inline SessionInfo decode_session(std::string_view text) {
+  namespace json = boost::json;
+  constexpr std::string_view what = "session";
+  json::value doc = detail::parse_object(text, what);
+  const json::object& o = doc.get_object();
+  SessionInfo s;
+  s.pid = detail::get_int(detail::require(o, "pid", what), "pid", 1, kMaxPid);
+  s.node = detail::get_bounded_text(detail::require(o, "node", what), "node", kMaxNodeBytes);
+  s.started_ms = detail::get_int(detail::require(o, "started", what), "started", 0,
+                                 std::numeric_limits<std::int64_t>::max());
+  s.allocator_capable =
+      detail::get_bool(detail::require(o, "allocator_capable", what), "allocator_capable");
+  return s;
+}
+
+// Compact JSON in the order pid, node, started, allocator_capable. Checked
+// with decode_session: a value it would reject throws that ProtocolError.
+inline std::string encode_session(const SessionInfo& s) {
+  namespace json = boost::json;
+  json::object o;
+  o["pid"] = s.pid;
+  o["node"] = detail::sv(s.node);
+  o["started"] = s.started_ms;
+  o["allocator_capable"] = s.allocator_capable;
+  std::string out = json::serialize(o);
+  (void)decode_session(out);
+  return out;
+}
+
+}  // namespace memcuda::protocol
