@@ -9,8 +9,6 @@
 
 #include <unistd.h>
 
-#include <boost/json.hpp>
-
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +23,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/lease.hpp"
+#include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
 
 namespace memcuda::detail {
@@ -298,41 +297,16 @@ class Allocator {
                std::to_string(3 * ctx_.opts.lease_ttl.count())});
   }
 
-  // ---- the wire form of pool statistics (hand-built JSON until protocol/) ----
-  static std::string encode_pool_stats(const std::vector<PoolStats>& ps) {
-    boost::json::array a;
-    for (const auto& p : ps)
-      a.push_back({{"backend", std::string(to_string(p.backend))}, {"device", p.device},
-                   {"device_uuid", p.device_uuid}, {"in_use", p.in_use}, {"reserved", p.reserved},
-                   {"peak_in_use", p.peak_in_use}, {"budget", p.budget}, {"slabs", p.slabs},
-                   {"allocations", p.allocations}, {"frees", p.frees}, {"largest_free", p.largest_free}});
-    return boost::json::serialize(a);
-  }
+  // ---- the wire form of pool statistics (protocol/pool_stats.hpp) ----
+  static std::string encode_pool_stats(const std::vector<PoolStats>& ps) { return protocol::encode_pool_stats(ps); }
+  // Unreadable statistics are logged and read as none (they are advisory).
   static std::vector<PoolStats> decode_pool_stats(std::string_view json) {
-    std::vector<PoolStats> out;
     try {
-      auto v = boost::json::parse(json);
-      for (const auto& e : v.as_array()) {
-        const auto& o = e.as_object();
-        PoolStats p;
-        p.backend = backend_from_string(std::string(o.at("backend").as_string())).value_or(BackendKind::host);
-        p.device = static_cast<int>(o.at("device").to_number<std::int64_t>());
-        p.device_uuid = std::string(o.at("device_uuid").as_string());
-        auto u = [&](const char* key) { return o.at(key).to_number<std::uint64_t>(); };
-        p.in_use = u("in_use");
-        p.reserved = u("reserved");
-        p.peak_in_use = u("peak_in_use");
-        p.budget = u("budget");
-        p.slabs = u("slabs");
-        p.allocations = u("allocations");
-        p.frees = u("frees");
-        p.largest_free = u("largest_free");
-        out.push_back(std::move(p));
-      }
+      return protocol::decode_pool_stats(json);
     } catch (const std::exception& e) {
       log(LogLevel::warn, std::string("unreadable pool statistics in Redis: ") + e.what());
+      return {};
     }
-    return out;
   }
 
   // This process's share of RegistryStats.

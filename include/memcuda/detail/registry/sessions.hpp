@@ -6,8 +6,6 @@
 
 #include <unistd.h>
 
-#include <boost/json.hpp>
-
 #include <map>
 #include <set>
 #include <string>
@@ -17,6 +15,7 @@
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/protocol/session.hpp"
 #include "memcuda/stats.hpp"
 
 namespace memcuda::detail {
@@ -43,13 +42,9 @@ class Sessions {
 
   Sessions(Context& ctx, Allocator& alloc) : ctx_(ctx), alloc_(alloc) {}
 
-  // The session value (hand-built JSON until protocol/ has its codec).
+  // The session value (protocol/session.hpp).
   std::string session_value() const {
-    boost::json::object o{{"pid", ::getpid()},
-                          {"node", ctx_.node},
-                          {"started", ctx_.started_ms},
-                          {"allocator_capable", ctx_.opts.control_thread}};
-    return boost::json::serialize(o);
+    return protocol::encode_session({::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread});
   }
 
   // Announces (and refreshes) this registry's session: a key that expires
