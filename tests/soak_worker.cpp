@@ -125,6 +125,7 @@ class Soak {
   void release_all() {
     releases_ += static_cast<long>(held_.size());
     held_.clear();
+    reg_.flush();  // releases are sent in the background: the check below reads Redis directly
   }
 
   // Once every handle is released, no record may still name this session

@@ -154,6 +154,7 @@ TEST_CASE("MEMCUDA_DEBUG_POISON fills fresh and freed blocks with 0xDD", "[redis
   t.copy_from_host(v);
   auto* raw = static_cast<std::uint8_t*>(t.data());  // the slab stays mapped by the pool
   t.release();
+  reg.flush();  // the release is sent (and the block freed) in the background
   CHECK(std::all_of(raw, raw + 1000, [](auto b) { return b == 0xDD; }));
 }
 

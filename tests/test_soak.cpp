@@ -425,7 +425,7 @@ void soak(const SoakConfig& cfg) {
   //   memcuda:pool_stats          the leader's published pool statistics (PX 3 x ttl)
   //   memcuda:processing_lists    the Set naming the leader's processing list,
   //                               kept for the next takeover's re-queue
-  //   memcuda:reply:<worker>      only with an expiry (<= 60 s): a reply that
+  //   memcuda:reply:<worker>:<n> only with an expiry (<= 60 s): a reply that
   //                               arrived after its requester died or gave up
   //   memcuda:inbox:<session>     only with an expiry (<= 60 s): messages to a
   //                               registry's thread ("forget" notices sent to
@@ -446,7 +446,8 @@ void soak(const SoakConfig& cfg) {
     INFO("key " << k);
     if (fixed.count(k)) continue;
     if (starts_with(k, "memcuda:reply:") || starts_with(k, "memcuda:inbox:")) {
-      const std::string owner = k.substr(14);
+      std::string owner = k.substr(14);
+      owner = owner.substr(0, owner.find(':'));  // reply lists are per request: memcuda:reply:<session>:<seq>
       CHECK(sessions_seen.count(owner) == 1);
       auto ttl = c.command({"PTTL", k}).integer();
       CHECK(ttl > 0);

@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
         auto it = held.find(name);
         if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
         held.erase(it);
+        reg->flush();  // releases are sent in the background: the parent reads Redis next
         out << "OK";
       } else if (cmd == "remove") {
         reg->remove(name);

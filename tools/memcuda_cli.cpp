@@ -285,7 +285,7 @@ int cmd_ls(Context& c) {
 // ---- info -----------------------------------------------------------------
 
 // The holder id of a persistent tensor's own reference (docs/design.md).
-constexpr std::string_view kNameHolder = "@name";
+constexpr std::string_view kNameHolder = memcuda::detail::HolderId::kName;
 
 struct HolderView {
   std::string id;

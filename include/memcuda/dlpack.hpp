@@ -70,6 +70,9 @@ DLManagedTensor* to_dlpack(const SharedTensor<T>& t) {
   d.strides = ctx->strides.data();
   d.byte_offset = 0;
   ctx->managed.manager_ctx = ctx.get();
+  // The deleter may run on any framework thread, e.g. inside a CUDA
+  // caching allocator's free: dropping the last share only queues the
+  // release (no Redis I/O here; TensorRegistry::flush() waits for it).
   ctx->managed.deleter = [](DLManagedTensor* self) {
     delete static_cast<detail::DLPackContext*>(self->manager_ctx);
   };

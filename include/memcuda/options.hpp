@@ -79,6 +79,14 @@ struct RegistryOptions {
   // How long a create sent to the allocator of record waits for its reply.
   std::chrono::milliseconds request_timeout{5000};
 
+  // Client calls borrow a Redis connection from a pool of at most this many
+  // (made as needed), so one thread's call never waits behind another's.
+  std::size_t client_connections = 4;
+  // Calls that wait in Redis for long (create through the allocator of
+  // record, wait()) borrow from a second pool of at most this many, so
+  // waiting threads never take the connections short calls need.
+  std::size_t waiting_connections = 16;
+
   // Backend and device of create() when CreateOptions leaves them unset.
   // nullopt: cuda when this build has CUDA and a device is visible, else host.
   std::optional<BackendKind> default_backend;

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "memcuda/detail/ipc_event.hpp"
-#include "memcuda/detail/registry_core.hpp"
+#include "memcuda/detail/registry/core.hpp"
 #include "memcuda/local_tensor.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
@@ -20,23 +20,25 @@ namespace detail {
 
 // One holder reference of this process to one generation of a tensor, plus
 // what keeps its memory mapped. Shared by every copy of a SharedTensor;
-// the destructor drops the reference in Redis (and never throws).
+// the destructor queues the release of the reference (no Redis round trip
+// on the caller's thread: the registry's release thread sends it, see
+// detail/registry/release_queue.hpp) and never throws.
 class TensorHandle {
  public:
-  TensorHandle(std::shared_ptr<RegistryCore> core, TensorInfo info, void* data, std::shared_ptr<void> keep)
+  TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep)
       : core_(std::move(core)), info_(std::move(info)), data_(data), keep_(std::move(keep)) {
 #if MEMCUDA_HAS_CUDA()
     local_device_ = info_.backend == BackendKind::cuda ? ordinal_of_uuid(info_.device_uuid, info_.device) : -1;
 #endif
   }
-  ~TensorHandle() { core_->release_noexcept(info_.name, info_.generation); }
+  ~TensorHandle() { Core::release_later(std::move(core_), info_.name, info_.generation); }
   TensorHandle(const TensorHandle&) = delete;
   TensorHandle& operator=(const TensorHandle&) = delete;
 
   const TensorInfo& info() const noexcept { return info_; }
   void* data() const noexcept { return data_; }
   int local_device() const noexcept { return local_device_; }
-  RegistryCore& core() const noexcept { return *core_; }
+  Core& core() const noexcept { return *core_; }
 
 #if MEMCUDA_HAS_CUDA()
   // This process's interprocess event for the tensor, made on first use.
@@ -48,7 +50,7 @@ class TensorHandle {
 #endif
 
  private:
-  std::shared_ptr<RegistryCore> core_;
+  std::shared_ptr<Core> core_;
   TensorInfo info_;
   void* data_;
   std::shared_ptr<void> keep_;
@@ -122,14 +124,16 @@ class SharedTensor {
   // False once the name was removed (or removed and created again), or its
   // tensor was moved to a new allocator of record after the old one died:
   // this handle still maps valid memory (after a move, a copy taken at the
-  // move), but it is no longer what the name means; get() it again. Asks
-  // Redis (one round trip).
+  // move), but it is no longer what the name means; get() it again.
+  // Cost: one Redis round trip per call (it asks Redis for the name's
+  // current generation); do not call it per element or in a hot loop.
+  // An empty handle answers false without I/O.
   bool valid() const {
     if (!h_) return false;
-    auto g = h_->core().current_generation(name());
+    auto g = h_->core().client.current_generation(name());
     return g && *g == generation();
   }
-  // Throws StaleHandle when !valid().
+  // Throws StaleHandle when !valid() (one Redis round trip, like valid()).
   void check_valid() const {
     if (!valid())
       throw StaleHandle("handle to '" + name() + "' (generation " + std::to_string(generation()) +
@@ -155,14 +159,14 @@ class SharedTensor {
 #else
     (void)stream;
 #endif
-    return h().core().publish_event(name(), generation(), handle);
+    return h().core().client.publish_event(name(), generation(), handle);
   }
 
   // Consumer side for a handle already open: makes `stream` wait for the
   // producer's last published event (no-op when none was published or on
   // the host backend). Throws StaleHandle when the name moved on.
   void wait_published(StreamHandle stream) const {
-    auto handle = h().core().published_event(name(), generation());
+    auto handle = h().core().client.published_event(name(), generation());
 #if MEMCUDA_HAS_CUDA()
     if (backend() == BackendKind::cuda && !handle.empty()) detail::stream_wait_ipc_event(stream, handle);
 #else

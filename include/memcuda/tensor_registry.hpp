@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "memcuda/detail/control/control_loop.hpp"
-#include "memcuda/detail/registry_core.hpp"
+#include "memcuda/detail/registry/core.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
@@ -31,13 +31,25 @@ namespace memcuda {
 // destroyed (they keep its connection alive); memory this process
 // allocated as allocator of record lives until its last local user is gone.
 //
-// Thread safety: all member functions may be called from any thread; calls
-// that talk to Redis are serialised on one connection.
+// Thread safety: all member functions may be called from any thread. Each
+// call borrows a Redis connection of its own from a small pool
+// (options.client_connections; calls that wait in Redis, such as a create
+// served by another process or wait(), from options.waiting_connections),
+// so one thread's call never waits behind another's.
+//
+// Releases: destroying the last copy of a SharedTensor (or a DLPack
+// deleter) does no Redis I/O on the caller's thread; the release is queued
+// and sent, batched, by the registry's release thread, one round trip after
+// the batch in flight (see flush()); every later call of any registry of
+// this process that talks to Redis first waits for them, so it sees them.
+// Releases of tensors that outlive the registry still land.
+//
+// A moved-from TensorRegistry throws InvalidArgument from every member.
 class TensorRegistry {
  public:
   explicit TensorRegistry(RegistryOptions options = {})
-      : core_(std::make_shared<detail::RegistryCore>(std::move(options))) {
-    loop_ = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->opts.redis));
+      : core_(detail::Core::make(std::move(options))) {
+    loop_ = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
     loop_->start();
     thread_ = std::jthread([loop = loop_.get()](std::stop_token st) { loop->run(st); });
   }
@@ -71,9 +83,8 @@ class TensorRegistry {
   SharedTensor<T> get(std::string_view name) {
     std::optional<DType> want;
     if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
-    auto [info, mapped] = core_->acquire(name, want);
-    return SharedTensor<T>(std::make_shared<detail::TensorHandle>(core_, std::move(info), mapped.first,
-                                                                  std::move(mapped.second)));
+    auto o = core().client.acquire(name, want);
+    return SharedTensor<T>(std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep)));
   }
 
   // get() for stream-ordered consumers: additionally makes `stream` wait
@@ -95,52 +106,62 @@ class TensorRegistry {
   // Drops the references of dead processes (expired sessions, dead JSON
   // client pids) now and frees what that releases. The allocator of
   // record does this every gc_interval on its own.
-  GcReport collect_garbage() { return core_->collect_garbage_now(); }
+  GcReport collect_garbage() { return core().collect_garbage_now(); }
 
   // Returns the allocator of record's empty slabs to the driver now (in
   // this process, when it is the leader; the control thread also does it
   // on its own). Returns the bytes released.
-  std::uint64_t trim() { return core_->trim_now(); }
+  std::uint64_t trim() { return core().trim_now(); }
 
   // Sets the pools' peak statistic to their current use (leader only).
-  void reset_peak() { core_->reset_pool_peaks(); }
+  void reset_peak() { core().alloc.reset_peaks(); }
 
   // Unlinks the name now: get() fails and create() may reuse it at once.
   // Handles already open stay valid (valid() turns false); the memory is
   // freed when the last holder releases. Throws NotFound.
-  void remove(std::string_view name) { core_->remove(name); }
+  void remove(std::string_view name) { core().client.remove(name); }
 
   // Blocks until the named tensor exists and is ready, or the timeout
   // passes (returns false). No polling: the create wakes the waiter.
-  bool wait(std::string_view name, std::chrono::milliseconds timeout) { return core_->wait(name, timeout); }
+  bool wait(std::string_view name, std::chrono::milliseconds timeout) { return core().client.wait(name, timeout); }
 
   // Records of the named tensors matching a glob pattern, sorted by name.
-  std::vector<TensorInfo> list(std::string_view pattern = "*") { return core_->list(pattern); }
+  std::vector<TensorInfo> list(std::string_view pattern = "*") { return core().client.list(pattern); }
 
   // The current record of one tensor. Throws NotFound, InvalidArgument (a
   // name no tensor can have).
   TensorInfo info(std::string_view name) {
-    auto i = core_->info(name);
+    auto i = core().client.info(name);
     if (!i) throw NotFound("no tensor named '" + std::string(name) + "'");
     return std::move(*i);
   }
 
   // Counts and bytes per device and backend, the leader, this process.
-  RegistryStats stats() { return core_->stats(); }
+  RegistryStats stats() { return core().stats(); }
 
   // Who holds the allocator-of-record lease (two Redis commands).
-  LeaderInfo leader() { return core_->leader_info(); }
+  LeaderInfo leader() { return core().client.leader_info(); }
+
+  // Waits until every release queued by this process's destructors (last
+  // SharedTensor copies, DLPack deleters) before the call is in Redis (every
+  // other call that talks to Redis waits for them too, without throwing), for
+  // at most `timeout` (default: options.request_timeout); throws
+  // TimeoutError when Redis did not take them in time (they stay queued).
+  void flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+    auto& c = core_ref();
+    detail::Core::flush(timeout.count() < 0 ? c.ctx.opts.request_timeout : timeout);
+  }
 
   // Rethrows an error the registry's thread could not recover from (e.g.
   // credentials no longer accepted after a Redis restart); every other call
   // does this too. No-op when all is well.
-  void check() { core_->check_fatal(); }
+  void check() { core(); }
 
-  // True while this registry holds the allocator-of-record lease.
-  bool is_leader() const noexcept { return core_->is_leader(); }
-  const std::string& session_id() const noexcept { return core_->session; }
-  const std::string& node_id() const noexcept { return core_->node; }
-  const RegistryOptions& options() const noexcept { return core_->opts; }
+  // True while this registry holds the allocator-of-record lease (no I/O).
+  bool is_leader() const { return core_ref().is_leader(); }
+  const std::string& session_id() const { return core_ref().ctx.session; }
+  const std::string& node_id() const { return core_ref().ctx.node; }
+  const RegistryOptions& options() const { return core_ref().ctx.opts; }
 
  private:
   std::shared_ptr<detail::TensorHandle> create_handle(std::string_view name, DType dtype, Shape shape,
@@ -152,10 +173,11 @@ class TensorRegistry {
     cmd.name = std::string(name);
     cmd.dtype = dtype;
     cmd.shape = std::move(shape);
-    cmd.device = opts.device.value_or(core_->opts.default_device);
+    auto& c = core();
+    cmd.device = opts.device.value_or(c.ctx.opts.default_device);
     cmd.backend = opts.backend;
     if (opts.persistent) cmd.persistent = true;
-    if (cmd.backend.value_or(core_->default_backend()) == BackendKind::cuda) {
+    if (cmd.backend.value_or(c.ctx.default_backend()) == BackendKind::cuda) {
 #if MEMCUDA_HAS_CUDA()
       // The command names the device by its UUID-stable ordinal of the
       // allocator of record; translate ours when they differ.
@@ -164,11 +186,25 @@ class TensorRegistry {
       throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
 #endif
     }
-    auto [info, mapped] = core_->create(std::move(cmd));
-    return std::make_shared<detail::TensorHandle>(core_, std::move(info), mapped.first, std::move(mapped.second));
+    auto o = c.client.create(std::move(cmd));
+    return std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep));
   }
 
-  std::shared_ptr<detail::RegistryCore> core_;
+  // The core, for a call that may talk to Redis: rethrows an error the
+  // registry's thread could not recover from, then waits for the releases
+  // this process queued before the call (so the call sees them).
+  detail::Core& core() {
+    auto& c = core_ref();
+    c.ctx.check_fatal();
+    c.see_own_releases();
+    return c;
+  }
+  detail::Core& core_ref() const {
+    if (!core_) throw InvalidArgument("use of a moved-from TensorRegistry");
+    return *core_;
+  }
+
+  std::shared_ptr<detail::Core> core_;
   std::unique_ptr<detail::ControlLoop> loop_;
   std::jthread thread_;  // declared after loop_: destroyed (joined) first
 };

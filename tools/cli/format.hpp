@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "memcuda/detail/holder_id.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/shape.hpp"
 
@@ -257,31 +258,12 @@ inline std::optional<Shape> parse_shape(std::string_view text) {
 }
 
 // The process a holder id names, when it names one: a registry session
-// "<pid>-<hex>" or a JSON client's "pid:<pid>". "@name", "anonymous" and
-// free-form holders name none.
-inline std::optional<pid_t> holder_pid(std::string_view id) {
-  std::string_view digits;
-  if (id.starts_with("pid:")) {
-    digits = id.substr(4);
-  } else {
-    auto dash = id.find('-');
-    if (dash == std::string_view::npos || dash + 1 == id.size()) return std::nullopt;
-    for (char c : id.substr(dash + 1))
-      if (!std::isxdigit(static_cast<unsigned char>(c))) return std::nullopt;
-    digits = id.substr(0, dash);
-  }
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (digits.empty() || ec != std::errc() || p != digits.data() + digits.size() || v <= 0 || v > 0x7fffffff)
-    return std::nullopt;
-  return static_cast<pid_t>(v);
-}
+// "<pid>-<hex>" or a JSON client's "pid:<pid>" (the grammar is
+// detail::HolderId's). "@name", "anonymous" and free-form holders name none.
+inline std::optional<pid_t> holder_pid(std::string_view id) { return memcuda::detail::HolderId::pid_of(id); }
 
 // Whether a process with this pid exists on this machine. EPERM means it
 // exists but belongs to someone else: alive.
-inline bool pid_alive(pid_t pid) {
-  if (pid <= 0) return false;
-  return ::kill(pid, 0) == 0 || errno == EPERM;
-}
+inline bool pid_alive(pid_t pid) { return memcuda::detail::HolderId::process_alive(pid); }
 
 }  // namespace memcuda::cli

@@ -4,6 +4,12 @@
 // `tensor_lifecycle` (the leader), taking each command with
 // BLMOVE into its own processing list, so a command taken by a leader that
 // dies before finishing is queued again by the next leader (kRequeue).
+// A command this leader took but could not finish because the link to
+// Redis failed is never left there until an election: it stays the
+// thread's pending command, and the next pass finishes it first (a create
+// is executed again, which its create_id makes a replay; other commands
+// are answered with an error, since running them twice could take or drop
+// a second reference).
 #pragma once
 
 #include <algorithm>
@@ -15,7 +21,9 @@
 #include <stop_token>
 #include <thread>
 
-#include "memcuda/detail/registry_core.hpp"
+#include <optional>
+
+#include "memcuda/detail/registry/core.hpp"
 
 namespace memcuda::detail {
 
@@ -23,15 +31,15 @@ class ControlLoop {
  public:
   // `conn` is this thread's own connection, made by the caller so that a
   // bad address fails in the registry's constructor, not in the thread.
-  ControlLoop(std::shared_ptr<RegistryCore> core, redis::Connection conn)
-      : core_(std::move(core)), conn_(std::move(conn)), beat_conn_(core_->opts.redis) {}
+  ControlLoop(std::shared_ptr<Core> core, redis::Connection conn)
+      : core_(std::move(core)), conn_(std::move(conn)), beat_conn_(core_->ctx.opts.redis) {}
 
   // Registers the session and, when this registry may be allocator of
   // record, campaigns once, synchronously: the first registry to start is
   // the allocator of record by the time its constructor returns.
   void start() {
-    core_->refresh_session(conn_);
-    if (core_->opts.control_thread) core_->try_acquire_lease(conn_, scripts_);
+    core_->sessions.refresh(conn_);
+    if (core_->ctx.opts.control_thread) core_->lease.try_acquire(conn_);
   }
 
   void run(std::stop_token st) {
@@ -42,40 +50,44 @@ class ControlLoop {
       cv_.notify_all();
       if (blocked_.load()) conn_.interrupt();
     });
-    const bool campaign = core_->opts.control_thread;
-    const auto period = std::max(std::min(core_->opts.lease_ttl, core_->opts.session_ttl) / 3,
+    const auto& opts = core_->ctx.opts;
+    const bool campaign = opts.control_thread;
+    const auto period = std::max(std::min(opts.lease_ttl, opts.session_ttl) / 3,
                                  std::chrono::milliseconds(10));
     // The session and the lease are kept alive by a thread of their own, so
     // a slow command (a large first cudaMalloc, a sanitizer) never lets them
     // expire while this process is alive and serving.
     std::jthread beat([this, period](std::stop_token bst) { heartbeat(bst, period); });
     auto next_tick = std::chrono::steady_clock::now() + period;
-    auto next_gc = std::chrono::steady_clock::now() + core_->opts.gc_interval;
+    auto next_gc = std::chrono::steady_clock::now() + opts.gc_interval;
     auto next_recover = std::chrono::steady_clock::now();
     while (!st.stop_requested()) {
       try {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_tick) {
           if (campaign) {
-            if (!core_->is_leader()) core_->try_acquire_lease(conn_, scripts_);
+            if (!core_->is_leader()) core_->lease.try_acquire(conn_);
             if (core_->is_leader()) {
-              core_->trim_and_announce(conn_, false);
-              core_->publish_pool_stats(conn_);
+              core_->alloc.trim_and_announce(conn_, false);
+              core_->alloc.publish_pool_stats(conn_);
             }
           }
           next_tick = now + period;
         }
         if (core_->is_leader() && now >= next_gc) {
-          core_->gc_round(conn_, scripts_);
-          next_gc = now + core_->opts.gc_interval;
+          core_->gc_round(conn_);
+          next_gc = now + opts.gc_interval;
         }
         if (recover_.load() && now >= next_recover) {
           // Redis lost our session (data loss or a long stop): put back what
           // this process owns and holds; retried until every reference found
           // its record, for at most kRecoverWindow.
-          if (core_->recover(conn_, scripts_) || now >= recover_until_.load()) recover_.store(false);
+          if (core_->recovery.run(conn_) || now >= recover_until_.load()) recover_.store(false);
           next_recover = now + period;
         }
+        // A command taken under a lease we no longer hold is the next
+        // leader's (it re-queues our processing list).
+        if (!core_->is_leader()) pending_.reset();
         if (core_->is_leader()) {
           auto until = std::min(next_tick, next_gc);
           serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
@@ -86,8 +98,8 @@ class ControlLoop {
       } catch (const AuthError& e) {
         // Credentials no longer work (e.g. Redis restarted with another
         // password): retrying cannot help; tell the user's next call.
-        core_->lose_leadership(e.what());
-        core_->set_fatal(std::current_exception());
+        core_->lease.lose(e.what());
+        core_->ctx.set_fatal(std::current_exception());
         return;
       } catch (const std::exception& e) {
         if (st.stop_requested()) break;
@@ -104,9 +116,12 @@ class ControlLoop {
     // The stop callback may have interrupted a blocking call that had just
     // returned: the goodbye below must still reach Redis.
     conn_.clear_interrupt();
+    // Releases queued by destructors land before the session ends (bounded:
+    // the garbage collector drops what is left once the session is gone).
+    (void)ReleaseQueue::instance().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
     try {
-      core_->release_lease(conn_, scripts_);
-      core_->end_session(conn_);
+      core_->lease.release(conn_);
+      core_->sessions.end(conn_);
     } catch (const std::exception& e) {
       log(LogLevel::warn, std::string("ending the session: ") + e.what());
     }
@@ -119,11 +134,11 @@ class ControlLoop {
     int failures = 0;
     while (!st.stop_requested()) {
       try {
-        if (!core_->refresh_session(beat_conn_)) {
+        if (!core_->sessions.refresh(beat_conn_)) {
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
           recover_.store(true);
         }
-        if (core_->is_leader()) core_->renew_lease(beat_conn_, beat_scripts_);
+        if (core_->is_leader()) core_->lease.renew(beat_conn_);
         failures = 0;
       } catch (const std::exception& e) {
         if (++failures <= 3 || failures % 50 == 0) log(LogLevel::warn, std::string("heartbeat: ") + e.what());
@@ -137,7 +152,7 @@ class ControlLoop {
   // the stop callback can interrupt; nil when it timed out or a stop was
   // requested.
   redis::Reply blocking_pop(std::stop_token& st, std::chrono::milliseconds block, std::vector<std::string> cmd) {
-    cmd.push_back(RegistryCore::seconds_arg(block));
+    cmd.push_back(seconds_arg(block));
     std::vector<redis::Arg> args(cmd.begin(), cmd.end());
     redis::Reply r;
     blocked_.store(true);
@@ -163,77 +178,106 @@ class ControlLoop {
   // allocator of record: copy a tensor whose exporter died, free memory it
   // still owns, forget a dead exporter's mappings, close returned slabs).
   void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
-    auto r = blocking_pop(st, clamp_block(budget), {"BLPOP", core_->keys.inbox(core_->session)});
+    auto r = blocking_pop(st, clamp_block(budget), {"BLPOP", core_->ctx.keys.inbox(core_->ctx.session)});
     if (r.is_nil()) return;
     core_->handle_inbox(conn_, std::string(r[1].str()));
   }
 
+  // A command taken from the lifecycle list and not finished yet.
+  struct Pending {
+    std::string processing;  // the processing list it sits in
+    std::string raw;
+    int attempts = 0;                       // executions that failed on the link
+    std::optional<std::string> answer_to;   // decided reply: (reply_to, body)
+    std::string answer;
+  };
+
   void serve_one(std::chrono::milliseconds budget, std::stop_token& st) {
-    const std::string processing = core_->keys.processing(core_->lease().second);
-    auto r = blocking_pop(st, clamp_block(budget), {"BLMOVE", core_->keys.lifecycle(), processing, "RIGHT", "LEFT"});
+    if (pending_) return finish();  // a failed pass left it: before anything new
+    const auto& k = core_->ctx.keys;
+    const std::string processing = k.processing(core_->lease.current().second);
+    auto r = blocking_pop(st, clamp_block(budget), {"BLMOVE", k.lifecycle(), processing, "RIGHT", "LEFT"});
     if (r.is_nil()) return;
-    std::string raw(r.str());
-    handle(raw);
-    conn_.command({"LREM", processing, 1, raw});
+    pending_.emplace();
+    pending_->processing = processing;
+    pending_->raw = std::string(r.str());
+    finish();
   }
 
-  void handle(const std::string& raw) {
+  // Executes (or answers) the pending command, replies, and takes it off
+  // the processing list. A link failure leaves it pending (the loop backs
+  // off and calls again); nothing else does.
+  void finish() {
+    Pending& p = *pending_;
+    if (!p.answer_to) decide(p);
+    if (p.answer_to && !p.answer_to->empty()) send_reply(*p.answer_to, p.answer);
+    conn_.command({"LREM", p.processing, 1, p.raw});
+    pending_.reset();
+  }
+
+  void decide(Pending& p) {
     protocol::Command cmd;
     try {
-      cmd = protocol::decode_command(raw);
+      cmd = protocol::decode_command(p.raw);
     } catch (const std::exception& e) {
       log(LogLevel::warn, std::string("rejected lifecycle command: ") + e.what());
-      reply_malformed(raw, e);
+      auto route = protocol::peek_reply_route(p.raw);
+      p.answer_to = route ? route->reply_to : std::string();
+      if (route) {
+        auto rep = protocol::make_error_reply(nullptr, e);
+        rep.id = route->id;
+        rep.id_is_number = route->id_is_number;
+        p.answer = protocol::encode_reply(rep);
+      }
       return;
     }
     protocol::Reply rep;
     try {
-      rep = core_->execute(conn_, scripts_, cmd);
-    } catch (const ConnectionError&) {
-      throw;  // Redis away: the command stays in the processing list
-    } catch (const TimeoutError&) {
-      throw;
+      rep = core_->executor.execute(conn_, cmd);
+    } catch (const RedisError& e) {
+      if (!dynamic_cast<const ConnectionError*>(&e) && !dynamic_cast<const TimeoutError*>(&e)) {
+        rep = protocol::make_error_reply(&cmd, e);
+      } else if (Executor::idempotent(cmd.op) && ++p.attempts < kMaxAttempts) {
+        throw;  // stays pending: executed again (a replay) on the next pass
+      } else {
+        log(LogLevel::warn, std::string(to_string(cmd.op)) + " '" + cmd.name +
+                                "': the link to Redis failed while executing it: " + e.what());
+        rep = protocol::make_error_reply(
+            &cmd, Unavailable("the allocator of record lost its link to Redis while executing " +
+                              std::string(to_string(cmd.op)) + " '" + cmd.name +
+                              "'; it may or may not have taken effect (" + e.what() + ")"));
+      }
     } catch (const std::exception& e) {
       log(LogLevel::info, std::string(to_string(cmd.op)) + " '" + cmd.name + "' failed: " + e.what());
       rep = protocol::make_error_reply(&cmd, e);
     }
-    if (cmd.reply_to) send_reply(*cmd.reply_to, protocol::encode_reply(rep));
-  }
-
-  // A command that did not decode may still name reply_to (and an id):
-  // answer it there so the sender learns why.
-  void reply_malformed(const std::string& raw, const std::exception& e) {
-    auto route = protocol::peek_reply_route(raw);
-    if (!route) return;
-    auto rep = protocol::make_error_reply(nullptr, e);
-    rep.id = route->id;
-    rep.id_is_number = route->id_is_number;
-    send_reply(route->reply_to, protocol::encode_reply(rep));
+    p.answer_to = cmd.reply_to.value_or(std::string());
+    if (cmd.reply_to) p.answer = protocol::encode_reply(rep);
   }
 
   void send_reply(const std::string& to, const std::string& body) {
     // reply_to is untrusted: never write into mem-cuda's own keys (other
     // than registries' reply lists) or the lifecycle list itself.
-    const auto& k = core_->keys;
-    const std::string own = k.prefix() + "memcuda:";
+    const auto& k = core_->ctx.keys;
+    const std::string own = k.own_prefix();
     if (to == k.lifecycle() || (to.starts_with(own) && !to.starts_with(own + "reply:"))) {
       log(LogLevel::warn, "refusing to reply to '" + to + "': a key of the registry itself");
       return;
     }
-    if (scripts_.reply.eval(conn_, {to}, {body, "60000"}).integer() == 0)
+    if (core_->ctx.scripts.reply.eval(conn_, {to}, {body, "60000"}).integer() == 0)
       log(LogLevel::warn, "could not reply to '" + to + "': not a list");
   }
 
-  std::shared_ptr<RegistryCore> core_;
+  std::shared_ptr<Core> core_;
   redis::Connection conn_;
-  lua::Scripts scripts_;
   redis::Connection beat_conn_;  // the heartbeat thread's own
-  lua::Scripts beat_scripts_;
+  std::optional<Pending> pending_;  // this thread's only
+  static constexpr int kMaxAttempts = 20;
   std::mutex mu_;
   std::condition_variable_any cv_;
   std::atomic<bool> blocked_{false};
   int failures_ = 0;
-  static constexpr auto kRecoverWindow = std::chrono::milliseconds(RegistryCore::kRepublishGraceMs);
+  static constexpr auto kRecoverWindow = std::chrono::milliseconds(Sessions::kRepublishGraceMs);
   std::atomic<bool> recover_{false};
   std::atomic<std::chrono::steady_clock::time_point> recover_until_{};
 };

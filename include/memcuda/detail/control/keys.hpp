@@ -49,6 +49,25 @@ class Keys {
   std::string ready_channel(std::string_view name) const {
     return prefix_ + "memcuda:ready:" + std::string(name);
   }
+  // The reply list of one request of a session: one list per request, so
+  // threads waiting concurrently never take each other's replies.
+  std::string request_reply(std::string_view sid, std::uint64_t seq) const {
+    return reply(sid) + ":" + std::to_string(seq);
+  }
+  // Where holders answer a migrate request of this session (the leader).
+  std::string migrate_reply(std::string_view sid) const { return reply(sid) + ":migrate"; }
+  // A wait()er's private list, and the set of them per name (the create
+  // script pushes the generation to each).
+  std::string wait_list(std::string_view sid, std::uint64_t seq) const {
+    return reply(sid) + ":wait:" + std::to_string(seq);
+  }
+  std::string waiters(std::string_view name) const { return prefix_ + "memcuda:waiters:" + std::string(name); }
+  // The leader's pool statistics, readable by any process.
+  std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
+  // SCAN pattern of every unlinked-but-held record.
+  std::string removed_pattern() const { return prefix_ + "memcuda:removed:*"; }
+  // The prefix every key of the registry itself starts with.
+  std::string own_prefix() const { return prefix_ + "memcuda:"; }
 
  private:
   std::string prefix_;

@@ -1,0 +1,108 @@
+// Fault points: named places in the real code where a test can make the
+// next pass fail, deterministically, without mocking anything around it.
+//
+//   if (MEMCUDA_FAULT("executor.execute")) throw ConnectionError("fault");
+//
+// A test arms a point in its own process with fault::arm("name", n) (the
+// next n passes fire; n < 0: every pass until disarmed) or, for a worker
+// process, through the environment: MEMCUDA_FAULTS="name[=n],name2[=n2]",
+// read once at the first check. Unarmed, a check costs one relaxed atomic
+// load: the points are compiled into every build, so the code a test
+// exercises is the code users run.
+//
+// The points (grep MEMCUDA_FAULT for the current list):
+//   executor.execute       the leader's execute of a lifecycle command throws
+//                          ConnectionError before it runs (Redis dropped the link)
+//   executor.after_execute execute ran, then the link dropped before the reply
+//   script.unknown_status  the next script status the registry checks reads
+//                          as a status it does not know
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace memcuda::detail::fault {
+
+struct Registry {
+  std::atomic<int> armed{0};  // number of armed points: the unarmed fast path
+  std::mutex mu;
+  std::map<std::string, long, std::less<>> left;  // passes left to fire; < 0: forever
+
+  static Registry& instance() {
+    static Registry r = [] {
+      Registry x;
+      if (const char* e = std::getenv("MEMCUDA_FAULTS")) x.parse(e);
+      return x;
+    }();
+    return r;
+  }
+  Registry() = default;
+  Registry(Registry&& o) noexcept : armed(o.armed.load()), left(std::move(o.left)) {}
+
+  void parse(std::string_view spec) {
+    while (!spec.empty()) {
+      auto comma = spec.find(',');
+      std::string_view item = spec.substr(0, comma);
+      spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+      if (item.empty()) continue;
+      long n = 1;
+      if (auto eq = item.find('='); eq != std::string_view::npos) {
+        n = std::strtol(std::string(item.substr(eq + 1)).c_str(), nullptr, 10);
+        item = item.substr(0, eq);
+      }
+      left[std::string(item)] = n;
+    }
+    armed.store(static_cast<int>(left.size()), std::memory_order_relaxed);
+  }
+
+  bool fire(std::string_view name) {
+    std::lock_guard lk(mu);
+    auto it = left.find(name);
+    if (it == left.end()) return false;
+    if (it->second > 0 && --it->second == 0) {
+      left.erase(it);
+      armed.fetch_sub(1, std::memory_order_relaxed);
+    }
+    return true;
+  }
+};
+
+// Arms `name` for the next `times` passes (< 0: until disarm).
+inline void arm(std::string_view name, long times = 1) {
+  auto& r = Registry::instance();
+  std::lock_guard lk(r.mu);
+  auto [it, fresh] = r.left.insert_or_assign(std::string(name), times);
+  (void)it;
+  if (fresh) r.armed.fetch_add(1, std::memory_order_relaxed);
+}
+
+inline void disarm(std::string_view name) {
+  auto& r = Registry::instance();
+  std::lock_guard lk(r.mu);
+  if (auto it = r.left.find(name); it != r.left.end()) {
+    r.left.erase(it);
+    r.armed.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+// Whether the point fires on this pass (and counts the pass).
+inline bool hit(std::string_view name) {
+  auto& r = Registry::instance();
+  if (r.armed.load(std::memory_order_relaxed) == 0) return false;
+  return r.fire(name);
+}
+
+// Whether `name` is still armed (a test checks its point was reached).
+inline bool pending(std::string_view name) {
+  auto& r = Registry::instance();
+  std::lock_guard lk(r.mu);
+  return r.left.count(std::string(name)) > 0;
+}
+
+}  // namespace memcuda::detail::fault
+
+#define MEMCUDA_FAULT(name) (::memcuda::detail::fault::hit(name))

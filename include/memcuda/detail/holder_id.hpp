@@ -1,0 +1,87 @@
+// Who holds a reference to a tensor: the one grammar of holder ids, used by
+// the registry, the garbage collector, the migration and the CLI.
+//
+//   "<pid>-<16 hex>"  a registry session (TensorRegistry); alive while its
+//                     session key exists in Redis
+//   "pid:<n>"         a JSON client that named its pid; alive while that
+//                     process of this node runs
+//   "@name"           the name itself holds a persistent tensor
+//   "anonymous"       a JSON client that named neither (e.g. redis-cli)
+//   anything else     a free-form holder a JSON client chose; never collected
+// The Lua scripts know only "@name" (scripts.hpp), which they write.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace memcuda::detail {
+
+class HolderId {
+ public:
+  enum class Kind { session, pid, name, anonymous, other };
+
+  static constexpr std::string_view kName = "@name";
+  static constexpr std::string_view kAnonymous = "anonymous";
+
+  explicit HolderId(std::string id) : id_(std::move(id)), kind_(classify(id_)) {}
+  static HolderId for_pid(std::int64_t pid) { return HolderId("pid:" + std::to_string(pid)); }
+  static HolderId anonymous() { return HolderId(std::string(kAnonymous)); }
+  static HolderId name() { return HolderId(std::string(kName)); }
+
+  const std::string& str() const noexcept { return id_; }
+  Kind kind() const noexcept { return kind_; }
+  bool is_session() const noexcept { return kind_ == Kind::session; }
+
+  // The process the id names (a session's or a JSON client's pid), when it
+  // names one that could exist.
+  std::optional<pid_t> pid() const { return pid_of(id_); }
+
+  static bool is_session_id(std::string_view h) { return classify(h) == Kind::session; }
+
+  static Kind classify(std::string_view h) {
+    if (h == kName) return Kind::name;
+    if (h == kAnonymous) return Kind::anonymous;
+    if (h.starts_with("pid:")) return parse_pid(h.substr(4)) ? Kind::pid : Kind::other;
+    auto dash = h.find('-');
+    if (dash == 0 || dash == std::string_view::npos || h.size() - dash - 1 != 16) return Kind::other;
+    for (std::size_t i = 0; i < dash; ++i)
+      if (!std::isdigit(static_cast<unsigned char>(h[i]))) return Kind::other;
+    for (std::size_t i = dash + 1; i < h.size(); ++i)
+      if (!std::isxdigit(static_cast<unsigned char>(h[i]))) return Kind::other;
+    return Kind::session;
+  }
+
+  static std::optional<pid_t> pid_of(std::string_view h) {
+    switch (classify(h)) {
+      case Kind::pid: return parse_pid(h.substr(4));
+      case Kind::session: return parse_pid(h.substr(0, h.find('-')));
+      default: return std::nullopt;
+    }
+  }
+
+  // Whether a process with this pid exists on this machine (EPERM: it
+  // exists but is someone else's).
+  static bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+ private:
+  static std::optional<pid_t> parse_pid(std::string_view digits) {
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (digits.empty() || ec != std::errc() || p != digits.data() + digits.size() || v <= 0 || v > 0x7fffffff)
+      return std::nullopt;
+    return static_cast<pid_t>(v);
+  }
+
+  std::string id_;
+  Kind kind_;
+};
+
+}  // namespace memcuda::detail

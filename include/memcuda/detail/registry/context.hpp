@@ -1,0 +1,156 @@
+// What every role of a registry shares and never changes after
+// construction: the options, the keys, this session's identity, the loaded
+// scripts and the client connection pools; plus the slot through which the
+// registry's thread hands an unrecoverable error to the next API call.
+#pragma once
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/backend/cuda_backend.hpp"
+#include "memcuda/detail/backend/host_backend.hpp"
+#include "memcuda/detail/control/keys.hpp"
+#include "memcuda/detail/control/scripts.hpp"
+#include "memcuda/detail/fault.hpp"
+#include "memcuda/detail/holder_id.hpp"
+#include "memcuda/detail/log.hpp"
+#include "memcuda/detail/node.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/options.hpp"
+#include "memcuda/protocol.hpp"
+#include "memcuda/redis/connection.hpp"
+#include "memcuda/redis/connection_pool.hpp"
+
+namespace memcuda::detail {
+
+inline Backend& backend_for(BackendKind k) {
+  static HostBackend host;  // stateless; process-wide so blocks never outlive it
+  if (k == BackendKind::host) return host;
+#if MEMCUDA_HAS_CUDA()
+  static CudaBackend cuda;
+  return cuda;
+#else
+  throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+}
+
+inline bool cuda_usable() {
+#if MEMCUDA_HAS_CUDA()
+  return device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+// A number from a script's table: Lua numbers arrive as integers, Hash
+// values (HGET) as strings.
+inline std::int64_t reply_int(redis::ReplyView v) {
+  if (v.is_integer()) return v.integer();
+  std::string s(v.str());
+  try {
+    return std::stoll(s);
+  } catch (const std::exception&) {
+    throw InternalError("expected a number from Redis, got '" + s + "'");
+  }
+}
+inline std::uint64_t reply_u64(redis::ReplyView v) { return static_cast<std::uint64_t>(reply_int(v)); }
+
+inline protocol::Fields fields_from_reply(redis::ReplyView r) {
+  protocol::Fields f;
+  f.reserve(r.size() / 2);
+  for (std::size_t i = 0; i + 1 < r.size(); i += 2)
+    f.emplace_back(std::string(r[i].str()), std::string(r[i + 1].str()));
+  return f;
+}
+
+// The server-side block of BLPOP/BLMOVE, in seconds with millisecond digits.
+inline std::string seconds_arg(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", std::max<double>(ms.count(), 1.0) / 1000.0);
+  return buf;
+}
+
+// The status a script returned (the first element of its table). The
+// fault point makes it one no script returns, to test how unknown ones are
+// handled.
+inline std::string script_status(const redis::Reply& r) {
+  if (MEMCUDA_FAULT("script.unknown_status")) return "fault:unknown-status";
+  return std::string(r[0].str());
+}
+
+// A status the code does not know: a bug or a script of another version,
+// never a lost lease (only 'notleader' says that).
+[[noreturn]] inline void unexpected_status(std::string_view script, std::string_view status) {
+  throw InternalError("the " + std::string(script) + " script returned '" + std::string(status) +
+                      "', a status this version of mem-cuda does not know");
+}
+
+class Context {
+ public:
+  explicit Context(RegistryOptions o)
+      : opts(validated(std::move(o))),
+        keys(opts.name_space),
+        session(new_session_id()),
+        node(node_id()),
+        pool(opts.redis, redis::PoolOptions{opts.client_connections, opts.request_timeout * 2}),
+        waits(opts.redis, redis::PoolOptions{opts.waiting_connections, opts.request_timeout * 2}) {}
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const RegistryOptions opts;
+  const Keys keys;
+  const std::string session;
+  const std::string node;
+  const std::int64_t started_ms = now_ms();
+  // Script objects are immutable (SHA and source): one set serves every thread.
+  const lua::Scripts scripts;
+  // Short client commands borrow from `pool`; calls that block in Redis
+  // for long (a reply from the allocator of record, wait(), a holder's
+  // copy) borrow from `waits`, so they never starve the short ones.
+  redis::ConnectionPool pool;
+  redis::ConnectionPool waits;
+
+  BackendKind default_backend() const {
+    if (opts.default_backend) return *opts.default_backend;
+    return cuda_usable() ? BackendKind::cuda : BackendKind::host;
+  }
+
+  // Whether a tensor's owner session is alive: its session key exists, or
+  // (no key: Redis lost it, or the process was stopped past its TTL) its
+  // process still runs, so its memory is still good.
+  bool owner_alive(redis::Connection& c, const std::string& owner, std::int64_t pid) const {
+    if (owner.empty()) return false;
+    if (c.command({"EXISTS", keys.session(owner)}).integer() == 1) return true;
+    return pid > 0 && pid <= 0x7fffffff && HolderId::process_alive(static_cast<pid_t>(pid));
+  }
+
+  // ---- error hand-off from the registry's thread ----
+  void set_fatal(std::exception_ptr e) {
+    std::lock_guard lk(fatal_mu_);
+    if (!fatal_) fatal_ = e;
+  }
+  void check_fatal() {
+    std::lock_guard lk(fatal_mu_);
+    if (fatal_) std::rethrow_exception(std::exchange(fatal_, nullptr));
+  }
+
+ private:
+  static RegistryOptions validated(RegistryOptions o) {
+    if (o.lease_ttl < std::chrono::milliseconds(30)) throw InvalidArgument("lease_ttl must be at least 30 ms");
+    if (o.client_connections < 1) throw InvalidArgument("client_connections must be at least 1");
+    if (o.waiting_connections < 1) throw InvalidArgument("waiting_connections must be at least 1");
+    return o;
+  }
+
+  std::mutex fatal_mu_;  // leaf
+  std::exception_ptr fatal_;
+};
+
+}  // namespace memcuda::detail

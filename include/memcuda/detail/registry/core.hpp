@@ -1,0 +1,200 @@
+// The state a TensorRegistry shares with its tensors and its thread, as a
+// composition of one object per role:
+//
+//   Context      options, keys, session id, node, scripts, the client
+//                connection pools, the fatal-error slot        context.hpp
+//   Lease        the allocator-of-record lease                 lease.hpp
+//   Allocator    pools and owned allocations: create, free,
+//                release, trim, pool statistics                allocator.hpp
+//   Holds        references this process holds                 holds.hpp
+//   Client       get, create, remove, info, list, wait         client.hpp
+//   Executor     a lifecycle command, as the allocator of record executor.hpp
+//   Sessions     heartbeat value, garbage collection           sessions.hpp
+//   Migration    a dead allocator of record's tensors          migration.hpp
+//   Recovery     after Redis lost its data                     recovery.hpp
+//   inbox        messages from the leader to one session       inbox.hpp
+//   ReleaseQueue releases from destructors, sent in batches by one
+//                thread per process                            release_queue.hpp
+//   ControlLoop  the registry's thread (control/control_loop.hpp)
+//
+// Connections. Client calls borrow a connection from Context::pool (short
+// commands) or Context::waits (a call that waits in Redis) for their own
+// duration; the registry's thread and its heartbeat thread each own one;
+// the ReleaseQueue's thread borrows from each registry's pool. A `redis::Connection&`
+// parameter is always the one the calling entry point holds for that call.
+//
+// LOCK ORDER. Every mutex of the registry is a leaf: no code holds one
+// while it takes another, and none is held across a Redis call, a wait on
+// Redis, or a CUDA call, except DevicePool's own mutex (taken inside
+// Allocator with none of ours held; it covers cudaMalloc of a new slab).
+//   Context::fatal_mu_, Lease::mu_, Allocator::pools_mu_,
+//   Allocator::owned_mu_, Holds::mu_, Client::cache_mu_, Migration::mu_
+//   (a second migration round waits on its condition variable, not under
+//   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
+//   ProcessCache's mutex (its map; the backend open runs outside it).
+// docs/design.md ("Threads and locks") says the same.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "memcuda/detail/process_cache.hpp"
+#include "memcuda/detail/registry/allocator.hpp"
+#include "memcuda/detail/registry/client.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/executor.hpp"
+#include "memcuda/detail/registry/holds.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/detail/registry/lease.hpp"
+#include "memcuda/detail/registry/migration.hpp"
+#include "memcuda/detail/registry/recovery.hpp"
+#include "memcuda/detail/registry/release_queue.hpp"
+#include "memcuda/detail/registry/sessions.hpp"
+
+namespace memcuda::detail {
+
+class Core {
+ public:
+  static std::shared_ptr<Core> make(RegistryOptions o) { return std::make_shared<Core>(std::move(o)); }
+  explicit Core(RegistryOptions o) : ctx(std::move(o)) {}
+
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  Context ctx;
+  Lease lease{ctx};
+  Allocator alloc{ctx, lease};
+  Holds holds;
+  Client client{ctx, lease, alloc, holds};
+  Executor executor{ctx, lease, alloc, client};
+  Sessions sessions{ctx, alloc};
+  Migration migration{ctx, lease, alloc};
+  Recovery recovery{ctx, alloc, holds};
+
+  bool is_leader() const noexcept { return lease.held(); }
+
+  // A SharedTensor's last copy, or a DLPack deleter: no I/O here. The
+  // queued release keeps the core alive until it is sent.
+  static void release_later(std::shared_ptr<Core> self, std::string name, std::uint64_t gen) noexcept {
+    Core& c = *self;
+    c.holds.note(name, gen, -1);
+    ReleaseQueue::instance().push(std::move(self), c.ctx, c.alloc, std::move(name), gen);
+  }
+
+  // Waits until the releases this process queued so far are in Redis.
+  static void flush(std::chrono::milliseconds timeout) {
+    if (!ReleaseQueue::instance().flush(timeout))
+      throw TimeoutError("queued releases did not reach Redis within " + std::to_string(timeout.count()) + " ms");
+  }
+  // Before a call that talks to Redis: this process's earlier releases
+  // first (no exception; the call itself reports an unreachable Redis).
+  void see_own_releases() { (void)ReleaseQueue::instance().flush(ctx.opts.request_timeout); }
+
+  // One garbage-collection round of the allocator of record (its thread).
+  void gc_round(redis::Connection& c) {
+    auto token = lease.current().first;
+    sessions.collect(c, token);
+    migration.round(c, token);
+  }
+
+  GcReport collect_garbage_now() {
+    auto c = ctx.pool.acquire();
+    auto [token, epoch] = lease.current();
+    const bool lead = is_leader();
+    GcReport rep = sessions.collect(*c, lead ? token : "");
+    if (lead) {
+      auto [m, l] = migration.round(*c, token);
+      rep.tensors_migrated = m;
+      rep.tensors_lost = l;
+    }
+    return rep;
+  }
+
+  std::uint64_t trim_now() {
+    auto c = ctx.pool.acquire();
+    return alloc.trim_and_announce(*c, true);
+  }
+
+  RegistryStats stats() {
+    RegistryStats s;
+    auto all = client.list("*");
+    std::map<std::pair<int, int>, DeviceUsage> per;
+    for (const auto& t : all) {
+      ++s.tensors;
+      s.bytes += t.bytes;
+      auto& d = per[{static_cast<int>(t.backend), t.device}];
+      d.backend = t.backend;
+      d.device = t.device;
+      d.device_uuid = t.device_uuid;
+      ++d.tensors;
+      d.bytes += t.bytes;
+    }
+    for (auto& [k, v] : per) s.per_device.push_back(v);
+    {
+      auto c = ctx.pool.acquire();
+      s.leader = client.read_leader(*c);
+      s.queue_length = static_cast<std::uint64_t>(c->command({"LLEN", ctx.keys.lifecycle()}).integer());
+      s.sessions = sessions.live(*c);
+      if (is_leader()) {
+        s.pools = alloc.pool_stats();
+      } else if (auto ps = c->command({"GET", ctx.keys.pool_stats()}); !ps.is_nil()) {
+        s.pools = Allocator::decode_pool_stats(ps.str());
+      }
+    }
+    alloc.fill_process_stats(s.process);
+    auto& pc = ProcessCache::instance();
+    s.process.live_imports = pc.live_imports();
+    s.process.import_opens = pc.opens();
+    s.process.import_hits = pc.hits();
+    return s;
+  }
+
+  // Executes one inbox message (the registry's thread of a non-leader).
+  void handle_inbox(redis::Connection& c, const std::string& raw) {
+    inbox::Message msg;
+    try {
+      msg = inbox::decode(raw, ctx.node);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("ignoring an unreadable inbox message: ") + e.what());
+      return;
+    }
+    try {
+      if (auto* f = std::get_if<inbox::Forget>(&msg)) {
+        ProcessCache::instance().forget_owner(f->owner);
+      } else if (auto* u = std::get_if<inbox::Unmap>(&msg)) {
+        for (auto id : u->alloc_ids) ProcessCache::instance().forget_allocation(u->owner, id);
+      } else if (auto* fr = std::get_if<inbox::Free>(&msg)) {
+        alloc.free_unlinked(c, fr->generation);
+      } else if (auto* m = std::get_if<inbox::Migrate>(&msg)) {
+        if (!m->reply_to.starts_with(ctx.keys.reply(""))) throw InvalidArgument("migrate reply_to is not a reply list");
+        inbox::MigrateAnswer ans{m->id, true, {}};
+        try {
+          const TensorInfo& to = m->to;
+          if (to.offset > to.alloc_bytes || to.bytes > to.alloc_bytes - to.offset)
+            throw InvalidArgument("migration target out of bounds");
+          copy_for_migration(m->from, to);
+          log(LogLevel::info, "copied '" + to.name + "' (" + std::to_string(to.bytes) +
+                                  " bytes) for the allocator of record: its exporter died");
+        } catch (const std::exception& e) {
+          ans.ok = false;
+          ans.error = e.what();
+        }
+        c.pipeline({{"LPUSH", m->reply_to, inbox::encode_answer(ans)}, {"PEXPIRE", m->reply_to, "60000"}});
+      } else {
+        log(LogLevel::warn, "ignoring an inbox message with op '" + std::get<inbox::Unknown>(msg).op + "'");
+      }
+    } catch (const ConnectionError&) {
+      throw;
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("inbox message failed: ") + e.what());
+    }
+  }
+
+};
+
+// The old name of the core (tools and tests of earlier versions).
+using RegistryCore = Core;
+
+}  // namespace memcuda::detail

@@ -1,0 +1,77 @@
+// The allocator of record's side of the lifecycle list: executes one
+// command (create, get, del, free) for a JSON client or another registry
+// and builds the reply. The registry's thread calls it, on its own
+// connection, while this process holds the lease.
+#pragma once
+
+#include <string>
+
+#include "memcuda/detail/registry/allocator.hpp"
+#include "memcuda/detail/registry/client.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/lease.hpp"
+
+namespace memcuda::detail {
+
+class Executor {
+ public:
+  Executor(Context& ctx, Lease& lease, Allocator& alloc, Client& client)
+      : ctx_(ctx), lease_(lease), alloc_(alloc), client_(client) {}
+
+  // Whether running `op` again after a failure whose outcome is unknown
+  // (the link broke mid-call) is safe: a create carries its create_id and
+  // the script replays it; the others take or drop a reference.
+  static bool idempotent(protocol::Op op) { return op == protocol::Op::create; }
+
+  protocol::Reply execute(redis::Connection& c, const protocol::Command& cmd) {
+    if (MEMCUDA_FAULT("executor.execute")) throw ConnectionError("fault point executor.execute");
+    protocol::Reply rep;
+    rep.id = cmd.id;
+    rep.id_is_number = cmd.id_is_number;
+    rep.op = std::string(to_string(cmd.op));
+    rep.name = cmd.name;
+    auto [token, epoch] = lease_.current();
+    const auto& k = ctx_.keys;
+    switch (cmd.op) {
+      case protocol::Op::create: {
+        auto cr = alloc_.create(c, cmd);
+        rep.generation = cr.generation;
+        rep.refcount = cr.refcount;
+        break;
+      }
+      case protocol::Op::get: {
+        auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name)},
+                                           {holder_of(cmd), "", ctx_.node, token, "", ""});
+        auto t = client_.check_acquire(r, cmd.name, std::nullopt);
+        rep.generation = t.generation;
+        rep.refcount = t.refcount;
+        break;
+      }
+      case protocol::Op::del: {
+        std::uint64_t gen = cmd.generation.value_or(0);
+        if (!gen) {
+          auto g = c.command({"HGET", k.tensor(cmd.name), "generation"});
+          if (g.is_nil()) throw NotFound("no tensor named '" + cmd.name + "'");
+          gen = std::stoull(std::string(g.str()));
+        }
+        rep.refcount = alloc_.release(c, cmd.name, gen, holder_of(cmd), token);
+        rep.generation = gen;
+        break;
+      }
+      case protocol::Op::free:
+        alloc_.free_unlinked(c, cmd.generation.value_or(0));
+        rep.generation = cmd.generation;
+        break;
+    }
+    if (MEMCUDA_FAULT("executor.after_execute")) throw ConnectionError("fault point executor.after_execute");
+    return rep;
+  }
+
+ private:
+  Context& ctx_;
+  Lease& lease_;
+  Allocator& alloc_;
+  Client& client_;
+};
+
+}  // namespace memcuda::detail

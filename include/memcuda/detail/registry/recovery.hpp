@@ -1,0 +1,58 @@
+// After Redis lost its data (or this session's key expired while the
+// process was stopped): write back the records of what this process owns
+// and set this session's references to what it holds.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "memcuda/detail/registry/allocator.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/holds.hpp"
+
+namespace memcuda::detail {
+
+class Recovery {
+ public:
+  Recovery(Context& ctx, Allocator& alloc, Holds& holds) : ctx_(ctx), alloc_(alloc), holds_(holds) {}
+
+  // Returns true when every reference found its record (false: some owner
+  // has not republished yet; call again).
+  bool run(redis::Connection& c) {
+    const Keys& keys = ctx_.keys;
+    std::uint64_t republished = 0;
+    for (auto& [t, persistent] : alloc_.owned_records()) {
+      TensorInfo r = t;
+      r.holders.clear();
+      std::vector<redis::Arg> args{t.generation, keys.prefix(), persistent ? "1" : "0", t.name, now_ms()};
+      const protocol::Fields fields = protocol::encode_record(r);  // args point into it
+      for (const auto& [k, v] : fields) {
+        if (k == "generation" || k == "state" || k == "refcount" || k == "event_handle" || k == "event_version")
+          continue;
+        args.emplace_back(k);
+        args.emplace_back(v);
+      }
+      const std::string tk = keys.tensor(t.name), nk = keys.names(), gk = keys.generation();
+      redis::Arg kv[] = {tk, nk, gk};
+      auto res = ctx_.scripts.republish.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+      if (res[0].str() != "present") ++republished;
+    }
+    bool all = true;
+    for (const auto& [k, n] : holds_.snapshot()) {
+      auto res = ctx_.scripts.reregister.eval(c, {keys.tensor(k.first)}, {k.second, ctx_.session, n, keys.prefix()});
+      if (res[0].str() == "absent") all = false;
+    }
+    if (republished)
+      log(LogLevel::warn, "Redis had lost the records of " + std::to_string(republished) +
+                              " tensor(s) this process owns: republished them");
+    return all;
+  }
+
+ private:
+  Context& ctx_;
+  Allocator& alloc_;
+  Holds& holds_;
+};
+
+}  // namespace memcuda::detail

@@ -1,0 +1,192 @@
+// Sessions and garbage collection. Every registry keeps a session key
+// alive (refresh(), from its heartbeat thread); the allocator of record
+// drops the references of dead holders (expired sessions, JSON clients
+// whose pid is gone), frees what that releases and prunes the session index.
+#pragma once
+
+#include <unistd.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "memcuda/detail/process_cache.hpp"
+#include "memcuda/detail/registry/allocator.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/protocol/session.hpp"
+#include "memcuda/stats.hpp"
+
+namespace memcuda::detail {
+
+// Every record key: the named tensors and the unlinked-but-held ones.
+inline std::vector<std::string> record_keys(redis::Connection& c, const Keys& keys) {
+  std::vector<std::string> out;
+  auto m = c.command({"SMEMBERS", keys.names()});
+  for (std::size_t i = 0; i < m.size(); ++i) out.emplace_back(keys.tensor(m[i].str()));
+  std::string cursor = "0";
+  do {
+    auto r = c.command({"SCAN", cursor, "MATCH", keys.removed_pattern(), "COUNT", "1000"});
+    cursor = std::string(r[0].str());
+    for (std::size_t i = 0; i < r[1].size(); ++i) out.emplace_back(r[1][i].str());
+  } while (cursor != "0");
+  return out;
+}
+
+class Sessions {
+ public:
+  // How long holders may take to re-register after Redis lost its data
+  // (the registry's thread retries that long) before unclaimed records are freed.
+  static constexpr std::int64_t kRepublishGraceMs = 30000;
+
+  Sessions(Context& ctx, Allocator& alloc) : ctx_(ctx), alloc_(alloc) {}
+
+  // The session value (protocol/session.hpp).
+  std::string session_value() const {
+    return protocol::encode_session({::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread});
+  }
+
+  // Announces (and refreshes) this registry's session: a key that expires
+  // session_ttl after the last refresh, so a killed process's session ends.
+  // Returns false when the key was gone before this refresh (Redis lost
+  // its data, or this process was stopped past its TTL): the caller then
+  // re-registers what this process owns and holds (Recovery).
+  bool refresh(redis::Connection& c) {
+    auto r = c.pipeline({{"SET", ctx_.keys.session(ctx_.session), session_value(), "PX",
+                          std::to_string(ctx_.opts.session_ttl.count()), "GET"},
+                         {"SADD", ctx_.keys.sessions(), ctx_.session}});
+    return !r[0].is_nil();
+  }
+
+  void end(redis::Connection& c) {
+    c.pipeline({{"DEL", ctx_.keys.session(ctx_.session)}, {"SREM", ctx_.keys.sessions(), ctx_.session}});
+  }
+
+  std::uint64_t live(redis::Connection& c) {
+    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
+    if (members.size() == 0) return 0;
+    std::vector<redis::Command> ex;
+    for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"EXISTS", ctx_.keys.session(members[i].str())});
+    std::uint64_t n = 0;
+    for (auto& r : c.pipeline(ex)) n += r.integer() == 1;
+    return n;
+  }
+
+  // Drops every reference held by a dead session or a dead JSON client
+  // ("pid:<n>", a process of this node), frees what that releases, and
+  // prunes the session index. Safe from any process (the scripts are
+  // atomic); the allocator of record runs it every gc_interval with its
+  // lease token, so a deposed leader cannot act on stale views.
+  GcReport collect(redis::Connection& c, const std::string& token) {
+    GcReport rep;
+    const Keys& keys = ctx_.keys;
+    std::vector<std::string> names = record_keys(c, keys);
+    if (!names.empty()) {
+      std::vector<redis::Command> cmds, hk;
+      for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation", "refcount", "republished"});
+      for (const auto& k : names) hk.push_back({"HKEYS", k});
+      auto ids = c.pipeline(cmds);
+      auto fields = c.pipeline(hk);
+      struct Ref {
+        std::string name;
+        std::uint64_t gen;
+        std::string holder;
+      };
+      std::vector<Ref> refs;
+      std::map<std::string, bool> alive;
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        if (ids[i][0].is_nil() || ids[i][1].is_nil()) continue;
+        // A record republished after Redis lost its data that no holder
+        // re-registered (they died meanwhile) has no reference to release:
+        // once the holders' re-registration window has passed, free it.
+        if (!ids[i][3].is_nil() && !ids[i][2].is_nil() && reply_int(ids[i][2]) == 0 &&
+            now_ms() - reply_int(ids[i][3]) > kRepublishGraceMs + ctx_.opts.session_ttl.count()) {
+          std::string name(ids[i][0].str());
+          std::uint64_t gen = reply_u64(ids[i][1]);
+          try {
+            if (names[i] == keys.tensor(name)) {
+              auto r = ctx_.scripts.remove.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle()},
+                                                {keys.prefix(), ctx_.session});
+              if (r[0].str() == "free") alloc_.free_unlinked(c, reply_u64(r[1]), true);
+            } else {
+              alloc_.free_unlinked(c, gen);
+            }
+            ++rep.tensors_freed;
+            log(LogLevel::info, "gc: freed '" + name + "': republished after a Redis restart, nobody re-registered");
+          } catch (const std::exception& e) {
+            log(LogLevel::warn, "gc: freeing unclaimed '" + name + "': " + e.what());
+          }
+          continue;
+        }
+        for (std::size_t j = 0; j < fields[i].size(); ++j) {
+          std::string f(fields[i][j].str());
+          if (!f.starts_with("holder:")) continue;
+          std::string h = f.substr(7);
+          refs.push_back({std::string(ids[i][0].str()), reply_u64(ids[i][1]), h});
+          alive.emplace(h, true);
+        }
+      }
+      std::vector<std::string> sess;
+      for (auto& [h, a] : alive) {
+        HolderId id(h);
+        if (id.is_session()) sess.push_back(h);
+        else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
+      }
+      if (!sess.empty()) {
+        std::vector<redis::Command> ex;
+        for (const auto& h : sess) ex.push_back({"EXISTS", keys.session(h)});
+        auto r = c.pipeline(ex);
+        for (std::size_t i = 0; i < sess.size(); ++i) alive[sess[i]] = r[i].integer() == 1;
+      }
+      std::set<std::string> dead;
+      for (const auto& ref : refs) {
+        if (alive[ref.holder]) continue;
+        dead.insert(ref.holder);
+        auto cnt = c.command({"HGET", removed_or_named(c, ref.name, ref.gen), "holder:" + ref.holder});
+        std::int64_t n = cnt.is_nil() ? 0 : reply_int(cnt.view());
+        try {
+          if (alloc_.release(c, ref.name, ref.gen, ref.holder, token, true) == 0) ++rep.tensors_freed;
+          rep.references_dropped += static_cast<std::uint64_t>(n);
+          log(LogLevel::info, "gc: dropped " + std::to_string(n) + " reference(s) of dead holder " + ref.holder +
+                                  " to '" + ref.name + "'");
+        } catch (const NotFound&) {
+        } catch (const InvalidArgument&) {  // released meanwhile
+        }
+      }
+      rep.dead_holders = dead.size();
+    }
+    auto members = c.command({"SMEMBERS", keys.sessions()});
+    std::vector<std::string> all;
+    for (std::size_t i = 0; i < members.size(); ++i) all.emplace_back(members[i].str());
+    if (!all.empty()) {
+      std::vector<redis::Command> ex;
+      for (const auto& m : all) ex.push_back({"EXISTS", keys.session(m)});
+      auto r = c.pipeline(ex);
+      std::vector<std::string> gone, live;
+      for (std::size_t i = 0; i < all.size(); ++i) (r[i].integer() == 0 ? gone : live).push_back(all[i]);
+      for (const auto& g : gone) {
+        c.command({"SREM", keys.sessions(), g});
+        ++rep.sessions_pruned;
+        // Processes that mapped its memory stop keeping idle mappings of it,
+        // so a dead exporter's device memory is released by the driver.
+        ProcessCache::instance().forget_owner(g);
+        for (const auto& l : live)
+          if (l != ctx_.session) inbox::send(c, keys, l, inbox::Forget{g});
+      }
+    }
+    return rep;
+  }
+
+ private:
+  std::string removed_or_named(redis::Connection& c, const std::string& name, std::uint64_t gen) {
+    auto g = c.command({"HGET", ctx_.keys.tensor(name), "generation"});
+    if (!g.is_nil() && reply_u64(g.view()) == gen) return ctx_.keys.tensor(name);
+    return ctx_.keys.removed(gen);
+  }
+
+  Context& ctx_;
+  Allocator& alloc_;
+};
+
+}  // namespace memcuda::detail

@@ -1,0 +1,128 @@
+// The allocator of record's control plane under injected faults
+// (detail/fault.hpp): a command whose execution failed on the link to
+// Redis is finished at once, never stranded until an election; a script
+// status the client does not know is an InternalError, not a lost lease.
+#include <catch2/catch.hpp>
+
+#include <boost/json.hpp>
+
+#include <thread>
+
+#include "memcuda/detail/fault.hpp"
+#include "memcuda/memcuda.hpp"
+#include "support/redis_server.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+namespace fault = memcuda::detail::fault;
+
+namespace {
+
+RegistryOptions cp_opts(const test::RedisServer& srv, bool control = true) {
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.control_thread = control;
+  o.lease_ttl = 1s;
+  o.request_timeout = 3s;
+  o.default_backend = BackendKind::host;
+  return o;
+}
+
+struct Disarm {
+  std::string name;
+  ~Disarm() { fault::disarm(name); }
+};
+
+}  // namespace
+
+TEST_CASE("fault points fire the armed number of times", "[fault]") {
+  Disarm d{"test.point"};
+  CHECK_FALSE(MEMCUDA_FAULT("test.point"));
+  fault::arm("test.point", 2);
+  CHECK(fault::pending("test.point"));
+  CHECK(MEMCUDA_FAULT("test.point"));
+  CHECK(MEMCUDA_FAULT("test.point"));
+  CHECK_FALSE(MEMCUDA_FAULT("test.point"));
+  CHECK_FALSE(fault::pending("test.point"));
+  fault::Registry r;
+  r.parse("a=3,b");
+  CHECK(r.left.at("a") == 3);
+  CHECK(r.left.at("b") == 1);
+}
+
+// Defect: the command stayed in the leader's processing list until the
+// next election; the client was told NotLeader after 2 x request_timeout.
+TEST_CASE("a create whose execution lost the link to Redis is retried at once", "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  TensorRegistry follower(cp_opts(srv, false));
+  REQUIRE(leader.is_leader());
+  redis::Connection probe(srv.options());
+  const std::string processing = "memcuda:processing:" + std::to_string(leader.leader().epoch);
+
+  SECTION("before it ran") {
+    Disarm d{"executor.execute"};
+    fault::arm("executor.execute", 1);
+    auto t0 = std::chrono::steady_clock::now();
+    auto t = follower.create<float>("c1", {4});
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    CHECK_FALSE(fault::pending("executor.execute"));  // the fault did fire
+    CHECK(ms < 3s);                                    // answered before the client's request_timeout
+    CHECK(t.generation() > 0);
+    CHECK(leader.info("c1").refcount == 1);
+  }
+  SECTION("after it ran: the retry is a replay, not a second tensor or reference") {
+    Disarm d{"executor.after_execute"};
+    fault::arm("executor.after_execute", 1);
+    auto t = follower.create<float>("c2", {4});
+    CHECK_FALSE(fault::pending("executor.after_execute"));
+    auto info = leader.info("c2");
+    CHECK(info.generation == t.generation());
+    CHECK(info.refcount == 1);
+    CHECK(info.holders.size() == 1);
+  }
+  CHECK(leader.is_leader());
+  // The leader replies, then takes the command off its processing list.
+  auto until = std::chrono::steady_clock::now() + 5s;
+  while (probe.command({"LLEN", processing}).integer() != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  CHECK(probe.command({"LLEN", processing}).integer() == 0);
+  CHECK(probe.command({"LLEN", "tensor_lifecycle"}).integer() == 0);
+}
+
+TEST_CASE("a get whose execution lost the link is answered, not replayed", "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  auto t = leader.create<float>("g", {4});
+  redis::Connection c(srv.options());
+  Disarm d{"executor.execute"};
+  fault::arm("executor.execute", 1);
+  c.command({"LPUSH", "tensor_lifecycle",
+             R"({"op":"get","name":"g","id":"j1","reply_to":"client:reply","pid":1})"});
+  auto r = c.blocking(5s, {"BLPOP", "client:reply", "5"});
+  REQUIRE_FALSE(r.is_nil());
+  auto rep = boost::json::parse(r[1].str()).as_object();
+  CHECK(rep.at("ok").as_bool() == false);
+  CHECK(rep.at("error").as_object().at("code").as_string() == "unavailable");
+  CHECK(leader.info("g").refcount == 1);  // not taken twice, not taken at all
+  CHECK(leader.is_leader());
+}
+
+// Defect: any status but the known ones read as a lost lease, so the
+// leader stepped down.
+TEST_CASE("a script status the client does not know is an InternalError, not a lost lease",
+          "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  REQUIRE(leader.is_leader());
+  auto t = leader.create<float>("known", {4});
+  {
+    Disarm d{"script.unknown_status"};
+    fault::arm("script.unknown_status", 1);
+    CHECK_THROWS_AS(leader.get<float>("known"), InternalError);
+  }
+  CHECK(leader.is_leader());
+  CHECK(leader.leader().is_self);
+  auto u = leader.create<float>("after", {4});  // still serves directly
+  CHECK(u.generation() > t.generation());
+}
