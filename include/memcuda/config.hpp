@@ -29,3 +29,29 @@
 #else
 #  define MEMCUDA_IS_NVCC() 0
 #endif
+
+// The versioned, configuration-tagged inline namespace (as {fmt}'s
+// FMT_BEGIN_NAMESPACE and CUB's CUB_NAMESPACE_BEGIN): everything mem-cuda
+// declares lives in memcuda::v<major>_<minor>_{cuda,host}. Users still write
+// memcuda::TensorRegistry; but two translation units built with and without
+// the CUDA backend (whose types differ in layout) mangle their names
+// differently, so linking them together fails at link time instead of
+// mixing layouts silently at run time. tests/compile_fail checks it.
+#include "memcuda/version.hpp"
+
+#define MEMCUDA_PP_CAT_(a, b) a##b
+#define MEMCUDA_PP_CAT(a, b) MEMCUDA_PP_CAT_(a, b)
+#if MEMCUDA_HAS_CUDA()
+#  define MEMCUDA_ABI_CONFIG _cuda
+#else
+#  define MEMCUDA_ABI_CONFIG _host
+#endif
+#define MEMCUDA_ABI_NAMESPACE                                                                       \
+  MEMCUDA_PP_CAT(MEMCUDA_PP_CAT(MEMCUDA_PP_CAT(v, MEMCUDA_VERSION_MAJOR), MEMCUDA_PP_CAT(_, MEMCUDA_VERSION_MINOR)), \
+                 MEMCUDA_ABI_CONFIG)
+#define MEMCUDA_NAMESPACE_BEGIN \
+  namespace memcuda {           \
+  inline namespace MEMCUDA_ABI_NAMESPACE {
+#define MEMCUDA_NAMESPACE_END \
+  }                           \
+  }

@@ -3,6 +3,8 @@
 // (Debian: libdlpack-dev, DLPack 0.6).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 
 #include "memcuda/shared_tensor.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -79,4 +81,4 @@ DLManagedTensor* to_dlpack(const SharedTensor<T>& t) {
   return &ctx.release()->managed;
 }
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -35,7 +35,7 @@
 #define MEMCUDA_HAS_CUDA_BF16() 0
 #endif
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 // The values are stable: they may be stored in binary form by consumers.
 // clang-format off
@@ -223,4 +223,4 @@ concept TensorElement = detail::dtypes::dtype_traits<std::remove_cv_t<T>>::known
 template <class T>
 inline constexpr DType dtype_of = detail::dtypes::dtype_of_impl<std::remove_cv_t<T>>();
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -9,6 +9,8 @@
 // ProtocolErrc, a CudaError's status and API; WireErrorDetail).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <source_location>
@@ -16,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 class Error : public std::runtime_error {
  public:
@@ -262,7 +264,7 @@ struct WireErrorDetail {
   throw Error(msg);
 }
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda
 
 // Precondition check that throws the given memcuda error type.
 #define MEMCUDA_EXPECTS(cond, ErrorType, msg) \

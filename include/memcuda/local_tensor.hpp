@@ -19,7 +19,7 @@
 #include "memcuda/detail/cuda.hpp"
 #endif
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 #if MEMCUDA_HAS_CUDA()
 using StreamHandle = cudaStream_t;
@@ -112,4 +112,4 @@ class LocalTensor {
   T* data_ = nullptr;
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -23,9 +23,11 @@
 // backend.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstddef>
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 class DeviceMemoryResource {
  public:
@@ -64,4 +66,4 @@ class DeviceMemoryResource {
   virtual void do_deallocate(void* p, std::size_t bytes, int device) noexcept = 0;
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -2,6 +2,8 @@
 // variables only fill defaults (MEMCUDA_REDIS_URL for the Redis address).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -15,7 +17,7 @@
 #include "memcuda/redis/options.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 // The allocator of record's memory pool, one per device and backend. Slabs
 // are allocated and exported once; tensors are suballocated from them and
@@ -105,4 +107,4 @@ struct CreateOptions {
   bool persistent = false;
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

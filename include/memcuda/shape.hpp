@@ -7,6 +7,8 @@
 // ProtocolErrc; nothing here touches a device or Redis.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <boost/json/parse.hpp>
 #include <boost/json/parse_options.hpp>
 #include <boost/json/value.hpp>
@@ -22,7 +24,7 @@
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 // Most dimensions a tensor may have.
 inline constexpr std::size_t kMaxRank = 8;
@@ -273,4 +275,4 @@ inline bool is_valid_name(std::string_view name) noexcept {
   return true;
 }
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

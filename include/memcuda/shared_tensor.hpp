@@ -1,6 +1,8 @@
 // SharedTensor<T>: a handle to a named tensor of the registry.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstring>
 #include <memory>
 #include <span>
@@ -14,7 +16,7 @@
 #include "memcuda/error.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -235,4 +237,4 @@ class SharedTensor {
   std::shared_ptr<detail::TensorHandle> h_;
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -1,13 +1,15 @@
 // What TensorRegistry::stats() reports.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 // Registered tensors and their bytes on one device of one backend.
 struct DeviceUsage {
@@ -79,4 +81,4 @@ struct RegistryStats {
   ProcessStats process;
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -3,6 +3,8 @@
 // turns it into Hash fields and back is protocol::encode_record/decode_record.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -12,7 +14,7 @@
 #include "memcuda/dtype.hpp"
 #include "memcuda/shape.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 // Where a tensor's memory lives: device memory exported with CUDA IPC, or a
 // POSIX shared memory object on the host.
@@ -92,4 +94,4 @@ struct TensorInfo {
   friend bool operator==(const TensorInfo&, const TensorInfo&) = default;
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

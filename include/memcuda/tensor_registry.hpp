@@ -2,6 +2,8 @@
 // thread that makes one process of the machine the allocator of record.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -15,7 +17,7 @@
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
 
-namespace memcuda {
+MEMCUDA_NAMESPACE_BEGIN
 
 // A connection to the tensor registry in Redis.
 //
@@ -209,4 +211,4 @@ class TensorRegistry {
   std::jthread thread_;  // declared after loop_: destroyed (joined) first
 };
 
-}  // namespace memcuda
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -19,7 +19,7 @@
 #include "memcuda/config.hpp"
 #include "memcuda/error.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Set by the destructors of process-wide caches (ProcessCache), which only
 // run once exit() has begun; read by MEMCUDA_CUDA_LOG. Constant-initialised,
@@ -29,7 +29,7 @@ inline std::atomic<bool> process_exit_started{false};
 inline void note_process_exit() noexcept { process_exit_started.store(true, std::memory_order_relaxed); }
 inline bool process_exiting() noexcept { return process_exit_started.load(std::memory_order_relaxed); }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -44,7 +44,7 @@ inline bool process_exiting() noexcept { return process_exit_started.load(std::m
 
 #include "memcuda/detail/log.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Throws CudaError with the status, the API name and the call site. The
 // failed call's sticky-free error state is cleared first so the next call
@@ -59,7 +59,7 @@ namespace memcuda::detail {
                   where);
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 
 #define MEMCUDA_CUDA_TRY(call)                                   \
   do {                                                           \
@@ -68,7 +68,7 @@ namespace memcuda::detail {
       ::memcuda::detail::throw_cuda(memcuda_st_, #call);         \
   } while (0)
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // True for a status that only says the process is exiting: the runtime
 // has unloaded (cudaErrorCudartUnloading), or, once exit began, the context
@@ -91,11 +91,11 @@ inline void log_cuda(cudaError_t st, const char* api,
   }
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 
 #define MEMCUDA_CUDA_LOG(call) ::memcuda::detail::log_cuda((call), #call)
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Makes `device` current for a scope and restores the previous device.
 class DeviceGuard {
@@ -168,5 +168,5 @@ inline int ordinal_of_uuid(const std::string& uuid, int hint) {
                     " device(s); check CUDA_VISIBLE_DEVICES)");
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 #endif  // MEMCUDA_HAS_CUDA()

@@ -18,6 +18,8 @@
 //                          as a status it does not know
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -25,7 +27,7 @@
 #include <string>
 #include <string_view>
 
-namespace memcuda::detail::fault {
+MEMCUDA_NAMESPACE_BEGIN namespace detail::fault {
 
 struct Registry {
   std::atomic<int> armed{0};  // number of armed points: the unarmed fast path
@@ -103,6 +105,6 @@ inline bool pending(std::string_view name) {
   return r.left.count(std::string(name)) > 0;
 }
 
-}  // namespace memcuda::detail::fault
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::fault
 
 #define MEMCUDA_FAULT(name) (::memcuda::detail::fault::hit(name))

@@ -11,6 +11,8 @@
 // The Lua scripts know only "@name" (scripts.hpp), which they write.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <signal.h>
 #include <sys/types.h>
 
@@ -22,7 +24,7 @@
 #include <string>
 #include <string_view>
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class HolderId {
  public:
@@ -84,4 +86,4 @@ class HolderId {
   Kind kind_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -17,7 +17,7 @@
 #include "memcuda/detail/cuda.hpp"
 #include "memcuda/detail/log.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Events by IPC handle bytes: our own (a process cannot open its own
 // handle) and imported ones, opened once. Imports are kept under an LRU
@@ -116,5 +116,5 @@ inline void stream_wait_ipc_event(cudaStream_t stream, const std::string& handle
   MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, EventCache::instance().open(handle), 0));
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 #endif  // MEMCUDA_HAS_CUDA()

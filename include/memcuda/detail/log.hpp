@@ -3,6 +3,8 @@
 // to stderr, one write each, so processes sharing a terminal do not interleave.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -10,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
 
@@ -38,4 +40,4 @@ inline void log(LogLevel lvl, std::string_view msg) noexcept {
   }
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,6 +1,8 @@
 // Identity of this machine and this process.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -10,7 +12,7 @@
 #include <random>
 #include <string>
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Node id: hostname plus the kernel boot id, so that a reboot (after which no
 // IPC handle or shm object of before can be valid) is a different node.
@@ -43,4 +45,4 @@ inline std::string new_session_id() {
   return buf;
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -17,6 +17,8 @@
 // ("unmap" in the inbox) and when an exporter's session ends ("forget").
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdlib>
 #include <functional>
 #include <list>
@@ -29,7 +31,7 @@
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/cuda.hpp"  // note_process_exit
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // An allocation this process exported. Freed when the last reference drops:
 // the owner's table holds one, and so does every handle of this process
@@ -218,4 +220,4 @@ class ProcessCache {
   std::uint64_t hits_ = 0;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -6,6 +6,8 @@
 // is a ProtocolError with a specific ProtocolErrc naming the field.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,7 +20,7 @@
 #include "memcuda/shape.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 // Lifecycle operations. `free` is internal: a process whose release dropped a
 // tensor's refcount to 0 sends it so that the allocator of record frees the
@@ -238,4 +240,4 @@ inline std::optional<ReplyRoute> peek_reply_route(std::string_view text) noexcep
   }
 }
 
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

@@ -15,6 +15,8 @@
 // some); an op it does not know is unknown_op.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -29,7 +31,7 @@
 #include "memcuda/shape.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 // Largest migrate to_handle, in bytes before hex encoding: a CUDA IPC handle
 // is 64 bytes, a host tensor's handle is its shm object name (< 255).
@@ -282,4 +284,4 @@ inline std::string encode_migrate_answer(const MigrateAnswer& a) {
   return out;
 }
 
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

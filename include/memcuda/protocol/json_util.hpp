@@ -8,6 +8,8 @@
 // Boost.JSON directly; the codecs include it.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse_options.hpp>
@@ -29,7 +31,7 @@
 #include "memcuda/protocol/limits.hpp"
 #include "memcuda/shape.hpp"
 
-namespace memcuda::protocol::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol::detail {
 
 namespace json = boost::json;
 
@@ -334,4 +336,4 @@ inline std::string get_token_or_empty(const json::value& v, std::string_view fie
 
 inline json::string_view sv(std::string_view s) { return json::string_view(s.data(), s.size()); }
 
-}  // namespace memcuda::protocol::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol::detail

@@ -7,6 +7,8 @@
 // rather than JSON, does not need it.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +20,7 @@
 
 #include "memcuda/error.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 // Largest command, reply or other JSON document (inbox message, session
 // value, pool statistics), in bytes; longer input is rejected (too_large)
@@ -103,4 +105,4 @@ inline std::string sanitize_utf8(std::string_view s) {
 }
 
 }  // namespace detail
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

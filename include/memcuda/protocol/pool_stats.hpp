@@ -11,6 +11,8 @@
 // decode_command; fields of an entry it does not know are ignored.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -23,7 +25,7 @@
 #include "memcuda/stats.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 namespace detail {
 
@@ -98,4 +100,4 @@ inline std::string encode_pool_stats(const std::vector<PoolStats>& pools) {
   return out;
 }
 
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

@@ -6,6 +6,8 @@
 // record, "shape", is read by shape.hpp's shape_from_string.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -20,7 +22,7 @@
 #include "memcuda/shape.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 // Field names of the tensor Hash (docs/protocol.md, "The tensor Hash"), for
 // code that reads or updates single fields (HGET, HINCRBY, Lua scripts).
@@ -239,4 +241,4 @@ inline TensorInfo decode_record(const Fields& fields) {
   return t;
 }
 
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

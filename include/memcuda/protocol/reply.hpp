@@ -6,6 +6,8 @@
 // knows, and ignores fields it does not know (newer allocators may add some).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -18,7 +20,7 @@
 #include "memcuda/protocol/json_util.hpp"
 #include "memcuda/protocol/limits.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 // The reply's "error" object (docs/protocol.md, "The error object"). The
 // optional members default to nullopt so that {code, message} still
@@ -185,4 +187,4 @@ inline Reply make_error_reply(const Command* cmd, const std::exception& e) {
   throw_for_code(e.code, e.message, WireErrorDetail{e.errc, e.cuda_status, e.cuda_api});
 }
 
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

@@ -9,6 +9,8 @@
 // strict like decode_command; fields it does not know are ignored.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -18,7 +20,7 @@
 #include "memcuda/protocol/json_util.hpp"
 #include "memcuda/protocol/limits.hpp"
 
-namespace memcuda::protocol {
+MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 struct SessionInfo {
   std::int64_t pid = 0;            // 1..kMaxPid
@@ -61,4 +63,4 @@ inline std::string encode_session(const SessionInfo& s) {
   return out;
 }
 
-}  // namespace memcuda::protocol
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

@@ -3,6 +3,8 @@
 // detail::append_resp encodes a command in RESP, the wire format Redis reads.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -10,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 // One argument of a command: bytes, converted from strings and integers.
 // Lvalue strings, string_views and C strings are viewed: their bytes must
@@ -61,4 +63,4 @@ void append_resp(std::string& out, const Range& args) {
 }
 }  // namespace detail
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

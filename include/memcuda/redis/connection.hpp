@@ -30,6 +30,8 @@
 //    connection open (and a server that died would look alive to it).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
@@ -59,7 +61,7 @@
 #include "memcuda/redis/options.hpp"
 #include "memcuda/redis/reply.hpp"
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 // A wait for Connection::blocking() meaning "as long as the server blocks"
 // (e.g. BLPOP key 0); only interrupt() ends it early.
@@ -485,7 +487,7 @@ class Connection {
   bool in_flight_ = false;                // sent, reply not read yet
 };
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis
 
 // Script is part of what this header always offered; script.hpp needs
 // Connection, so it comes last (its own #include of this file is then a no-op).

@@ -13,6 +13,8 @@
 // connection safely; the connections die with the last of them.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -26,7 +28,7 @@
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/redis/options.hpp"
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 struct PoolOptions {
   std::size_t size = 4;                           // connections at most (>= 1)
@@ -215,4 +217,4 @@ class ConnectionPool {
   std::shared_ptr<detail::PoolState> state_;
 };
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

@@ -14,6 +14,8 @@
 //    or strerror(ETIMEDOUT) counts as that errno.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <hiredis/hiredis.h>
 
 #include <cerrno>
@@ -26,7 +28,7 @@
 #include "memcuda/error.hpp"
 #include "memcuda/redis/options.hpp"
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 namespace detail {
 // What Connection::interrupt() makes the interrupted call throw: a
@@ -167,4 +169,4 @@ inline std::exception_ptr classify(const Options& server, const Failure& f) {
   return detail::classify_reply(server, f);
 }
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

@@ -13,6 +13,8 @@
 // MEMCUDA_REDIS_URL fills the default (redis://127.0.0.1:6379).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -22,7 +24,7 @@
 
 #include "memcuda/error.hpp"
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 inline constexpr std::string_view kDefaultUrl = "redis://127.0.0.1:6379";
 inline constexpr const char* kUrlEnv = "MEMCUDA_REDIS_URL";
@@ -365,4 +367,4 @@ inline Options options_from_env() {
   }
 }
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

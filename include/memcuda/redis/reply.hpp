@@ -3,6 +3,8 @@
 // typed accessors that throw ReplyError on a reply of another type.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <hiredis/hiredis.h>
 
 #include <cstddef>
@@ -13,7 +15,7 @@
 
 #include "memcuda/error.hpp"
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 namespace detail {
 struct ReplyDeleter {
@@ -106,4 +108,4 @@ class Reply {
   detail::ReplyPtr p_;
 };
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

@@ -1,6 +1,8 @@
 // A Lua script run by EVALSHA, loaded when the server answers NOSCRIPT.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -14,7 +16,7 @@
 #include "memcuda/redis/reply.hpp"
 #include "memcuda/redis/sha1.hpp"
 
-namespace memcuda::redis {
+MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 // A Lua script run by EVALSHA; loaded on first NOSCRIPT (a new server, a
 // Redis restart or SCRIPT FLUSH empties the script cache). Keys and
@@ -62,4 +64,4 @@ class Script {
   std::string sha_;
 };
 
-}  // namespace memcuda::redis
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

@@ -2,13 +2,15 @@
 // for that: it is not used for anything that needs a secure hash.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-namespace memcuda::redis::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace redis::detail {
 
 inline std::string sha1_hex(std::string_view data) {
   std::uint32_t h[5] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u, 0xC3D2E1F0u};
@@ -44,4 +46,4 @@ inline std::string sha1_hex(std::string_view data) {
   return out;
 }
 
-}  // namespace memcuda::redis::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis::detail

@@ -3,6 +3,8 @@
 // (import). The allocator of record is the only exporter; everyone imports.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,7 +12,7 @@
 #include "memcuda/memory_resource.hpp"
 #include "memcuda/tensor_info.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // An exported allocation, owned by the allocator of record's process.
 struct Allocation {
@@ -63,4 +65,4 @@ class Backend {
   virtual void copy(void* dst, const void* src, std::uint64_t n, int device) = 0;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -15,7 +15,7 @@
 #include "memcuda/detail/cuda.hpp"
 #include "memcuda/detail/log.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class CudaMapping final : public Mapping {
  public:
@@ -128,5 +128,5 @@ class CudaBackend final : public Backend {
   CudaMallocResource default_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 #endif  // MEMCUDA_HAS_CUDA()

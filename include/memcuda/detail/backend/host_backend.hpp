@@ -3,6 +3,8 @@
 // plane runs where there is no GPU.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,7 +18,7 @@
 #include "memcuda/detail/log.hpp"
 #include "memcuda/error.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class HostMapping final : public Mapping {
  public:
@@ -105,4 +107,4 @@ class HostBackend final : public Backend {
   }
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -12,6 +12,8 @@
 // a second reference).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,7 +27,7 @@
 
 #include "memcuda/detail/registry/core.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class ControlLoop {
  public:
@@ -282,4 +284,4 @@ class ControlLoop {
   std::atomic<std::chrono::steady_clock::time_point> recover_until_{};
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

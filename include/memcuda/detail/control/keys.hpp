@@ -4,13 +4,15 @@
 // list is the seed's plain `tensor_lifecycle`.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "memcuda/error.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Keys {
  public:
@@ -73,4 +75,4 @@ class Keys {
   std::string prefix_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

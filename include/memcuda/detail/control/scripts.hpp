@@ -6,9 +6,11 @@
 // Names and other data are always KEYS/ARGV, never spliced into the source.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include "memcuda/redis/connection.hpp"
 
-namespace memcuda::detail::lua {
+MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 
 // KEYS: leader, epoch   ARGV: session, ttl_ms
 // -> {1, token} when taken, {0, current token} when someone holds it.
@@ -367,4 +369,4 @@ struct Scripts {
   redis::Script reregister{kReregister};
 };
 
-}  // namespace memcuda::detail::lua
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

@@ -11,6 +11,8 @@
 // does not pay a failing syscall.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -38,7 +40,7 @@
 #define SYS_pidfd_getfd 438
 #endif
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Which file an fd refers to. Checked after pidfd_getfd, which addresses the
 // owner's fd by number: a record that outlived its fd (the number reused for
@@ -244,4 +246,4 @@ inline UniqueFd fetch_fd(const FdSource& src, std::uint64_t id, const FetchOptio
   return fetch(src, id, opt).fd;
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

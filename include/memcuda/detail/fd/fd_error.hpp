@@ -7,11 +7,13 @@
 // "unavailable" (throw_for_code re-raises it as Unavailable elsewhere).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <string>
 
 #include "memcuda/error.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 enum class FdErrc {
   no_server,     // nothing listens at the address (owner gone, wrong address)
@@ -53,4 +55,4 @@ class FdTransferError : public Unavailable {
   int sys_errno_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -8,6 +8,8 @@
 // select() code is not affected unless it opens that many fds itself.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <sys/resource.h>
 #include <dirent.h>
 
@@ -18,7 +20,7 @@
 
 #include "memcuda/detail/fd/fd_error.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Cap for an unlimited hard limit: the kernel's default fs.nr_open.
 inline constexpr rlim_t kMaxNofileSoft = 1048576;
@@ -81,4 +83,4 @@ inline std::string fd_exhaustion_message(const std::string& what, int err) {
   throw FdTransferError(FdErrc::exhausted, fd_exhaustion_message(what, err), err);
 }
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -12,6 +12,8 @@
 // much at worst; nothing here waits on the network or on another machine.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -34,7 +36,7 @@
 #include "memcuda/detail/fd/fd_wire.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 struct FdServerOptions {
   // "@name" (abstract, the default choice: see fd_wire.hpp) or a path.
@@ -324,4 +326,4 @@ class FdServer {
   std::string last_error_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

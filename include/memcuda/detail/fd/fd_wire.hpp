@@ -19,6 +19,8 @@
 // share a directory between network namespaces.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -32,7 +34,7 @@
 #include "memcuda/detail/fd/unique_fd.hpp"
 #include "memcuda/error.hpp"
 
-namespace memcuda::detail::fdwire {
+MEMCUDA_NAMESPACE_BEGIN namespace detail::fdwire {
 
 inline constexpr char kMagic[4] = {'M', 'C', 'F', 'D'};
 inline constexpr std::uint8_t kVersion = 1;
@@ -248,4 +250,4 @@ inline ssize_t recv_message(int sock, std::size_t max_bytes, Received* r) {
   return n;
 }
 
-}  // namespace memcuda::detail::fdwire
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::fdwire

@@ -7,13 +7,15 @@
 // inherit (and so pin) tensors it never asked for.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <utility>
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class UniqueFd {
  public:
@@ -76,4 +78,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

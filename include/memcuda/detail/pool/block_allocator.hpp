@@ -21,6 +21,8 @@
 // "largest free contiguous range" and exact coalescing harder to state.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -36,7 +38,7 @@
 
 #include "memcuda/error.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 struct BlockAllocatorOptions {
   // Every offset and every block size is a multiple of this. A power of two,
@@ -498,4 +500,4 @@ class BlockAllocator {
   PoolCounters counters_;  // largest_free is derived in counters()
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -3,6 +3,8 @@
 // Thread-safe (one mutex); only the allocator of record's process uses it.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -21,7 +23,7 @@
 #include "memcuda/detail/cuda.hpp"
 #endif
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // A tensor's place in the pool: the slab (kept alive by this reference)
 // and the block inside it.
@@ -231,4 +233,4 @@ class DevicePool {
   std::unordered_map<std::uint64_t, SlabEntry> slabs_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -7,6 +7,8 @@
 // the client call or the registry thread's own connection that invoked it.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <unistd.h>
 
 #include <map>
@@ -26,7 +28,7 @@
 #include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Holder id for a lifecycle command: the explicit holder, else the pid, else
 // "anonymous" (a plain redis-cli client).
@@ -333,4 +335,4 @@ class Allocator {
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -5,6 +5,8 @@
 // the record cache (a leaf lock held for a map lookup, never across Redis).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <fnmatch.h>
 #include <unistd.h>
 
@@ -24,7 +26,7 @@
 #include "memcuda/detail/registry/holds.hpp"
 #include "memcuda/detail/registry/lease.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // A reference this process has taken, mapped: the record, the pointer and
 // what keeps the mapping open.
@@ -346,4 +348,4 @@ class Client {
   std::unordered_map<std::string, TensorInfo> cache_;  // records by name
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -4,6 +4,8 @@
 // registry's thread hands an unrecoverable error to the next API call.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -27,7 +29,7 @@
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/redis/connection_pool.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 inline Backend& backend_for(BackendKind k) {
   static HostBackend host;  // stateless; process-wide so blocks never outlive it
@@ -153,4 +155,4 @@ class Context {
   std::exception_ptr fatal_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

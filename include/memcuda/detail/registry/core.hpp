@@ -35,6 +35,8 @@
 // docs/design.md ("Threads and locks") says the same.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <memory>
 #include <string>
 
@@ -51,7 +53,7 @@
 #include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/registry/sessions.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Core {
  public:
@@ -197,4 +199,4 @@ class Core {
 // The old name of the core (tools and tests of earlier versions).
 using RegistryCore = Core;
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

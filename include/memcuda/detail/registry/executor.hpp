@@ -4,6 +4,8 @@
 // connection, while this process holds the lease.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <string>
 
 #include "memcuda/detail/registry/allocator.hpp"
@@ -11,7 +13,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/lease.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Executor {
  public:
@@ -74,4 +76,4 @@ class Executor {
   Client& client_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

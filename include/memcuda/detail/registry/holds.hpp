@@ -2,6 +2,8 @@
 // they can be registered again after Redis lost its data (recovery.hpp).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -9,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Holds {
  public:
@@ -35,4 +37,4 @@ class Holds {
   std::map<Key, std::int64_t> held_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -6,6 +6,8 @@
 // (core.hpp).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,7 +17,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/protocol/inbox.hpp"
 
-namespace memcuda::detail::inbox {
+MEMCUDA_NAMESPACE_BEGIN namespace detail::inbox {
 
 struct Forget {
   std::string owner;
@@ -127,4 +129,4 @@ inline void send(redis::Connection& c, const Keys& keys, const std::string& sid,
   c.pipeline({{"LPUSH", k, encode(msg)}, {"PEXPIRE", k, "60000"}});
 }
 
-}  // namespace memcuda::detail::inbox
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::inbox

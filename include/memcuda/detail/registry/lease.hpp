@@ -6,6 +6,8 @@
 // registry's own threads, each on its own connection (passed in).
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -13,7 +15,7 @@
 
 #include "memcuda/detail/registry/context.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Lease {
  public:
@@ -89,4 +91,4 @@ class Lease {
   std::uint64_t epoch_ = 0;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

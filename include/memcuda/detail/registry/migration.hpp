@@ -5,6 +5,8 @@
 // generation; with no live holder the tensor is marked lost.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,7 +26,7 @@
 #include "memcuda/detail/registry/lease.hpp"
 #include "memcuda/detail/registry/sessions.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Copies a tensor of a dead exporter, through this process's existing
 // mapping of it, into its replacement. Throws when this process no longer
@@ -256,4 +258,4 @@ class Migration {
   std::atomic<std::uint64_t> seq_{0};
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

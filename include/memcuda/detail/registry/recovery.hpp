@@ -3,6 +3,8 @@
 // and set this session's references to what it holds.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <span>
 #include <string>
 #include <vector>
@@ -11,7 +13,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/holds.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Recovery {
  public:
@@ -55,4 +57,4 @@ class Recovery {
   Holds& holds_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

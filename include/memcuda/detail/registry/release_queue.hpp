@@ -22,6 +22,8 @@
 // process exit the thread makes one last attempt and stops.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -38,7 +40,7 @@
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/context.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class ReleaseQueue {
  public:
@@ -198,4 +200,4 @@ class ReleaseQueue {
   std::jthread worker_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

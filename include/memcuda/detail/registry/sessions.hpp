@@ -4,6 +4,8 @@
 // whose pid is gone), frees what that releases and prunes the session index.
 #pragma once
 
+#include "memcuda/config.hpp"
+
 #include <unistd.h>
 
 #include <map>
@@ -18,7 +20,7 @@
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/stats.hpp"
 
-namespace memcuda::detail {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Every record key: the named tensors and the unlinked-but-held ones.
 inline std::vector<std::string> record_keys(redis::Connection& c, const Keys& keys) {
@@ -189,4 +191,4 @@ class Sessions {
   Allocator& alloc_;
 };
 
-}  // namespace memcuda::detail
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
