@@ -6,6 +6,7 @@
 
 #include <boost/json.hpp>
 
+#include <optional>
 #include <thread>
 
 #include "memcuda/detail/fault.hpp"
@@ -126,3 +127,45 @@ TEST_CASE("a script status the client does not know is an InternalError, not a l
   auto u = leader.create<float>("after", {4});  // still serves directly
   CHECK(u.generation() > t.generation());
 }
+
+// Defect: a create whose script ran but whose reply was lost gave its block
+// back to the pool while Redis held a ready record pointing at it; the next
+// create got the same memory.
+TEST_CASE("a create whose reply was lost keeps its block: the next create gets other memory",
+          "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  REQUIRE(leader.is_leader());
+  Disarm d{"allocator.create_reply_lost"};
+  auto same_memory = [](const TensorInfo& a, const TensorInfo& b) {
+    return a.ipc_handle == b.ipc_handle && a.offset == b.offset;
+  };
+  SECTION("through the lifecycle list (the registry thread retries: a replay)") {
+    TensorRegistry follower(cp_opts(srv, false));
+    fault::arm("allocator.create_reply_lost", 1);
+    auto a = follower.create<float>("lost_a", {4});
+    CHECK_FALSE(fault::pending("allocator.create_reply_lost"));
+    auto b = follower.create<float>("lost_b", {4});
+    auto ia = leader.info("lost_a"), ib = leader.info("lost_b");
+    CHECK(ia.generation == a.generation());
+    CHECK(ia.refcount == 1);
+    CHECK_FALSE(same_memory(ia, ib));
+  }
+  SECTION("the leader's direct create (retried through the list with the same create_id)") {
+    fault::arm("allocator.create_reply_lost", 1);
+    std::optional<SharedTensor<float>> a;
+    try {
+      a.emplace(leader.create<float>("lost_c", {4}));
+    } catch (const ConnectionError&) {
+      // before the fix: the error reached the caller, the record stayed
+    }
+    CHECK_FALSE(fault::pending("allocator.create_reply_lost"));
+    auto b = leader.create<float>("lost_d", {4});
+    auto ic = leader.info("lost_c"), id = leader.info("lost_d");
+    CHECK_FALSE(same_memory(ic, id));
+    REQUIRE(a);
+    CHECK(ic.generation == a->generation());
+    CHECK(ic.refcount == 1);
+  }
+}
+
