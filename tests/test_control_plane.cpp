@@ -11,6 +11,7 @@
 
 #include "memcuda/detail/fault.hpp"
 #include "memcuda/memcuda.hpp"
+#include "support/process.hpp"
 #include "support/redis_server.hpp"
 
 using namespace memcuda;
@@ -169,3 +170,20 @@ TEST_CASE("a create whose reply was lost keeps its block: the next create gets o
   }
 }
 
+// Defect: the process-wide release queue was constructed on first use, after
+// a static registry, so it was destroyed first: the registry's final flush
+// and a static SharedTensor's release touched a destroyed queue.
+TEST_CASE("a program with a static registry and tensor exits cleanly", "[redis][registry][multiprocess]") {
+  test::RedisServer srv;
+  const std::string prog = test::sibling_program("memcuda_static_registry");
+  for (int i = 0; i < 3; ++i) {
+    ::setenv("MEMCUDA_REDIS_URL", srv.unix_url().c_str(), 1);
+    test::Child child({prog});
+    ::unsetenv("MEMCUDA_REDIS_URL");
+    auto line = child.read_line(20s);
+    int rc = child.wait();
+    INFO("run " << i << ": exit " << rc);
+    CHECK(line.value_or("") == "ok");
+    CHECK(rc == 0);
+  }
+}

@@ -58,7 +58,9 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 class Core {
  public:
   static std::shared_ptr<Core> make(RegistryOptions o) { return std::make_shared<Core>(std::move(o)); }
-  explicit Core(RegistryOptions o) : ctx(std::move(o)) {}
+  // Constructs the release queue first, so that it outlives every
+  // registry, static ones included (statics go in reverse order).
+  explicit Core(RegistryOptions o) : ctx(std::move(o)) { (void)ReleaseQueue::instance(); }
 
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
