@@ -187,3 +187,22 @@ TEST_CASE("a program with a static registry and tensor exits cleanly", "[redis][
     CHECK(rc == 0);
   }
 }
+
+// Defect: a command whose BLMOVE ran in Redis but whose reply was lost sat
+// in the leader's own processing list until the next election.
+TEST_CASE("a command taken by a BLMOVE whose reply was lost is served at once", "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  TensorRegistry follower(cp_opts(srv, false));
+  REQUIRE(leader.is_leader());
+  Disarm d{"control.blmove_reply_lost"};
+  fault::arm("control.blmove_reply_lost", 1);
+  auto t0 = std::chrono::steady_clock::now();
+  auto t = follower.create<float>("stranded", {4});
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  CHECK_FALSE(fault::pending("control.blmove_reply_lost"));
+  CHECK(ms < 3s);  // not the client's request_timeout (and retract) running out
+  CHECK(leader.info("stranded").refcount == 1);
+  redis::Connection probe(srv.options());
+  CHECK(probe.command({"LLEN", "memcuda:processing:" + std::to_string(leader.leader().epoch)}).integer() == 0);
+}
