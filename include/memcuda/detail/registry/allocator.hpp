@@ -309,16 +309,24 @@ class Allocator {
     return *p;
   }
 
-  std::vector<PoolStats> pool_stats() {
+  // The pools, copied under pools_mu_: their calls (cudaFree in trim, the
+  // device UUID in stats) run outside it, under each pool's own mutex. A
+  // pool lives as long as the allocator (pools_ never erases).
+  std::vector<DevicePool*> pools() {
     std::lock_guard lk(pools_mu_);
+    std::vector<DevicePool*> v;
+    for (auto& [k, p] : pools_) v.push_back(p.get());
+    return v;
+  }
+
+  std::vector<PoolStats> pool_stats() {
     std::vector<PoolStats> v;
-    for (auto& [k, p] : pools_) v.push_back(p->stats());
+    for (DevicePool* p : pools()) v.push_back(p->stats());
     return v;
   }
 
   void reset_peaks() {
-    std::lock_guard lk(pools_mu_);
-    for (auto& [k, p] : pools_) p->reset_peak();
+    for (DevicePool* p : pools()) p->reset_peak();
   }
 
   // Returns empty slabs to the driver (the registry's thread calls it each
@@ -329,10 +337,7 @@ class Allocator {
   std::uint64_t trim_and_announce(redis::Connection& c, bool all) {
     std::vector<std::uint64_t> ids;
     std::uint64_t n = 0;
-    {
-      std::lock_guard lk(pools_mu_);
-      for (auto& [k, p] : pools_) n += p->trim(all, &ids);
-    }
+    for (DevicePool* p : pools()) n += p->trim(all, &ids);
     if (ids.empty()) return n;
     auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
     for (std::size_t i = 0; i < members.size(); ++i) {
@@ -392,7 +397,7 @@ class Allocator {
 
   Context& ctx_;
   Lease& lease_;
-  std::mutex pools_mu_;  // leaf: guards pools_ (a DevicePool locks itself)
+  std::mutex pools_mu_;  // leaf: guards pools_ only; never held across a pool's call (a DevicePool locks itself)
   std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
   mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, pending_reclaim_, parked_
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
