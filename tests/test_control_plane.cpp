@@ -6,10 +6,12 @@
 
 #include <boost/json.hpp>
 
+#include <optional>
 #include <thread>
 
 #include "memcuda/detail/fault.hpp"
 #include "memcuda/memcuda.hpp"
+#include "support/process.hpp"
 #include "support/redis_server.hpp"
 
 using namespace memcuda;
@@ -125,4 +127,82 @@ TEST_CASE("a script status the client does not know is an InternalError, not a l
   CHECK(leader.leader().is_self);
   auto u = leader.create<float>("after", {4});  // still serves directly
   CHECK(u.generation() > t.generation());
+}
+
+// Defect: a create whose script ran but whose reply was lost gave its block
+// back to the pool while Redis held a ready record pointing at it; the next
+// create got the same memory.
+TEST_CASE("a create whose reply was lost keeps its block: the next create gets other memory",
+          "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  REQUIRE(leader.is_leader());
+  Disarm d{"allocator.create_reply_lost"};
+  auto same_memory = [](const TensorInfo& a, const TensorInfo& b) {
+    return a.ipc_handle == b.ipc_handle && a.offset == b.offset;
+  };
+  SECTION("through the lifecycle list (the registry thread retries: a replay)") {
+    TensorRegistry follower(cp_opts(srv, false));
+    fault::arm("allocator.create_reply_lost", 1);
+    auto a = follower.create<float>("lost_a", {4});
+    CHECK_FALSE(fault::pending("allocator.create_reply_lost"));
+    auto b = follower.create<float>("lost_b", {4});
+    auto ia = leader.info("lost_a"), ib = leader.info("lost_b");
+    CHECK(ia.generation == a.generation());
+    CHECK(ia.refcount == 1);
+    CHECK_FALSE(same_memory(ia, ib));
+  }
+  SECTION("the leader's direct create (retried through the list with the same create_id)") {
+    fault::arm("allocator.create_reply_lost", 1);
+    std::optional<SharedTensor<float>> a;
+    try {
+      a.emplace(leader.create<float>("lost_c", {4}));
+    } catch (const ConnectionError&) {
+      // before the fix: the error reached the caller, the record stayed
+    }
+    CHECK_FALSE(fault::pending("allocator.create_reply_lost"));
+    auto b = leader.create<float>("lost_d", {4});
+    auto ic = leader.info("lost_c"), id = leader.info("lost_d");
+    CHECK_FALSE(same_memory(ic, id));
+    REQUIRE(a);
+    CHECK(ic.generation == a->generation());
+    CHECK(ic.refcount == 1);
+  }
+}
+
+// Defect: the process-wide release queue was constructed on first use, after
+// a static registry, so it was destroyed first: the registry's final flush
+// and a static SharedTensor's release touched a destroyed queue.
+TEST_CASE("a program with a static registry and tensor exits cleanly", "[redis][registry][multiprocess]") {
+  test::RedisServer srv;
+  const std::string prog = test::sibling_program("memcuda_static_registry");
+  for (int i = 0; i < 3; ++i) {
+    ::setenv("MEMCUDA_REDIS_URL", srv.unix_url().c_str(), 1);
+    test::Child child({prog});
+    ::unsetenv("MEMCUDA_REDIS_URL");
+    auto line = child.read_line(20s);
+    int rc = child.wait();
+    INFO("run " << i << ": exit " << rc);
+    CHECK(line.value_or("") == "ok");
+    CHECK(rc == 0);
+  }
+}
+
+// Defect: a command whose BLMOVE ran in Redis but whose reply was lost sat
+// in the leader's own processing list until the next election.
+TEST_CASE("a command taken by a BLMOVE whose reply was lost is served at once", "[redis][registry][fault]") {
+  test::RedisServer srv;
+  TensorRegistry leader(cp_opts(srv));
+  TensorRegistry follower(cp_opts(srv, false));
+  REQUIRE(leader.is_leader());
+  Disarm d{"control.blmove_reply_lost"};
+  fault::arm("control.blmove_reply_lost", 1);
+  auto t0 = std::chrono::steady_clock::now();
+  auto t = follower.create<float>("stranded", {4});
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  CHECK_FALSE(fault::pending("control.blmove_reply_lost"));
+  CHECK(ms < 3s);  // not the client's request_timeout (and retract) running out
+  CHECK(leader.info("stranded").refcount == 1);
+  redis::Connection probe(srv.options());
+  CHECK(probe.command({"LLEN", "memcuda:processing:" + std::to_string(leader.leader().epoch)}).integer() == 0);
 }

@@ -9,7 +9,9 @@
 // thread's pending command, and the next pass finishes it first (a create
 // is executed again, which its create_id makes a replay; other commands
 // are answered with an error, since running them twice could take or drop
-// a second reference).
+// a second reference). A command whose BLMOVE ran but whose reply was lost
+// is not pending: after any failed pass, the leader moves what is left in
+// its processing list back onto the lifecycle list before taking new work.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -105,6 +107,7 @@ class ControlLoop {
         return;
       } catch (const std::exception& e) {
         if (st.stop_requested()) break;
+        sweep_ = true;  // the next pass as leader requeues what a lost reply stranded
         if (++failures_ <= 3 || failures_ % 50 == 0)
           log(LogLevel::warn, std::string("control thread: ") + e.what());
         // Redis away: a leader that cannot renew loses its lease by expiry
@@ -198,8 +201,19 @@ class ControlLoop {
     if (pending_) return finish();  // a failed pass left it: before anything new
     const auto& k = core_->ctx.keys;
     const std::string processing = k.processing(core_->lease.current().second);
+    if (sweep_) {
+      // A pass failed on the link: a BLMOVE may have run with its reply
+      // lost, leaving a command in our processing list that no one serves
+      // (kRequeue skips the leader's own list). Nothing is pending now, so
+      // everything there is such a stray: back onto the lifecycle list, at
+      // the end served next, oldest first.
+      while (!conn_.command({"LMOVE", processing, k.lifecycle(), "LEFT", "RIGHT"}).is_nil()) {
+      }
+      sweep_ = false;
+    }
     auto r = blocking_pop(st, clamp_block(budget), {"BLMOVE", k.lifecycle(), processing, "RIGHT", "LEFT"});
     if (r.is_nil()) return;
+    if (MEMCUDA_FAULT("control.blmove_reply_lost")) throw ConnectionError("fault point control.blmove_reply_lost");
     pending_.emplace();
     pending_->processing = processing;
     pending_->raw = std::string(r.str());
@@ -274,6 +288,7 @@ class ControlLoop {
   redis::Connection conn_;
   redis::Connection beat_conn_;  // the heartbeat thread's own
   std::optional<Pending> pending_;  // this thread's only
+  bool sweep_ = false;              // this thread's only: a pass failed, sweep our processing list
   static constexpr int kMaxAttempts = 20;
   std::mutex mu_;
   std::condition_variable_any cv_;

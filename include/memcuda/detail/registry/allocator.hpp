@@ -77,8 +77,12 @@ class Allocator {
     auto [token, epoch] = lease_.current();
     if (!lease_.held()) throw NotLeader("this process is not the allocator of record");
 
-    DevicePool& pool = pool_for(kind, device);
-    PoolBlock pb = pool.allocate(bytes);
+    const std::string create_id = cmd.id.value_or("");
+    // A block parked by an attempt whose reply was lost (see below) is the
+    // one the record may already point at: this attempt reuses it.
+    std::optional<Owned> parked = unpark(create_id);
+    DevicePool& pool = parked ? *parked->pool : pool_for(kind, device);
+    PoolBlock pb = parked ? parked->pb : pool.allocate(bytes);
     const Allocation& a = pb.slab->allocation();
     // Until the script has published it, the block is ours to give back.
     struct Giveback {
@@ -90,24 +94,29 @@ class Allocator {
     } giveback{&pool, &pb};
 
     TensorInfo t;
-    t.name = cmd.name;
-    t.dtype = *cmd.dtype;
-    t.shape = *cmd.shape;
-    t.ctime_ms = now_ms();
-    t.node = ctx_.node;
-    t.device = a.device;
-    t.device_uuid = a.device_uuid;
-    t.bytes = bytes;
-    t.backend = kind;
-    t.ipc_handle = a.handle;
-    t.offset = pb.block.offset;
-    t.alloc_bytes = a.size;
-    t.alloc_id = a.alloc_id;
-    t.state = TensorState::ready;
-    t.epoch = epoch;
-    t.owner = ctx_.session;
-    t.owner_pid = ::getpid();
-    t.create_id = cmd.id.value_or("");
+    if (parked) {
+      t = parked->info;  // exactly what the lost attempt sent
+      t.epoch = epoch;
+    } else {
+      t.name = cmd.name;
+      t.dtype = *cmd.dtype;
+      t.shape = *cmd.shape;
+      t.ctime_ms = now_ms();
+      t.node = ctx_.node;
+      t.device = a.device;
+      t.device_uuid = a.device_uuid;
+      t.bytes = bytes;
+      t.backend = kind;
+      t.ipc_handle = a.handle;
+      t.offset = pb.block.offset;
+      t.alloc_bytes = a.size;
+      t.alloc_id = a.alloc_id;
+      t.state = TensorState::ready;
+      t.epoch = epoch;
+      t.owner = ctx_.session;
+      t.owner_pid = ::getpid();
+      t.create_id = create_id;
+    }
 
     const bool persistent = cmd.persistent.value_or(false);
     const auto& k = ctx_.keys;
@@ -123,10 +132,24 @@ class Allocator {
     const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
                       wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name);
     redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key};
-    auto r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+    redis::Reply r;
+    try {
+      r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+      if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
+    } catch (const RedisError& e) {
+      if (!dynamic_cast<const ConnectionError*>(&e) && !dynamic_cast<const TimeoutError*>(&e)) throw;
+      // The script may have run: Redis may hold a ready record pointing at
+      // this block. Giving it back would hand the same memory to the next
+      // create. Keep it, parked by create_id, until a retry learns the
+      // outcome (replay: ours; exists/error: give back). Without a
+      // create_id nothing can tell: the block stays out of the pool.
+      giveback.pool = nullptr;
+      park(create_id, Owned{&pool, pb, t, persistent});
+      throw;
+    }
     const std::string st = script_status(r);
-    if (st == "ok") {
-      t.generation = reply_u64(r[1]);
+    auto keep = [&](std::uint64_t gen) {
+      t.generation = gen;
       t.refcount = reply_int(r[2]);
       t.holders[holder_of(cmd)] = 1;
       if (persistent) t.holders[std::string(HolderId::kName)] = 1;
@@ -137,13 +160,39 @@ class Allocator {
         owned_bytes_ += pb.block.size;
       }
       ++creates_;
-      return {t.generation, t.refcount, std::move(t), std::move(pb)};
+      return Created{t.generation, t.refcount, t, pb};
+    };
+    if (st == "ok") return keep(reply_u64(r[1]));
+    if (st == "replay") {
+      // The lost attempt published our parked block: adopt it, so the
+      // creator gets its memory like a fresh create. No parked block: the
+      // attempt that ran was answered and its block is in owned_ already.
+      if (parked) return keep(reply_u64(r[1]));
+      return {reply_u64(r[1]), reply_int(r[2]), {}, {}};
     }
-    if (st == "replay") return {reply_u64(r[1]), reply_int(r[2]), {}, {}};
+    if (parked && st != "exists") {
+      // Answered with an error (e.g. the lease moved): the record may still
+      // be the lost attempt's. Ours then, freed with its last reference.
+      auto cur = c.command({"HMGET", tkey, "create_id", "generation"});
+      if (!create_id.empty() && cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == create_id &&
+          !cur[1].is_nil()) {
+        giveback.pool = nullptr;
+        t.generation = std::stoull(std::string(cur[1].str()));
+        std::lock_guard lk(owned_mu_);
+        owned_[t.generation] = Owned{&pool, pb, t, persistent};
+        owned_bytes_ += pb.block.size;
+      }
+    }
     if (st == "exists")
       throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
                           "); remove it first or get() it");
     lease_.fail_status("create", st, "creating '" + cmd.name + "'", st == "notleader" ? r[1].str() : "");
+  }
+
+  // Blocks parked by creates whose reply was lost, and their count (tests).
+  std::size_t parked_count() const {
+    std::lock_guard lk(owned_mu_);
+    return parked_.size();
   }
 
   // Drops `holder`'s reference (all of them with `all`); returns the
@@ -260,16 +309,24 @@ class Allocator {
     return *p;
   }
 
-  std::vector<PoolStats> pool_stats() {
+  // The pools, copied under pools_mu_: their calls (cudaFree in trim, the
+  // device UUID in stats) run outside it, under each pool's own mutex. A
+  // pool lives as long as the allocator (pools_ never erases).
+  std::vector<DevicePool*> pools() {
     std::lock_guard lk(pools_mu_);
+    std::vector<DevicePool*> v;
+    for (auto& [k, p] : pools_) v.push_back(p.get());
+    return v;
+  }
+
+  std::vector<PoolStats> pool_stats() {
     std::vector<PoolStats> v;
-    for (auto& [k, p] : pools_) v.push_back(p->stats());
+    for (DevicePool* p : pools()) v.push_back(p->stats());
     return v;
   }
 
   void reset_peaks() {
-    std::lock_guard lk(pools_mu_);
-    for (auto& [k, p] : pools_) p->reset_peak();
+    for (DevicePool* p : pools()) p->reset_peak();
   }
 
   // Returns empty slabs to the driver (the registry's thread calls it each
@@ -280,10 +337,7 @@ class Allocator {
   std::uint64_t trim_and_announce(redis::Connection& c, bool all) {
     std::vector<std::uint64_t> ids;
     std::uint64_t n = 0;
-    {
-      std::lock_guard lk(pools_mu_);
-      for (auto& [k, p] : pools_) n += p->trim(all, &ids);
-    }
+    for (DevicePool* p : pools()) n += p->trim(all, &ids);
     if (ids.empty()) return n;
     auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
     for (std::size_t i = 0; i < members.size(); ++i) {
@@ -323,14 +377,38 @@ class Allocator {
   }
 
  private:
+  void park(const std::string& create_id, Owned o) {
+    std::lock_guard lk(owned_mu_);
+    if (create_id.empty()) {
+      unresolved_.push_back(std::move(o));  // never reused: its fate is unknown
+      return;
+    }
+    parked_.insert_or_assign(create_id, std::move(o));
+  }
+  std::optional<Owned> unpark(const std::string& create_id) {
+    if (create_id.empty()) return std::nullopt;
+    std::lock_guard lk(owned_mu_);
+    auto it = parked_.find(create_id);
+    if (it == parked_.end()) return std::nullopt;
+    Owned o = std::move(it->second);
+    parked_.erase(it);
+    return o;
+  }
+
   Context& ctx_;
   Lease& lease_;
-  std::mutex pools_mu_;  // leaf: guards pools_ (a DevicePool locks itself)
+  std::mutex pools_mu_;  // leaf: guards pools_ only; never held across a pool's call (a DevicePool locks itself)
   std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
-  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, pending_reclaim_
+  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, pending_reclaim_, parked_
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
   std::multimap<std::string, TensorInfo> pending_reclaim_;
+  // Blocks of creates whose script reply was lost, by create_id: the record
+  // may point at them, so they stay out of the pool until a retry resolves
+  // them. A create that is never retried keeps its block (a leak, not a
+  // double use).
+  std::unordered_map<std::string, Owned> parked_;
+  std::vector<Owned> unresolved_;
   std::atomic<std::uint64_t> next_alloc_id_{1};
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
 };

@@ -114,6 +114,12 @@ class Client {
     cmd.node = ctx_.node;
     if (!cmd.backend) cmd.backend = ctx_.default_backend();
     if (lease_.held()) {
+      // A create_id, so that a retry of a create whose reply was lost is a
+      // replay (the allocator keeps its block parked by this id).
+      if (!cmd.id) {
+        cmd.id = ctx_.session + ":" + std::to_string(++seq_);
+        cmd.id_is_number = false;
+      }
       try {
         auto c = ctx_.pool.acquire();
         auto cr = alloc_.create(*c, cmd);
@@ -124,6 +130,11 @@ class Client {
         }
       } catch (const NotLeader&) {
         // lost the lease meanwhile: the new leader serves it below
+      } catch (const RedisError& e) {
+        // The link failed: the script may or may not have run. The request
+        // below carries the same create_id, so whoever executes it replays
+        // it (and this allocator adopts its parked block) or creates anew.
+        if (!dynamic_cast<const ConnectionError*>(&e) && !dynamic_cast<const TimeoutError*>(&e)) throw;
       }
     }
     std::uint64_t gen = request(cmd);
@@ -151,7 +162,8 @@ class Client {
   std::uint64_t request(protocol::Command cmd) {
     const std::uint64_t seq = ++seq_;
     const std::string reply_key = ctx_.keys.request_reply(ctx_.session, seq);
-    const std::string id = ctx_.session + ":" + std::to_string(seq);
+    // A create keeps the id a direct attempt gave it (its create_id).
+    const std::string id = cmd.id ? *cmd.id : ctx_.session + ":" + std::to_string(seq);
     cmd.id = id;
     cmd.id_is_number = false;
     cmd.reply_to = reply_key;

@@ -26,13 +26,18 @@
 // LOCK ORDER. Every mutex of the registry is a leaf: no code holds one
 // while it takes another, and none is held across a Redis call, a wait on
 // Redis, or a CUDA call, except DevicePool's own mutex (taken inside
-// Allocator with none of ours held; it covers cudaMalloc of a new slab).
+// Allocator with none of ours held; it covers cudaMalloc of a new slab and
+// cudaFree of a trim: Allocator calls its pools outside pools_mu_) and
+// ProcessCache's mutex (held across the backend open of an import, so
+// concurrent first opens of one allocation share one mapping). The CUDA
+// event path holds TensorHandle::event_mu_ and, inside it, EventCache::mu_
+// across CUDA event calls (shared_tensor.hpp, ipc_event.hpp).
 //   Context::fatal_mu_, Lease::mu_, Allocator::pools_mu_,
 //   Allocator::owned_mu_, Holds::mu_, Client::cache_mu_, Migration::mu_
 //   (a second migration round waits on its condition variable, not under
 //   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
-//   ProcessCache's mutex (its map; the backend open runs outside it).
-// docs/design.md ("Threads and locks") says the same.
+//   ProcessCache's mutex (its maps; held across the open, see above).
+// docs/design.md ("Threads, connections and locks") says the same.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -58,7 +63,9 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 class Core {
  public:
   static std::shared_ptr<Core> make(RegistryOptions o) { return std::make_shared<Core>(std::move(o)); }
-  explicit Core(RegistryOptions o) : ctx(std::move(o)) {}
+  // Constructs the release queue first, so that it outlives every
+  // registry, static ones included (statics go in reverse order).
+  explicit Core(RegistryOptions o) : ctx(std::move(o)) { (void)ReleaseQueue::instance(); }
 
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;

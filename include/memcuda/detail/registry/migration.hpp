@@ -78,6 +78,7 @@ class Migration {
 
   std::pair<std::uint64_t, std::uint64_t> adopt_orphans(redis::Connection& c, const std::string& token) {
     std::uint64_t migrated = 0, lost = 0;
+    resolve_parked(c);
     auto rkeys = record_keys(c, ctx_.keys);
     std::set<std::string> still_used;  // ipc handles of dead owners that records still use
     if (!rkeys.empty()) {
@@ -163,7 +164,19 @@ class Migration {
         }
         const std::string tk = ctx_.keys.tensor(t.name), lk = ctx_.keys.leader(), gk = ctx_.keys.generation();
         redis::Arg kv[] = {tk, lk, gk};
-        auto r = ctx_.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+        redis::Reply r;
+        try {
+          r = ctx_.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+          if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
+        } catch (const RedisError& e) {
+          if (!dynamic_cast<const ConnectionError*>(&e) && !dynamic_cast<const TimeoutError*>(&e)) throw;
+          // The script may have run: the record may point at this block.
+          // Keep it parked; the next round adopts or frees it.
+          std::lock_guard lk(mu_);
+          parked_.push_back({pool, *pb, n, t.holders.count(std::string(HolderId::kName)) > 0});
+          pb.reset();
+          throw;
+        }
         const std::string st = script_status(r);
         if (st == "ok") {
           n.generation = reply_u64(r[1]);
@@ -186,6 +199,9 @@ class Migration {
       } catch (const ConnectionError&) {
         if (pb && pool) pool->deallocate(*pb);
         throw;
+      } catch (const TimeoutError&) {
+        if (pb && pool) pool->deallocate(*pb);  // not the script's (that one is parked): a holder's copy
+        log(LogLevel::warn, "migrating '" + t.name + "' through holder " + h + " timed out");
       } catch (const std::exception& e) {
         if (pb && pool) pool->deallocate(*pb);
         log(LogLevel::warn, "migrating '" + t.name + "' through holder " + h + " failed: " + e.what());
@@ -240,6 +256,43 @@ class Migration {
     }
   }
 
+  // Blocks of migrations whose script reply was lost: adopted when the
+  // record now points at them (the script ran), else given back.
+  struct Parked {
+    DevicePool* pool;
+    PoolBlock pb;
+    TensorInfo info;  // the record as the script would have written it
+    bool persistent;
+  };
+  void resolve_parked(redis::Connection& c) {
+    std::vector<Parked> todo;
+    {
+      std::lock_guard lk(mu_);
+      todo.swap(parked_);
+    }
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      auto& p = todo[i];
+      try {
+        auto r = c.command({"HMGET", ctx_.keys.tensor(p.info.name), "owner", "ipc_handle", "offset", "generation"});
+        const bool ours = !r[0].is_nil() && !r[1].is_nil() && !r[2].is_nil() && !r[3].is_nil() &&
+                          r[0].str() == ctx_.session && r[1].str() == p.info.ipc_handle &&
+                          r[2].str() == std::to_string(p.info.offset);
+        if (ours) {
+          p.info.generation = std::stoull(std::string(r[3].str()));
+          alloc_.adopt(p.info, p.pool, p.pb, p.persistent);
+          log(LogLevel::info, "migration of '" + p.info.name + "' had run: adopted generation " +
+                                  std::to_string(p.info.generation));
+        } else {
+          p.pool->deallocate(p.pb);
+        }
+      } catch (...) {
+        std::lock_guard lk(mu_);  // still unknown: next round
+        for (std::size_t j = i; j < todo.size(); ++j) parked_.push_back(std::move(todo[j]));
+        throw;
+      }
+    }
+  }
+
   void forget_attempts(std::uint64_t gen) {
     std::lock_guard lk(mu_);
     attempts_.erase(gen);
@@ -251,10 +304,11 @@ class Migration {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
-  std::mutex mu_;  // leaf: guards running_, attempts_; never held across Redis
+  std::mutex mu_;  // leaf: guards running_, attempts_, parked_; never held across Redis
   std::condition_variable idle_;
   bool running_ = false;
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
+  std::vector<Parked> parked_;             // guarded by mu_
   std::atomic<std::uint64_t> seq_{0};
 };
 

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/detail/process_cache.hpp"
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/context.hpp"
 
@@ -55,6 +56,12 @@ class ReleaseQueue {
             std::uint64_t gen) noexcept {
     try {
       std::lock_guard lk(mu_);
+      if (exiting_) {
+        // Static destruction has begun: no new thread on a queue that is
+        // going away. The session's references go with the session (GC).
+        log(LogLevel::info, "release of '" + name + "' dropped at exit: the garbage collector drops it");
+        return;
+      }
       q_.push_back({std::move(keep), &ctx, &alloc, std::move(name), gen});
       queued_.fetch_add(1, std::memory_order_release);
       if (!worker_.joinable()) worker_ = std::jthread([this](std::stop_token st) { run(st); });
@@ -76,10 +83,10 @@ class ReleaseQueue {
   }
 
   ~ReleaseQueue() {
-    if (!worker_.joinable()) return;
     {
       std::lock_guard lk(mu_);
       exiting_ = true;
+      if (!worker_.joinable()) return;  // read under mu_: push() starts it under mu_
     }
     worker_.request_stop();
     cv_.notify_all();
@@ -95,7 +102,21 @@ class ReleaseQueue {
     std::uint64_t gen;
   };
 
-  ReleaseQueue() = default;
+  // What the worker may use while it runs ~Core (the last release of a
+  // core drops it on this thread) must outlive the queue: function-local
+  // statics are destroyed in reverse order of construction, so construct
+  // them first. Core's constructor constructs the queue, so every registry
+  // (even a static one) is destroyed before it.
+  ReleaseQueue() {
+    (void)ProcessCache::instance();
+    (void)backend_for(BackendKind::host);
+#if MEMCUDA_HAS_CUDA()
+    try {
+      (void)backend_for(BackendKind::cuda);
+    } catch (...) {
+    }
+#endif
+  }
 
   void run(std::stop_token st) {
     std::unique_lock lk(mu_);
