@@ -206,3 +206,24 @@ TEST_CASE("a command taken by a BLMOVE whose reply was lost is served at once", 
   redis::Connection probe(srv.options());
   CHECK(probe.command({"LLEN", "memcuda:processing:" + std::to_string(leader.leader().epoch)}).integer() == 0);
 }
+
+// Defect: a campaign that won the lease but whose requeue then threw left
+// the lease set to our token; later campaigns saw {0, our token} and lost
+// until it expired (and took a new epoch).
+TEST_CASE("a lease won by a campaign whose requeue threw is still ours", "[redis][registry][fault]") {
+  test::RedisServer srv;
+  std::uint64_t first_epoch = 0;
+  std::optional<TensorRegistry> a(std::in_place, cp_opts(srv));
+  TensorRegistry b(cp_opts(srv));
+  REQUIRE(a->is_leader());
+  REQUIRE_FALSE(b.is_leader());
+  first_epoch = a->leader().epoch;
+  Disarm d{"lease.requeue"};
+  fault::arm("lease.requeue", 1);
+  a.reset();  // gives the lease back: b campaigns, wins, its requeue throws
+  auto until = std::chrono::steady_clock::now() + 5s;
+  while (!b.is_leader() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  CHECK_FALSE(fault::pending("lease.requeue"));
+  REQUIRE(b.is_leader());
+  CHECK(b.leader().epoch == first_epoch + 1);  // the epoch it won, not a later one after expiry
+}

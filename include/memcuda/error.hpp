@@ -107,7 +107,7 @@ class CudaError : public Error {
 
 // Anything that went wrong talking to Redis. redis::classify()
 // (memcuda/redis/errors.hpp) is the one place that picks the class below
-// for a failure; docs/redis-layer.md has the table.
+// for a failure; docs/design.md ("The Redis layer") has the table.
 MEMCUDA_DEFINE_ERROR(RedisError, Error, "redis_error");
 
 // Could not connect, or the connection broke and could not be

@@ -86,7 +86,7 @@ class TensorRegistry {
     std::optional<DType> want;
     if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
     auto o = core().client.acquire(name, want);
-    return SharedTensor<T>(std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep)));
+    return SharedTensor<T>(make_handle(std::move(o)));
   }
 
   // get() for stream-ordered consumers: additionally makes `stream` wait
@@ -189,7 +189,22 @@ class TensorRegistry {
 #endif
     }
     auto o = c.client.create(std::move(cmd));
-    return std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep));
+    return make_handle(std::move(o));
+  }
+
+  // The handle of a reference just taken. If its constructor throws (a
+  // device this process cannot see, bad_alloc), the reference is given back
+  // rather than leaked until the session ends.
+  template <class Opened>
+  std::shared_ptr<detail::TensorHandle> make_handle(Opened o) {
+    std::string name = o.info.name;
+    const std::uint64_t gen = o.info.generation;
+    try {
+      return std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep));
+    } catch (...) {
+      detail::Core::release_later(core_, std::move(name), gen);
+      throw;
+    }
   }
 
   // The core, for a call that may talk to Redis: rethrows an error the

@@ -2,7 +2,7 @@
 // memcuda::Error tree (memcuda/error.hpp): classify() looks at hiredis's
 // error code and errno for an I/O failure, and at the server's error code
 // (the reply's first word) for an error reply, never at free message text.
-// docs/redis-layer.md has the table.
+// docs/design.md ("The Redis layer") has the table.
 //
 // hiredis 0.14 notes that shape this file:
 //  * A read that hits SO_RCVTIMEO fails with REDIS_ERR_IO and errno EAGAIN;

@@ -196,8 +196,8 @@ class Client {
       protocol::Reply rep = protocol::decode_reply(r[1].str());
       if (rep.id != id) continue;  // not ours (a hostile or stray writer)
       if (!rep.ok) {
-        auto e = rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"});
-        throw_for_code(e.code, e.message);
+        // With its detail: a remote CudaError keeps its status and API.
+        protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
       }
       return rep.generation.value_or(0);
     }

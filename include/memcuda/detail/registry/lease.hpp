@@ -34,14 +34,20 @@ class Lease {
   bool try_acquire(redis::Connection& c) {
     const auto& k = ctx_.keys;
     auto r = ctx_.scripts.lease_acquire.eval(c, {k.leader(), k.epoch()}, {ctx_.session, ctx_.opts.lease_ttl.count()});
-    if (r[0].integer() != 1) return false;
     std::string token(r[1].str());
+    if (r[0].integer() != 1) {
+      // {0, our own token}: we won it in an earlier campaign whose requeue
+      // threw before we marked it held. Ours: finish taking it.
+      std::lock_guard lk(mu_);
+      if (token_.empty() || token != token_) return false;
+    }
     std::uint64_t epoch = std::stoull(token.substr(0, token.find(' ')));
     {
       std::lock_guard lk(mu_);
       token_ = token;
       epoch_ = epoch;
     }
+    if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
     auto n = ctx_.scripts.requeue.eval(c, {k.lifecycle(), k.processing_lists()}, {k.processing(epoch)});
     leader_.store(true, std::memory_order_release);
     log(LogLevel::info, "became allocator of record, epoch " + std::to_string(epoch) +
