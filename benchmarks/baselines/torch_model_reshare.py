@@ -142,10 +142,13 @@ def main():
                 if method == "queue":
                     for s in sinks:
                         s.put((v, sd))
-                else:
+                elif kind == "cuda":  # a CUDA IPC handle is plain bytes: one payload for all
                     payload = bytes(ForkingPickler.dumps((v, {n: reduce_tensor(t) for n, t in sd.items()})))
                     for s in sinks:
                         s.send_bytes(payload)
+                else:  # a CPU storage travels as an fd that can be taken once: one payload each
+                    for s in sinks:
+                        s.send_bytes(bytes(ForkingPickler.dumps((v, {n: reduce_tensor(t) for n, t in sd.items()}))))
 
             wait_acks("ready", args.consumers)
             share(version)  # untimed: every consumer opens every handle once
