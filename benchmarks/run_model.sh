@@ -8,6 +8,7 @@
 #                           [--bin DIR] [--python PY] [--device N]
 #                           [--backend auto|host|cuda] [--torch-device cuda|cpu]
 #                           [--consumers 8] [--doc FILE | --no-doc] [--commit SHA]
+#   benchmarks/run_model.sh --template    (the section, numbers "to be measured", nothing run)
 #
 # Programs: --bin DIR (or MEMCUDA_BENCH_BIN=DIR) runs the prebuilt
 # DIR/memcuda_bench_model, like MEMCUDA_DEMO_BIN for scripts/demo.sh; else
@@ -37,7 +38,7 @@ say() { printf 'run_model: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 2; }
 
 scale_args=() reps=5 warmup=1 bin=${MEMCUDA_BENCH_BIN:-} py=${PYTHON:-} device=0 backend=auto
-torch_device="" consumers=8 doc=docs/benchmarks.md commit=${MEMCUDA_COMMIT:-}
+torch_device="" consumers=8 doc=docs/benchmarks.md commit=${MEMCUDA_COMMIT:-} template=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --small) scale_args=(--small); shift ;;
@@ -53,6 +54,7 @@ while [[ $# -gt 0 ]]; do
     --doc) doc=${2:?}; shift 2 ;;
     --no-doc) doc=""; shift ;;
     --commit) commit=${2:?}; shift 2 ;;
+    --template) template=1; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -127,7 +129,9 @@ start=$(date +%s)
 common=(--reps "$reps" --warmup "$warmup" ${scale_args[@]+"${scale_args[@]}"})
 
 owns="memcuda_publish_leader memcuda_publish_other memcuda_open_fresh memcuda_pool_ratio"
-if [[ -n $bench ]]; then
+if [[ $template == 1 ]]; then
+  :
+elif [[ -n $bench ]]; then
   run memcuda_bench_model 900 "$bench" --backend "$backend" --device "$device" "${common[@]}"
 else
   for r in $owns; do echo "skip $r memcuda_bench_model not found (--bin DIR, PATH, .gpu/env.sh or build*/benchmarks)" >> "$rows"; done
@@ -143,7 +147,9 @@ for s in "${torch_scripts[@]}"; do
   owns=""
   for r in ${torch_rows[$s]}; do owns+="$r$suffix "; done
   extra=(); [[ $s == torch_model_reshare ]] && extra=(--consumers "$consumers")
-  if [[ -z $py ]]; then
+  if [[ $template == 1 ]]; then
+    :
+  elif [[ -z $py ]]; then
     for r in $owns; do echo "skip $r no python3 on PATH (--python PY)" >> "$rows"; done
   else
     run "$s" 600 "$py" "$baselines/$s.py" --device "$torch_device" "${common[@]}" "${extra[@]}"
@@ -163,14 +169,14 @@ backend_used=$(grep -m1 -o 'backend=[a-z]*' "$rows" | cut -d= -f2)
 [[ -z $backend_used ]] && backend_used=$backend
 [[ $backend_used == host && $scale == 1 && -z ${scale_args[0]:-} ]] && scale="8 (memcuda_bench_model's host default; the PyTorch rows are full size)"
 
-table=$(awk -v scale="$scale" -v suffix="$suffix" '
+table=$(awk -v scale="$scale" -v suffix="$suffix" -v tmpl="$template" '
   $1 == "row"  { med[$2] = $3; mn[$2] = $4; line[$2] = $0 }
   $1 == "skip" { why[$2] = substr($0, length($1) + length($2) + 3) }
   function cell(r) {
     if (r == "") return "-"
     if (r in med) return sprintf("%s (%s)", med[r], mn[r])
     if (r in why) return "skipped: " why[r]
-    return "not measured"
+    return tmpl ? "to be measured on H200" : "not measured"
   }
   function ratio(m, b) {
     if (!(m in med) || !(b in med) || med[m] <= 0) return "-"
@@ -178,6 +184,7 @@ table=$(awk -v scale="$scale" -v suffix="$suffix" '
     return x >= 1 ? sprintf("%.1fx faster", x) : sprintf("%.2fx (slower)", x)
   }
   function status(m, goal_ms, b, min_x,   ok) {
+    if (tmpl) return "-"
     if (scale != "1") return "n/a (scaled run)"
     if (!(m in med)) return "not measured"
     ok = med[m] <= goal_ms
@@ -203,26 +210,87 @@ table=$(awk -v scale="$scale" -v suffix="$suffix" '
     out("in-place update observed by all consumers", "memcuda_inplace_update", rq, "<= 1 ms", status("memcuda_inplace_update", 1, "", 0))
     out("(same)", "memcuda_inplace_update", rp, "<= 1 ms", status("memcuda_inplace_update", 1, "", 0))
     pr = "memcuda_pool_ratio"
-    st = (scale != "1") ? "n/a (scaled run)" : ((pr in med) ? (med[pr] <= 1.10 ? "met" : "missed") : "not measured")
+    st = tmpl ? "-" : (scale != "1") ? "n/a (scaled run)" : ((pr in med) ? (med[pr] <= 1.10 ? "met" : "missed") : "not measured")
     printf "| pool reserved / in use, state dict live | %s | %s (ratio) | - | - | - | <= 1.10 | %s |\n", pr, cell(pr), st
   }' "$rows")
 
+if [[ $template == 1 ]]; then
+  head_text="Numbers: to be measured on H200 (\`benchmarks/run_model.sh\` on a GPU host replaces this section)."
+  raw=""
+else
+  head_text="Written by \`benchmarks/run_model.sh\` on $(date -u +%Y-%m-%dT%H:%M:%SZ) (commit $commit, run ${elapsed} s).
+Machine: $machine; torch $torch_v; mem-cuda backend $backend_used; scale $scale (1 = 291 bf16 tensors,
+13.5 GB); $reps repetitions after $warmup warm-up; in-place update with $consumers PyTorch consumers.
+Times are milliseconds, median (min) over the repetitions; ratio = baseline median / mem-cuda median."
+  fence='```'
+  raw="Raw rows (\`row <name> <median> <min> n=<runs> ...\`, \`skip <name> <reason>\`):
+
+$fence
+$(cat "$rows")
+$fence"
+fi
+describe() {
+  cat <<'DESC'
+What each row measures (the state dict: 32 layers of q, k, v, o 4096x4096, gate and up
+11008x4096, down 4096x11008, two norms 4096; embedding and LM head 32000x4096; final norm
+4096: 291 bf16 tensors, 13,476,831,232 bytes; the same list in `bench_model.cpp` and
+`baselines/model_common.py`, each checks the total):
+
+- `memcuda_open_fresh`: a fresh consumer process (spawned per repetition; its registry,
+  CUDA context and Redis connection made before the clock starts) opens all 291 by name
+  and makes each usable: a 2-byte `cudaMemcpyAsync` of element 0 of every tensor to pinned
+  memory, one stream synchronisation, every value checked (host backend: a read).
+  `open_ms` is the opens alone, `import_opens` the IPC opens they needed.
+  Baselines: `torch_queue_handoff` (the producer puts the dict on a `torch.multiprocessing`
+  Queue) and `torch_reduce_pickle` (`reduce_tensor` on each tensor, the dict pickled with
+  ForkingPickler and written to a pipe; the consumer calls each rebuild function), timed
+  from the producer's stamp before it shares to the consumer's stamp after a copy kernel
+  per tensor into one buffer and one synchronising copy to the host, values checked;
+  the consumer is spawned, imports torch and makes its CUDA context untimed.
+- `memcuda_publish_leader`: the 291 `create` calls (persistent, no data fill) in the
+  allocator of record, its pool trimmed first, so every slab comes from the driver.
+  Baselines: `torch_empty_cold` (`torch.empty` of the same tensors after
+  `torch.cuda.empty_cache()`), `torch_empty_reduce_cold` (plus `reduce_tensor` on each,
+  the IPC export a sharing producer pays), `torch_empty_cached` (caching allocator warm).
+- `memcuda_publish_other`: the same creates from another process (`control_thread=false`):
+  each one is a command the allocator of record serves.
+- In-place update: `torch_reshare_queue` / `torch_reshare_pickle`: 8 consumers already
+  hold the dict (every handle open); the producer writes new values in place (untimed),
+  re-shares the dict (a Queue put per consumer, or one `reduce_tensor` pickle written to 8
+  pipes), timed until the last consumer has rebuilt it and read every new value. The
+  mem-cuda side (`memcuda_inplace_update`: publish a version, consumers stream-ordered on
+  it) is filled in when the program prints that row (issue 12, deliverable 4).
+- `memcuda_pool_ratio`: the allocator of record's pools, reserved / in use, with the state
+  dict live after the publish runs' churn (not a time). Meaningless at `--small` (one slab
+  for 3 MB).
+
+How to run (programs prebuilt here, carried with `../shared/gpu/bundle.sh`):
+
+```
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build memcuda_bench_model
+../shared/gpu/bundle.sh build         # then, on the GPU host, from the repository root:
+benchmarks/run_all.sh                 # rewrites docs/benchmarks.md: run it first
+MEMCUDA_BENCH_BIN=.gpu/bin benchmarks/run_model.sh     # replaces this section
+benchmarks/run_model.sh --small --torch-device cpu     # a quick check without a GPU
+```
+
+Each program alone: `memcuda_bench_model [--backend cuda] [--small | --scale N] [--reps 5]`,
+`python3 benchmarks/baselines/torch_model_{handoff,empty,reshare}.py [--small] [--reps 5]`;
+each prints `row <name> <median_ms> <min_ms> n=<runs> ...` lines and exits 77 (skipped) where
+it cannot run.
+DESC
+}
 section=$(cat <<EOF
 <!-- model-rows:begin -->
 ## Model rows (issue 12): a Llama-2-7B-shaped state dict, mem-cuda beside PyTorch
 
-Written by \`benchmarks/run_model.sh\` on $(date -u +%Y-%m-%dT%H:%M:%SZ) (commit $commit, run ${elapsed} s).
-Machine: $machine; torch $torch_v; mem-cuda backend $backend_used; scale $scale (1 = 291 bf16 tensors,
-13.5 GB); $reps repetitions after $warmup warm-up; in-place update with $consumers PyTorch consumers.
-Times are milliseconds, median (min) over the repetitions; ratio = baseline median / mem-cuda median.
+$head_text
 
 $table
 
-Raw rows (\`row <name> <median> <min> n=<runs> ...\`, \`skip <name> <reason>\`):
+$raw
 
-\`\`\`
-$(cat "$rows")
-\`\`\`
+$(describe)
 <!-- model-rows:end -->
 EOF
 )
