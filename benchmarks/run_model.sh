@@ -8,6 +8,7 @@
 #                           [--bin DIR] [--python PY] [--device N]
 #                           [--backend auto|host|cuda] [--torch-device cuda|cpu]
 #                           [--consumers 8] [--doc FILE | --no-doc] [--commit SHA]
+#                           [--budget 540]
 #   benchmarks/run_model.sh --template    (the section, numbers "to be measured", nothing run)
 #
 # Programs: --bin DIR (or MEMCUDA_BENCH_BIN=DIR) runs the prebuilt
@@ -29,7 +30,10 @@
 # <!-- model-rows:end --> of docs/benchmarks.md replaced (appended when
 # absent). benchmarks/run_all.sh rewrites that whole file: run this after it.
 # Budget: about 3-5 minutes on one H200 (each PyTorch consumer is a fresh
-# Python process that imports torch).
+# Python process that imports torch). --budget S (default 540) caps the
+# whole run, so that it ends inside one 10-minute command: each program's
+# time limit is what is left of it (at most its own cap), and a program
+# that would start with under 20 s left is skipped with that reason.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,7 +42,7 @@ say() { printf 'run_model: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 2; }
 
 scale_args=() reps=5 warmup=1 bin=${MEMCUDA_BENCH_BIN:-} py=${PYTHON:-} device=0 backend=auto
-torch_device="" consumers=8 doc=docs/benchmarks.md commit=${MEMCUDA_COMMIT:-} template=0
+torch_device="" consumers=8 doc=docs/benchmarks.md commit=${MEMCUDA_COMMIT:-} template=0 budget=540
 while [[ $# -gt 0 ]]; do
   case $1 in
     --small) scale_args=(--small); shift ;;
@@ -55,6 +59,7 @@ while [[ $# -gt 0 ]]; do
     --no-doc) doc=""; shift ;;
     --commit) commit=${2:?}; shift 2 ;;
     --template) template=1; shift ;;
+    --budget) budget=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -110,6 +115,13 @@ with_timeout() {
 # printed none gets a skip for every row it owns (listed in $owns).
 run() {
   local name=$1 secs=$2; shift 2
+  local left=$(( start + budget - $(date +%s) ))
+  if (( left < 20 )); then
+    say "$name: not run: the --budget of $budget s is spent"
+    for r in $owns; do echo "skip $r not run: run_model.sh's --budget ($budget s) was spent" >> "$rows"; done
+    return
+  fi
+  (( secs > left - 5 )) && secs=$(( left - 5 ))
   say "$name: $*"
   with_timeout "$secs" "$@" > "$out/$name.out" 2> "$out/$name.log"
   local rc=$?
@@ -132,7 +144,7 @@ owns="memcuda_publish_leader memcuda_publish_other memcuda_open_fresh memcuda_po
 if [[ $template == 1 ]]; then
   :
 elif [[ -n $bench ]]; then
-  run memcuda_bench_model 900 "$bench" --backend "$backend" --device "$device" "${common[@]}"
+  run memcuda_bench_model 300 "$bench" --backend "$backend" --device "$device" "${common[@]}"
 else
   for r in $owns; do echo "skip $r memcuda_bench_model not found (--bin DIR, PATH, .gpu/env.sh or build*/benchmarks)" >> "$rows"; done
 fi
@@ -152,7 +164,7 @@ for s in "${torch_scripts[@]}"; do
   elif [[ -z $py ]]; then
     for r in $owns; do echo "skip $r no python3 on PATH (--python PY)" >> "$rows"; done
   else
-    run "$s" 600 "$py" "$baselines/$s.py" --device "$torch_device" "${common[@]}" "${extra[@]}"
+    run "$s" 300 "$py" "$baselines/$s.py" --device "$torch_device" "${common[@]}" "${extra[@]}"
   fi
 done
 elapsed=$(( $(date +%s) - start ))
