@@ -429,16 +429,34 @@ class ModelBench {
     }
   }
 
+  // (in use, reserved) bytes of this backend's pools, as the leader sees them.
+  std::pair<std::uint64_t, std::uint64_t> pool_bytes(TensorRegistry& reg) const {
+    std::uint64_t in_use = 0, reserved = 0;
+    for (const auto& p : reg.stats().pools)
+      if (p.backend == cfg_.backend) {
+        in_use += p.in_use;
+        reserved += p.reserved;
+      }
+    return {in_use, reserved};
+  }
+
   // Empty slabs back to the driver / the OS, so the next publish starts
-  // from scratch.
+  // from scratch: first wait (up to 10 s) until the previous state dict's
+  // frees have landed, then trim. What stays reserved is reported with the
+  // row (reserved_at_start), so a run that did not start from scratch says so.
   void trim(TensorRegistry& reg) {
     reg.flush();
+    const auto deadline = mb::Clock::now() + std::chrono::seconds(10);
+    while (pool_bytes(reg).first > 0 && mb::Clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(20));
     reg.trim();
+    reserved_at_start_ = std::max(reserved_at_start_, pool_bytes(reg).second);
   }
 
   void publish_leader(TensorRegistry& reg) {
     std::cerr << "-- published by the allocator of record\n";
     std::vector<double> v;
+    reserved_at_start_ = 0;
     for (int rep = 0; rep < cfg_.warmup + cfg_.reps; ++rep) {
       trim(reg);
       const std::string prefix = "leader/" + std::to_string(rep);
@@ -448,12 +466,13 @@ class ModelBench {
       unpublish_all(reg, prefix, specs_, ts);
       if (rep >= cfg_.warmup) v.push_back(ms(t1 - t0));
     }
-    rows_.row("memcuda_publish_leader", v, extra_);
+    rows_.row("memcuda_publish_leader", v, extra_ + " reserved_at_start=" + std::to_string(reserved_at_start_));
   }
 
   void publish_other(TensorRegistry& reg) {
     std::cerr << "-- published by another process\n";
     std::vector<double> v;
+    reserved_at_start_ = 0;
     for (int rep = 0; rep < cfg_.warmup + cfg_.reps; ++rep) {
       trim(reg);
       auto out = run_child("publish", "other/" + std::to_string(rep));
@@ -463,7 +482,7 @@ class ModelBench {
       }
       if (rep >= cfg_.warmup) v.push_back(ms(out->at("ns").to_number<std::int64_t>()));
     }
-    rows_.row("memcuda_publish_other", v, extra_);
+    rows_.row("memcuda_publish_other", v, extra_ + " reserved_at_start=" + std::to_string(reserved_at_start_));
   }
 
   void open_fresh(TensorRegistry& reg) {
@@ -540,6 +559,7 @@ class ModelBench {
   std::uint64_t bytes_ = 0;
   std::string ns_ = "mcbm-" + std::to_string(::getpid());
   std::string extra_;
+  std::uint64_t reserved_at_start_ = 0;  // the most a publish run found still reserved
   Rows rows_;
 };
 

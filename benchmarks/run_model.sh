@@ -76,7 +76,10 @@ bench=""
 if [[ -n $bin ]]; then
   bench=$bin/memcuda_bench_model
   [[ -x $bench ]] || die "$bench is missing (not built, or --bin/MEMCUDA_BENCH_BIN points elsewhere)"
-  [[ -f $bin/../env.sh ]] && ! command -v redis-server >/dev/null 2>&1 && source "$bin/../env.sh"
+  # A bundle's bin/ (../shared/gpu/bundle.sh): its env.sh puts the libraries
+  # the programs link and redis-server on the paths.
+  # shellcheck disable=SC1091
+  [[ -f $bin/../env.sh ]] && source "$bin/../env.sh"
 elif command -v memcuda_bench_model >/dev/null 2>&1; then
   bench=$(command -v memcuda_bench_model)
 elif [[ -f .gpu/env.sh ]]; then
