@@ -93,6 +93,7 @@ if [[ -z $bench ]]; then
   done
 fi
 [[ -n $py ]] || py=python3
+py_asked=$py
 command -v "$py" >/dev/null 2>&1 || py=""
 baselines=$root/benchmarks/baselines
 
@@ -165,7 +166,7 @@ for s in "${torch_scripts[@]}"; do
   if [[ $template == 1 ]]; then
     :
   elif [[ -z $py ]]; then
-    for r in $owns; do echo "skip $r no python3 on PATH (--python PY)" >> "$rows"; done
+    for r in $owns; do echo "skip $r no Python interpreter: $py_asked not found (--python PY or PYTHON)" >> "$rows"; done
   else
     run "$s" 300 "$py" "$baselines/$s.py" --device "$torch_device" "${common[@]}" "${extra[@]}"
   fi
