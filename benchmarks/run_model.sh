@@ -227,7 +227,7 @@ table=$(awk -v scale="$scale" -v suffix="$suffix" -v tmpl="$template" '
     out("(same)", "memcuda_inplace_update", rp, "<= 1 ms", status("memcuda_inplace_update", 1, "", 0))
     pr = "memcuda_pool_ratio"
     st = tmpl ? "-" : (scale != "1") ? "n/a (scaled run)" : ((pr in med) ? (med[pr] <= 1.10 ? "met" : "missed") : "not measured")
-    printf "| pool reserved / in use, state dict live | %s | %s (ratio) | - | - | - | <= 1.10 | %s |\n", pr, cell(pr), st
+    printf "| pool reserved / in use, state dict live (a ratio, not ms) | %s | %s | - | - | - | <= 1.10 | %s |\n", pr, cell(pr), st
   }' "$rows")
 
 if [[ $template == 1 ]]; then
