@@ -32,7 +32,6 @@
 // default is --scale 8 (211 MB): a host tensor is a committed /dev/shm slab.
 #include <sys/statvfs.h>
 
-#include <map>
 
 #include "bench_common.hpp"
 #include "memcuda/memcuda.hpp"
