@@ -15,7 +15,7 @@
 # DIR/memcuda_bench_model, like MEMCUDA_DEMO_BIN for scripts/demo.sh; else
 # memcuda_bench_model on PATH; else .gpu/env.sh is sourced (what
 # ../shared/gpu/bundle.sh packs: `MEMCUDA_BENCH_BIN=.gpu/bin` works too);
-# else the first build*/benchmarks/memcuda_bench_model of this tree.
+# else the newest build*/benchmarks/memcuda_bench_model of this tree.
 # redis-server must be on PATH (or MEMCUDA_REDIS_URL set). Python: --python,
 # else $PYTHON, else python3 (the GPU hosts' python3 has torch 2.11); the
 # baselines need only the standard library and torch.
@@ -88,9 +88,9 @@ elif [[ -f .gpu/env.sh ]]; then
   bench=$(command -v memcuda_bench_model || true)
 fi
 if [[ -z $bench ]]; then
-  for b in build/benchmarks/memcuda_bench_model build*/benchmarks/memcuda_bench_model; do
-    [[ -x $b ]] && { bench=$root/$b; break; }
-  done
+  # The newest of this tree's build folders (build/, build-*/).
+  b=$(ls -t build*/benchmarks/memcuda_bench_model 2>/dev/null | head -1)
+  [[ -n $b && -x $b ]] && bench=$root/$b
 fi
 [[ -n $py ]] || py=python3
 py_asked=$py
