@@ -358,8 +358,10 @@ def _copy_into(dst: Tensor, data: Any, stream: Stream) -> None:
     mod = type(data).__module__.split(".")[0]
     if mod == "torch":
         import torch
+        import torch.utils.dlpack
         src = data.detach()
-        view = dst.torch()
+        # stream=-1: we are the writer, there is nothing of ours to wait for.
+        view = torch.utils.dlpack.from_dlpack(dst.__dlpack__(stream=-1))
         if view.dtype != src.dtype:  # bool travels as uint8 through DLPack 0.6
             src = src.to(view.dtype)
         if dst.backend == "cuda":

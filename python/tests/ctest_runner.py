@@ -2,7 +2,11 @@
 
 Exits 77 (CTest: skipped) with the reason when the suite cannot run here:
 no pytest or numpy for this interpreter, or (gpu) no usable CUDA device, or
-every selected test skipped."""
+every selected test skipped.
+
+Where the interpreter has no pytest (the GPU hosts' Python has none),
+MEMCUDA_PYTEST_PATH (colon-separated) names directories holding a copy of
+Debian's pure-Python pytest, made by python/tests/stage_pytest.sh."""
 from __future__ import annotations
 
 import os
@@ -19,6 +23,8 @@ def skip(why: str) -> None:
 
 def main() -> int:
     kind = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    extra = [p for p in os.environ.get("MEMCUDA_PYTEST_PATH", "").split(":") if p]
+    sys.path[1:1] = extra  # after the script's own directory
     for mod, pkg in (("pytest", "python3-pytest"), ("numpy", "python3-numpy")):
         try:
             __import__(mod)
