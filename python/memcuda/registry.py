@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
@@ -11,6 +12,7 @@ from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, lib
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
 from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
 
+_close_lock = threading.Lock()  # two threads closing one registry close it once
 Device = Union[None, int, str, Any]  # None, a CUDA ordinal, "cuda:1", "cpu"/"host", a torch.device
 
 
@@ -123,7 +125,8 @@ class Registry:
     def close(self) -> None:
         """Stops the registry's thread, gives up the allocator-of-record lease and
         ends the session. Open tensors stay valid. Idempotent."""
-        h, self._h = self._h, None
+        with _close_lock:
+            h, self._h = self._h, None
         if h is not None and self._pid == os.getpid():
             lib.memcuda_registry_close(h)
 

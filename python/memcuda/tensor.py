@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -11,6 +12,7 @@ from ._lib import DLManagedTensor, TensorInfoC, lib
 from .errors import InvalidArgument, MemcudaError, check
 
 BACKENDS = ("cuda", "host")
+_release_lock = threading.Lock()  # two threads releasing one handle drop it once
 STATES = ("pending", "ready", "lost")
 KDLCPU, KDLCUDA = 1, 2  # DLPack device types
 
@@ -93,12 +95,18 @@ def _capsule_destructor(capsule: int, _valid=_PyCapsule_IsValid, _get=_PyCapsule
         m.deleter(p)  # queues the release only: no network I/O here
 
 
+# A capsule may outlive this module (a global of __main__ is destroyed late
+# at exit): the callback must never be freed, so it keeps one extra reference.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_capsule_destructor))
+_DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+
+
 def _to_capsule(handle: int) -> Any:
     out = ctypes.POINTER(DLManagedTensor)()
     check(lib.memcuda_tensor_to_dlpack(handle, ctypes.byref(out)))
     addr = ctypes.cast(out, ctypes.c_void_p).value
     try:
-        return _PyCapsule_New(addr, _DLTENSOR, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        return _PyCapsule_New(addr, _DLTENSOR, _DESTRUCTOR_ADDR)
     except BaseException:
         out.contents.deleter(addr)
         raise
@@ -135,7 +143,8 @@ class Tensor:
     def release(self) -> None:
         """Drops this handle's share now (arrays made from it keep theirs).
         No network I/O: the registry's thread sends the release."""
-        h, self._h = self._h, None
+        with _release_lock:
+            h, self._h = self._h, None
         if h is not None and self._pid == os.getpid():
             lib.memcuda_tensor_release(h)
         # In a forked child the handle belongs to the parent: leak it there.
