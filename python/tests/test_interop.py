@@ -7,7 +7,6 @@ import gc
 import numpy as np
 import pytest
 
-import memcuda
 
 try:
     import torch

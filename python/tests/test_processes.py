@@ -12,7 +12,6 @@ import textwrap
 import numpy as np
 import pytest
 
-import memcuda
 from conftest import REPO, fields, find_program, kill, wait_for
 
 

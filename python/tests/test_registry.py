@@ -1,7 +1,6 @@
 """The Registry API on the host backend: create/put/get, records, errors, refcounts."""
 from __future__ import annotations
 
-import ctypes
 import gc
 import threading
 
@@ -112,15 +111,26 @@ def test_refcounts_return_to_baseline(reg):
     assert reg.info("p.rc").refcount == 1
 
 
+class _Holder:
+    """Hands one given capsule to a DLPack consumer."""
+
+    def __init__(self, capsule) -> None:
+        self.capsule = capsule
+
+    def __dlpack__(self, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
 def test_capsule_is_consumed_once(reg):
     t = reg.create("p.cap", (3,), "u8")
-    cap = t.__dlpack__()
-    a = np.from_dlpack(type("Wrap", (), {"__dlpack__": lambda self, **k: cap,
-                                         "__dlpack_device__": lambda self: (1, 0)})())
+    holder = _Holder(t.__dlpack__())
+    a = np.from_dlpack(holder)
     with pytest.raises(Exception):  # renamed used_dltensor: a second consumer is refused
-        np.from_dlpack(type("Wrap", (), {"__dlpack__": lambda self, **k: cap,
-                                         "__dlpack_device__": lambda self: (1, 0)})())
-    del cap, a, t
+        np.from_dlpack(holder)
+    del holder, a, t
     gc.collect()
     reg.flush()
     with pytest.raises(memcuda.NotFound):
