@@ -148,7 +148,8 @@ MEMCUDA_C_EXPORT void memcuda_registry_options_init(memcuda_registry_options* op
  * opts may be NULL (all defaults). On success *out owns the registry. */
 MEMCUDA_C_EXPORT int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out);
 /* Stops the registry's thread and ends its session; NULL is a no-op. Tensors
- * still open stay valid (they keep what they need alive). */
+ * still open stay valid (they keep what they need alive). The one call that
+ * must not race with other calls on the same registry. */
 MEMCUDA_C_EXPORT void memcuda_registry_close(memcuda_registry* reg);
 
 /* This registry's session id ("<pid>-<random>"); valid while reg is open. */
