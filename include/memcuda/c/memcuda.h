@@ -1,0 +1,318 @@
+/* The C ABI of mem-cuda: what Python (ctypes), Rust, Go or Julia bind to.
+ *
+ * A plain C99 header over libmemcuda_c.so. No C++ type crosses it: handles
+ * are opaque pointers, option and record structs are plain data that start
+ * with their own size (struct_size) so the library can grow them without
+ * breaking older callers, and every call that can fail returns an int status
+ * (MEMCUDA_OK = 0, else one of the MEMCUDA_ERR_* codes below, one per class of
+ * the C++ memcuda::Error tree). The message of the last failure is kept per
+ * thread (memcuda_last_error_message).
+ *
+ * Threads: every function may be called from any thread; a registry and a
+ * tensor handle may be shared between threads. Releasing a tensor (and a
+ * DLPack deleter) never does network I/O on the caller's thread: the release
+ * is queued and sent by the registry's own thread (memcuda_flush waits for it).
+ *
+ * Fork: a child process must not use (nor close) handles made before fork();
+ * it opens its own registry. See docs/python.md, "Fork safety".
+ */
+#ifndef MEMCUDA_C_MEMCUDA_H
+#define MEMCUDA_C_MEMCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define MEMCUDA_C_EXPORT
+#else
+#define MEMCUDA_C_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Incremented when a function's meaning or a struct's leading layout
+ * changes incompatibly; new functions and struct members appended at the end
+ * (announced through struct_size) do not change it. */
+#define MEMCUDA_C_ABI_VERSION 1
+
+/* ---- status codes: one per class of include/memcuda/error.hpp ---------- */
+#define MEMCUDA_OK 0
+#define MEMCUDA_ERR_ERROR 1            /* memcuda::Error (no more specific class) */
+#define MEMCUDA_ERR_INVALID_ARGUMENT 2 /* InvalidArgument */
+#define MEMCUDA_ERR_NOT_FOUND 3        /* NotFound */
+#define MEMCUDA_ERR_ALREADY_EXISTS 4   /* AlreadyExists */
+#define MEMCUDA_ERR_TYPE_MISMATCH 5    /* TypeMismatch */
+#define MEMCUDA_ERR_STALE_HANDLE 6     /* StaleHandle */
+#define MEMCUDA_ERR_BUDGET_EXCEEDED 7  /* BudgetExceeded */
+#define MEMCUDA_ERR_LOST 8             /* Lost */
+#define MEMCUDA_ERR_NOT_LEADER 9       /* NotLeader */
+#define MEMCUDA_ERR_UNAVAILABLE 10     /* Unavailable */
+#define MEMCUDA_ERR_INTERNAL 11        /* InternalError */
+#define MEMCUDA_ERR_PROTOCOL 12        /* ProtocolError (an InvalidArgument) */
+#define MEMCUDA_ERR_CUDA 13            /* CudaError */
+#define MEMCUDA_ERR_REDIS 14           /* RedisError */
+#define MEMCUDA_ERR_REDIS_CONNECTION 15 /* ConnectionError (a RedisError) */
+#define MEMCUDA_ERR_REDIS_AUTH 16      /* AuthError (a ConnectionError) */
+#define MEMCUDA_ERR_TIMEOUT 17         /* TimeoutError (a RedisError) */
+#define MEMCUDA_ERR_REDIS_REPLY 18     /* ReplyError (a RedisError) */
+#define MEMCUDA_ERR_OUT_OF_MEMORY 19   /* host memory exhausted (std::bad_alloc) */
+#define MEMCUDA_ERR_UNKNOWN 20         /* any other failure (a bug: please report) */
+#define MEMCUDA_ERR_LAST 20
+
+/* The code of the last failing call on this thread (MEMCUDA_OK if none). */
+MEMCUDA_C_EXPORT int memcuda_last_error_code(void);
+/* Its message; "" if none. Valid until the next failing call on this thread. */
+MEMCUDA_C_EXPORT const char* memcuda_last_error_message(void);
+/* For MEMCUDA_ERR_CUDA: the cudaError_t status (-1 when unknown); else 0. */
+MEMCUDA_C_EXPORT int memcuda_last_error_cuda_status(void);
+/* Forgets the last error of this thread. */
+MEMCUDA_C_EXPORT void memcuda_clear_error(void);
+/* The stable wire name of a code ("not_found", "redis_auth", ...), as
+ * memcuda::Error::code() spells it; "unknown" for a code not listed above. */
+MEMCUDA_C_EXPORT const char* memcuda_error_name(int code);
+/* The code of the base class (MEMCUDA_ERR_PROTOCOL -> INVALID_ARGUMENT,
+ * MEMCUDA_ERR_REDIS_AUTH -> REDIS_CONNECTION, ...); MEMCUDA_OK for the root
+ * MEMCUDA_ERR_ERROR and for codes outside the tree. */
+MEMCUDA_C_EXPORT int memcuda_error_parent(int code);
+
+/* ---- version ------------------------------------------------------------ */
+/* major * 10000 + minor * 100 + patch of the library (MEMCUDA_VERSION). */
+MEMCUDA_C_EXPORT int memcuda_version(void);
+MEMCUDA_C_EXPORT const char* memcuda_version_string(void);
+/* MEMCUDA_C_ABI_VERSION of the library (compare with the header's). */
+MEMCUDA_C_EXPORT int memcuda_abi_version(void);
+/* 1 when the library was built with the CUDA backend. */
+MEMCUDA_C_EXPORT int memcuda_has_cuda(void);
+
+/* ---- dtypes (the values of memcuda::DType; stable) ---------------------- */
+#define MEMCUDA_DTYPE_ANY (-1) /* memcuda_get: accept whatever is stored */
+#define MEMCUDA_DTYPE_BOOL 0
+#define MEMCUDA_DTYPE_U8 1
+#define MEMCUDA_DTYPE_I8 2
+#define MEMCUDA_DTYPE_I16 3
+#define MEMCUDA_DTYPE_I32 4
+#define MEMCUDA_DTYPE_I64 5
+#define MEMCUDA_DTYPE_U16 6
+#define MEMCUDA_DTYPE_U32 7
+#define MEMCUDA_DTYPE_U64 8
+#define MEMCUDA_DTYPE_F16 9
+#define MEMCUDA_DTYPE_BF16 10
+#define MEMCUDA_DTYPE_F32 11
+#define MEMCUDA_DTYPE_F64 12
+
+/* Canonical name ("f32", "bf16", ...); NULL for an unknown value. */
+MEMCUDA_C_EXPORT const char* memcuda_dtype_name(int dtype);
+/* Parses a canonical name or an alias ("float32", "bfloat16", ...); -1 if unknown. */
+MEMCUDA_C_EXPORT int memcuda_dtype_from_name(const char* name);
+/* Bytes per element; 0 for an unknown value. */
+MEMCUDA_C_EXPORT size_t memcuda_dtype_itemsize(int dtype);
+
+/* ---- backends, states, limits ------------------------------------------- */
+#define MEMCUDA_BACKEND_DEFAULT (-1)
+#define MEMCUDA_BACKEND_CUDA 0
+#define MEMCUDA_BACKEND_HOST 1
+
+#define MEMCUDA_STATE_PENDING 0
+#define MEMCUDA_STATE_READY 1
+#define MEMCUDA_STATE_LOST 2
+
+#define MEMCUDA_MAX_RANK 8
+#define MEMCUDA_MAX_NAME_BYTES 255
+
+/* ---- the registry --------------------------------------------------------- */
+typedef struct memcuda_registry memcuda_registry; /* opaque */
+typedef struct memcuda_tensor memcuda_tensor;     /* opaque: one share of a reference */
+
+/* Options of memcuda_registry_open. Fill with memcuda_registry_options_init,
+ * then change what you need; 0 (or NULL) in a field means "the default". */
+typedef struct memcuda_registry_options {
+  uint32_t struct_size;       /* sizeof(memcuda_registry_options) */
+  const char* url;            /* redis://... or unix:///path.sock; NULL: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379 */
+  const char* name_space;     /* NULL or "": none */
+  int control_thread;         /* 1 (default): may become the allocator of record; 0: client only */
+  int default_backend;        /* MEMCUDA_BACKEND_*: backend of create() when not given */
+  int default_device;         /* CUDA ordinal of create() when not given (default 0) */
+  int64_t request_timeout_ms; /* a create served by another process (default 5000) */
+  int64_t lease_ttl_ms;       /* allocator-of-record lease (default 1500) */
+  int64_t session_ttl_ms;     /* a dead process's references are dropped after about this (default 2000) */
+  int64_t gc_interval_ms;     /* default 500 */
+  int64_t connect_timeout_ms; /* one connect to Redis (default 1000) */
+  int64_t command_timeout_ms; /* one Redis command (default 2000) */
+} memcuda_registry_options;
+
+MEMCUDA_C_EXPORT void memcuda_registry_options_init(memcuda_registry_options* opts);
+
+/* Connects and starts the registry's thread (TensorRegistry's constructor).
+ * opts may be NULL (all defaults). On success *out owns the registry. */
+MEMCUDA_C_EXPORT int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out);
+/* Stops the registry's thread and ends its session; NULL is a no-op. Tensors
+ * still open stay valid (they keep what they need alive). The one call that
+ * must not race with other calls on the same registry. */
+MEMCUDA_C_EXPORT void memcuda_registry_close(memcuda_registry* reg);
+
+/* This registry's session id ("<pid>-<random>"); valid while reg is open. */
+MEMCUDA_C_EXPORT const char* memcuda_registry_session_id(const memcuda_registry* reg);
+/* *out = 1 while this registry holds the allocator-of-record lease (no I/O). */
+MEMCUDA_C_EXPORT int memcuda_registry_is_leader(const memcuda_registry* reg, int* out);
+
+typedef struct memcuda_create_options {
+  uint32_t struct_size; /* sizeof(memcuda_create_options) */
+  int backend;          /* MEMCUDA_BACKEND_DEFAULT: the registry's */
+  int device;           /* -1: the registry's default device */
+  int persistent;       /* 1: also held by its name until memcuda_remove */
+} memcuda_create_options;
+
+MEMCUDA_C_EXPORT void memcuda_create_options_init(memcuda_create_options* opts);
+
+/* Creates a tensor (contents unspecified) and returns the creator's share.
+ * shape may be NULL when ndim is 0 (a scalar). opts may be NULL. */
+MEMCUDA_C_EXPORT int memcuda_create(memcuda_registry* reg, const char* name, int dtype, const int64_t* shape,
+                                    int ndim, const memcuda_create_options* opts, memcuda_tensor** out);
+
+/* Opens a tensor by name. dtype: the expected dtype (MEMCUDA_ERR_TYPE_MISMATCH
+ * when it differs) or MEMCUDA_DTYPE_ANY. */
+MEMCUDA_C_EXPORT int memcuda_get(memcuda_registry* reg, const char* name, int dtype, memcuda_tensor** out);
+/* memcuda_get, then makes `stream` (a cudaStream_t; NULL: the legacy default
+ * stream) wait for the producer's last publish. Host backend: no wait. */
+MEMCUDA_C_EXPORT int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream,
+                                           memcuda_tensor** out);
+/* Opens `count` tensors (any dtype) into out[0..count). All or nothing: on a
+ * failure every tensor opened so far is released and out[] is all NULL. */
+MEMCUDA_C_EXPORT int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count,
+                                      memcuda_tensor** out);
+
+/* Unlinks the name (open handles stay valid; memory goes with the last holder). */
+MEMCUDA_C_EXPORT int memcuda_remove(memcuda_registry* reg, const char* name);
+/* Waits until the tensor exists and is ready: *ready = 1, or 0 after timeout_ms. */
+MEMCUDA_C_EXPORT int memcuda_wait(memcuda_registry* reg, const char* name, int64_t timeout_ms, int* ready);
+/* Waits until the releases this process queued are in Redis; timeout_ms < 0:
+ * the registry's request timeout. MEMCUDA_ERR_TIMEOUT when they are not. */
+MEMCUDA_C_EXPORT int memcuda_flush(memcuda_registry* reg, int64_t timeout_ms);
+
+/* One tensor's registry record. Strings are NUL-terminated, cut to fit. */
+typedef struct memcuda_tensor_info {
+  uint32_t struct_size;
+  char name[MEMCUDA_MAX_NAME_BYTES + 1];
+  int dtype;
+  int ndim;
+  int64_t shape[MEMCUDA_MAX_RANK];
+  int backend;
+  int device;             /* ordinal in the allocator's view; -1 host */
+  char device_uuid[64];
+  char node[128];
+  uint64_t bytes;
+  int64_t refcount;
+  int state;              /* MEMCUDA_STATE_* */
+  uint64_t generation;
+  int64_t owner_pid;
+  int64_t ctime_ms;
+  uint64_t event_version; /* 0: never published */
+  int64_t holders;        /* processes (sessions) holding a reference */
+} memcuda_tensor_info;
+
+/* The current record of one tensor (MEMCUDA_ERR_NOT_FOUND if none). Set
+ * info->struct_size first (memcuda_tensor_info_init). */
+MEMCUDA_C_EXPORT void memcuda_tensor_info_init(memcuda_tensor_info* info);
+MEMCUDA_C_EXPORT int memcuda_info(memcuda_registry* reg, const char* name, memcuda_tensor_info* info);
+/* Records of the tensors matching a glob (NULL: "*"), sorted by name.
+ * *out is an array of *count records (each with struct_size set) to give
+ * back with memcuda_free_infos; NULL when count is 0. */
+MEMCUDA_C_EXPORT int memcuda_list(memcuda_registry* reg, const char* pattern, memcuda_tensor_info** out,
+                                  size_t* count);
+MEMCUDA_C_EXPORT void memcuda_free_infos(memcuda_tensor_info* infos);
+
+typedef struct memcuda_stats {
+  uint32_t struct_size;
+  int leader_present;
+  int leader_is_self;
+  uint64_t leader_epoch;
+  char leader_session[128];
+  uint64_t sessions;
+  uint64_t tensors;
+  uint64_t bytes;
+  uint64_t queue_length;
+  uint64_t pools;             /* the leader's pools, summed below */
+  uint64_t pool_in_use;
+  uint64_t pool_reserved;
+  /* this process */
+  uint64_t owned_allocations;
+  uint64_t owned_bytes;
+  uint64_t creates;
+  uint64_t frees;
+  uint64_t live_imports;
+  uint64_t import_opens;
+  uint64_t import_hits;
+} memcuda_stats;
+
+MEMCUDA_C_EXPORT void memcuda_stats_init(memcuda_stats* stats);
+MEMCUDA_C_EXPORT int memcuda_stats_get(memcuda_registry* reg, memcuda_stats* stats);
+
+typedef struct memcuda_gc_report {
+  uint32_t struct_size;
+  uint64_t dead_holders;
+  uint64_t references_dropped;
+  uint64_t tensors_freed;
+  uint64_t sessions_pruned;
+  uint64_t tensors_migrated;
+  uint64_t tensors_lost;
+} memcuda_gc_report;
+
+/* Drops the references of dead processes now. report may be NULL. */
+MEMCUDA_C_EXPORT int memcuda_collect_garbage(memcuda_registry* reg, memcuda_gc_report* report);
+
+/* ---- tensors ---------------------------------------------------------------- */
+/* A memcuda_tensor is one share of this process's reference to one
+ * generation of a named tensor. Accessors of a valid handle cannot fail. */
+
+/* Drops this share; the process's reference goes with the last share
+ * (handles, DLPack tensors). No network I/O here; NULL is a no-op. */
+MEMCUDA_C_EXPORT void memcuda_tensor_release(memcuda_tensor* t);
+/* A new share of the same reference (release both). */
+MEMCUDA_C_EXPORT int memcuda_tensor_retain(const memcuda_tensor* t, memcuda_tensor** out);
+
+/* Device pointer (cuda backend, valid on memcuda_tensor_device) or host pointer. */
+MEMCUDA_C_EXPORT void* memcuda_tensor_data(const memcuda_tensor* t);
+MEMCUDA_C_EXPORT const char* memcuda_tensor_name(const memcuda_tensor* t);
+MEMCUDA_C_EXPORT int memcuda_tensor_dtype(const memcuda_tensor* t);
+MEMCUDA_C_EXPORT int memcuda_tensor_ndim(const memcuda_tensor* t);
+/* ndim dimensions, outermost first; valid while the handle lives. Tensors
+ * are contiguous, row-major. */
+MEMCUDA_C_EXPORT const int64_t* memcuda_tensor_shape(const memcuda_tensor* t);
+MEMCUDA_C_EXPORT uint64_t memcuda_tensor_bytes(const memcuda_tensor* t);
+MEMCUDA_C_EXPORT int memcuda_tensor_backend(const memcuda_tensor* t);
+/* This process's CUDA ordinal of the tensor's device; -1 for host. */
+MEMCUDA_C_EXPORT int memcuda_tensor_device(const memcuda_tensor* t);
+MEMCUDA_C_EXPORT uint64_t memcuda_tensor_generation(const memcuda_tensor* t);
+/* The record as it was when the handle was opened. */
+MEMCUDA_C_EXPORT int memcuda_tensor_get_info(const memcuda_tensor* t, memcuda_tensor_info* info);
+/* *valid = 1 while the name still means this tensor (one Redis round trip). */
+MEMCUDA_C_EXPORT int memcuda_tensor_valid(const memcuda_tensor* t, int* valid);
+
+/* Producer side: records an interprocess event on `stream` (a cudaStream_t
+ * of the tensor's device; NULL: legacy default) after the work that wrote
+ * the tensor and publishes it; *version (may be NULL) gets the new version. */
+MEMCUDA_C_EXPORT int memcuda_tensor_publish(const memcuda_tensor* t, void* stream, uint64_t* version);
+/* Consumer side: makes `stream` wait for the last published event. */
+MEMCUDA_C_EXPORT int memcuda_tensor_wait_published(const memcuda_tensor* t, void* stream);
+
+/* Synchronous, bounds-checked byte copies between host memory and the
+ * tensor (either backend), starting at byte `offset` of the tensor. */
+MEMCUDA_C_EXPORT int memcuda_tensor_copy_from_host(const memcuda_tensor* t, const void* src, uint64_t bytes,
+                                                   uint64_t offset);
+MEMCUDA_C_EXPORT int memcuda_tensor_copy_to_host(const memcuda_tensor* t, void* dst, uint64_t bytes,
+                                                 uint64_t offset);
+
+/* DLPack (0.6+, <dlpack/dlpack.h>): a DLManagedTensor viewing the tensor
+ * (kDLCUDA or kDLCPU), holding its own share of the reference; the
+ * consumer calls its deleter exactly once, from any thread; the deleter
+ * only queues the release (no network I/O). Ownership passes to the caller. */
+struct DLManagedTensor;
+MEMCUDA_C_EXPORT int memcuda_tensor_to_dlpack(const memcuda_tensor* t, struct DLManagedTensor** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MEMCUDA_C_MEMCUDA_H */

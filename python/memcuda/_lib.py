@@ -1,0 +1,215 @@
+"""Loads libmemcuda_c.so and declares its C ABI (include/memcuda/c/memcuda.h) for ctypes.
+
+The library is looked up, in order, at:
+
+1. ``$MEMCUDA_LIBRARY`` (a path to the .so);
+2. next to this package (``memcuda/libmemcuda_c.so``: what the CMake option
+   ``MEMCUDA_BUILD_PYTHON`` stages and what ``pip install`` ships when the .so
+   was copied there first);
+3. the build trees of a source checkout (``<repo>/build*/src/c_api/``);
+4. the dynamic loader's search path (``libmemcuda_c.so`` after ``cmake --install``).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from typing import Optional
+
+_LIBNAME = "libmemcuda_c.so"
+ABI_VERSION = 1  # MEMCUDA_C_ABI_VERSION this package was written against
+
+c_int, c_int64, c_uint64, c_uint32, c_size_t = (ctypes.c_int, ctypes.c_int64, ctypes.c_uint64,
+                                                 ctypes.c_uint32, ctypes.c_size_t)
+c_char_p, c_void_p = ctypes.c_char_p, ctypes.c_void_p
+P = ctypes.POINTER
+
+MAX_RANK = 8
+
+
+class RegistryOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("url", c_char_p),
+        ("name_space", c_char_p),
+        ("control_thread", c_int),
+        ("default_backend", c_int),
+        ("default_device", c_int),
+        ("request_timeout_ms", c_int64),
+        ("lease_ttl_ms", c_int64),
+        ("session_ttl_ms", c_int64),
+        ("gc_interval_ms", c_int64),
+        ("connect_timeout_ms", c_int64),
+        ("command_timeout_ms", c_int64),
+    ]
+
+
+class CreateOptions(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("backend", c_int), ("device", c_int), ("persistent", c_int)]
+
+
+class TensorInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("name", ctypes.c_char * 256),
+        ("dtype", c_int),
+        ("ndim", c_int),
+        ("shape", c_int64 * MAX_RANK),
+        ("backend", c_int),
+        ("device", c_int),
+        ("device_uuid", ctypes.c_char * 64),
+        ("node", ctypes.c_char * 128),
+        ("bytes", c_uint64),
+        ("refcount", c_int64),
+        ("state", c_int),
+        ("generation", c_uint64),
+        ("owner_pid", c_int64),
+        ("ctime_ms", c_int64),
+        ("event_version", c_uint64),
+        ("holders", c_int64),
+    ]
+
+
+class StatsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("leader_present", c_int),
+        ("leader_is_self", c_int),
+        ("leader_epoch", c_uint64),
+        ("leader_session", ctypes.c_char * 128),
+    ] + [(f, c_uint64) for f in (
+        "sessions", "tensors", "bytes", "queue_length", "pools", "pool_in_use", "pool_reserved",
+        "owned_allocations", "owned_bytes", "creates", "frees", "live_imports", "import_opens", "import_hits")]
+
+
+class GcReportC(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32)] + [(f, c_uint64) for f in (
+        "dead_holders", "references_dropped", "tensors_freed", "sessions_pruned", "tensors_migrated",
+        "tensors_lost")]
+
+
+# DLPack 0.6 (the layout every DLPack consumer of the unversioned
+# "dltensor" capsule reads).
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", P(c_int64)),
+        ("strides", P(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DLDeleter = ctypes.CFUNCTYPE(None, c_void_p)
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", c_void_p), ("deleter", DLDeleter)]
+
+# (name, restype, argtypes) of every function used.
+_SIGNATURES = [
+    ("memcuda_last_error_code", c_int, []),
+    ("memcuda_last_error_message", c_char_p, []),
+    ("memcuda_last_error_cuda_status", c_int, []),
+    ("memcuda_clear_error", None, []),
+    ("memcuda_error_name", c_char_p, [c_int]),
+    ("memcuda_error_parent", c_int, [c_int]),
+    ("memcuda_version", c_int, []),
+    ("memcuda_version_string", c_char_p, []),
+    ("memcuda_abi_version", c_int, []),
+    ("memcuda_has_cuda", c_int, []),
+    ("memcuda_dtype_name", c_char_p, [c_int]),
+    ("memcuda_dtype_from_name", c_int, [c_char_p]),
+    ("memcuda_dtype_itemsize", c_size_t, [c_int]),
+    ("memcuda_registry_options_init", None, [P(RegistryOptions)]),
+    ("memcuda_registry_open", c_int, [P(RegistryOptions), P(c_void_p)]),
+    ("memcuda_registry_close", None, [c_void_p]),
+    ("memcuda_registry_session_id", c_char_p, [c_void_p]),
+    ("memcuda_registry_is_leader", c_int, [c_void_p, P(c_int)]),
+    ("memcuda_create_options_init", None, [P(CreateOptions)]),
+    ("memcuda_create", c_int, [c_void_p, c_char_p, c_int, P(c_int64), c_int, P(CreateOptions), P(c_void_p)]),
+    ("memcuda_get", c_int, [c_void_p, c_char_p, c_int, P(c_void_p)]),
+    ("memcuda_get_on_stream", c_int, [c_void_p, c_char_p, c_int, c_void_p, P(c_void_p)]),
+    ("memcuda_get_many", c_int, [c_void_p, P(c_char_p), c_size_t, P(c_void_p)]),
+    ("memcuda_remove", c_int, [c_void_p, c_char_p]),
+    ("memcuda_wait", c_int, [c_void_p, c_char_p, c_int64, P(c_int)]),
+    ("memcuda_flush", c_int, [c_void_p, c_int64]),
+    ("memcuda_tensor_info_init", None, [P(TensorInfoC)]),
+    ("memcuda_info", c_int, [c_void_p, c_char_p, P(TensorInfoC)]),
+    ("memcuda_list", c_int, [c_void_p, c_char_p, P(P(TensorInfoC)), P(c_size_t)]),
+    ("memcuda_free_infos", None, [P(TensorInfoC)]),
+    ("memcuda_stats_init", None, [P(StatsC)]),
+    ("memcuda_stats_get", c_int, [c_void_p, P(StatsC)]),
+    ("memcuda_collect_garbage", c_int, [c_void_p, P(GcReportC)]),
+    ("memcuda_tensor_release", None, [c_void_p]),
+    ("memcuda_tensor_retain", c_int, [c_void_p, P(c_void_p)]),
+    ("memcuda_tensor_data", c_void_p, [c_void_p]),
+    ("memcuda_tensor_name", c_char_p, [c_void_p]),
+    ("memcuda_tensor_dtype", c_int, [c_void_p]),
+    ("memcuda_tensor_ndim", c_int, [c_void_p]),
+    ("memcuda_tensor_shape", P(c_int64), [c_void_p]),
+    ("memcuda_tensor_bytes", c_uint64, [c_void_p]),
+    ("memcuda_tensor_backend", c_int, [c_void_p]),
+    ("memcuda_tensor_device", c_int, [c_void_p]),
+    ("memcuda_tensor_generation", c_uint64, [c_void_p]),
+    ("memcuda_tensor_get_info", c_int, [c_void_p, P(TensorInfoC)]),
+    ("memcuda_tensor_valid", c_int, [c_void_p, P(c_int)]),
+    ("memcuda_tensor_publish", c_int, [c_void_p, c_void_p, P(c_uint64)]),
+    ("memcuda_tensor_wait_published", c_int, [c_void_p, c_void_p]),
+    ("memcuda_tensor_copy_from_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
+    ("memcuda_tensor_copy_to_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
+    ("memcuda_tensor_to_dlpack", c_int, [c_void_p, P(P(DLManagedTensor))]),
+]
+
+
+def _candidates() -> list:
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    env = os.environ.get("MEMCUDA_LIBRARY")
+    if env:
+        out.append(env)
+    out.append(os.path.join(here, _LIBNAME))
+    repo = os.path.dirname(os.path.dirname(here))  # <repo>/python/memcuda -> <repo>
+    out += sorted(glob.glob(os.path.join(repo, "build*", "src", "c_api", _LIBNAME)))
+    out.append(_LIBNAME)
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    errors = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    else:
+        raise ImportError(
+            "memcuda: cannot load libmemcuda_c.so (build it with CMake, target memcuda_c, then set "
+            "MEMCUDA_LIBRARY to its path or copy it into the memcuda package directory); tried: "
+            + "; ".join(errors or _candidates()))
+    for name, restype, argtypes in _SIGNATURES:
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    abi = lib.memcuda_abi_version()
+    if abi != ABI_VERSION:
+        raise ImportError(f"memcuda: {lib._name} has C ABI version {abi}, this package needs {ABI_VERSION}")
+    return lib
+
+
+lib = _load()
+path: Optional[str] = lib._name

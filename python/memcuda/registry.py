@@ -1,0 +1,390 @@
+"""Registry: a connection to the mem-cuda tensor registry (C++: memcuda::TensorRegistry)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from . import dtypes
+from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, lib
+from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
+from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
+
+_close_lock = threading.Lock()  # two threads closing one registry close it once
+Device = Union[None, int, str, Any]  # None, a CUDA ordinal, "cuda:1", "cpu"/"host", a torch.device
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What ``Registry.stats`` reports (the registry and this process)."""
+    leader_present: bool
+    leader_is_self: bool
+    leader_epoch: int
+    leader_session: str
+    sessions: int
+    tensors: int
+    bytes: int
+    queue_length: int
+    pools: int
+    pool_in_use: int
+    pool_reserved: int
+    owned_allocations: int
+    owned_bytes: int
+    creates: int
+    frees: int
+    live_imports: int
+    import_opens: int
+    import_hits: int
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What one ``Registry.collect_garbage`` found and did."""
+    dead_holders: int
+    references_dropped: int
+    tensors_freed: int
+    sessions_pruned: int
+    tensors_migrated: int
+    tensors_lost: int
+
+
+def _ms(seconds: Optional[float], what: str) -> int:
+    if seconds is None:
+        return 0
+    if seconds <= 0:
+        raise InvalidArgument(f"{what} must be positive seconds, got {seconds!r}")
+    return max(1, int(round(seconds * 1000)))
+
+
+def _backend_device(backend: Optional[str], device: Device) -> tuple:
+    """(MEMCUDA_BACKEND_*, ordinal or -1) from the user's backend and device."""
+    b = {None: -1, "cuda": 0, "host": 1, "cpu": 1}.get(backend, None)
+    if b is None:
+        raise InvalidArgument(f"backend must be 'cuda' or 'host', got {backend!r}")
+    if device is None:
+        return b, -1
+    if isinstance(device, int):
+        return (0 if b == -1 else b), device
+    text = str(device)  # "cuda:1", "cuda", "cpu", torch.device(...)
+    if text in ("cpu", "host"):
+        return 1, -1
+    if text == "cuda" or text.startswith("cuda:"):
+        return 0, int(text.split(":", 1)[1]) if ":" in text else -1
+    raise InvalidArgument(f"device must be an int, 'cuda[:N]' or 'cpu', got {device!r}")
+
+
+class Registry:
+    """A connection to the tensor registry in Redis, with the same options as C++.
+
+    Args:
+        url: ``redis://host:port/db`` or ``unix:///path.sock`` (default:
+            ``$MEMCUDA_REDIS_URL``, else ``redis://127.0.0.1:6379``).
+        namespace: prefixes every key ("ns:"), isolating registries in one Redis.
+        control_thread: host the allocator-of-record role (the process that
+            allocates memory for everybody); a pure consumer may switch it off,
+            but some process of the machine must host it.
+        request_timeout, lease_ttl, session_ttl, gc_interval, connect_timeout,
+        command_timeout: seconds (None: the C++ defaults 5, 1.5, 2, 0.5, 1, 2).
+        default_backend: "cuda" or "host" for ``create`` (None: cuda when built
+            with CUDA and a device is visible, else host).
+        default_device: CUDA ordinal for ``create`` (default 0).
+
+    Every method may be called from any thread (the C calls release the GIL).
+    Tensors stay usable after ``close``. A forked child must open its own Registry.
+    """
+
+    def __init__(self, url: Optional[str] = None, namespace: Optional[str] = None, *, control_thread: bool = True,
+                 request_timeout: Optional[float] = None, lease_ttl: Optional[float] = None,
+                 session_ttl: Optional[float] = None, gc_interval: Optional[float] = None,
+                 connect_timeout: Optional[float] = None, command_timeout: Optional[float] = None,
+                 default_backend: Optional[str] = None, default_device: int = 0) -> None:
+        self._h: Optional[int] = None
+        self._pid = os.getpid()
+        o = RegistryOptions()
+        lib.memcuda_registry_options_init(ctypes.byref(o))
+        o.url = url.encode() if url else None
+        o.name_space = namespace.encode() if namespace else None
+        o.control_thread = 1 if control_thread else 0
+        o.default_backend, _ = _backend_device(default_backend, None)
+        o.default_device = default_device
+        o.request_timeout_ms = _ms(request_timeout, "request_timeout")
+        o.lease_ttl_ms = _ms(lease_ttl, "lease_ttl")
+        o.session_ttl_ms = _ms(session_ttl, "session_ttl")
+        o.gc_interval_ms = _ms(gc_interval, "gc_interval")
+        o.connect_timeout_ms = _ms(connect_timeout, "connect_timeout")
+        o.command_timeout_ms = _ms(command_timeout, "command_timeout")
+        h = ctypes.c_void_p()
+        check(lib.memcuda_registry_open(ctypes.byref(o), ctypes.byref(h)))
+        self._h = h.value
+        self.url = url
+        self.namespace = namespace
+
+    # ---- lifetime ----------------------------------------------------------
+    def close(self) -> None:
+        """Stops the registry's thread, gives up the allocator-of-record lease and
+        ends the session. Open tensors stay valid. Idempotent."""
+        with _close_lock:
+            h, self._h = self._h, None
+        if h is not None and self._pid == os.getpid():
+            lib.memcuda_registry_close(h)
+
+    def __enter__(self) -> "Registry":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise InvalidArgument("the registry is closed")
+        if self._pid != os.getpid():
+            raise MemcudaError(f"this Registry was opened in process {self._pid}, before a fork; "
+                               "open a new Registry in the child")
+        return self._h
+
+    @property
+    def session_id(self) -> str:
+        return lib.memcuda_registry_session_id(self._handle()).decode()
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this registry holds the allocator-of-record lease (no I/O)."""
+        v = ctypes.c_int()
+        check(lib.memcuda_registry_is_leader(self._handle(), ctypes.byref(v)))
+        return bool(v.value)
+
+    # ---- tensors -------------------------------------------------------------
+    def create(self, name: str, shape: Sequence[int], dtype: dtypes.DType, device: Device = None,
+               persistent: bool = False, backend: Optional[str] = None) -> Tensor:
+        """Creates a tensor (contents unspecified) and returns the creator's handle.
+
+        device: a CUDA ordinal, "cuda:N", "cpu"/"host" or a torch.device (None:
+        the registry's default). persistent: the tensor outlives every handle
+        until ``remove``. Raises AlreadyExists, InvalidArgument, BudgetExceeded,
+        NotLeader (no allocator of record), CudaError."""
+        code = dtypes.code_of(dtype)
+        dims = tuple(int(d) for d in shape)
+        arr = (ctypes.c_int64 * max(1, len(dims)))(*dims)
+        co = CreateOptions()
+        lib.memcuda_create_options_init(ctypes.byref(co))
+        co.backend, co.device = _backend_device(backend, device)
+        co.persistent = 1 if persistent else 0
+        h = ctypes.c_void_p()
+        check(lib.memcuda_create(self._handle(), name.encode(), code, arr, len(dims), ctypes.byref(co),
+                                 ctypes.byref(h)))
+        return Tensor(h.value)
+
+    def get(self, name: str, dtype: Optional[dtypes.DType] = None, stream: Stream = None) -> Tensor:
+        """Opens a tensor by name (one Redis round trip; the memory is mapped once
+        per process). dtype: check the stored dtype (TypeMismatch). stream: make
+        this CUDA stream wait for the producer's last ``publish``.
+        Raises NotFound, TypeMismatch, Lost, Unavailable."""
+        code = -1 if dtype is None else dtypes.code_of(dtype)
+        h = ctypes.c_void_p()
+        if stream is None:
+            check(lib.memcuda_get(self._handle(), name.encode(), code, ctypes.byref(h)))
+        else:
+            check(lib.memcuda_get_on_stream(self._handle(), name.encode(), code, stream_ptr(stream),
+                                            ctypes.byref(h)))
+        return Tensor(h.value)
+
+    def get_many(self, names: Iterable[str]) -> List[Tensor]:
+        """Opens several tensors, all or nothing (on a failure none stays open).
+        Today one round trip per name; one for all once the C++ batch get lands."""
+        names = list(names)
+        if not names:
+            return []
+        c_names = (ctypes.c_char_p * len(names))(*(n.encode() for n in names))
+        out = (ctypes.c_void_p * len(names))()
+        check(lib.memcuda_get_many(self._handle(), c_names, len(names), out))
+        return [Tensor(h) for h in out]
+
+    def put(self, name: str, data: Any, *, device: Device = None, backend: Optional[str] = None,
+            persistent: bool = False, update: bool = False, stream: Stream = None) -> Tensor:
+        """Creates `name` with `data`'s shape and dtype and copies `data` in.
+
+        data: a torch tensor (CPU or CUDA), a NumPy array, a CuPy array, or
+        anything ``numpy.asarray`` accepts. Where it lives follows `data` (a
+        CUDA torch/CuPy tensor goes to its GPU) unless device/backend say
+        otherwise. update=True: when `name` exists, copy into it in place
+        (same shape and dtype, else TypeMismatch): every holder sees the new
+        values; this is the weight-sync flow. GPU copies are ordered on
+        `stream` (default: the current torch/CuPy stream) and published there.
+        Returns the handle (the creator's reference: keep it, or persistent=True)."""
+        code = dtypes.code_of(_dtype_of(data))
+        shape = tuple(int(d) for d in data.shape) if hasattr(data, "shape") else None
+        if shape is None:
+            import numpy
+            data = numpy.asarray(data)
+            shape = data.shape
+        if backend is None and device is None:
+            device = _device_of(data)
+        dst = None
+        if update:
+            try:
+                dst = self.get(name)
+            except NotFound:
+                dst = None
+            if dst is not None and (dst.shape != shape or dst._dtype != code):
+                got = (dst.shape, dst.dtype)
+                dst.release()
+                raise TypeMismatch(f"put(update=True): '{name}' is {got[1]}{list(got[0])}, "
+                                   f"the data is {dtypes.name_of(code)}{list(shape)}")
+        if dst is None:
+            dst = self.create(name, shape, dtypes.name_of(code), device=device, persistent=persistent, backend=backend)
+        try:
+            _copy_into(dst, data, stream)
+        except BaseException:
+            if not update:
+                dst.release()
+                try:
+                    self.remove(name)
+                except MemcudaError:
+                    pass
+            raise
+        return dst
+
+    def remove(self, name: str) -> None:
+        """Unlinks the name now; open handles stay usable (their memory goes with
+        the last holder). Raises NotFound."""
+        check(lib.memcuda_remove(self._handle(), name.encode()))
+
+    def wait(self, name: str, timeout: float) -> bool:
+        """Blocks until the tensor exists and is ready (True) or `timeout` seconds pass (False)."""
+        ready = ctypes.c_int()
+        check(lib.memcuda_wait(self._handle(), name.encode(), max(0, int(timeout * 1000)), ctypes.byref(ready)))
+        return bool(ready.value)
+
+    def info(self, name: str) -> TensorInfo:
+        """The current record of one tensor. Raises NotFound."""
+        c = new_info_c()
+        check(lib.memcuda_info(self._handle(), name.encode(), ctypes.byref(c)))
+        return TensorInfo.from_c(c)
+
+    def list(self, pattern: str = "*") -> List[TensorInfo]:
+        """Records of the tensors whose names match a glob, sorted by name."""
+        from ._lib import TensorInfoC
+        arr = ctypes.POINTER(TensorInfoC)()
+        n = ctypes.c_size_t()
+        check(lib.memcuda_list(self._handle(), pattern.encode(), ctypes.byref(arr), ctypes.byref(n)))
+        try:
+            return [TensorInfo.from_c(arr[i]) for i in range(n.value)]
+        finally:
+            lib.memcuda_free_infos(arr)
+
+    def stats(self) -> Stats:
+        """Counts and bytes of the registry, its leader, and this process."""
+        s = StatsC()
+        lib.memcuda_stats_init(ctypes.byref(s))
+        check(lib.memcuda_stats_get(self._handle(), ctypes.byref(s)))
+        vals = {f: getattr(s, f) for f, _ in StatsC._fields_ if f != "struct_size"}
+        vals["leader_present"] = bool(vals["leader_present"])
+        vals["leader_is_self"] = bool(vals["leader_is_self"])
+        vals["leader_session"] = vals["leader_session"].decode(errors="replace")
+        return Stats(**vals)
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Waits until the releases this process queued (dropped handles, DLPack
+        deleters) are in Redis. Raises TimeoutError."""
+        check(lib.memcuda_flush(self._handle(), -1 if timeout is None else int(timeout * 1000)))
+
+    def collect_garbage(self) -> GcReport:
+        """Drops the references of dead processes now (the allocator of record
+        also does it on its own every gc_interval)."""
+        r = GcReportC()
+        r.struct_size = ctypes.sizeof(GcReportC)
+        check(lib.memcuda_collect_garbage(self._handle(), ctypes.byref(r)))
+        return GcReport(**{f: getattr(r, f) for f, _ in GcReportC._fields_ if f != "struct_size"})
+
+    # ---- state dicts -----------------------------------------------------------
+    def put_state_dict(self, prefix: str, state_dict: Mapping[str, Any], **put_kwargs: Any) -> Dict[str, Tensor]:
+        """``put`` of every entry under ``prefix + key``; returns the handles by key.
+        With update=True an existing entry is overwritten in place (weight sync).
+        Today one create per tensor; batched once the C++ batch calls land."""
+        out: Dict[str, Tensor] = {}
+        for key, value in state_dict.items():
+            out[key] = self.put(prefix + key, value, **put_kwargs)
+        return out
+
+    def get_state_dict(self, prefix: str, framework: Optional[str] = None) -> Dict[str, Any]:
+        """Opens every tensor named ``prefix*`` (keys without the prefix).
+
+        framework: None (memcuda Tensors), "torch" (torch.from_dlpack of each)
+        or "numpy" (host tensors). Zero copy either way."""
+        names = [i.name for i in self.list(_glob_escape(prefix) + "*")]
+        tensors = self.get_many(names)
+        out: Dict[str, Any] = {}
+        for n, t in zip(names, tensors):
+            key = n[len(prefix):]
+            if framework is None:
+                out[key] = t
+            elif framework == "torch":
+                out[key] = t.torch()
+            elif framework == "numpy":
+                out[key] = t.numpy()
+            else:
+                raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
+        return out
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+def _dtype_of(data: Any) -> Any:
+    dt = getattr(data, "dtype", None)
+    if dt is None:
+        import numpy
+        return numpy.asarray(data).dtype
+    return dt
+
+
+def _device_of(data: Any) -> Device:
+    mod = type(data).__module__.split(".")[0]
+    if mod == "torch":
+        return data.device.index if data.is_cuda else "cpu"
+    if mod == "cupy":
+        return data.device.id
+    return None  # NumPy and friends: the registry's default backend
+
+
+def _copy_into(dst: Tensor, data: Any, stream: Stream) -> None:
+    """Copies data into dst (same shape and dtype), publishing GPU writes."""
+    mod = type(data).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        import torch.utils.dlpack
+        src = data.detach()
+        # stream=-1: we are the writer, there is nothing of ours to wait for.
+        view = torch.utils.dlpack.from_dlpack(dst.__dlpack__(stream=-1))
+        if view.dtype != src.dtype:  # bool travels as uint8 through DLPack 0.6
+            src = src.to(view.dtype)
+        if dst.backend == "cuda":
+            s = torch.cuda.current_stream(view.device) if stream is None else stream
+            with torch.cuda.stream(s if isinstance(s, torch.cuda.Stream) else torch.cuda.ExternalStream(s)):
+                view.copy_(src)
+            dst.publish(s)
+        else:
+            view.copy_(src)
+        del view
+        return
+    if mod == "cupy":
+        import cupy
+        view = cupy.from_dlpack(dst)
+        s = cupy.cuda.get_current_stream() if stream is None else stream
+        with (s if isinstance(s, cupy.cuda.Stream) else cupy.cuda.ExternalStream(stream_ptr(s))):
+            view[...] = data
+        dst.publish(s)
+        del view
+        return
+    import numpy
+    arr = numpy.ascontiguousarray(data)
+    dst.copy_from_host(arr.ctypes.data, arr.nbytes)

@@ -1,0 +1,318 @@
+"""Tensor: one open handle to a named shared tensor, with DLPack and array-interface export."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from . import dtypes
+from ._lib import DLManagedTensor, TensorInfoC, lib
+from .errors import InvalidArgument, MemcudaError, check
+
+BACKENDS = ("cuda", "host")
+_release_lock = threading.Lock()  # two threads releasing one handle drop it once
+STATES = ("pending", "ready", "lost")
+KDLCPU, KDLCUDA = 1, 2  # DLPack device types
+
+Stream = Any  # None, an int (a cudaStream_t), a torch.cuda.Stream, a cupy Stream
+
+
+def stream_ptr(stream: Stream) -> Optional[int]:
+    """The cudaStream_t of a stream given as an int, a torch.cuda.Stream
+    (``cuda_stream``) or a CuPy stream (``ptr``); None for None (the legacy
+    default stream)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    raise InvalidArgument(f"not a CUDA stream: {stream!r} (want an int, a torch.cuda.Stream or a cupy Stream)")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor's registry record (``Registry.info``, ``Registry.list``, ``Tensor.info``)."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    backend: str
+    device: int  # ordinal in the allocator of record's view; -1 for host
+    device_uuid: str
+    node: str
+    bytes: int
+    refcount: int
+    state: str
+    generation: int
+    owner_pid: int
+    ctime_ms: int
+    event_version: int
+    holders: int
+
+    @staticmethod
+    def from_c(c: TensorInfoC) -> "TensorInfo":
+        return TensorInfo(
+            name=c.name.decode(), dtype=dtypes.name_of(c.dtype), shape=tuple(c.shape[:c.ndim]),
+            backend=BACKENDS[c.backend], device=c.device, device_uuid=c.device_uuid.decode(errors="replace"),
+            node=c.node.decode(errors="replace"), bytes=c.bytes, refcount=c.refcount, state=STATES[c.state],
+            generation=c.generation, owner_pid=c.owner_pid, ctime_ms=c.ctime_ms, event_version=c.event_version,
+            holders=c.holders)
+
+
+def new_info_c() -> TensorInfoC:
+    c = TensorInfoC()
+    lib.memcuda_tensor_info_init(ctypes.byref(c))
+    return c
+
+
+# ---- the DLPack capsule ---------------------------------------------------
+# A consumer that takes the capsule renames it "used_dltensor" and owns the
+# DLManagedTensor (it calls the deleter when done). A capsule never consumed
+# still holds a share of the reference: its destructor calls the deleter.
+# The destructor runs with the GIL held and uses the Python C API directly
+# (PYFUNCTYPE: no GIL release, exceptions stay in Python's state).
+_api = ctypes.pythonapi
+_PyCapsule_New = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", _api))
+_PyCapsule_IsValid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
+_PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", _api))
+_DLTENSOR = b"dltensor"
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule: int, _valid=_PyCapsule_IsValid, _get=_PyCapsule_GetPointer,
+                        _cast=ctypes.cast, _ptr=ctypes.POINTER(DLManagedTensor), _name=_DLTENSOR) -> None:
+    # Default arguments keep what the destructor needs reachable even while
+    # the interpreter tears the module down.
+    if _valid(capsule, _name):
+        p = _get(capsule, _name)
+        m = _cast(p, _ptr).contents
+        m.deleter(p)  # queues the release only: no network I/O here
+
+
+# A capsule may outlive this module (a global of __main__ is destroyed late
+# at exit): the callback must never be freed, so it keeps one extra reference.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_capsule_destructor))
+_DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+
+
+def _to_capsule(handle: int) -> Any:
+    out = ctypes.POINTER(DLManagedTensor)()
+    check(lib.memcuda_tensor_to_dlpack(handle, ctypes.byref(out)))
+    addr = ctypes.cast(out, ctypes.c_void_p).value
+    try:
+        return _PyCapsule_New(addr, _DLTENSOR, _DESTRUCTOR_ADDR)
+    except BaseException:
+        out.contents.deleter(addr)
+        raise
+
+
+class Tensor:
+    """An open handle to a named tensor: this process holds one reference to it
+    in the registry while the handle, or any array made from it (torch, NumPy,
+    CuPy through DLPack or the array interfaces), is alive.
+
+    Zero copy: ``torch.from_dlpack(t)``, ``cupy.from_dlpack(t)``,
+    ``numpy.from_dlpack(t)`` (host backend) and ``numpy.asarray(t)`` (host,
+    writable) view the shared memory itself.
+    """
+
+    __slots__ = ("_h", "_pid", "_name", "_dtype", "_shape", "_backend", "_device", "_gen", "_ptr", "_bytes",
+                 "__weakref__")
+
+    def __init__(self, handle: int) -> None:
+        self._h: Optional[int] = handle
+        self._pid = os.getpid()
+        self._name = lib.memcuda_tensor_name(handle).decode()
+        self._dtype = lib.memcuda_tensor_dtype(handle)
+        nd = lib.memcuda_tensor_ndim(handle)
+        sp = lib.memcuda_tensor_shape(handle)
+        self._shape = tuple(int(sp[i]) for i in range(nd))
+        self._backend = lib.memcuda_tensor_backend(handle)
+        self._device = lib.memcuda_tensor_device(handle)
+        self._gen = int(lib.memcuda_tensor_generation(handle))
+        self._ptr = lib.memcuda_tensor_data(handle) or 0
+        self._bytes = int(lib.memcuda_tensor_bytes(handle))
+
+    # ---- lifetime --------------------------------------------------------
+    def release(self) -> None:
+        """Drops this handle's share now (arrays made from it keep theirs).
+        No network I/O: the registry's thread sends the release."""
+        with _release_lock:
+            h, self._h = self._h, None
+        if h is not None and self._pid == os.getpid():
+            lib.memcuda_tensor_release(h)
+        # In a forked child the handle belongs to the parent: leak it there.
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Tensor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise InvalidArgument(f"tensor '{self._name}' was released")
+        if self._pid != os.getpid():
+            raise MemcudaError(f"tensor '{self._name}' was opened in process {self._pid}, before a fork; "
+                               "open it again in this process")
+        return self._h
+
+    # ---- description -----------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dtype(self) -> str:
+        """memcuda's dtype name: "f32", "bf16", ..."""
+        return dtypes.name_of(self._dtype)
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    @property
+    def backend(self) -> str:
+        """"cuda" (device memory) or "host" (shared host memory)."""
+        return BACKENDS[self._backend]
+
+    @property
+    def device(self) -> int:
+        """This process's CUDA ordinal of the tensor's GPU; -1 for host."""
+        return self._device
+
+    @property
+    def generation(self) -> int:
+        """Unique per tensor ever created: tells a re-created name apart."""
+        return self._gen
+
+    @property
+    def data_ptr(self) -> int:
+        """The device (cuda) or host address of the first element."""
+        self._handle()
+        return self._ptr
+
+    def info(self) -> TensorInfo:
+        """The record as it was when this handle was opened."""
+        c = new_info_c()
+        check(lib.memcuda_tensor_get_info(self._handle(), ctypes.byref(c)))
+        return TensorInfo.from_c(c)
+
+    def valid(self) -> bool:
+        """Whether the name still means this tensor (one Redis round trip)."""
+        v = ctypes.c_int()
+        check(lib.memcuda_tensor_valid(self._handle(), ctypes.byref(v)))
+        return bool(v.value)
+
+    def __repr__(self) -> str:
+        state = "" if self._h is not None else ", released"
+        return (f"memcuda.Tensor(name={self._name!r}, dtype={self.dtype}, shape={self._shape}, "
+                f"backend={self.backend}, device={self._device}, generation={self._gen}{state})")
+
+    # ---- streams ---------------------------------------------------------
+    def publish(self, stream: Stream = None) -> int:
+        """Producer side: records an event on `stream` (None: the legacy default
+        stream) after the work that wrote the tensor, and publishes it.
+        Consumers that pass a stream to ``Registry.get`` or ``__dlpack__`` order
+        their work after it. Returns the event version. Host: only bumps it."""
+        v = ctypes.c_uint64()
+        check(lib.memcuda_tensor_publish(self._handle(), stream_ptr(stream), ctypes.byref(v)))
+        return v.value
+
+    def wait_published(self, stream: Stream = None) -> None:
+        """Consumer side: makes `stream` wait for the producer's last publish."""
+        check(lib.memcuda_tensor_wait_published(self._handle(), stream_ptr(stream)))
+
+    # ---- copies ----------------------------------------------------------
+    def copy_from_host(self, address: int, nbytes: int, offset: int = 0) -> None:
+        """Copies `nbytes` from host memory at `address` into the tensor at byte
+        `offset`; synchronous, bounds-checked, either backend."""
+        check(lib.memcuda_tensor_copy_from_host(self._handle(), address, nbytes, offset))
+
+    def copy_to_host(self, address: int, nbytes: int, offset: int = 0) -> None:
+        check(lib.memcuda_tensor_copy_to_host(self._handle(), address, nbytes, offset))
+
+    def tobytes(self) -> bytes:
+        """A copy of the tensor's bytes (either backend)."""
+        buf = ctypes.create_string_buffer(self._bytes)
+        self.copy_to_host(ctypes.addressof(buf), self._bytes)
+        return buf.raw
+
+    # ---- interop -----------------------------------------------------------
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (KDLCUDA, self._device) if self._backend == 0 else (KDLCPU, 0)
+
+    def __dlpack__(self, stream: Optional[int] = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Optional[bool] = None) -> Any:
+        """A "dltensor" capsule viewing the tensor (DLPack 0.6 layout), holding
+        its own share of the reference until the consumer's deleter runs (or the
+        capsule is collected unconsumed).
+
+        stream (cuda): the consumer's stream; it is made to wait for the
+        producer's last ``publish`` (one Redis round trip). None: the legacy
+        default stream; -1: no ordering. Ignored for the host backend."""
+        if copy:
+            raise BufferError("memcuda tensors are exported without copying (copy=True is not supported)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"tensor '{self._name}' lives on {self.__dlpack_device__()}, not {tuple(dl_device)}")
+        h = self._handle()
+        if self._backend == 0 and stream != -1:
+            check(lib.memcuda_tensor_wait_published(h, stream or None))
+        return _to_capsule(h)
+
+    def _interface(self) -> dict:
+        ts = dtypes.TYPESTR[self._dtype]
+        if ts is None:
+            raise AttributeError(f"{self.dtype} has no array-interface type string; use DLPack "
+                                 "(torch.from_dlpack) for bf16")
+        return {"shape": self._shape, "typestr": ts, "data": (self.data_ptr, False), "strides": None,
+                "version": 3}
+
+    @property
+    def __array_interface__(self) -> dict:
+        """Host backend: ``numpy.asarray(t)`` is a writable zero-copy view that keeps
+        this handle (and so the reference) alive."""
+        if self._backend != 1:
+            raise AttributeError("__array_interface__ is for host tensors; this one is on cuda")
+        return self._interface()
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """CUDA backend (CuPy, Numba): the consumer's work is ordered after the
+        producer's last publish through the legacy default stream ("stream": 1)."""
+        if self._backend != 0:
+            raise AttributeError("__cuda_array_interface__ is for cuda tensors; this one is on the host")
+        d = self._interface()
+        check(lib.memcuda_tensor_wait_published(self._handle(), None))
+        d["stream"] = 1
+        return d
+
+    def numpy(self):
+        """A writable NumPy view of a host tensor (zero copy; keeps the handle alive)."""
+        import numpy
+        return numpy.asarray(self)
+
+    def torch(self):
+        """``torch.from_dlpack(self)``: a zero-copy torch tensor (bf16 included)."""
+        import torch.utils.dlpack
+        return torch.utils.dlpack.from_dlpack(self)

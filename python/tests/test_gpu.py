@@ -1,0 +1,142 @@
+"""GPU tests (cuda backend): torch CUDA tensors both ways with a C++ process,
+a stream-ordered consumer of a slow producer, bf16 through torch.from_dlpack,
+a state dict shared to 4 Python processes, CuPy reading the same tensor.
+Skipped, with the reason, where there is no CUDA build or device."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import memcuda
+from conftest import REPO, fields
+
+try:
+    import torch
+    _cuda = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - depends on the machine
+    torch, _cuda = None, False
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not memcuda.has_cuda(), reason="libmemcuda_c was built without the CUDA backend"),
+    pytest.mark.skipif(torch is None, reason="torch is not installed"),
+    pytest.mark.skipif(torch is not None and not _cuda, reason="torch sees no CUDA device"),
+]
+PKG = os.path.join(REPO, "python")
+
+
+@pytest.fixture
+def greg(redis_url, namespace):
+    r = memcuda.Registry(redis_url, namespace, default_backend="cuda", session_ttl=0.6, gc_interval=0.2)
+    yield r
+    r.close()
+
+
+def test_cpp_creates_torch_reads(greg, worker_factory):
+    w = worker_factory("--no-control", "--backend", "cuda")
+    w.cmd("create g.a 4,256 1.5")
+    t = greg.get("g.a", dtype="f32")
+    x = torch.from_dlpack(t)
+    assert x.is_cuda and x.shape == (4, 256) and x.data_ptr() == t.data_ptr
+    assert x.sum().item() == 1.5 * 1024
+    assert t.__cuda_array_interface__["data"][0] == t.data_ptr
+
+
+def test_torch_creates_cpp_reads(greg, worker_factory):
+    src = torch.arange(1024, dtype=torch.float32, device="cuda")
+    t = greg.put("g.b", src)
+    assert t.backend == "cuda" and t.device == 0
+    torch.cuda.synchronize()  # the worker reads on its own stream, unordered
+    w = worker_factory("--no-control", "--backend", "cuda")
+    got = fields(w.cmd("get g.b"))
+    assert float(got["sum"]) == 1023 * 1024 / 2 and int(got["gen"]) == t.generation
+
+
+SLOW_PRODUCER = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {pkg!r})
+    import memcuda
+    reg = memcuda.Registry({url!r}, {ns!r}, control_thread=False)
+    t = reg.create("g.slow", ({n},), "f32", device=0)
+    x = torch.from_dlpack(t)
+    x.zero_()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(int(3e9))   # about 1-2 s of GPU time before the write
+        x.fill_(7.0)
+    t.publish(s)                      # no host synchronisation
+    print("READY", flush=True)
+    sys.stdin.read()                  # stay alive until the consumer is done
+""")
+
+
+def test_stream_ordered_consumer_of_a_slow_producer(greg, redis_url, namespace):
+    n = 1 << 20
+    code = SLOW_PRODUCER.format(pkg=PKG, url=redis_url, ns=namespace, n=n)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        s = torch.cuda.Stream()
+        t = greg.get("g.slow", stream=s)  # s waits for the producer's event
+        with torch.cuda.stream(s):
+            total = torch.from_dlpack(t).sum()
+        s.synchronize()
+        assert total.item() == 7.0 * n
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
+
+
+def test_bf16_through_torch_from_dlpack(greg):
+    src = torch.randn(64, 32, device="cuda").to(torch.bfloat16)
+    greg.put("g.bf", src)
+    y = torch.from_dlpack(greg.get("g.bf", dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and y.is_cuda and torch.equal(y, src)
+
+
+CONSUMER = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, {pkg!r})
+    import memcuda
+    reg = memcuda.Registry({url!r}, {ns!r}, control_thread=False)
+    sd = reg.get_state_dict("sd/", framework="torch")
+    print(json.dumps({{k: [str(v.dtype), list(v.shape), v.double().sum().item()] for k, v in sd.items()}}), flush=True)
+""")
+
+
+def test_state_dict_to_four_python_processes(greg, redis_url, namespace):
+    torch.manual_seed(0)
+    sd = {f"layers.{i}.{p}": torch.randn(128, 64, device="cuda").to(torch.bfloat16 if i % 2 else torch.float32)
+          for i in range(4) for p in ("w", "b")}
+    keep = greg.put_state_dict("sd/", sd)
+    torch.cuda.synchronize()
+    want = {k: [str(v.dtype), list(v.shape), v.double().sum().item()] for k, v in sd.items()}
+    code = CONSUMER.format(pkg=PKG, url=redis_url, ns=namespace)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        got = json.loads(out)
+        assert sorted(got) == sorted(want)
+        for k, (dtype, shape, total) in want.items():
+            assert got[k][:2] == [dtype, shape], k
+            assert math.isclose(got[k][2], total, rel_tol=1e-9, abs_tol=1e-9), k
+    assert len(keep) == 8
+
+
+def test_cupy_reads_the_same_tensor(greg):
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    src = torch.arange(100, dtype=torch.float32, device="cuda")
+    t = greg.put("g.cp", src)
+    torch.cuda.synchronize()
+    a = cupy.from_dlpack(greg.get("g.cp"))
+    b = cupy.asarray(greg.get("g.cp"))  # __cuda_array_interface__
+    assert int(a.data.ptr) == t.data_ptr == int(b.data.ptr)
+    assert float(a.sum()) == 4950.0 and float(b.sum()) == 4950.0

@@ -1,0 +1,99 @@
+// What the C ABI's opaque handles are, and the one place that turns a C++
+// exception into a C status code (errors.cpp). Private to libmemcuda_c.
+#pragma once
+
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "memcuda/c/memcuda.h"
+#include "memcuda/memcuda.hpp"
+
+// The registry behind a memcuda_registry*. The session id is copied so that
+// memcuda_registry_session_id can hand out a stable C string.
+struct memcuda_registry {
+  explicit memcuda_registry(memcuda::RegistryOptions o) : reg(std::move(o)), session(reg.session_id()) {}
+  memcuda::TensorRegistry reg;
+  std::string session;
+};
+
+// One share of a reference. Copies of `t` (memcuda_tensor_retain, DLPack
+// exports) share the process's reference; it goes with the last of them.
+struct memcuda_tensor {
+  explicit memcuda_tensor(memcuda::SharedTensor<void> s) : t(std::move(s)) {}
+  memcuda::SharedTensor<void> t;
+};
+
+namespace memcuda_c {
+
+// Records the exception being handled (call only inside a catch block) as
+// this thread's last error and returns its code.
+int status_of_current_exception() noexcept;
+// Records a failure the C layer itself detects (NULL argument, bad enum).
+int fail(int code, const std::string& message) noexcept;
+
+// Runs f (returning void) and converts whatever it throws into a status.
+template <class F>
+int guarded(F&& f) noexcept {
+  try {
+    std::forward<F>(f)();
+    return MEMCUDA_OK;
+  } catch (...) {
+    return status_of_current_exception();
+  }
+}
+
+inline void copy_cstr(char* dst, std::size_t cap, const std::string& src) {
+  std::size_t n = src.size() < cap - 1 ? src.size() : cap - 1;
+  std::memcpy(dst, src.data(), n);
+  dst[n] = '\0';
+}
+
+// Fills a C record from the C++ one (keeps info->struct_size).
+inline void fill_info(memcuda_tensor_info* out, const memcuda::TensorInfo& in) {
+  const std::uint32_t size = out->struct_size;
+  std::memset(out, 0, sizeof *out);
+  out->struct_size = size;
+  copy_cstr(out->name, sizeof out->name, in.name);
+  out->dtype = static_cast<int>(in.dtype);
+  out->ndim = static_cast<int>(in.shape.size());
+  for (std::size_t i = 0; i < in.shape.size() && i < MEMCUDA_MAX_RANK; ++i) out->shape[i] = in.shape[i];
+  out->backend = in.backend == memcuda::BackendKind::cuda ? MEMCUDA_BACKEND_CUDA : MEMCUDA_BACKEND_HOST;
+  out->device = in.device;
+  copy_cstr(out->device_uuid, sizeof out->device_uuid, in.device_uuid);
+  copy_cstr(out->node, sizeof out->node, in.node);
+  out->bytes = in.bytes;
+  out->refcount = in.refcount;
+  out->state = static_cast<int>(in.state);
+  out->generation = in.generation;
+  out->owner_pid = in.owner_pid;
+  out->ctime_ms = in.ctime_ms;
+  out->event_version = in.event_version;
+  out->holders = static_cast<std::int64_t>(in.holders.size());
+}
+
+// A C struct the caller sized: reject one older than what we write.
+template <class S>
+void check_struct(const S* s, const char* what) {
+  if (!s) throw memcuda::InvalidArgument(std::string(what) + " is NULL");
+  if (s->struct_size < sizeof(S))
+    throw memcuda::InvalidArgument(std::string(what) + "->struct_size is " + std::to_string(s->struct_size) +
+                                   ", smaller than this library's " + std::to_string(sizeof(S)) +
+                                   " (call the matching *_init first)");
+}
+
+inline memcuda::TensorRegistry& registry(memcuda_registry* r) {
+  if (!r) throw memcuda::InvalidArgument("registry is NULL");
+  return r->reg;
+}
+inline const memcuda::SharedTensor<void>& tensor(const memcuda_tensor* t) {
+  if (!t) throw memcuda::InvalidArgument("tensor is NULL");
+  return t->t;
+}
+inline std::string_view name_arg(const char* name) {
+  if (!name) throw memcuda::InvalidArgument("tensor name is NULL");
+  return name;
+}
+
+}  // namespace memcuda_c

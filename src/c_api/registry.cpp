@@ -1,0 +1,271 @@
+// The C ABI's registry calls: open/close, create, get, remove, wait, flush,
+// info, list, stats, garbage collection.
+//
+// This is libmemcuda_c's implementation TU: when the public headers are split
+// into declarations and <memcuda/implementation.hpp>, the latter is included
+// here, once (the other TUs only include the declarations).
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "c_api_internal.hpp"
+
+using memcuda_c::guarded;
+
+namespace {
+
+std::chrono::milliseconds ms(std::int64_t v) { return std::chrono::milliseconds(v); }
+
+memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
+  memcuda::RegistryOptions o;
+  if (!c) return o;
+  memcuda_c::check_struct(c, "options");
+  if (c->url && *c->url) o.redis = memcuda::redis::parse_url(c->url);
+  if (c->name_space) o.name_space = c->name_space;
+  o.control_thread = c->control_thread != 0;
+  switch (c->default_backend) {
+    case MEMCUDA_BACKEND_DEFAULT: break;
+    case MEMCUDA_BACKEND_CUDA: o.default_backend = memcuda::BackendKind::cuda; break;
+    case MEMCUDA_BACKEND_HOST: o.default_backend = memcuda::BackendKind::host; break;
+    default: throw memcuda::InvalidArgument("default_backend " + std::to_string(c->default_backend) + " is not a MEMCUDA_BACKEND_* value");
+  }
+  if (c->default_device < 0) throw memcuda::InvalidArgument("default_device must not be negative");
+  o.default_device = c->default_device;
+  auto set = [](std::int64_t v, std::chrono::milliseconds& field, const char* what) {
+    if (v < 0) throw memcuda::InvalidArgument(std::string(what) + " must not be negative (0: the default)");
+    if (v > 0) field = ms(v);
+  };
+  set(c->request_timeout_ms, o.request_timeout, "request_timeout_ms");
+  set(c->lease_ttl_ms, o.lease_ttl, "lease_ttl_ms");
+  set(c->session_ttl_ms, o.session_ttl, "session_ttl_ms");
+  set(c->gc_interval_ms, o.gc_interval, "gc_interval_ms");
+  set(c->connect_timeout_ms, o.redis.connect_timeout, "connect_timeout_ms");
+  set(c->command_timeout_ms, o.redis.command_timeout, "command_timeout_ms");
+  return o;
+}
+
+std::optional<memcuda::DType> want_dtype(int dtype) {
+  if (dtype == MEMCUDA_DTYPE_ANY) return std::nullopt;
+  if (!memcuda_dtype_name(dtype)) throw memcuda::InvalidArgument("dtype " + std::to_string(dtype) + " is not a MEMCUDA_DTYPE_* value");
+  return static_cast<memcuda::DType>(dtype);
+}
+
+// Opens one tensor and checks the dtype, returning a new C handle.
+// With a stream, the stream also waits for the producer's last publish
+// (the event handle comes with the record: no extra round trip).
+memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const void* const* stream = nullptr) {
+  auto want = want_dtype(dtype);
+  auto& reg = memcuda_c::registry(r);
+  auto n = memcuda_c::name_arg(name);
+  auto t = stream ? reg.get<void>(n, static_cast<memcuda::StreamHandle>(const_cast<void*>(*stream)))
+                  : reg.get<void>(n);
+  if (want && t.dtype() != *want)
+    throw memcuda::TypeMismatch("tensor '" + t.name() + "' is " + std::string(memcuda::to_string(t.dtype())) +
+                                ", not " + std::string(memcuda::to_string(*want)));
+  return new memcuda_tensor(std::move(t));
+}
+
+template <class T>
+void out_arg(T** out) {
+  if (!out) throw memcuda::InvalidArgument("out is NULL");
+  *out = nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+void memcuda_registry_options_init(memcuda_registry_options* o) {
+  if (!o) return;
+  *o = memcuda_registry_options{};
+  o->struct_size = sizeof *o;
+  o->control_thread = 1;
+  o->default_backend = MEMCUDA_BACKEND_DEFAULT;
+}
+
+int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out) {
+  return guarded([&] {
+    out_arg(out);
+    *out = new memcuda_registry(to_options(opts));
+  });
+}
+
+void memcuda_registry_close(memcuda_registry* reg) { delete reg; }
+
+const char* memcuda_registry_session_id(const memcuda_registry* reg) { return reg ? reg->session.c_str() : ""; }
+
+int memcuda_registry_is_leader(const memcuda_registry* reg, int* out) {
+  return guarded([&] {
+    if (!reg || !out) throw memcuda::InvalidArgument("registry or out is NULL");
+    *out = reg->reg.is_leader() ? 1 : 0;
+  });
+}
+
+void memcuda_create_options_init(memcuda_create_options* o) {
+  if (!o) return;
+  *o = memcuda_create_options{};
+  o->struct_size = sizeof *o;
+  o->backend = MEMCUDA_BACKEND_DEFAULT;
+  o->device = -1;
+}
+
+int memcuda_create(memcuda_registry* reg, const char* name, int dtype, const int64_t* shape, int ndim,
+                   const memcuda_create_options* opts, memcuda_tensor** out) {
+  return guarded([&] {
+    out_arg(out);
+    auto& r = memcuda_c::registry(reg);
+    auto d = want_dtype(dtype);
+    if (!d) throw memcuda::InvalidArgument("create needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
+    if (ndim < 0 || ndim > MEMCUDA_MAX_RANK)
+      throw memcuda::InvalidArgument("ndim " + std::to_string(ndim) + " is out of range [0, 8]");
+    if (ndim > 0 && !shape) throw memcuda::InvalidArgument("shape is NULL but ndim is " + std::to_string(ndim));
+    memcuda::Shape s(shape, shape + ndim);
+    memcuda::CreateOptions co;
+    if (opts) {
+      memcuda_c::check_struct(opts, "create options");
+      if (opts->device >= 0) co.device = opts->device;
+      if (opts->backend == MEMCUDA_BACKEND_CUDA) co.backend = memcuda::BackendKind::cuda;
+      else if (opts->backend == MEMCUDA_BACKEND_HOST) co.backend = memcuda::BackendKind::host;
+      else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
+        throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
+      co.persistent = opts->persistent != 0;
+    }
+    auto t = r.create_any(memcuda_c::name_arg(name), *d, std::move(s), co);
+    *out = new memcuda_tensor(std::move(t));
+  });
+}
+
+int memcuda_get(memcuda_registry* reg, const char* name, int dtype, memcuda_tensor** out) {
+  return guarded([&] {
+    out_arg(out);
+    *out = open_one(reg, name, dtype);
+  });
+}
+
+int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream, memcuda_tensor** out) {
+  return guarded([&] {
+    out_arg(out);
+    const void* s = stream;
+    *out = open_one(reg, name, dtype, &s);
+  });
+}
+
+int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count, memcuda_tensor** out) {
+  return guarded([&] {
+    if (count > 0 && (!names || !out)) throw memcuda::InvalidArgument("names or out is NULL");
+    for (size_t i = 0; i < count; ++i) out[i] = nullptr;
+    // TODO(batch): switch to TensorRegistry::get_many (one Redis round trip
+    // for all names) once it lands; this loop costs one round trip per name.
+    try {
+      for (size_t i = 0; i < count; ++i) out[i] = open_one(reg, names[i], MEMCUDA_DTYPE_ANY);
+    } catch (...) {
+      for (size_t i = 0; i < count; ++i) {
+        delete out[i];  // queues the release only
+        out[i] = nullptr;
+      }
+      throw;
+    }
+  });
+}
+
+int memcuda_remove(memcuda_registry* reg, const char* name) {
+  return guarded([&] { memcuda_c::registry(reg).remove(memcuda_c::name_arg(name)); });
+}
+
+int memcuda_wait(memcuda_registry* reg, const char* name, int64_t timeout_ms, int* ready) {
+  return guarded([&] {
+    if (timeout_ms < 0) throw memcuda::InvalidArgument("timeout_ms must not be negative");
+    bool ok = memcuda_c::registry(reg).wait(memcuda_c::name_arg(name), ms(timeout_ms));
+    if (ready) *ready = ok ? 1 : 0;
+  });
+}
+
+int memcuda_flush(memcuda_registry* reg, int64_t timeout_ms) {
+  return guarded([&] { memcuda_c::registry(reg).flush(ms(timeout_ms < 0 ? -1 : timeout_ms)); });
+}
+
+void memcuda_tensor_info_init(memcuda_tensor_info* info) {
+  if (!info) return;
+  *info = memcuda_tensor_info{};
+  info->struct_size = sizeof *info;
+}
+
+int memcuda_info(memcuda_registry* reg, const char* name, memcuda_tensor_info* info) {
+  return guarded([&] {
+    memcuda_c::check_struct(info, "info");
+    memcuda_c::fill_info(info, memcuda_c::registry(reg).info(memcuda_c::name_arg(name)));
+  });
+}
+
+int memcuda_list(memcuda_registry* reg, const char* pattern, memcuda_tensor_info** out, size_t* count) {
+  return guarded([&] {
+    if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
+    *out = nullptr;
+    *count = 0;
+    auto all = memcuda_c::registry(reg).list(pattern ? pattern : "*");
+    if (all.empty()) return;
+    // malloc'd so that memcuda_free_infos is a plain free of one block.
+    auto* arr = static_cast<memcuda_tensor_info*>(std::calloc(all.size(), sizeof(memcuda_tensor_info)));
+    if (!arr) throw std::bad_alloc();
+    for (size_t i = 0; i < all.size(); ++i) {
+      arr[i].struct_size = sizeof(memcuda_tensor_info);
+      memcuda_c::fill_info(&arr[i], all[i]);
+    }
+    *out = arr;
+    *count = all.size();
+  });
+}
+
+void memcuda_free_infos(memcuda_tensor_info* infos) { std::free(infos); }
+
+void memcuda_stats_init(memcuda_stats* s) {
+  if (!s) return;
+  *s = memcuda_stats{};
+  s->struct_size = sizeof *s;
+}
+
+int memcuda_stats_get(memcuda_registry* reg, memcuda_stats* s) {
+  return guarded([&] {
+    memcuda_c::check_struct(s, "stats");
+    auto st = memcuda_c::registry(reg).stats();
+    memcuda_stats_init(s);
+    s->leader_present = st.leader.present;
+    s->leader_is_self = st.leader.is_self;
+    s->leader_epoch = st.leader.epoch;
+    memcuda_c::copy_cstr(s->leader_session, sizeof s->leader_session, st.leader.session);
+    s->sessions = st.sessions;
+    s->tensors = st.tensors;
+    s->bytes = st.bytes;
+    s->queue_length = st.queue_length;
+    s->pools = st.pools.size();
+    for (const auto& p : st.pools) {
+      s->pool_in_use += p.in_use;
+      s->pool_reserved += p.reserved;
+    }
+    s->owned_allocations = st.process.owned_allocations;
+    s->owned_bytes = st.process.owned_bytes;
+    s->creates = st.process.creates;
+    s->frees = st.process.frees;
+    s->live_imports = st.process.live_imports;
+    s->import_opens = st.process.import_opens;
+    s->import_hits = st.process.import_hits;
+  });
+}
+
+int memcuda_collect_garbage(memcuda_registry* reg, memcuda_gc_report* report) {
+  return guarded([&] {
+    if (report) memcuda_c::check_struct(report, "report");
+    auto g = memcuda_c::registry(reg).collect_garbage();
+    if (!report) return;
+    report->dead_holders = g.dead_holders;
+    report->references_dropped = g.references_dropped;
+    report->tensors_freed = g.tensors_freed;
+    report->sessions_pruned = g.sessions_pruned;
+    report->tensors_migrated = g.tensors_migrated;
+    report->tensors_lost = g.tensors_lost;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,37 @@
+# Tests of the C ABI and of the Python package over it.
+
+# tests/c_api_test.c, compiled as C (C99): proves the header is plain C and
+# drives the library against a private redis-server that
+# tests/c_api_with_redis.sh starts on a unix socket.
+enable_language(C)
+add_executable(memcuda_c_api_test ${PROJECT_SOURCE_DIR}/tests/c_api_test.c)
+set_target_properties(memcuda_c_api_test PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+target_compile_options(memcuda_c_api_test PRIVATE -Wall -Wextra -pedantic)
+target_link_libraries(memcuda_c_api_test PRIVATE memcuda_c)
+add_test(NAME c_api COMMAND sh ${PROJECT_SOURCE_DIR}/tests/c_api_with_redis.sh $<TARGET_FILE:memcuda_c_api_test>)
+set_tests_properties(c_api PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# The pytest suite (python/tests), with Debian's interpreter: it has
+# python3-numpy, python3-pytest and python3-torch, which a pyenv python3 on
+# PATH may not see. The runner exits 77 (skipped, with the reason) when
+# pytest or numpy is missing; the GPU entry also when no CUDA device is usable.
+if(EXISTS /usr/bin/python3)
+  set(_py /usr/bin/python3)
+else()
+  find_program(_py NAMES python3)
+endif()
+set(MEMCUDA_PYTHON ${_py} CACHE FILEPATH "Python interpreter of the pytest suite (needs numpy and pytest)")
+set(_pyenv
+  "MEMCUDA_LIBRARY=$<TARGET_FILE:memcuda_c>"
+  "MEMCUDA_TEST_WORKER=$<TARGET_FILE:memcuda_test_worker>"
+  "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
+  "PYTHONDONTWRITEBYTECODE=1")
+if(TARGET memcuda_cli)
+  list(APPEND _pyenv "MEMCUDA_CLI=$<TARGET_FILE:memcuda_cli>")
+endif()
+foreach(kind cpu gpu)
+  add_test(NAME python_${kind} COMMAND ${MEMCUDA_PYTHON} ${PROJECT_SOURCE_DIR}/python/tests/ctest_runner.py ${kind})
+  set_tests_properties(python_${kind} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 ENVIRONMENT "${_pyenv}")
+endforeach()
+# The suite drives memcuda_test_worker and the memcuda CLI, which `all`
+# builds; a test whose program is missing reports itself skipped.

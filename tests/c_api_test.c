@@ -1,0 +1,281 @@
+/* Drives libmemcuda_c through its C header, compiled as C99, against the
+ * redis-server that tests/c_api_with_redis.sh starts (MEMCUDA_TEST_REDIS_URL).
+ * Host backend: runs on any machine. Prints one line per failed check and
+ * exits 1 if any failed. */
+#include <dlpack/dlpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memcuda/c/memcuda.h"
+
+static int g_checks = 0;
+static int g_failures = 0;
+
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    ++g_checks;                                                                     \
+    if (!(cond)) {                                                                  \
+      ++g_failures;                                                                 \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed (last error %d %s: %s)\n", __FILE__, \
+              __LINE__, #cond, memcuda_last_error_code(),                           \
+              memcuda_error_name(memcuda_last_error_code()), memcuda_last_error_message()); \
+    }                                                                               \
+  } while (0)
+#define CHECK_OK(call) CHECK((call) == MEMCUDA_OK)
+
+static const char* g_url;
+
+static memcuda_registry* open_registry(int control_thread) {
+  memcuda_registry_options o;
+  memcuda_registry* r = NULL;
+  memcuda_registry_options_init(&o);
+  o.url = g_url;
+  o.name_space = "capi";
+  o.control_thread = control_thread;
+  o.default_backend = MEMCUDA_BACKEND_HOST;
+  o.request_timeout_ms = 3000;
+  if (memcuda_registry_open(&o, &r) != MEMCUDA_OK) {
+    fprintf(stderr, "memcuda_registry_open: %s\n", memcuda_last_error_message());
+    exit(1);
+  }
+  return r;
+}
+
+static int64_t refcount_of(memcuda_registry* r, const char* name) {
+  memcuda_tensor_info info;
+  memcuda_tensor_info_init(&info);
+  if (memcuda_info(r, name, &info) != MEMCUDA_OK) return -1;
+  return info.refcount;
+}
+
+static void test_version_and_tables(void) {
+  CHECK(memcuda_abi_version() == MEMCUDA_C_ABI_VERSION);
+  CHECK(memcuda_version() >= 100);
+  CHECK(strlen(memcuda_version_string()) >= 5);
+  CHECK(strcmp(memcuda_dtype_name(MEMCUDA_DTYPE_BF16), "bf16") == 0);
+  CHECK(memcuda_dtype_from_name("float32") == MEMCUDA_DTYPE_F32);
+  CHECK(memcuda_dtype_from_name("nope") == -1);
+  CHECK(memcuda_dtype_itemsize(MEMCUDA_DTYPE_F64) == 8);
+  CHECK(memcuda_dtype_itemsize(99) == 0);
+  CHECK(strcmp(memcuda_error_name(MEMCUDA_ERR_NOT_FOUND), "not_found") == 0);
+  CHECK(strcmp(memcuda_error_name(MEMCUDA_ERR_REDIS_AUTH), "redis_auth") == 0);
+  CHECK(memcuda_error_parent(MEMCUDA_ERR_PROTOCOL) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_error_parent(MEMCUDA_ERR_REDIS_AUTH) == MEMCUDA_ERR_REDIS_CONNECTION);
+  CHECK(memcuda_error_parent(MEMCUDA_ERR_TIMEOUT) == MEMCUDA_ERR_REDIS);
+  CHECK(memcuda_error_parent(MEMCUDA_ERR_NOT_FOUND) == MEMCUDA_ERR_ERROR);
+  CHECK(memcuda_error_parent(MEMCUDA_ERR_ERROR) == MEMCUDA_OK);
+}
+
+static void test_create_get_bytes(memcuda_registry* leader, memcuda_registry* client) {
+  int64_t shape[2] = {3, 4};
+  memcuda_tensor* t = NULL;
+  memcuda_tensor* u = NULL;
+  float* p;
+  float back[12];
+  int i, ok = 1, ready = 0;
+  uint64_t version = 0;
+  CHECK_OK(memcuda_create(leader, "c.w", MEMCUDA_DTYPE_F32, shape, 2, NULL, &t));
+  CHECK(t != NULL);
+  if (!t) return;
+  CHECK(strcmp(memcuda_tensor_name(t), "c.w") == 0);
+  CHECK(memcuda_tensor_dtype(t) == MEMCUDA_DTYPE_F32);
+  CHECK(memcuda_tensor_ndim(t) == 2);
+  CHECK(memcuda_tensor_shape(t)[0] == 3 && memcuda_tensor_shape(t)[1] == 4);
+  CHECK(memcuda_tensor_bytes(t) == 48);
+  CHECK(memcuda_tensor_backend(t) == MEMCUDA_BACKEND_HOST);
+  CHECK(memcuda_tensor_device(t) == -1);
+  CHECK(memcuda_tensor_generation(t) > 0);
+  p = (float*)memcuda_tensor_data(t);
+  for (i = 0; i < 12; ++i) p[i] = (float)i * 1.5f;
+  CHECK_OK(memcuda_tensor_publish(t, NULL, &version));
+  CHECK(version == 1);
+
+  CHECK_OK(memcuda_wait(client, "c.w", 1000, &ready));
+  CHECK(ready == 1);
+  CHECK_OK(memcuda_get(client, "c.w", MEMCUDA_DTYPE_F32, &u));
+  CHECK(u != NULL);
+  if (!u) return;
+  CHECK(memcuda_tensor_generation(u) == memcuda_tensor_generation(t));
+  CHECK_OK(memcuda_tensor_copy_to_host(u, back, sizeof back, 0));
+  for (i = 0; i < 12; ++i) ok &= back[i] == (float)i * 1.5f;
+  CHECK(ok);
+  CHECK(refcount_of(client, "c.w") == 2);
+
+  /* A write through the copy API lands in the creator's mapping. */
+  back[0] = 42.0f;
+  CHECK_OK(memcuda_tensor_copy_from_host(u, back, sizeof(float), 4 * sizeof(float)));
+  CHECK(p[4] == 42.0f);
+  CHECK(memcuda_tensor_copy_from_host(u, back, 8, 44) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(memcuda_tensor_wait_published(u, NULL));
+
+  /* Releases are queued; flush makes them visible. */
+  memcuda_tensor_release(u);
+  CHECK_OK(memcuda_flush(client, -1));
+  CHECK(refcount_of(client, "c.w") == 1);
+  memcuda_tensor_release(t);
+  CHECK_OK(memcuda_flush(leader, -1));
+  CHECK(refcount_of(client, "c.w") == -1);
+  CHECK(memcuda_last_error_code() == MEMCUDA_ERR_NOT_FOUND);
+}
+
+static void test_errors(memcuda_registry* r) {
+  int64_t shape[1] = {4};
+  memcuda_tensor* t = NULL;
+  memcuda_tensor* dup = NULL;
+  memcuda_tensor_info info;
+  memcuda_registry_options o;
+  memcuda_registry* bad = NULL;
+
+  CHECK(memcuda_get(r, "c.none", MEMCUDA_DTYPE_ANY, &t) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(t == NULL);
+  CHECK(memcuda_last_error_code() == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(strstr(memcuda_last_error_message(), "c.none") != NULL);
+  memcuda_clear_error();
+  CHECK(memcuda_last_error_code() == MEMCUDA_OK);
+
+  CHECK_OK(memcuda_create(r, "c.e", MEMCUDA_DTYPE_I32, shape, 1, NULL, &t));
+  CHECK(memcuda_create(r, "c.e", MEMCUDA_DTYPE_I32, shape, 1, NULL, &dup) == MEMCUDA_ERR_ALREADY_EXISTS);
+  CHECK(memcuda_get(r, "c.e", MEMCUDA_DTYPE_F32, &dup) == MEMCUDA_ERR_TYPE_MISMATCH);
+  CHECK(dup == NULL);
+  CHECK(memcuda_create(r, "bad name", MEMCUDA_DTYPE_I32, shape, 1, NULL, &dup) == MEMCUDA_ERR_PROTOCOL);
+  CHECK(memcuda_create(r, "c.x", MEMCUDA_DTYPE_ANY, shape, 1, NULL, &dup) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_create(r, "c.x", MEMCUDA_DTYPE_I32, NULL, 1, NULL, &dup) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_get(NULL, "c.e", MEMCUDA_DTYPE_ANY, &dup) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_remove(r, "c.none") == MEMCUDA_ERR_NOT_FOUND);
+  info.struct_size = 4; /* too small: refused, nothing written past it */
+  CHECK(memcuda_info(r, "c.e", &info) == MEMCUDA_ERR_INVALID_ARGUMENT);
+
+  /* A removed name: the handle stays usable but is no longer valid. */
+  {
+    int valid = -1;
+    CHECK_OK(memcuda_tensor_valid(t, &valid));
+    CHECK(valid == 1);
+    CHECK_OK(memcuda_remove(r, "c.e"));
+    CHECK_OK(memcuda_tensor_valid(t, &valid));
+    CHECK(valid == 0);
+    CHECK(memcuda_tensor_publish(t, NULL, NULL) == MEMCUDA_ERR_STALE_HANDLE);
+    memcuda_tensor_release(t);
+  }
+
+  /* Nobody listens there: a connection error, typed. */
+  memcuda_registry_options_init(&o);
+  o.url = "unix:///nonexistent/memcuda-capi.sock";
+  o.connect_timeout_ms = 200;
+  CHECK(memcuda_registry_open(&o, &bad) == MEMCUDA_ERR_REDIS_CONNECTION);
+  CHECK(bad == NULL);
+  o.url = "bogus://x";
+  CHECK(memcuda_registry_open(&o, &bad) == MEMCUDA_ERR_INVALID_ARGUMENT);
+}
+
+static void test_list_stats_get_many(memcuda_registry* r) {
+  int64_t shape[1] = {16};
+  memcuda_tensor* a = NULL;
+  memcuda_tensor* b = NULL;
+  memcuda_tensor* got[3] = {NULL, NULL, NULL};
+  const char* names[3] = {"c.l.a", "c.l.b", "c.l.missing"};
+  memcuda_tensor_info* infos = NULL;
+  memcuda_stats st;
+  memcuda_gc_report gc;
+  memcuda_create_options co;
+  size_t n = 0;
+  int is_leader = 0;
+
+  memcuda_create_options_init(&co);
+  co.persistent = 1;
+  CHECK_OK(memcuda_create(r, "c.l.a", MEMCUDA_DTYPE_U8, shape, 1, &co, &a));
+  CHECK_OK(memcuda_create(r, "c.l.b", MEMCUDA_DTYPE_BF16, shape, 1, NULL, &b));
+  CHECK(refcount_of(r, "c.l.a") == 2); /* the name's reference + ours */
+
+  CHECK_OK(memcuda_list(r, "c.l.*", &infos, &n));
+  CHECK(n == 2);
+  if (n == 2) {
+    CHECK(strcmp(infos[0].name, "c.l.a") == 0 && infos[0].dtype == MEMCUDA_DTYPE_U8);
+    CHECK(strcmp(infos[1].name, "c.l.b") == 0 && infos[1].dtype == MEMCUDA_DTYPE_BF16);
+    CHECK(infos[1].ndim == 1 && infos[1].shape[0] == 16 && infos[1].bytes == 32);
+    CHECK(infos[0].state == MEMCUDA_STATE_READY && infos[0].backend == MEMCUDA_BACKEND_HOST);
+  }
+  memcuda_free_infos(infos);
+  CHECK_OK(memcuda_list(r, "c.none.*", &infos, &n));
+  CHECK(n == 0 && infos == NULL);
+
+  /* All or nothing: a missing name leaves nothing open. */
+  CHECK(memcuda_get_many(r, names, 3, got) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(got[0] == NULL && got[1] == NULL && got[2] == NULL);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.l.a") == 2);
+  CHECK_OK(memcuda_get_many(r, names, 2, got));
+  CHECK(got[0] && got[1] && memcuda_tensor_dtype(got[1]) == MEMCUDA_DTYPE_BF16);
+  CHECK(refcount_of(r, "c.l.b") == 2);
+  memcuda_tensor_release(got[0]);
+  memcuda_tensor_release(got[1]);
+
+  memcuda_stats_init(&st);
+  CHECK_OK(memcuda_stats_get(r, &st));
+  CHECK(st.leader_present == 1 && st.leader_is_self == 1);
+  CHECK(st.tensors == 2);
+  CHECK(st.sessions >= 2);
+  CHECK(st.creates >= 2);
+  CHECK_OK(memcuda_registry_is_leader(r, &is_leader));
+  CHECK(is_leader == 1);
+  CHECK(strlen(memcuda_registry_session_id(r)) > 0);
+  gc.struct_size = sizeof gc;
+  CHECK_OK(memcuda_collect_garbage(r, &gc));
+  CHECK(gc.references_dropped == 0);
+
+  memcuda_tensor_release(a);
+  memcuda_tensor_release(b);
+  CHECK_OK(memcuda_remove(r, "c.l.a"));
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.l.a") == -1);
+  CHECK(refcount_of(r, "c.l.b") == -1);
+}
+
+static void test_dlpack(memcuda_registry* r) {
+  int64_t shape[3] = {2, 3, 5};
+  memcuda_tensor* t = NULL;
+  memcuda_tensor* t2 = NULL;
+  DLManagedTensor* m = NULL;
+  CHECK_OK(memcuda_create(r, "c.dl", MEMCUDA_DTYPE_I16, shape, 3, NULL, &t));
+  if (!t) return;
+  CHECK_OK(memcuda_tensor_retain(t, &t2));
+  CHECK_OK(memcuda_tensor_to_dlpack(t, &m));
+  CHECK(m != NULL);
+  if (!m) return;
+  memcuda_tensor_release(t);
+  memcuda_tensor_release(t2);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.dl") == 1); /* the DLPack view keeps it */
+  CHECK(m->dl_tensor.device.device_type == kDLCPU);
+  CHECK(m->dl_tensor.ndim == 3);
+  CHECK(m->dl_tensor.shape[2] == 5);
+  CHECK(m->dl_tensor.strides[0] == 15);
+  CHECK(m->dl_tensor.dtype.code == kDLInt && m->dl_tensor.dtype.bits == 16);
+  ((int16_t*)m->dl_tensor.data)[29] = 7; /* the whole extent is addressable */
+  m->deleter(m);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.dl") == -1);
+}
+
+int main(void) {
+  memcuda_registry* leader;
+  memcuda_registry* client;
+  g_url = getenv("MEMCUDA_TEST_REDIS_URL");
+  if (!g_url || !*g_url) {
+    printf("SKIPPED: MEMCUDA_TEST_REDIS_URL is not set (run through tests/c_api_with_redis.sh)\n");
+    return 77;
+  }
+  test_version_and_tables();
+  leader = open_registry(1);
+  client = open_registry(0);
+  test_create_get_bytes(leader, client);
+  test_errors(leader);
+  test_list_stats_get_many(leader);
+  test_dlpack(leader);
+  memcuda_registry_close(client);
+  memcuda_registry_close(leader);
+  memcuda_registry_close(NULL);
+  memcuda_tensor_release(NULL);
+  printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
