@@ -56,6 +56,11 @@ struct PoolStats {
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
   std::uint64_t largest_free = 0;  // largest free block in any slab
+  // What takeovers of dead allocators of record cost this pool: bytes of
+  // tensors adopted in place (host shm: no copy) and bytes copied into new
+  // memory (legacy CUDA IPC migration), since this process started.
+  std::uint64_t adopted_bytes = 0;
+  std::uint64_t copied_bytes = 0;
 };
 
 // What one garbage collection found and did.
