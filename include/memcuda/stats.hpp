@@ -69,8 +69,10 @@ struct GcReport {
   std::uint64_t references_dropped = 0;  // references they held
   std::uint64_t tensors_freed = 0;       // tensors whose last reference that was
   std::uint64_t sessions_pruned = 0;     // stale entries removed from the session index
-  // Tensors of a dead allocator of record: copied by a live holder into
-  // this allocator's memory, or given up because no live process held them.
+  // Tensors of a dead allocator of record: moved to this allocator (adopted
+  // in place on host, copied by a live holder on cuda; the pool statistics'
+  // adopted_bytes / copied_bytes tell which), or given up because no live
+  // process held them.
   std::uint64_t tensors_migrated = 0;
   std::uint64_t tensors_lost = 0;
 };

@@ -146,18 +146,28 @@ class Migration {
       for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
     // Unlink what dead owners left once nothing refers to it any more.
     alloc_.reclaim_orphans(keep);
-    // A dead owner all of whose records were settled this round: whatever
-    // else of its naming remains (empty slabs it kept, blocks whose records
-    // went meanwhile) is referenced by no record, and freed now.
+    // A dead owner all of whose records were settled: whatever else of its
+    // naming remains (empty slabs it kept, blocks whose records went
+    // meanwhile) is referenced by no record and is freed, one round later:
+    // the scan above is not atomic (a remove may move a record between
+    // its two parts), so the sweep waits for a round in which the owner
+    // is again settled, with that round's records kept.
     keep.insert(seen.begin(), seen.end());
-    for (const auto& [owner, is_dead] : dead) {
-      if (!is_dead || unsettled.count(owner)) continue;
+    std::map<std::string, std::set<BackendKind>> due;
+    due.swap(sweep_next_);
+    for (const auto& [owner, ks] : due) {
+      if (unsettled.count(owner)) {
+        sweep_next_[owner].insert(ks.begin(), ks.end());  // not yet: next round again
+        continue;
+      }
       std::size_t n = 0;
-      for (BackendKind k : kinds[owner]) n += backend_for(k).reclaim_owner(owner, keep);
+      for (BackendKind k : ks) n += backend_for(k).reclaim_owner(owner, keep);
       if (n)
         log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
                                 " that no record uses");
     }
+    for (const auto& [owner, is_dead] : dead)
+      if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
     return {migrated, lost};
   }
 
@@ -483,6 +493,9 @@ class Migration {
   bool running_ = false;
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
   std::vector<Parked> parked_;             // guarded by mu_
+  // Dead owners to sweep at the next round (only the round, one at a time,
+  // touches it).
+  std::map<std::string, std::set<BackendKind>> sweep_next_;
   std::atomic<std::uint64_t> seq_{0};
 };
 
