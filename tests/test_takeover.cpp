@@ -162,6 +162,13 @@ void takeover_adopts(bool holder) {
   CHECK(handle["t_small"] == handle["t_tiny"]);  // one slab, several tensors
   CHECK(handle["t_small"] != handle["t_big"]);
   CHECK(shm_objects_of({a_pid}) == 2);
+  // a also keeps an empty slab (retain_empty_slabs): three 15 MiB tensors
+  // need a second slab, and all three go again
+  const std::vector<std::string> fills{"t_fill1", "t_fill2", "t_fill3"};
+  for (const auto& n : fills) REQUIRE(starts_with(a->ask("create " + n + " 3932160 1", 20s), "OK"));
+  for (const auto& n : fills) REQUIRE(a->ask("release " + n) == "OK");
+  CHECK(eventually([&] { return c.command({"EXISTS", "memcuda:tensor:t_fill3"}).integer() == 0; }));
+  CHECK(shm_objects_of({a_pid}) == 3);
 
   // kill -9 the allocator of record; the standby takes over and adopts
   auto takeover = [&](test::Child& dead, test::Child& next) {
@@ -229,7 +236,9 @@ void takeover_adopts(bool holder) {
     REQUIRE(h->ask("pattern t_tiny 12") == "OK");
     CHECK(field(d->ask("digest t_tiny"), "fnv") == tensors[1].digest);
   }
-  // the dead owner's objects are all adopted: none extra, none gone
+  // the dead owner's objects its records use are adopted; the empty slab
+  // no record uses is unlinked (a round after all its records settled)
+  CHECK(eventually([&] { return shm_objects_of({a_pid}) == 2; }));
   CHECK(shm_objects_of({a_pid}) == 2);
 
   // adoption is repeatable: the adopter dies too, its standby adopts again
