@@ -5,12 +5,14 @@
 //   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--backend host|cuda]
 //   commands: create|createp NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
 //             | fill NAME VALUE | sum NAME | leader | info NAME | gc | trim | stats
+//             | pattern NAME SEED (a distinct value per element) | digest NAME (FNV-1a of its bytes, its pointer)
 //             | meminfo (cuda) | exit
 #include <iomanip>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
@@ -116,6 +118,25 @@ int main(int argc, char** argv) {
         if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
         fill(it->second, v);
         out << "OK";
+      } else if (cmd == "pattern") {
+        std::uint64_t seed = 0;
+        in >> seed;
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        std::vector<float> host(it->second.size());
+        for (std::size_t i = 0; i < host.size(); ++i)  // exact in a float: below 2^24
+          host[i] = static_cast<float>((i * 2654435761u + seed) % 1000003u);
+        it->second.copy_from_host(host);
+        out << "OK";
+      } else if (cmd == "digest") {
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        std::vector<float> host(it->second.size());
+        it->second.copy_to_host(host);
+        std::uint64_t h = 1469598103934665603ull;
+        for (unsigned char c : std::string_view(reinterpret_cast<const char*>(host.data()), host.size() * sizeof(float)))
+          h = (h ^ c) * 1099511628211ull;
+        out << "OK fnv=" << std::hex << h << std::dec << " ptr=" << static_cast<const void*>(it->second.data());
       } else if (cmd == "sum") {
         auto it = held.find(name);
         if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
@@ -124,7 +145,9 @@ int main(int argc, char** argv) {
         auto st = reg->stats();
         out << "OK import_opens=" << st.process.import_opens << " live_imports=" << st.process.live_imports
             << " pools=" << st.pools.size();
-        if (!st.pools.empty()) out << " in_use=" << st.pools[0].in_use << " reserved=" << st.pools[0].reserved;
+        if (!st.pools.empty())
+          out << " in_use=" << st.pools[0].in_use << " reserved=" << st.pools[0].reserved
+              << " adopted_bytes=" << st.pools[0].adopted_bytes << " copied_bytes=" << st.pools[0].copied_bytes;
 #if defined(MEMCUDA_TEST_KERNELS)
       } else if (cmd == "getsum" || cmd == "getsum-nowait") {
         // Opens on a fresh stream (waiting on the producer's event unless

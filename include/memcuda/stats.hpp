@@ -56,6 +56,11 @@ struct PoolStats {
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
   std::uint64_t largest_free = 0;  // largest free block in any slab
+  // What takeovers of dead allocators of record cost this pool: bytes of
+  // tensors adopted in place (host shm: no copy) and bytes copied into new
+  // memory (legacy CUDA IPC migration), since this process started.
+  std::uint64_t adopted_bytes = 0;
+  std::uint64_t copied_bytes = 0;
 };
 
 // What one garbage collection found and did.
@@ -64,8 +69,10 @@ struct GcReport {
   std::uint64_t references_dropped = 0;  // references they held
   std::uint64_t tensors_freed = 0;       // tensors whose last reference that was
   std::uint64_t sessions_pruned = 0;     // stale entries removed from the session index
-  // Tensors of a dead allocator of record: copied by a live holder into
-  // this allocator's memory, or given up because no live process held them.
+  // Tensors of a dead allocator of record: moved to this allocator (adopted
+  // in place on host, copied by a live holder on cuda; the pool statistics'
+  // adopted_bytes / copied_bytes tell which), or given up because no live
+  // process held them.
   std::uint64_t tensors_migrated = 0;
   std::uint64_t tensors_lost = 0;
 };

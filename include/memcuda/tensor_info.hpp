@@ -75,6 +75,10 @@ struct TensorInfo {
   std::uint64_t offset = 0;                  // "offset", of the tensor in the exported allocation
   std::uint64_t alloc_bytes = 0;             // "alloc_bytes", size of the exported allocation
   std::uint64_t alloc_id = 0;                // "alloc_id", unique per allocator
+  // "alloc_kind": how ipc_handle is opened, "host_shm", "cuda_ipc" or
+  // (later) "cuda_vmm_fd"; "" in records written before the field existed
+  // (read as the backend's legacy kind: host_shm or cuda_ipc).
+  std::string alloc_kind;
   std::int64_t refcount = 0;                 // "refcount"
   TensorState state = TensorState::pending;  // "state"
   std::uint64_t generation = 0;              // "generation", unique per tensor ever created

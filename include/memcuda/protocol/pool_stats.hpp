@@ -5,7 +5,9 @@
 //
 //   [{"backend":"cuda","device":0,"device_uuid":"GPU-...","in_use":1048576,
 //     "reserved":2097152,"peak_in_use":1048576,"budget":0,"slabs":1,
-//     "allocations":3,"frees":2,"largest_free":1048576}]
+//     "allocations":3,"frees":2,"largest_free":1048576,"adopted_bytes":4096}]
+//
+// adopted_bytes and copied_bytes are optional: written only when not 0.
 //
 // Any client can write the key, so decode_pool_stats is strict like
 // decode_command; fields of an entry it does not know are ignored.
@@ -35,6 +37,13 @@ inline constexpr std::pair<std::string_view, std::uint64_t PoolStats::*> kPoolCo
     {"peak_in_use", &PoolStats::peak_in_use}, {"budget", &PoolStats::budget},
     {"slabs", &PoolStats::slabs},             {"allocations", &PoolStats::allocations},
     {"frees", &PoolStats::frees},             {"largest_free", &PoolStats::largest_free},
+};
+
+// Counters added later: optional on the wire (0 when absent; written only
+// when not 0), so the statistics of a leader of an older version decode.
+inline constexpr std::pair<std::string_view, std::uint64_t PoolStats::*> kPoolOptionalCounters[] = {
+    {"adopted_bytes", &PoolStats::adopted_bytes},
+    {"copied_bytes", &PoolStats::copied_bytes},
 };
 
 }  // namespace detail
@@ -75,6 +84,8 @@ inline std::vector<PoolStats> decode_pool_stats(std::string_view text) {
                                                field("device_uuid"), kMaxDeviceUuidBytes);
     for (const auto& [name, member] : detail::kPoolCounters)
       p.*member = detail::get_uint(detail::require(*o, name, at), field(name));
+    for (const auto& [name, member] : detail::kPoolOptionalCounters)
+      if (const json::value* v = o->if_contains(name)) p.*member = detail::get_uint(*v, field(name));
     out.push_back(std::move(p));
   }
   return out;
@@ -93,6 +104,8 @@ inline std::string encode_pool_stats(const std::vector<PoolStats>& pools) {
     o["device"] = p.device;
     o["device_uuid"] = detail::sv(p.device_uuid);
     for (const auto& [name, member] : detail::kPoolCounters) o[detail::sv(name)] = p.*member;
+    for (const auto& [name, member] : detail::kPoolOptionalCounters)
+      if (p.*member) o[detail::sv(name)] = p.*member;  // omitted while 0: what older readers saw stays
     a.emplace_back(std::move(o));
   }
   std::string out = json::serialize(a);

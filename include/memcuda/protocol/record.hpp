@@ -8,6 +8,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,6 +41,7 @@ inline constexpr std::string_view ipc_handle = "ipc_handle";
 inline constexpr std::string_view offset = "offset";
 inline constexpr std::string_view alloc_bytes = "alloc_bytes";
 inline constexpr std::string_view alloc_id = "alloc_id";
+inline constexpr std::string_view alloc_kind = "alloc_kind";
 inline constexpr std::string_view refcount = "refcount";
 inline constexpr std::string_view state = "state";
 inline constexpr std::string_view generation = "generation";
@@ -59,12 +61,13 @@ using Fields = std::vector<std::pair<std::string, std::string>>;
 // The Hash fields of a record, in a fixed order (name, dtype, shape, ctime,
 // node, device, device_uuid, bytes, backend, ipc_handle, offset, alloc_bytes,
 // alloc_id, refcount, state, generation, epoch, owner, owner_pid, create_id,
-// event_handle, event_version, then "holder:<id>" per holder). Integers are
-// decimal text; ipc_handle and event_handle are copied byte for byte.
+// event_handle, event_version, alloc_kind when not empty, then
+// "holder:<id>" per holder). Integers are decimal text; ipc_handle and
+// event_handle are copied byte for byte.
 inline Fields encode_record(const TensorInfo& t) {
   namespace f = record_field;
   Fields out;
-  out.reserve(22 + t.holders.size());
+  out.reserve(23 + t.holders.size());
   auto add = [&](std::string_view k, std::string v) {
     out.emplace_back(std::string(k), std::move(v));
   };
@@ -90,6 +93,9 @@ inline Fields encode_record(const TensorInfo& t) {
   add(f::create_id, t.create_id);
   add(f::event_handle, t.event_handle);
   add(f::event_version, std::to_string(t.event_version));
+  // Omitted when empty, so a record written back by an older reader's
+  // codec round-trips unchanged.
+  if (!t.alloc_kind.empty()) add(f::alloc_kind, t.alloc_kind);
   for (const auto& [holder, count] : t.holders)
     add(std::string(f::holder_prefix) + holder, std::to_string(count));
   return out;
@@ -238,6 +244,14 @@ inline TensorInfo decode_record(const Fields& fields) {
           "is " + std::to_string(t.event_handle.size()) + " bytes, expected 0 or 64");
   }
   if (auto v = optional(f::event_version)) t.event_version = as_u64(f::event_version, *v);
+  // Any printable token: a kind this version cannot open still decodes (so
+  // listings show it); opening it is the backend's clear error.
+  if (auto v = optional(f::alloc_kind)) {
+    if (v->empty() || v->size() > 64 ||
+        !std::all_of(v->begin(), v->end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }))
+      bad(f::alloc_kind, "is " + shown(*v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
+    t.alloc_kind = std::string(*v);
+  }
   return t;
 }
 

@@ -5,10 +5,14 @@
 
 #include "memcuda/config.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 
+#include "memcuda/error.hpp"
 #include "memcuda/memory_resource.hpp"
 #include "memcuda/tensor_info.hpp"
 
@@ -23,8 +27,25 @@ struct Allocation {
   void* base = nullptr;     // the exporter's own pointer (it may not open its handle)
   std::uint64_t size = 0;   // bytes of the exported allocation
   std::string handle;       // what an importer needs: 64-byte IPC handle, shm name
+  std::string alloc_kind;   // the records' "alloc_kind" (namespace alloc_kind below)
   DeviceMemoryResource* upstream = nullptr;  // cuda: where the memory came from
+  // Set for an allocation adopted from a dead exporter (Backend::adopt):
+  // false until a record was republished pointing at it, and while false
+  // deallocate() only unmaps (the name may still be the dead owner's
+  // records', and a successor leader may adopt it instead of us).
+  std::shared_ptr<std::atomic<bool>> adopted_committed;
+  bool adopted() const noexcept { return adopted_committed != nullptr; }
 };
+
+// Which kind of allocation a record points at ("alloc_kind" in the tensor
+// Hash, docs/protocol.md). A reader opens only the kinds its backend
+// knows; records written before the field existed read as the backend's
+// legacy kind.
+namespace alloc_kind {
+inline constexpr std::string_view host_shm = "host_shm";    // POSIX shm object, named by ipc_handle
+inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
+inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd (not built yet)
+}  // namespace alloc_kind
 
 // An allocation exported by another process, mapped into this one. Unmapped
 // by the destructor. Shared by every tensor of this process that lives in it.
@@ -41,10 +62,21 @@ class Mapping {
   int device_ = -1;
 };
 
+// Throws Unavailable when `t` is of an allocation kind other than `mine`
+// (a record written by a newer or differently built process).
+inline void expect_alloc_kind(const TensorInfo& t, std::string_view mine) {
+  if (t.alloc_kind.empty() || t.alloc_kind == mine) return;
+  throw Unavailable("tensor '" + t.name + "' is a " + t.alloc_kind + " allocation, but this process's " +
+                    std::string(to_string(t.backend)) + " backend opens only " + std::string(mine) +
+                    " allocations (its allocator of record runs another mem-cuda build or configuration)");
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual BackendKind kind() const noexcept = 0;
+  // The alloc_kind this backend writes into the records of what it allocates.
+  virtual std::string_view alloc_kind() const noexcept = 0;
 
   // Allocates at least `bytes` (>= 1) on `device` and exports it. `tag`
   // makes exported names unique (the owner's session id). `upstream`
@@ -59,6 +91,28 @@ class Backend {
   // Frees what a dead exporter left behind, where the backend can (a shm
   // object outlives its creator; CUDA memory does not).
   virtual void reclaim_orphan(const TensorInfo&) noexcept {}
+
+  // ---- adoption: a dead exporter's memory taken over in place ----
+  // Whether this process can take ownership of the allocation holding `t`,
+  // whose exporter died, without copying it: true where the memory outlives
+  // its exporter (a host shm object; later, a cuMem allocation whose fd a
+  // standby holds). Legacy CUDA IPC answers false: its memory dies with the
+  // exporter and only a copy through a live mapping saves it (migration.hpp).
+  virtual bool can_adopt(const TensorInfo&) const noexcept { return false; }
+  // Maps the allocation holding `t` and returns it as one this process now
+  // owns (deallocate() frees it, once committed: see Allocation), under the
+  // new `alloc_id`; `handle` stays what importers open. Throws Lost when it
+  // is gone, Unavailable when it cannot be adopted.
+  virtual Allocation adopt(const TensorInfo& t, std::uint64_t /*alloc_id*/) {
+    throw Unavailable("tensor '" + t.name + "': its memory cannot be adopted by this backend");
+  }
+  // Frees what the dead exporter `tag` (its session id) left that no record
+  // uses any more: every allocation of its naming except `keep` (handles).
+  // Returns how many it freed. Backends whose memory dies with its
+  // exporter have nothing to free.
+  virtual std::size_t reclaim_owner(const std::string& /*tag*/, const std::set<std::string>& /*keep*/) noexcept {
+    return 0;
+  }
   // Copies n bytes between two mappings of this backend and returns when
   // the copy is complete (migration of a dead allocator's tensors).
   // `device` is the local ordinal of the destination, -1 for host.

@@ -65,12 +65,16 @@ class CudaMallocResource final : public DeviceMemoryResource {
 class CudaBackend final : public Backend {
  public:
   BackendKind kind() const noexcept override { return BackendKind::cuda; }
+  // Legacy IPC memory dies with its exporter: can_adopt() stays false, and
+  // a dead exporter's tensors are saved by copy (migration.hpp).
+  std::string_view alloc_kind() const noexcept override { return alloc_kind::cuda_ipc; }
 
   Allocation allocate(std::uint64_t bytes, int device, std::uint64_t alloc_id, const std::string& /*tag*/,
                       DeviceMemoryResource* upstream = nullptr) override {
     Allocation a;
     a.alloc_id = alloc_id;
     a.kind = BackendKind::cuda;
+    a.alloc_kind = std::string(alloc_kind::cuda_ipc);
     a.device = device;
     a.device_uuid = device_uuid(device);
     a.size = bytes == 0 ? 1 : bytes;
@@ -101,6 +105,7 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
+    expect_alloc_kind(t, alloc_kind::cuda_ipc);
     if (t.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))
       throw InternalError("tensor '" + t.name + "': IPC handle of " + std::to_string(t.ipc_handle.size()) +
                           " bytes, expected " + std::to_string(sizeof(cudaIpcMemHandle_t)));

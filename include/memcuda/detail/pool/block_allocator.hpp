@@ -191,6 +191,40 @@ class BlockAllocator {
     return std::nullopt;
   }
 
+  // Reserves exactly [offset, offset + rounded bytes) of slab `slab_id`: the
+  // pool adopts a dead exporter's slab this way, claiming the blocks its
+  // records already use. nullopt, changing nothing, when the slab is unknown,
+  // `offset` is not aligned or the range is not entirely free.
+  std::optional<Block> allocate_at(std::uint64_t slab_id, std::uint64_t offset, std::uint64_t bytes) {
+    const std::uint64_t mask = alignment_ - 1;
+    if (bytes > std::numeric_limits<std::uint64_t>::max() - mask || (offset & mask) != 0) return std::nullopt;
+    const std::uint64_t want = bytes == 0 ? alignment_ : (bytes + mask) & ~mask;
+    auto sit = slabs_.find(slab_id);
+    if (sit == slabs_.end()) return std::nullopt;
+    Slab& slab = sit->second;
+    if (offset >= slab.size || want > slab.size - offset) return std::nullopt;
+    auto rit = std::prev(slab.ranges.upper_bound(offset));  // offset < size: exists
+    const std::uint64_t start = rit->first, have = rit->second.size;
+    if (rit->second.live || offset + want > start + have) return std::nullopt;
+    if (start == offset) return take(rit->second.free_it, want, bytes);
+    // Split off the head [start, offset), which stays free; the rest becomes
+    // a free range of its own that take() carves from its start. The map
+    // node is made first, so a bad_alloc changes nothing.
+    auto mid = slab.ranges.emplace_hint(std::next(rit), offset, Range{start + have - offset, 0, {}, false});
+    FreeSet::node_type node;
+    try {
+      mid->second.free_it = free_.insert(FreeKey{start + have - offset, slab.id, offset, &slab}).first;
+    } catch (...) {
+      slab.ranges.erase(mid);
+      throw;
+    }
+    node = free_.extract(rit->second.free_it);
+    node.value().size = offset - start;
+    rit->second.size = offset - start;
+    rit->second.free_it = free_.insert(std::move(node)).position;
+    return take(mid->second.free_it, want, bytes);
+  }
+
  private:
   // Carves `want` bytes from the start of the free range `fit`.
   template <class FreeIt>  // FreeSet::iterator (declared below)

@@ -5,6 +5,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -89,6 +90,61 @@ class DevicePool {
     return finish(*b, bytes);
   }
 
+  // Takes the allocation of a dead exporter that holds the tensors `ts`
+  // (one allocation: same handle) into this pool without copying a byte,
+  // and claims each tensor's block at its offset. The allocation is opened
+  // once (Backend::adopt); a later call for the same handle claims more
+  // blocks of it. Returns one block per tensor, nullopt where its range is
+  // not free or not aligned to this pool (the caller falls back to a copy).
+  // Its free space serves new tensors like any slab's; the budget is not
+  // checked (the memory exists already). Throws what Backend::adopt throws
+  // (Lost when the object is gone), Unavailable when the allocation's size
+  // does not fit this pool's alignment.
+  std::vector<std::optional<PoolBlock>> adopt(const std::vector<TensorInfo>& ts) {
+    std::vector<std::optional<PoolBlock>> out(ts.size());
+    if (ts.empty()) return out;
+    std::lock_guard lk(mu_);
+    const std::string& handle = ts.front().ipc_handle;
+    std::uint64_t id = 0;
+    if (auto it = adopted_.find(handle); it != adopted_.end()) {
+      id = it->second;
+    } else {
+      id = next_id_.fetch_add(1);
+      auto exported = std::make_shared<ExportedBlock>(backend_, backend_.adopt(ts.front(), id));
+      const std::uint64_t size = exported->allocation().size;
+      if (size == 0 || size % opts_.alignment != 0)
+        throw Unavailable("allocation " + handle + " of " + std::to_string(size) +
+                          " bytes does not fit this pool's alignment of " + std::to_string(opts_.alignment) +
+                          " (its dead exporter ran with other pool options)");  // `exported` unmaps it
+      blocks_.add_slab(id, size);
+      slabs_.emplace(id, SlabEntry{exported, false, true});
+      adopted_.emplace(handle, id);
+      ProcessCache::instance().add_export(tag_, exported);
+    }
+    const auto& slab = slabs_.at(id).exported;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i].ipc_handle != handle) continue;
+      if (auto b = blocks_.allocate_at(id, ts[i].offset, ts[i].bytes)) {
+        requested_ += ts[i].bytes;
+        out[i] = PoolBlock{slab, *b};
+      }
+    }
+    return out;
+  }
+
+  // The handles of the allocations this pool adopted and still holds.
+  std::vector<std::string> adopted_handles() const {
+    std::lock_guard lk(mu_);
+    std::vector<std::string> v;
+    for (const auto& [h, id] : adopted_) v.push_back(h);
+    return v;
+  }
+
+  // Counters of what a takeover saved: bytes of tensors adopted in place
+  // and bytes copied into new memory (legacy CUDA IPC migration).
+  void note_adopted(std::uint64_t bytes) noexcept { adopted_bytes_ += bytes; }
+  void note_copied(std::uint64_t bytes) noexcept { copied_bytes_ += bytes; }
+
   // Gives a block back. Never frees device memory itself: empty slabs are
   // returned by trim(), which the control thread runs.
   void deallocate(const PoolBlock& pb) noexcept {
@@ -132,6 +188,8 @@ class DevicePool {
     s.allocations = c.allocations;
     s.frees = c.frees;
     s.largest_free = c.largest_free;
+    s.adopted_bytes = adopted_bytes_.load();
+    s.copied_bytes = copied_bytes_.load();
     return s;
   }
 
@@ -144,6 +202,10 @@ class DevicePool {
   struct SlabEntry {
     std::shared_ptr<ExportedBlock> exported;
     bool dedicated;
+    // Adopted from a dead exporter: released as soon as it is empty (never
+    // kept idle), so that no object of a dead owner's naming outlives its
+    // last tensor in this process for long.
+    bool adopted = false;
   };
 
   std::uint64_t round_up(std::uint64_t n) const {
@@ -195,12 +257,13 @@ class DevicePool {
     std::uint64_t released = 0, kept = 0;
     for (auto id : blocks_.empty_slabs()) {
       auto it = slabs_.find(id);
-      if (!it->second.dedicated && kept < keep) {
+      if (!it->second.dedicated && !it->second.adopted && kept < keep) {
         ++kept;
         continue;
       }
       released += blocks_.slab_size(id);
       blocks_.remove_slab(id);
+      if (it->second.adopted) adopted_.erase(it->second.exported->allocation().handle);
       out.push_back(std::move(it->second.exported));
       slabs_.erase(it);  // memory goes with the last local user of the slab
     }
@@ -231,6 +294,8 @@ class DevicePool {
   mutable std::mutex mu_;
   BlockAllocator blocks_;
   std::unordered_map<std::uint64_t, SlabEntry> slabs_;
+  std::unordered_map<std::string, std::uint64_t> adopted_;  // handle -> slab id of adopted allocations
+  std::atomic<std::uint64_t> adopted_bytes_{0}, copied_bytes_{0};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -108,6 +108,7 @@ class Allocator {
       t.bytes = bytes;
       t.backend = kind;
       t.ipc_handle = a.handle;
+      t.alloc_kind = a.alloc_kind;
       t.offset = pb.block.offset;
       t.alloc_bytes = a.size;
       t.alloc_id = a.alloc_id;

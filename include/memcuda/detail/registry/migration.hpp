@@ -1,8 +1,17 @@
-// A dead allocator of record's tensors (run by the leader). The dead
-// exporter's handle cannot be opened anew, but mappings that live holders
-// already have still read its memory: a live holder copies the tensor into
-// memory this leader allocates and the record is republished under a new
-// generation; with no live holder the tensor is marked lost.
+// A dead allocator of record's tensors (run by the leader, once the lease
+// is ours). Two ways to save them, tried in this order:
+// - adoption in place: where the backend's memory outlives its exporter
+//   (host shm; later cuMem with fds), this leader maps the dead owner's
+//   allocation, takes it into its own pool and republishes each record
+//   pointing at the same memory (new owner, new generation). No byte is
+//   copied; live holders' mappings are the same memory throughout.
+// - copy: the dead exporter's handle cannot be opened anew (legacy CUDA
+//   IPC), but mappings that live holders already have still read its
+//   memory: a live holder copies the tensor into memory this leader
+//   allocates and the record is republished under a new generation; with
+//   no live holder the tensor is marked lost.
+// Then the dead owner's allocations that no record uses are freed (see
+// docs/design.md, "What is lost when").
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -10,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -81,20 +91,29 @@ class Migration {
     resolve_parked(c);
     auto rkeys = record_keys(c, ctx_.keys);
     std::set<std::string> still_used;  // ipc handles of dead owners that records still use
+    std::set<std::string> seen;        // the ipc handle of every record scanned
+    std::map<std::string, bool> dead;  // owner -> dead
+    std::set<std::string> unsettled;   // dead owners with a record left for a later round
+    std::map<std::string, std::set<BackendKind>> kinds;  // dead owner -> backends of its records
+    std::vector<TensorInfo> orphans;
     if (!rkeys.empty()) {
       std::vector<redis::Command> cmds;
-      for (const auto& k : rkeys) cmds.push_back({"HMGET", k, "owner", "owner_pid", "node", "state"});
+      for (const auto& k : rkeys) cmds.push_back({"HMGET", k, "owner", "owner_pid", "node", "state", "ipc_handle"});
       auto rs = c.pipeline(cmds);
-      std::map<std::string, bool> dead;  // owner -> dead
       for (std::size_t i = 0; i < rkeys.size(); ++i) {
+        if (!rs[i][4].is_nil()) seen.insert(std::string(rs[i][4].str()));
         if (rs[i][0].is_nil() || rs[i][2].is_nil() || rs[i][3].is_nil()) continue;
         std::string owner(rs[i][0].str());
-        if (owner == ctx_.session || rs[i][2].str() != ctx_.node || rs[i][3].str() != "ready") continue;
+        if (owner == ctx_.session || rs[i][2].str() != ctx_.node) continue;
         if (!dead.count(owner)) {
           std::int64_t pid = rs[i][1].is_nil() ? 0 : reply_int(rs[i][1]);
           dead[owner] = !ctx_.owner_alive(c, owner, pid);
         }
         if (!dead[owner]) continue;
+        if (rs[i][3].str() != "ready") {
+          unsettled.insert(owner);  // not ours to judge: keep its memory
+          continue;
+        }
         auto r = c.command({"HGETALL", rkeys[i]});
         if (r.size() == 0) continue;
         TensorInfo t;
@@ -102,18 +121,188 @@ class Migration {
           t = protocol::decode_record(fields_from_reply(r.view()));
         } catch (const ProtocolError& e) {
           log(LogLevel::warn, std::string("orphan scan: skipping a corrupt record: ") + e.what());
+          unsettled.insert(owner);
           continue;
         }
-        Adopted a = adopt_one(c, token, t);
-        if (a == Adopted::migrated) ++migrated;
-        if (a == Adopted::lost) ++lost;
-        if (a == Adopted::retry) still_used.insert(t.ipc_handle);
-        else alloc_.add_orphan(t);
+        kinds[owner].insert(t.backend);
+        orphans.push_back(std::move(t));
       }
     }
+    for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated)) {
+      Adopted a = adopt_one(c, token, t);
+      if (a == Adopted::migrated) ++migrated;
+      if (a == Adopted::lost) ++lost;
+      if (a == Adopted::retry) {
+        still_used.insert(t.ipc_handle);
+        unsettled.insert(t.owner);
+      } else {
+        alloc_.add_orphan(t);
+      }
+    }
+    // What this process adopted is its own now, though named by its dead
+    // creator: never unlinked as an orphan.
+    std::set<std::string> keep = still_used;
+    for (DevicePool* p : alloc_.pools())
+      for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
     // Unlink what dead owners left once nothing refers to it any more.
-    alloc_.reclaim_orphans(still_used);
+    alloc_.reclaim_orphans(keep);
+    // A dead owner all of whose records were settled: whatever else of its
+    // naming remains (empty slabs it kept, blocks whose records went
+    // meanwhile) is referenced by no record and is freed, one round later:
+    // the scan above is not atomic (a remove may move a record between
+    // its two parts), so the sweep waits for a round in which the owner
+    // is again settled, with that round's records kept.
+    keep.insert(seen.begin(), seen.end());
+    std::map<std::string, std::set<BackendKind>> due;
+    due.swap(sweep_next_);
+    for (const auto& [owner, ks] : due) {
+      if (unsettled.count(owner)) {
+        sweep_next_[owner].insert(ks.begin(), ks.end());  // not yet: next round again
+        continue;
+      }
+      std::size_t n = 0;
+      for (BackendKind k : ks) n += backend_for(k).reclaim_owner(owner, keep);
+      if (n)
+        log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
+                                " that no record uses");
+    }
+    for (const auto& [owner, is_dead] : dead)
+      if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
     return {migrated, lost};
+  }
+
+  // The tensors whose backend can take their memory over in place: grouped
+  // by allocation, each allocation is taken into this leader's pool once
+  // and each record republished pointing at it. Returns the tensors left
+  // for the copy path (not adoptable, or their allocation could not be
+  // adopted); counts the adopted ones into `adopted`.
+  std::vector<TensorInfo> adopt_in_place(redis::Connection& c, const std::string& token,
+                                         std::vector<TensorInfo> orphans, std::uint64_t& adopted) {
+    std::vector<TensorInfo> rest;
+    std::map<std::pair<BackendKind, std::string>, std::vector<TensorInfo>> groups;
+    for (auto& t : orphans) {
+      if (adoptable(t)) groups[{t.backend, t.ipc_handle}].push_back(std::move(t));
+      else rest.push_back(std::move(t));
+    }
+    for (auto& [key, ts] : groups) {
+      DevicePool* pool = nullptr;
+      std::vector<std::optional<PoolBlock>> blocks;
+      try {
+        int device = ts.front().device;
+#if MEMCUDA_HAS_CUDA()
+        if (key.first == BackendKind::cuda) device = ordinal_of_uuid(ts.front().device_uuid, device);
+#endif
+        pool = &alloc_.pool_for(key.first, device);
+        blocks = pool->adopt(ts);
+      } catch (const InternalError&) {
+        throw;
+      } catch (const std::exception& e) {
+        log(LogLevel::warn, "cannot adopt allocation " + ts.front().ipc_handle + " of dead allocator " +
+                                ts.front().owner + ": " + e.what() + "; its tensors take the copy path");
+        rest.insert(rest.end(), ts.begin(), ts.end());
+        continue;
+      }
+      // Blocks not yet handed on (owned, parked) are given back on a throw.
+      struct Giveback {
+        DevicePool* pool;
+        std::vector<std::optional<PoolBlock>>& blocks;
+        ~Giveback() {
+          for (auto& b : blocks)
+            if (b) pool->deallocate(*b);
+        }
+      } giveback{pool, blocks};
+      for (std::size_t i = 0; i < ts.size(); ++i) {
+        if (!blocks[i]) {
+          log(LogLevel::warn, "'" + ts[i].name + "' of dead allocator " + ts[i].owner + ": its block at offset " +
+                                  std::to_string(ts[i].offset) + " of " + ts[i].ipc_handle +
+                                  " cannot be claimed in place; it takes the copy path");
+          rest.push_back(ts[i]);
+          continue;
+        }
+        if (republish_adopted(c, token, ts[i], *pool, blocks[i])) ++adopted;
+      }
+    }
+    return rest;
+  }
+
+  static bool adoptable(const TensorInfo& t) noexcept {
+    try {
+      return backend_for(t.backend).can_adopt(t);
+    } catch (...) {
+      return false;  // a backend this build lacks: the copy path says why
+    }
+  }
+
+  // Republishes one adopted tensor: the record now names this process as
+  // its owner, a new generation, and the same memory. Returns false when
+  // the record went meanwhile (the block is given back). `pb` is reset once
+  // handed on (owned, or parked when the reply was lost).
+  bool republish_adopted(redis::Connection& c, const std::string& token, const TensorInfo& t, DevicePool& pool,
+                         std::optional<PoolBlock>& pb) {
+    const Allocation& a = pb->slab->allocation();
+    auto [tok, epoch] = lease_.current();
+    TensorInfo n = t;
+    n.alloc_id = a.alloc_id;
+    n.alloc_kind = a.alloc_kind;
+    n.owner = ctx_.session;
+    n.owner_pid = ::getpid();
+    n.epoch = epoch;
+    n.node = ctx_.node;
+    const bool persistent = t.holders.count(std::string(HolderId::kName)) > 0;
+    redis::Reply r;
+    try {
+      r = eval_migrate(c, token, t, n);
+      if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
+    } catch (const RedisError& e) {
+      if (!dynamic_cast<const ConnectionError*>(&e) && !dynamic_cast<const TimeoutError*>(&e)) throw;
+      std::lock_guard lk(mu_);
+      parked_.push_back({&pool, *pb, n, persistent, true});
+      pb.reset();
+      throw;
+    }
+    const std::string st = script_status(r);
+    if (st == "ok") {
+      // A record names this process now: the allocation is ours to unlink
+      // when its last block goes (Allocation::adopted_committed).
+      a.adopted_committed->store(true);
+      n.generation = reply_u64(r[1]);
+      alloc_.adopt(n, &pool, *pb, persistent);
+      pb.reset();
+      pool.note_adopted(t.bytes);
+      log(LogLevel::info, "adopted '" + t.name + "' of dead allocator " + t.owner + " (pid " +
+                              std::to_string(t.owner_pid) + ") in place: " + t.ipc_handle + " at offset " +
+                              std::to_string(t.offset) + ", generation " + std::to_string(t.generation) + " -> " +
+                              std::to_string(n.generation) + ", 0 bytes copied");
+      forget_attempts(t.generation);
+      return true;
+    }
+    if (st == "gone") {
+      pool.deallocate(*pb);
+      pb.reset();
+      return false;
+    }
+    lease_.fail_status("migrate", st, "adopting '" + t.name + "'");
+  }
+
+  // Runs the migrate script: the record of `from` (a dead owner's) gets the
+  // placement fields of `to` and a new generation.
+  redis::Reply eval_migrate(redis::Connection& c, const std::string& token, const TensorInfo& from,
+                            const TensorInfo& to) {
+    std::vector<redis::Arg> args{token, from.generation, from.owner, ctx_.keys.prefix()};
+    std::vector<std::pair<std::string, std::string>> fv{
+        {"ipc_handle", to.ipc_handle},       {"offset", std::to_string(to.offset)},
+        {"alloc_bytes", std::to_string(to.alloc_bytes)}, {"alloc_id", std::to_string(to.alloc_id)},
+        {"owner", to.owner},                 {"owner_pid", std::to_string(to.owner_pid)},
+        {"epoch", std::to_string(to.epoch)}, {"device", std::to_string(to.device)},
+        {"device_uuid", to.device_uuid},     {"node", to.node}};
+    if (!to.alloc_kind.empty()) fv.emplace_back("alloc_kind", to.alloc_kind);
+    for (const auto& [k, v] : fv) {
+      args.emplace_back(k);
+      args.emplace_back(v);
+    }
+    const std::string tk = ctx_.keys.tensor(from.name), lk = ctx_.keys.leader(), gk = ctx_.keys.generation();
+    redis::Arg kv[] = {tk, lk, gk};
+    return ctx_.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
   }
 
   Adopted adopt_one(redis::Connection& c, const std::string& token, const TensorInfo& t) {
@@ -140,6 +329,7 @@ class Migration {
         const Allocation& a = pb->slab->allocation();
         TensorInfo n = t;
         n.ipc_handle = a.handle;
+        n.alloc_kind = a.alloc_kind;
         n.offset = pb->block.offset;
         n.alloc_bytes = a.size;
         n.alloc_id = a.alloc_id;
@@ -151,29 +341,16 @@ class Migration {
         n.node = ctx_.node;
         if (h == session) copy_for_migration(t, n);
         else ask_holder_to_copy(h, t, n);
-        std::vector<redis::Arg> args{token, t.generation, dead_owner, ctx_.keys.prefix()};
-        std::vector<std::pair<std::string, std::string>> fv{
-            {"ipc_handle", n.ipc_handle},       {"offset", std::to_string(n.offset)},
-            {"alloc_bytes", std::to_string(n.alloc_bytes)}, {"alloc_id", std::to_string(n.alloc_id)},
-            {"owner", n.owner},                 {"owner_pid", std::to_string(n.owner_pid)},
-            {"epoch", std::to_string(n.epoch)}, {"device", std::to_string(n.device)},
-            {"device_uuid", n.device_uuid},     {"node", n.node}};
-        for (const auto& [k, v] : fv) {
-          args.emplace_back(k);
-          args.emplace_back(v);
-        }
-        const std::string tk = ctx_.keys.tensor(t.name), lk = ctx_.keys.leader(), gk = ctx_.keys.generation();
-        redis::Arg kv[] = {tk, lk, gk};
         redis::Reply r;
         try {
-          r = ctx_.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+          r = eval_migrate(c, token, t, n);
           if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
         } catch (const RedisError& e) {
           if (!dynamic_cast<const ConnectionError*>(&e) && !dynamic_cast<const TimeoutError*>(&e)) throw;
           // The script may have run: the record may point at this block.
           // Keep it parked; the next round adopts or frees it.
           std::lock_guard lk(mu_);
-          parked_.push_back({pool, *pb, n, t.holders.count(std::string(HolderId::kName)) > 0});
+          parked_.push_back({pool, *pb, n, t.holders.count(std::string(HolderId::kName)) > 0, false});
           pb.reset();
           throw;
         }
@@ -181,6 +358,7 @@ class Migration {
         if (st == "ok") {
           n.generation = reply_u64(r[1]);
           alloc_.adopt(n, pool, *pb, t.holders.count(std::string(HolderId::kName)) > 0);
+          pool->note_copied(t.bytes);
           log(LogLevel::info, "migrated '" + t.name + "' of dead allocator " + dead_owner + " (pid " +
                                   std::to_string(t.owner_pid) + "): generation " + std::to_string(t.generation) +
                                   " -> " + std::to_string(n.generation) + ", copied by " +
@@ -263,6 +441,7 @@ class Migration {
     PoolBlock pb;
     TensorInfo info;  // the record as the script would have written it
     bool persistent;
+    bool adopted;  // adopted in place (counted as adopted, not copied, once resolved)
   };
   void resolve_parked(redis::Connection& c) {
     std::vector<Parked> todo;
@@ -280,6 +459,11 @@ class Migration {
         if (ours) {
           p.info.generation = std::stoull(std::string(r[3].str()));
           alloc_.adopt(p.info, p.pool, p.pb, p.persistent);
+          if (p.adopted) {
+            p.pb.slab->allocation().adopted_committed->store(true);
+            p.pool->note_adopted(p.info.bytes);
+          }
+          else p.pool->note_copied(p.info.bytes);
           log(LogLevel::info, "migration of '" + p.info.name + "' had run: adopted generation " +
                                   std::to_string(p.info.generation));
         } else {
@@ -309,6 +493,9 @@ class Migration {
   bool running_ = false;
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
   std::vector<Parked> parked_;             // guarded by mu_
+  // Dead owners to sweep at the next round (only the round, one at a time,
+  // touches it).
+  std::map<std::string, std::set<BackendKind>> sweep_next_;
   std::atomic<std::uint64_t> seq_{0};
 };
 
