@@ -409,7 +409,7 @@ TEST_CASE("BlockAllocator::allocate_at claims exactly a free range, splitting ar
   CHECK(b.counters().in_use == 0);
 }
 
-TEST_CASE("records say their allocation kind; a reader of another kind gets a clear error", "[protocol][takeover]") {
+TEST_CASE("records say their allocation kind, and a reader of another kind gets a clear error", "[protocol][takeover]") {
   TensorInfo t;
   t.name = "k";
   t.dtype = DType::f32;
