@@ -187,15 +187,21 @@ class ReleaseQueue {
     lk.unlock();
     std::vector<Item> unsent;
     try {
-      // One pipeline per registry session.
-      std::map<Context*, std::vector<Item>> by_session;
-      for (auto& it : batch) by_session[it.ctx].push_back(std::move(it));
-      batch.clear();
-      for (auto& [ctx, items] : by_session)
-        if (!send(*ctx, items, last_try) && !last_try)
-          for (auto& it : items) unsent.push_back(std::move(it));
-      // by_session goes here: cores whose last release this was go with it,
-      // on this thread (no lock held).
+      // One pipeline per registry session (usually the batch is one session's).
+      const bool one = std::all_of(batch.begin(), batch.end(), [&](const Item& it) { return it.ctx == batch.front().ctx; });
+      if (one) {
+        if (!send(*batch.front().ctx, batch, last_try) && !last_try) unsent = std::move(batch);
+        batch.clear();
+      } else {
+        std::map<Context*, std::vector<Item>> by_session;
+        for (auto& it : batch) by_session[it.ctx].push_back(std::move(it));
+        batch.clear();
+        for (auto& [ctx, items] : by_session)
+          if (!send(*ctx, items, last_try) && !last_try)
+            for (auto& it : items) unsent.push_back(std::move(it));
+      }
+      // The sent items went here: cores whose last release this was go with
+      // them, on this thread (no lock held).
     } catch (const std::exception& e) {
       log(LogLevel::warn, std::string("sending releases: ") + e.what());  // bad_alloc: GC drops them
     }
@@ -232,11 +238,13 @@ class ReleaseQueue {
     redis::Connection& c = **lease;
     const Keys& k = ctx.keys;
     const std::string& sha = ctx.scripts.release.sha();
+    // The keys every command of the session shares, built once per batch.
+    const std::string names = k.names(), lifecycle = k.lifecycle(), leader = k.leader(), prefix = k.prefix();
     std::vector<redis::Command> cmds;
     cmds.reserve(items.size());
     for (const auto& it : items)
-      cmds.push_back({"EVALSHA", sha, "4", k.tensor(it.name), k.names(), k.lifecycle(), k.leader(),
-                      std::to_string(it.gen), ctx.session, k.prefix(), ctx.session, "", ""});
+      cmds.push_back({"EVALSHA", sha, "4", k.tensor(it.name), names, lifecycle, leader, std::to_string(it.gen),
+                      ctx.session, prefix, ctx.session, "", ""});
     std::vector<std::exception_ptr> errors;
     std::vector<redis::Reply> replies;
     try {
