@@ -4,7 +4,7 @@
 // calls a user writes without mem-cuda, and a PyTorch queue handoff.
 //
 //   memcuda_bench [--backend host|cuda|both] [--sizes 4KiB,1MiB,64MiB,1GiB]
-//                 [--iters 2000] [--clients 1,4,16] [--duration 2] [--quick]
+//                 [--iters 2000] [--clients 1,4,16] [--duration 2] [--quick] [--hot]
 //                 [--url URL] [--json FILE] [--torch-script PATH] [--no-torch]
 //                 [--bandwidth-json FILE] [--device N]
 //
@@ -55,6 +55,10 @@ struct Config {
   int cold_max_rounds = 8;    // fresh consumer processes per size
   int device = 0;
   bool quick = false;
+  // --hot: only the hot-path rows (create on the leader and from a
+  // follower, warm get, release, get+release throughput): a before/after
+  // comparison in well under a minute.
+  bool hot = false;
   std::string json_path;
   std::optional<std::string> torch_script;
   bool torch = true;
@@ -631,12 +635,12 @@ class Bench {
       // one tick pass before the next test counts free memory.
       std::this_thread::sleep_for(reg.options().lease_ttl / 3 + milliseconds(100));
       warm_get(reg, b, ns, size);
-      cold_get(b, ns, size);
+      if (!cfg_.hot) cold_get(b, ns, size);
       follower_create(b, ns, size);
-      naive(b, size);
+      if (!cfg_.hot) naive(b, size);
     }
     throughput(reg, b, ns, sizes.front());
-    pool_run(reg, b);
+    if (!cfg_.hot) pool_run(reg, b);
   }
 
   void leader_create(TensorRegistry& reg, BackendKind b, std::uint64_t size) {
@@ -1012,7 +1016,7 @@ class Bench {
       std::cerr << "PyTorch baseline skipped: " << why << "\n";
       torch_ = json::object{{"skipped", why}};
     };
-    if (!cfg_.torch) return skip("--no-torch");
+    if (!cfg_.torch) return skip(cfg_.hot ? "--hot" : "--no-torch");
     if (!cuda_available()) return skip("no CUDA device");
     std::string py = mb::find_on_path("python3");
     if (py.empty()) return skip("python3 not found on PATH");
@@ -1387,6 +1391,9 @@ void usage() {
   --clients LIST             client processes for get+release throughput (default 1,4,16)
   --duration SEC             seconds per throughput configuration (default 2)
   --quick                    smoke run: few iterations, small sizes (numbers not for reporting)
+  --hot                      only the hot-path rows: create (leader, follower), warm get, release,
+                             get+release throughput (no cold get, raw-IPC, pool or PyTorch rows);
+                             with --clients 1 --duration 1 it runs in well under a minute
   --url URL                  Redis to use (else MEMCUDA_REDIS_URL, else a private redis-server from PATH)
   --redis-server PATH        the redis-server to start when there is no URL
   --json FILE                write every result as JSON
@@ -1404,6 +1411,8 @@ void usage() {
 Config parse_config(const mb::Args& a) {
   Config c;
   c.quick = a.has("--quick");
+  c.hot = a.has("--hot");
+  if (c.hot) c.torch = false;
   if (c.quick) {
     c.iters = 200;
     c.warmup = 20;
@@ -1426,7 +1435,7 @@ Config parse_config(const mb::Args& a) {
   if (auto v = a.get("--torch-script")) c.torch_script = *v;
   if (auto v = a.get("--torch-iters")) c.torch_iters = std::stoi(*v);
   if (auto v = a.get("--bandwidth-json")) c.bandwidth_json = *v;
-  c.torch = !a.has("--no-torch");
+  c.torch = c.torch && !a.has("--no-torch");
   std::string why;
   std::string want = a.get_or("--backend", cuda_available() ? "both" : "host");
   if (want == "both") {

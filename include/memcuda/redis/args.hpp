@@ -5,6 +5,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <charconv>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -49,16 +50,26 @@ inline std::string_view bytes_of(const std::string& s) noexcept { return s; }
 // bytes with send(MSG_NOSIGNAL) and a pipeline in one write.
 template <class Range>
 void append_resp(std::string& out, const Range& args) {
-  out += '*';
-  out += std::to_string(std::size(args));
-  out += "\r\n";
+  // Sized first and written with to_chars: this runs for every command on
+  // the hot paths, and growing the buffer piecemeal (plus a to_string per
+  // length) cost about as much as the rest of a get's client side.
+  auto put_len = [&out](char tag, std::size_t n) {
+    char buf[24];
+    buf[0] = tag;
+    char* end = std::to_chars(buf + 1, buf + sizeof buf - 2, n).ptr;
+    *end++ = '\r';
+    *end++ = '\n';
+    out.append(buf, static_cast<std::size_t>(end - buf));
+  };
+  std::size_t total = 16;
+  for (const auto& a : args) total += bytes_of(a).size() + 16;
+  out.reserve(out.size() + total);
+  put_len('*', std::size(args));
   for (const auto& a : args) {
     std::string_view v = bytes_of(a);
-    out += '$';
-    out += std::to_string(v.size());
-    out += "\r\n";
+    put_len('$', v.size());
     out.append(v.data(), v.size());
-    out += "\r\n";
+    out.append("\r\n", 2);
   }
 }
 }  // namespace detail

@@ -196,6 +196,46 @@ class Connection {
     return out;
   }
 
+  // pipeline() whose replies may take `wait` longer than command_timeout
+  // (like blocking()): for a batch that must not be cut off by a short stall
+  // of the server, since a batch cut off midway may or may not have run.
+  // Only the receive timeout changes (one setsockopt each way).
+  std::vector<Reply> pipeline(const std::vector<Command>& cmds, std::vector<std::exception_ptr>* errors,
+                              std::chrono::milliseconds wait) {
+    if (!ctx_) ensure_connected("pipeline");
+    auto set_rcv = [&](std::chrono::milliseconds t) {
+      timeval tv = detail::to_timeval(t);
+      if (::setsockopt(ctx_->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) {
+        int e = errno;
+        fail_io("pipeline", REDIS_ERR_IO, e, "cannot set the socket timeout: " + std::string(std::strerror(e)));
+      }
+      timeout_ = t;
+    };
+    set_rcv(blocking_timeout(wait));
+    auto restore = [&] {
+      if (!ctx_) return;  // an I/O failure dropped the socket, timeout and all
+      timeval tv = detail::to_timeval(opts_.command_timeout);
+      if (::setsockopt(ctx_->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0)
+        timeout_ = opts_.command_timeout;
+      else
+        drop();
+    };
+    std::vector<Reply> out;
+    try {
+      out = pipeline(cmds, errors);  // a dead socket is replaced here, with the command timeout
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    return out;
+  }
+
+  // Makes sure a usable socket is there (re-establishing a broken one, as
+  // the next command would) without sending anything: what throws here
+  // left nothing half-sent.
+  void ensure_ready() { ensure_connected("connect"); }
+
   // Drops the socket and connects again now (used after a Redis restart),
   // retrying within Options::reconnect_timeout.
   void reconnect() {

@@ -96,7 +96,9 @@ class Core {
       throw TimeoutError("queued releases did not reach Redis within " + std::to_string(timeout.count()) + " ms");
   }
   // Before a call that talks to Redis: this process's earlier releases
-  // first (no exception; the call itself reports an unreachable Redis).
+  // first, sent by this thread when still queued (no hand-off); no
+  // exception: the call itself reports an unreachable Redis. Nothing
+  // queued: two atomic loads.
   void see_own_releases() { (void)ReleaseQueue::instance().flush(ctx.opts.request_timeout); }
 
   // One garbage-collection round of the allocator of record (its thread).
