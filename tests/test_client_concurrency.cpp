@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
 
 using namespace memcuda;
