@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <future>
+#include <set>
 #include <iostream>
 #include <thread>
 
