@@ -9,6 +9,8 @@
 
 #include "common.hpp"
 
+#include <memcuda/redis/connection.hpp>  // a raw Redis client, to show the wire format
+
 namespace {
 
 std::string ask(memcuda::redis::Connection& c, const std::string& json) {

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
 
 using namespace memcuda;
 

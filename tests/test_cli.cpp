@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/protocol/record.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"

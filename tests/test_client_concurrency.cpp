@@ -4,10 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <future>
+#include <set>
 #include <iostream>
 #include <thread>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
 
 using namespace memcuda;

@@ -11,6 +11,7 @@
 
 #include "memcuda/detail/fault.hpp"
 #include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 

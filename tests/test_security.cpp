@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
 
 using namespace memcuda;

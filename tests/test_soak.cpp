@@ -26,6 +26,8 @@
 #include <thread>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/protocol.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"

@@ -1,4 +1,10 @@
-// Umbrella header: everything a mem-cuda user needs.
+// Umbrella header: everything a mem-cuda user needs to call the API. It
+// declares; one translation unit of the program must also include
+// memcuda/implementation.hpp, which defines (CMake:
+// memcuda_add_implementation(<target>)). Cheap to include by design: no
+// Boost.JSON, hiredis, wire protocol or registry internals are reachable
+// from here (docs/design.md, "Compile cost"); memcuda/protocol.hpp, the wire
+// formats, is included on its own by code that needs it.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -6,7 +12,6 @@
 #include "memcuda/error.hpp"
 #include "memcuda/local_tensor.hpp"
 #include "memcuda/options.hpp"
-#include "memcuda/protocol.hpp"
 #include "memcuda/shape.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"

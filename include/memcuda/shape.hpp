@@ -9,9 +9,6 @@
 
 #include "memcuda/config.hpp"
 
-#include <boost/json/parse.hpp>
-#include <boost/json/parse_options.hpp>
-#include <boost/json/value.hpp>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -118,8 +115,14 @@ inline std::uint64_t checked_product(std::span<const std::int64_t> shape) {
 // [0, kMaxDim]. Wrong JSON types (float, string, bool, null...) are
 // wrong_type. A NaN double is how the protocol parser marks an integer
 // literal that does not fit 64 bits (JSON text cannot spell NaN): bad_dim.
-inline Shape shape_from_json(const boost::json::value& v, std::string_view where) {
-  const boost::json::array* a = v.if_array();
+// A template over the JSON value type (boost::json::value in protocol/) so
+// that this header need not include Boost.JSON: what the umbrella header
+// pulls in stays cheap to compile (docs/design.md, "Compile cost"). The
+// kind's name comes from boost::json::to_string, found by argument-dependent
+// lookup.
+template <class JsonValue>
+Shape shape_from_json(const JsonValue& v, std::string_view where) {
+  const auto* a = v.if_array();
   if (!a)
     throw ProtocolError(ProtocolErrc::wrong_type,
                         std::string(where) + ": expected an array of integers");
@@ -127,7 +130,7 @@ inline Shape shape_from_json(const boost::json::value& v, std::string_view where
   Shape shape;
   shape.reserve(a->size());
   for (std::size_t i = 0; i < a->size(); ++i) {
-    const boost::json::value& e = (*a)[i];
+    const JsonValue& e = (*a)[i];
     std::string at = std::string(where) + "[" + std::to_string(i) + "]";
     if (e.is_int64()) {
       validate_dim(e.get_int64(), i, where);
@@ -145,8 +148,7 @@ inline Shape shape_from_json(const boost::json::value& v, std::string_view where
                                "or exponent");
     } else {
       throw ProtocolError(ProtocolErrc::wrong_type,
-                          at + ": expected an integer dimension, got " +
-                              std::string(boost::json::to_string(e.kind())));
+                          at + ": expected an integer dimension, got " + std::string(to_string(e.kind())));
     }
   }
   return shape;
@@ -249,20 +251,9 @@ inline std::string shape_to_string(std::span<const std::int64_t> shape) {
 // whitespace is tolerated) and validates it. ProtocolError: bad_json or
 // trailing_garbage for text that is not exactly one JSON document, wrong_type
 // for anything but an array of integers, and validate_shape's errors.
-inline Shape shape_from_string(std::string_view text) {
-  boost::json::parse_options opt;
-  opt.max_depth = 2;  // an array of scalars; deeper is wrong anyway
-  boost::json::error_code ec;
-  boost::json::value v = boost::json::parse(text, ec, {}, opt);
-  if (ec == boost::json::error::extra_data)
-    throw ProtocolError(
-        ProtocolErrc::trailing_garbage,
-        "shape \"" + detail::rules::printable(text) + "\": unexpected bytes after the JSON array");
-  if (ec)
-    throw ProtocolError(ProtocolErrc::bad_json, "shape \"" + detail::rules::printable(text) +
-                                                    "\": not a JSON array (" + ec.message() + ")");
-  return detail::rules::shape_from_json(v, "shape");
-}
+// Defined in the implementation unit (memcuda/impl/shape.ipp, see
+// memcuda/implementation.hpp): it needs Boost.JSON's parser.
+Shape shape_from_string(std::string_view text);
 
 // Throws ProtocolError(bad_name) unless `name` is 1..kMaxNameBytes bytes of
 // [A-Za-z0-9._:/-]; the message gives the offending byte and its offset.

@@ -5,12 +5,11 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
 
-#include "memcuda/detail/ipc_event.hpp"
-#include "memcuda/detail/registry/core.hpp"
 #include "memcuda/local_tensor.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
@@ -20,20 +19,23 @@ MEMCUDA_NAMESPACE_BEGIN
 
 namespace detail {
 
+class Core;           // detail/registry/core.hpp: only the implementation unit sees it
+class ExportedEvent;  // detail/ipc_event.hpp (CUDA)
+
 // One holder reference of this process to one generation of a tensor, plus
 // what keeps its memory mapped. Shared by every copy of a SharedTensor;
 // the destructor queues the release of the reference (no Redis round trip
 // on the caller's thread: the registry's release thread sends it, see
 // detail/registry/release_queue.hpp) and never throws.
+//
+// The members that talk to Redis or CUDA are only declared here and defined
+// in the implementation unit (memcuda/impl/shared_tensor.ipp, included by
+// memcuda/implementation.hpp), so that this header does not pull in the
+// registry's internals (docs/design.md, "Compile cost").
 class TensorHandle {
  public:
-  TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep)
-      : core_(std::move(core)), info_(std::move(info)), data_(data), keep_(std::move(keep)) {
-#if MEMCUDA_HAS_CUDA()
-    local_device_ = info_.backend == BackendKind::cuda ? ordinal_of_uuid(info_.device_uuid, info_.device) : -1;
-#endif
-  }
-  ~TensorHandle() { Core::release_later(std::move(core_), info_.name, info_.generation); }
+  TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep);
+  ~TensorHandle();
   TensorHandle(const TensorHandle&) = delete;
   TensorHandle& operator=(const TensorHandle&) = delete;
 
@@ -42,13 +44,15 @@ class TensorHandle {
   int local_device() const noexcept { return local_device_; }
   Core& core() const noexcept { return *core_; }
 
+  // Whether the name still means this generation (one Redis round trip).
+  bool is_current() const;
+  // SharedTensor::publish and wait_published (Redis, and CUDA events on cuda).
+  std::uint64_t publish(StreamHandle stream);
+  void wait_published(StreamHandle stream) const;
+
 #if MEMCUDA_HAS_CUDA()
   // This process's interprocess event for the tensor, made on first use.
-  ExportedEvent& event() {
-    std::lock_guard lk(event_mu_);
-    if (!event_) event_ = std::make_unique<ExportedEvent>(local_device_);
-    return *event_;
-  }
+  ExportedEvent& event();
 #endif
 
  private:
@@ -130,11 +134,7 @@ class SharedTensor {
   // Cost: one Redis round trip per call (it asks Redis for the name's
   // current generation); do not call it per element or in a hot loop.
   // An empty handle answers false without I/O.
-  bool valid() const {
-    if (!h_) return false;
-    auto g = h_->core().client.current_generation(name());
-    return g && *g == generation();
-  }
+  bool valid() const { return h_ && h_->is_current(); }
   // Throws StaleHandle when !valid() (one Redis round trip, like valid()).
   void check_valid() const {
     if (!valid())
@@ -151,30 +151,14 @@ class SharedTensor {
   // are visible once done) and only bumps the version. Throws StaleHandle
   // when the name no longer means this tensor.
   std::uint64_t publish(StreamHandle stream = nullptr) const {
-    std::string handle;
-#if MEMCUDA_HAS_CUDA()
-    if (backend() == BackendKind::cuda) {
-      auto& ev = h_->event();
-      ev.record(stream);
-      handle = ev.handle();
-    }
-#else
-    (void)stream;
-#endif
-    return h().core().client.publish_event(name(), generation(), handle);
+    (void)h();  // InvalidArgument when empty
+    return h_->publish(stream);
   }
 
   // Consumer side for a handle already open: makes `stream` wait for the
   // producer's last published event (no-op when none was published or on
   // the host backend). Throws StaleHandle when the name moved on.
-  void wait_published(StreamHandle stream) const {
-    auto handle = h().core().client.published_event(name(), generation());
-#if MEMCUDA_HAS_CUDA()
-    if (backend() == BackendKind::cuda && !handle.empty()) detail::stream_wait_ipc_event(stream, handle);
-#else
-    (void)stream;
-#endif
-  }
+  void wait_published(StreamHandle stream) const { h().wait_published(stream); }
 
   // Drops this copy's share; the process's reference goes with the last copy.
   void release() noexcept { h_.reset(); }

@@ -5,19 +5,25 @@
 #include "memcuda/config.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <type_traits>
 #include <vector>
 
-#include "memcuda/detail/control/control_loop.hpp"
-#include "memcuda/detail/registry/core.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
+
+namespace detail {
+class Core;             // detail/registry/core.hpp
+struct Opened;          // detail/registry/client.hpp
+struct RegistryThread;  // impl/tensor_registry.ipp: the control loop and its thread
+}  // namespace detail
 
 // A connection to the tensor registry in Redis.
 //
@@ -47,16 +53,16 @@ MEMCUDA_NAMESPACE_BEGIN
 // Releases of tensors that outlive the registry still land.
 //
 // A moved-from TensorRegistry throws InvalidArgument from every member.
+//
+// Compile structure: this header declares the API; the templates below are
+// inline, everything else is defined once per program in the implementation
+// unit (memcuda/implementation.hpp, included by exactly one translation
+// unit; CMake: memcuda_add_implementation(<target>)). See the README.
 class TensorRegistry {
  public:
-  explicit TensorRegistry(RegistryOptions options = {})
-      : core_(detail::Core::make(std::move(options))) {
-    loop_ = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
-    loop_->start();
-    thread_ = std::jthread([loop = loop_.get()](std::stop_token st) { loop->run(st); });
-  }
-  ~TensorRegistry() = default;  // thread_ stops and joins before loop_ goes
-  TensorRegistry(TensorRegistry&&) noexcept = default;
+  explicit TensorRegistry(RegistryOptions options = {});
+  ~TensorRegistry();  // the thread stops and joins before the core goes
+  TensorRegistry(TensorRegistry&&) noexcept;
   TensorRegistry& operator=(TensorRegistry&&) = delete;
   TensorRegistry(const TensorRegistry&) = delete;
   TensorRegistry& operator=(const TensorRegistry&) = delete;
@@ -72,9 +78,7 @@ class TensorRegistry {
     static_assert(TensorElement<std::remove_cv_t<T>>, "create<T>: T needs a dtype (use create_any for untyped)");
     return SharedTensor<T>(create_handle(name, dtype_of<std::remove_cv_t<T>>, std::move(shape), opts));
   }
-  SharedTensor<void> create_any(std::string_view name, DType dtype, Shape shape, CreateOptions opts = {}) {
-    return SharedTensor<void>(create_handle(name, dtype, std::move(shape), opts));
-  }
+  SharedTensor<void> create_any(std::string_view name, DType dtype, Shape shape, CreateOptions opts = {});
 
   // Opens a tensor by name: one Redis round trip (state, dtype and node are
   // checked and this process's reference taken atomically), then the
@@ -85,8 +89,7 @@ class TensorRegistry {
   SharedTensor<T> get(std::string_view name) {
     std::optional<DType> want;
     if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
-    auto o = core().client.acquire(name, want);
-    return SharedTensor<T>(make_handle(std::move(o)));
+    return SharedTensor<T>(get_handle(name, want));
   }
 
   // get() for stream-ordered consumers: additionally makes `stream` wait
@@ -96,134 +99,83 @@ class TensorRegistry {
   template <class T>
   SharedTensor<T> get(std::string_view name, StreamHandle stream) {
     auto t = get<T>(name);
-#if MEMCUDA_HAS_CUDA()
-    if (t.backend() == BackendKind::cuda && !t.info().event_handle.empty())
-      detail::stream_wait_ipc_event(stream, t.info().event_handle);
-#else
-    (void)stream;
-#endif
+    wait_for_event(t.info(), stream);
     return t;
   }
 
   // Drops the references of dead processes (expired sessions, dead JSON
   // client pids) now and frees what that releases. The allocator of
   // record does this every gc_interval on its own.
-  GcReport collect_garbage() { return core().collect_garbage_now(); }
+  GcReport collect_garbage();
 
   // Returns the allocator of record's empty slabs to the driver now (in
   // this process, when it is the leader; the control thread also does it
   // on its own). Returns the bytes released.
-  std::uint64_t trim() { return core().trim_now(); }
+  std::uint64_t trim();
 
   // Sets the pools' peak statistic to their current use (leader only).
-  void reset_peak() { core().alloc.reset_peaks(); }
+  void reset_peak();
 
   // Unlinks the name now: get() fails and create() may reuse it at once.
   // Handles already open stay valid (valid() turns false); the memory is
   // freed when the last holder releases. Throws NotFound.
-  void remove(std::string_view name) { core().client.remove(name); }
+  void remove(std::string_view name);
 
   // Blocks until the named tensor exists and is ready, or the timeout
   // passes (returns false). No polling: the create wakes the waiter.
-  bool wait(std::string_view name, std::chrono::milliseconds timeout) { return core().client.wait(name, timeout); }
+  bool wait(std::string_view name, std::chrono::milliseconds timeout);
 
   // Records of the named tensors matching a glob pattern, sorted by name.
-  std::vector<TensorInfo> list(std::string_view pattern = "*") { return core().client.list(pattern); }
+  std::vector<TensorInfo> list(std::string_view pattern = "*");
 
   // The current record of one tensor. Throws NotFound, InvalidArgument (a
   // name no tensor can have).
-  TensorInfo info(std::string_view name) {
-    auto i = core().client.info(name);
-    if (!i) throw NotFound("no tensor named '" + std::string(name) + "'");
-    return std::move(*i);
-  }
+  TensorInfo info(std::string_view name);
 
   // Counts and bytes per device and backend, the leader, this process.
-  RegistryStats stats() { return core().stats(); }
+  RegistryStats stats();
 
   // Who holds the allocator-of-record lease (two Redis commands).
-  LeaderInfo leader() { return core().client.leader_info(); }
+  LeaderInfo leader();
 
   // Waits until every release queued by this process's destructors (last
   // SharedTensor copies, DLPack deleters) before the call is in Redis (every
   // other call that talks to Redis waits for them too, without throwing), for
   // at most `timeout` (default: options.request_timeout); throws
   // TimeoutError when Redis did not take them in time (they stay queued).
-  void flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
-    auto& c = core_ref();
-    detail::Core::flush(timeout.count() < 0 ? c.ctx.opts.request_timeout : timeout);
-  }
+  void flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
   // Rethrows an error the registry's thread could not recover from (e.g.
   // credentials no longer accepted after a Redis restart); every other call
   // does this too. No-op when all is well.
-  void check() { core(); }
+  void check();
 
   // True while this registry holds the allocator-of-record lease (no I/O).
-  bool is_leader() const { return core_ref().is_leader(); }
-  const std::string& session_id() const { return core_ref().ctx.session; }
-  const std::string& node_id() const { return core_ref().ctx.node; }
-  const RegistryOptions& options() const { return core_ref().ctx.opts; }
+  bool is_leader() const;
+  const std::string& session_id() const;
+  const std::string& node_id() const;
+  const RegistryOptions& options() const;
 
  private:
+  // The non-template halves of create/get (the implementation unit).
   std::shared_ptr<detail::TensorHandle> create_handle(std::string_view name, DType dtype, Shape shape,
-                                                      const CreateOptions& opts) {
-    validate_name(name);
-    validate_shape(shape);
-    protocol::Command cmd;
-    cmd.op = protocol::Op::create;
-    cmd.name = std::string(name);
-    cmd.dtype = dtype;
-    cmd.shape = std::move(shape);
-    auto& c = core();
-    cmd.device = opts.device.value_or(c.ctx.opts.default_device);
-    cmd.backend = opts.backend;
-    if (opts.persistent) cmd.persistent = true;
-    if (cmd.backend.value_or(c.ctx.default_backend()) == BackendKind::cuda) {
-#if MEMCUDA_HAS_CUDA()
-      // The command names the device by its UUID-stable ordinal of the
-      // allocator of record; translate ours when they differ.
-      cmd.device_uuid = detail::device_uuid(*cmd.device);
-#else
-      throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
-#endif
-    }
-    auto o = c.client.create(std::move(cmd));
-    return make_handle(std::move(o));
-  }
-
+                                                      const CreateOptions& opts);
+  std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want);
   // The handle of a reference just taken. If its constructor throws (a
   // device this process cannot see, bad_alloc), the reference is given back
   // rather than leaked until the session ends.
-  template <class Opened>
-  std::shared_ptr<detail::TensorHandle> make_handle(Opened o) {
-    std::string name = o.info.name;
-    const std::uint64_t gen = o.info.generation;
-    try {
-      return std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep));
-    } catch (...) {
-      detail::Core::release_later(core_, std::move(name), gen);
-      throw;
-    }
-  }
+  std::shared_ptr<detail::TensorHandle> make_handle(detail::Opened&& o);
+  // get(name, stream): makes `stream` wait for the producer's last publish.
+  static void wait_for_event(const TensorInfo& info, StreamHandle stream);
 
   // The core, for a call that may talk to Redis: rethrows an error the
   // registry's thread could not recover from, then waits for the releases
   // this process queued before the call (so the call sees them).
-  detail::Core& core() {
-    auto& c = core_ref();
-    c.ctx.check_fatal();
-    c.see_own_releases();
-    return c;
-  }
-  detail::Core& core_ref() const {
-    if (!core_) throw InvalidArgument("use of a moved-from TensorRegistry");
-    return *core_;
-  }
+  detail::Core& core();
+  detail::Core& core_ref() const;
 
   std::shared_ptr<detail::Core> core_;
-  std::unique_ptr<detail::ControlLoop> loop_;
-  std::jthread thread_;  // declared after loop_: destroyed (joined) first
+  std::unique_ptr<detail::RegistryThread> thread_;  // declared after core_: joined first
 };
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -2,16 +2,15 @@
 // add-subdirectory/). It checks what a downstream project gets from the
 // memcuda::memcuda target: the headers, a version equal to the one CMake
 // reported for the package, the CUDA choice in the compile definitions, and
-// libraries that link (hiredis, and cudart with the CUDA backend). It talks
-// to no Redis server: the one connection attempt goes to a socket path that
+// libraries that link (hiredis, and cudart with the CUDA backend), and the
+// implementation unit memcuda_add_implementation adds. It talks
+// to no Redis server: its connection attempts go to a socket path that
 // cannot exist and must fail with ConnectionError.
 #include <memcuda/config.hpp>
 #include <memcuda/error.hpp>
 #include <memcuda/redis/connection.hpp>
 #include <memcuda/version.hpp>
-#if __has_include(<memcuda/memcuda.hpp>)
-#include <memcuda/memcuda.hpp>  // the umbrella header, once it exists
-#endif
+#include <memcuda/memcuda.hpp>  // the API; memcuda_add_implementation adds its definitions
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
 #endif
@@ -91,6 +90,26 @@ int main() {
     check(true, std::string("no server behind a missing socket: ConnectionError: ") + e.what());
   } catch (const std::exception& e) {
     check(false, std::string("expected ConnectionError, got: ") + e.what());
+  }
+
+  // The implementation unit (memcuda_add_implementation in the consumer's
+  // CMakeLists.txt) is linked in: shape_from_string and the registry's
+  // constructor are defined there. The constructor fails to connect.
+  try {
+    check(memcuda::shape_from_string("[2,3]") == memcuda::Shape{2, 3},
+          "shape_from_string, from the implementation unit, parses [2,3]");
+  } catch (const std::exception& e) {
+    check(false, std::string("shape_from_string threw: ") + e.what());
+  }
+  try {
+    memcuda::RegistryOptions ro;
+    ro.redis = nowhere;
+    memcuda::TensorRegistry reg(ro);
+    check(false, "a TensorRegistry connected to " + nowhere.describe() + ", which should not exist");
+  } catch (const memcuda::ConnectionError& e) {
+    check(true, std::string("TensorRegistry (implementation unit) without a server: ConnectionError: ") + e.what());
+  } catch (const std::exception& e) {
+    check(false, std::string("TensorRegistry: expected ConnectionError, got: ") + e.what());
   }
 
   std::printf("%s\n", failures == 0 ? "consumer OK" : "consumer FAILED");

@@ -1,0 +1,136 @@
+// Implementation unit part: the out-of-line members of TensorRegistry
+// (declared in memcuda/tensor_registry.hpp). Included once per program
+// through memcuda/implementation.hpp; non-inline on purpose (see there).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "memcuda/detail/control/control_loop.hpp"
+#include "memcuda/detail/ipc_event.hpp"
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/tensor_registry.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN
+
+namespace detail {
+
+// The registry's thread and the control loop it runs.
+struct RegistryThread {
+  std::unique_ptr<ControlLoop> loop;
+  std::jthread thread;  // declared after loop: destroyed (joined) first
+};
+
+}  // namespace detail
+
+TensorRegistry::TensorRegistry(RegistryOptions options) : core_(detail::Core::make(std::move(options))) {
+  auto t = std::make_unique<detail::RegistryThread>();
+  t->loop = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
+  t->loop->start();
+  t->thread = std::jthread([loop = t->loop.get()](std::stop_token st) { loop->run(st); });
+  thread_ = std::move(t);
+}
+
+TensorRegistry::~TensorRegistry() = default;
+TensorRegistry::TensorRegistry(TensorRegistry&&) noexcept = default;
+
+SharedTensor<void> TensorRegistry::create_any(std::string_view name, DType dtype, Shape shape, CreateOptions opts) {
+  return SharedTensor<void>(create_handle(name, dtype, std::move(shape), opts));
+}
+
+GcReport TensorRegistry::collect_garbage() { return core().collect_garbage_now(); }
+std::uint64_t TensorRegistry::trim() { return core().trim_now(); }
+void TensorRegistry::reset_peak() { core().alloc.reset_peaks(); }
+void TensorRegistry::remove(std::string_view name) { core().client.remove(name); }
+bool TensorRegistry::wait(std::string_view name, std::chrono::milliseconds timeout) {
+  return core().client.wait(name, timeout);
+}
+std::vector<TensorInfo> TensorRegistry::list(std::string_view pattern) { return core().client.list(pattern); }
+
+TensorInfo TensorRegistry::info(std::string_view name) {
+  auto i = core().client.info(name);
+  if (!i) throw NotFound("no tensor named '" + std::string(name) + "'");
+  return std::move(*i);
+}
+
+RegistryStats TensorRegistry::stats() { return core().stats(); }
+LeaderInfo TensorRegistry::leader() { return core().client.leader_info(); }
+
+void TensorRegistry::flush(std::chrono::milliseconds timeout) {
+  auto& c = core_ref();
+  detail::Core::flush(timeout.count() < 0 ? c.ctx.opts.request_timeout : timeout);
+}
+
+void TensorRegistry::check() { core(); }
+
+bool TensorRegistry::is_leader() const { return core_ref().is_leader(); }
+const std::string& TensorRegistry::session_id() const { return core_ref().ctx.session; }
+const std::string& TensorRegistry::node_id() const { return core_ref().ctx.node; }
+const RegistryOptions& TensorRegistry::options() const { return core_ref().ctx.opts; }
+
+std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_view name, DType dtype, Shape shape,
+                                                                    const CreateOptions& opts) {
+  validate_name(name);
+  validate_shape(shape);
+  protocol::Command cmd;
+  cmd.op = protocol::Op::create;
+  cmd.name = std::string(name);
+  cmd.dtype = dtype;
+  cmd.shape = std::move(shape);
+  auto& c = core();
+  cmd.device = opts.device.value_or(c.ctx.opts.default_device);
+  cmd.backend = opts.backend;
+  if (opts.persistent) cmd.persistent = true;
+  if (cmd.backend.value_or(c.ctx.default_backend()) == BackendKind::cuda) {
+#if MEMCUDA_HAS_CUDA()
+    // The command names the device by its UUID-stable ordinal of the
+    // allocator of record; translate ours when they differ.
+    cmd.device_uuid = detail::device_uuid(*cmd.device);
+#else
+    throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+  }
+  auto o = c.client.create(std::move(cmd));
+  return make_handle(std::move(o));
+}
+
+std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want) {
+  auto o = core().client.acquire(name, want);
+  return make_handle(std::move(o));
+}
+
+std::shared_ptr<detail::TensorHandle> TensorRegistry::make_handle(detail::Opened&& o) {
+  std::string name = o.info.name;
+  const std::uint64_t gen = o.info.generation;
+  try {
+    return std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep));
+  } catch (...) {
+    detail::Core::release_later(core_, std::move(name), gen);
+    throw;
+  }
+}
+
+void TensorRegistry::wait_for_event(const TensorInfo& info, StreamHandle stream) {
+#if MEMCUDA_HAS_CUDA()
+  if (info.backend == BackendKind::cuda && !info.event_handle.empty()) detail::stream_wait_ipc_event(stream, info.event_handle);
+#else
+  (void)info;
+  (void)stream;
+#endif
+}
+
+detail::Core& TensorRegistry::core() {
+  auto& c = core_ref();
+  c.ctx.check_fatal();
+  c.see_own_releases();
+  return c;
+}
+
+detail::Core& TensorRegistry::core_ref() const {
+  if (!core_) throw InvalidArgument("use of a moved-from TensorRegistry");
+  return *core_;
+}
+
+MEMCUDA_NAMESPACE_END  // namespace memcuda
