@@ -13,6 +13,7 @@
 
 #include "memcuda/detail/control/control_loop.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/shared_get.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
@@ -81,12 +82,18 @@ class TensorRegistry {
   // memory is mapped, once per process per allocation. Throws NotFound,
   // TypeMismatch (T is not the stored dtype), Lost, Unavailable (another
   // node, or a device this process cannot see).
+  //
+  // A name this registry already holds (a live SharedTensor of it exists in
+  // the process) is shared without a Redis round trip: the same handle and
+  // reference (docs/design.md, "In-process reference sharing"). Such a get
+  // may return a tensor removed by another process up to one invalidation
+  // message ago; GetOptions::fresh asks Redis (one round trip).
   template <class T>
-  SharedTensor<T> get(std::string_view name) {
+  SharedTensor<T> get(std::string_view name, GetOptions opts = {}) {
     std::optional<DType> want;
     if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
-    auto o = core().client.acquire(name, want);
-    return SharedTensor<T>(make_handle(std::move(o)));
+    core_ref();  // memcuda ref cache: shared_get.hpp checks the fatal slot and flushes on a miss
+    return SharedTensor<T>(detail::get_shared(core_, name, want, opts).handle);
   }
 
   // get() for stream-ordered consumers: additionally makes `stream` wait
@@ -95,9 +102,14 @@ class TensorRegistry {
   // afterwards sees everything the producer enqueued before publishing.
   template <class T>
   SharedTensor<T> get(std::string_view name, StreamHandle stream) {
-    auto t = get<T>(name);
+    std::optional<DType> want;  // memcuda ref cache: a shared handle's record may predate the last publish
+    if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
+    core_ref();
+    auto g = detail::get_shared(core_, name, want, {});
+    SharedTensor<T> t(std::move(g.handle));
 #if MEMCUDA_HAS_CUDA()
-    if (t.backend() == BackendKind::cuda && !t.info().event_handle.empty())
+    if (t.backend() == BackendKind::cuda && g.from_cache) t.wait_published(stream);
+    else if (t.backend() == BackendKind::cuda && !t.info().event_handle.empty())
       detail::stream_wait_ipc_event(stream, t.info().event_handle);
 #else
     (void)stream;
@@ -121,7 +133,10 @@ class TensorRegistry {
   // Unlinks the name now: get() fails and create() may reuse it at once.
   // Handles already open stay valid (valid() turns false); the memory is
   // freed when the last holder releases. Throws NotFound.
-  void remove(std::string_view name) { core().client.remove(name); }
+  void remove(std::string_view name) {
+    core().client.remove(name);
+    core_ref().refs.forget_name(name);  // memcuda ref cache: our own remove is seen at once
+  }
 
   // Blocks until the named tensor exists and is ready, or the timeout
   // passes (returns false). No polling: the create wakes the waiter.
@@ -188,8 +203,9 @@ class TensorRegistry {
       throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
 #endif
     }
+    const auto token = c.refs.begin();  // memcuda ref cache: a later get shares the creator's handle
     auto o = c.client.create(std::move(cmd));
-    return make_handle(std::move(o));
+    return detail::remember(c, make_handle(std::move(o)), token);
   }
 
   // The handle of a reference just taken. If its constructor throws (a
