@@ -135,7 +135,7 @@ class TensorRegistry {
   // freed when the last holder releases. Throws NotFound.
   void remove(std::string_view name) {
     core().client.remove(name);
-    core_ref().refs.forget_name(name);  // memcuda ref cache: our own remove is seen at once
+    core_ref().refs.forget_name_everywhere(name);  // memcuda ref cache: this process's remove is seen at once
   }
 
   // Blocks until the named tensor exists and is ready, or the timeout

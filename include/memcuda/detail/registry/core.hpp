@@ -43,7 +43,9 @@
 //   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
 //   ProcessCache's mutex (its maps; held across the open, see above),
 //   RefCache::mu_ (its maps; no handle is ever destroyed under it, so a
-//   last copy's release never nests ReleaseQueue::mu_ or Holds::mu_ in it),
+//   last copy's release never nests ReleaseQueue::mu_ or Holds::mu_ in it;
+//   the one nesting: RefCache's process-wide directory mutex, then each
+//   cache's mu_, to drop a removed name from every registry's cache),
 //   Invalidation::mu_ (only for its retry wait).
 // docs/design.md ("Threads, connections and locks") says the same.
 #pragma once
@@ -89,7 +91,7 @@ class Core {
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
   Recovery recovery{ctx, alloc, holds};
-  RefCache refs;
+  RefCache refs{ctx.keys.prefix()};
   Invalidation invalidation{ctx, refs};
 
   bool is_leader() const noexcept { return lease.held(); }

@@ -17,10 +17,11 @@
 // concerned its name or generation (a bounded log of recent events says),
 // so a message that overtook the get's reply never leaves a stale entry.
 //
-// Thread safety: any thread. mu_ is a leaf, held for map operations only
+// Thread safety: any thread. mu_ is held for map operations only
 // (never across Redis, never while a handle is destroyed: expired weak
 // references are dropped under it, but a weak_ptr never runs a destructor
-// of the handle).
+// of the handle). The one nesting: the process-wide Directory::mu is
+// taken before a cache's mu_ (forget_name_everywhere), never the reverse.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -33,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -45,6 +47,31 @@ class TensorHandle;  // shared_tensor.hpp
 
 class RefCache {
  public:
+  // Every cache of the process registers itself, so that a remove by one
+  // registry is seen at once by the gets of every other registry of the
+  // process under the same key prefix (read your own removes, as releases
+  // are read across the registries of a process).
+  explicit RefCache(std::string key_prefix = {}) : prefix_(std::move(key_prefix)) {
+    auto& d = directory();
+    std::lock_guard lk(d.mu);
+    d.caches.push_back(this);
+  }
+  ~RefCache() {
+    auto& d = directory();
+    std::lock_guard lk(d.mu);
+    std::erase(d.caches, this);
+  }
+  RefCache(const RefCache&) = delete;
+  RefCache& operator=(const RefCache&) = delete;
+
+  // forget_name() in every cache of the process with this cache's prefix.
+  void forget_name_everywhere(std::string_view name) {
+    auto& d = directory();
+    std::lock_guard lk(d.mu);  // then each cache's mu_: the one nesting (docs/design.md)
+    for (RefCache* c : d.caches)
+      if (c->prefix_ == prefix_) c->forget_name(name);
+  }
+
   struct Stats {
     std::uint64_t hits = 0, misses = 0, invalidations = 0, flushes = 0;
   };
@@ -171,6 +198,15 @@ class RefCache {
   }
 
  private:
+  struct Directory {
+    std::mutex mu;  // taken before a cache's mu_, never after
+    std::vector<RefCache*> caches;
+  };
+  static Directory& directory() {
+    static Directory d;
+    return d;
+  }
+
   struct Entry {
     std::weak_ptr<TensorHandle> handle;
     std::uint64_t gen = 0;
@@ -231,7 +267,8 @@ class RefCache {
   static constexpr std::size_t kEventLog = 1024;
   static constexpr std::size_t kMinSweep = 256;
 
-  mutable std::mutex mu_;  // leaf: guards everything below
+  const std::string prefix_;  // the registry's key prefix (its namespace)
+  mutable std::mutex mu_;     // leaf but for Directory::mu (taken first): guards everything below
   bool live_ = false;
   std::uint64_t seq_ = 1;
   std::unordered_map<std::string, Entry, Hash, std::equal_to<>> by_name_;
