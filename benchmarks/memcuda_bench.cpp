@@ -200,6 +200,7 @@ struct ChildCtx {
     o.redis = redis::options_from_env();  // the parent passes MEMCUDA_REDIS_URL
     o.name_space = ns;
     o.control_thread = false;  // a client: the parent is the allocator of record
+    o.share_references = false;  // every get is a Redis acquire, as these rows measure (get_held measures sharing)
     o.default_backend = backend;
     o.default_device = device;
     return o;
@@ -640,7 +641,35 @@ class Bench {
       if (!cfg_.hot) naive(b, size);
     }
     throughput(reg, b, ns, sizes.front());
+    held_get(reg, b);  // in-process reference sharing (issue 12, deliverable 3)
     if (!cfg_.hot) pool_run(reg, b);
+  }
+
+  // get() of a name this process already holds: the reference cache shares
+  // the held handle, no Redis round trip (docs/design.md, "In-process
+  // reference sharing"). Timed: the get and the drop of the copy it returns
+  // (not the last one, so no release is queued).
+  void held_get(TensorRegistry& reg, BackendKind b) {
+    const std::string name = "held-get";
+    auto held = reg.create_any(name, DType::f32, {1024});
+    // The cache serves once its invalidation connection is subscribed.
+    const auto until = mb::Clock::now() + std::chrono::seconds(5);
+    while (reg.get<void>(name).handle() != held.handle() && mb::Clock::now() < until)
+      std::this_thread::sleep_for(milliseconds(2));
+    Samples get;
+    std::uint64_t not_shared = 0;
+    timed_loop(cfg_.warmup * 10, cfg_.iters * 10, loop_seconds(), [&](bool rec) {
+      auto t0 = mb::now_ns();
+      {
+        auto t = reg.get<float>(name);
+        if (t.handle() != held.handle()) ++not_shared;
+      }
+      auto t1 = mb::now_ns();
+      if (rec) get.push_back(t1 - t0);
+    });
+    reg.remove(name);
+    add_series(b, "mem-cuda", "get_held", "get of a tensor already held (shared, no Redis)", 4096, get).extra =
+        json::object{{"not_shared", not_shared}};
   }
 
   void leader_create(TensorRegistry& reg, BackendKind b, std::uint64_t size) {
@@ -1118,6 +1147,7 @@ class Bench {
         out.push_back(t);
       };
       latency("get, allocation mapped", {"get_warm"}, false, 30);
+      latency("get of a tensor already held", {"get_held"}, false, 2);
       {
         Target t{bn, "get vs PyTorch handoff", ">= 15x faster (p50)", "n/a", "n/a", ""};
         if (b == BackendKind::cuda) {

@@ -30,7 +30,8 @@
 //
 // Reference audit: this process is single-threaded, so the holder count of
 // its session in a tensor's Hash must equal the number of distinct
-// references it holds to that generation (copies share one). It may only be
+// references it holds to that generation (copies, and gets of a name it
+// already holds, share one: count distinct handles). It may only be
 // larger after a create whose outcome we could not learn (NotLeader or
 // TimeoutError on a create: the allocator may have executed it for us).
 // At the end, once every handle is released, no record in Redis may name
@@ -331,9 +332,12 @@ return {n, where}
     TensorInfo i = reg_.info(name);  // NotFound: counted
     ++audits_;
     if (i.generation != gen) return;  // the name moved on; the old record is not readable by name
-    // Every Held came from its own create or get (never copied): one reference each.
-    std::int64_t expect = 0;
-    for (const auto& x : held_) expect += x.t.generation() == gen;
+    // One reference per distinct handle: a get of a name this process
+    // already holds shares the held handle (in-process reference sharing).
+    std::set<const void*> handles;
+    for (const auto& x : held_)
+      if (x.t.generation() == gen) handles.insert(x.t.handle().get());
+    const auto expect = static_cast<std::int64_t>(handles.size());
     std::int64_t mine = 0;
     if (auto it = i.holders.find(reg_.session_id()); it != i.holders.end()) mine = it->second;
     std::int64_t sum = 0;

@@ -116,7 +116,9 @@ TEST_CASE("a get whose execution lost the link is answered, not replayed", "[red
 TEST_CASE("a script status the client does not know is an InternalError, not a lost lease",
           "[redis][registry][fault]") {
   test::RedisServer srv;
-  TensorRegistry leader(cp_opts(srv));
+  auto o = cp_opts(srv);
+  o.share_references = false;  // the get must run the script, not share the creator's handle
+  TensorRegistry leader(o);
   REQUIRE(leader.is_leader());
   auto t = leader.create<float>("known", {4});
   {

@@ -341,7 +341,7 @@ static void killed_holder_is_collected(const std::string& backend) {
   CHECK(w->ask("get held-by-both").rfind("OK", 0) == 0);
   CHECK(w->ask("get held-by-both").rfind("OK", 0) == 0);
   CHECK(w->ask("create only-worker 256 1").rfind("OK", 0) == 0);
-  CHECK(reg.info("held-by-both").refcount == 3);
+  CHECK(reg.info("held-by-both").refcount == 2);  // the worker's two gets share one reference
   const auto in_use = reg.stats().pools.at(0).in_use;
   w->kill(SIGKILL);
   w->wait();

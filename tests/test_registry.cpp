@@ -88,7 +88,9 @@ TEST_CASE("data written through one handle is read through another", "[redis][re
 
 TEST_CASE("refcounts follow handles, and copies share one reference", "[redis][registry]") {
   test::RedisServer srv;
-  TensorRegistry reg(host_opts(srv));
+  auto o = host_opts(srv);
+  o.share_references = false;  // one reference per get; sharing: test_ref_cache.cpp
+  TensorRegistry reg(o);
   auto t = reg.create<double>("x", {4});
   {
     auto g1 = reg.get<double>("x");

@@ -95,7 +95,9 @@ void wait_frees(TensorRegistry& leader) {
 TEST_CASE("a tensor whose record names another node is never opened, and the refused get takes no reference",
           "[redis][registry]") {
   test::RedisServer srv;
-  TensorRegistry reg(host_opts(srv));
+  auto lo = host_opts(srv);
+  lo.share_references = false;  // its get must run the script (a held name's get reads no record)
+  TensorRegistry reg(lo);
   TensorRegistry reader(host_opts(srv, false));  // a second registry of this node
   REQUIRE(reg.is_leader());
   auto t = reg.create<float>("foreign", {16});

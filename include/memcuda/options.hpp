@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "memcuda/memory_resource.hpp"
 
@@ -96,6 +97,27 @@ struct RegistryOptions {
 
   // The pool this registry allocates from while it is allocator of record.
   PoolOptions pool;
+
+  // In-process reference sharing (docs/design.md, "In-process reference
+  // sharing"): a get() of a tensor this registry already holds returns the
+  // held handle without a Redis round trip (one Redis reference per process
+  // and tensor while any local copy lives), kept correct by an invalidation
+  // connection (Redis client tracking). False: every get() takes its own
+  // reference in Redis, as before. Default from MEMCUDA_SHARE_REFERENCES
+  // ("0" turns it off).
+  bool share_references = [] {
+    const char* e = std::getenv("MEMCUDA_SHARE_REFERENCES");
+    return !(e && std::string_view(e) == "0");
+  }();
+};
+
+// Options of one get().
+struct GetOptions {
+  // Ask Redis even when this process holds the name: the get sees the
+  // name's mapping as of now rather than as of the last invalidation
+  // message (one round trip; a held handle of the current generation is
+  // still shared, no second reference is taken).
+  bool fresh = false;
 };
 
 struct CreateOptions {

@@ -85,11 +85,17 @@ class TensorRegistry {
   // memory is mapped, once per process per allocation. Throws NotFound,
   // TypeMismatch (T is not the stored dtype), Lost, Unavailable (another
   // node, or a device this process cannot see).
+  //
+  // A name this registry already holds (a live SharedTensor of it exists in
+  // the process) is shared without a Redis round trip: the same handle and
+  // reference (docs/design.md, "In-process reference sharing"). Such a get
+  // may return a tensor removed by another process up to one invalidation
+  // message ago; GetOptions::fresh asks Redis (one round trip).
   template <class T>
-  SharedTensor<T> get(std::string_view name) {
+  SharedTensor<T> get(std::string_view name, GetOptions opts = {}) {
     std::optional<DType> want;
     if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
-    return SharedTensor<T>(get_handle(name, want));
+    return SharedTensor<T>(get_handle(name, want, opts));
   }
 
   // get() for stream-ordered consumers: additionally makes `stream` wait
@@ -98,9 +104,9 @@ class TensorRegistry {
   // afterwards sees everything the producer enqueued before publishing.
   template <class T>
   SharedTensor<T> get(std::string_view name, StreamHandle stream) {
-    auto t = get<T>(name);
-    wait_for_event(t.info(), stream);
-    return t;
+    std::optional<DType> want;
+    if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
+    return SharedTensor<T>(get_handle(name, want, stream));
   }
 
   // Drops the references of dead processes (expired sessions, dead JSON
@@ -160,7 +166,10 @@ class TensorRegistry {
   // The non-template halves of create/get (the implementation unit).
   std::shared_ptr<detail::TensorHandle> create_handle(std::string_view name, DType dtype, Shape shape,
                                                       const CreateOptions& opts);
-  std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want);
+  std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want,
+                                                   const GetOptions& opts);
+  std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want,
+                                                   StreamHandle stream);
   // The handle of a reference just taken. If its constructor throws (a
   // device this process cannot see, bad_alloc), the reference is given back
   // rather than leaked until the session ends.

@@ -11,6 +11,7 @@
 #include "memcuda/detail/control/control_loop.hpp"
 #include "memcuda/detail/ipc_event.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/shared_get.hpp"
 #include "memcuda/tensor_registry.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
@@ -43,7 +44,10 @@ SharedTensor<void> TensorRegistry::create_any(std::string_view name, DType dtype
 GcReport TensorRegistry::collect_garbage() { return core().collect_garbage_now(); }
 std::uint64_t TensorRegistry::trim() { return core().trim_now(); }
 void TensorRegistry::reset_peak() { core().alloc.reset_peaks(); }
-void TensorRegistry::remove(std::string_view name) { core().client.remove(name); }
+void TensorRegistry::remove(std::string_view name) {
+  core().client.remove(name);
+  core_ref().refs.forget_name_everywhere(name);  // this process's remove is seen at once by its caches
+}
 bool TensorRegistry::wait(std::string_view name, std::chrono::milliseconds timeout) {
   return core().client.wait(name, timeout);
 }
@@ -92,13 +96,31 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_
     throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
 #endif
   }
+  const auto token = c.refs.begin();  // reference sharing: a later get shares the creator's handle
   auto o = c.client.create(std::move(cmd));
-  return make_handle(std::move(o));
+  return detail::remember(c, make_handle(std::move(o)), token);
 }
 
-std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want) {
-  auto o = core().client.acquire(name, want);
-  return make_handle(std::move(o));
+// get(): a name this registry holds is shared from the reference cache (no
+// Redis); see detail/registry/shared_get.hpp.
+std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want,
+                                                                 const GetOptions& opts) {
+  core_ref();  // get_shared checks the fatal slot, and waits for own releases on a miss
+  return detail::get_shared(core_, name, want, opts).handle;
+}
+
+// get(name, stream): a shared handle's record may predate the producer's last
+// publish(), so it reads the current event (one round trip); a fresh acquire
+// carries it in the record it just read.
+std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want,
+                                                                 StreamHandle stream) {
+  core_ref();
+  auto g = detail::get_shared(core_, name, want, {});
+  if (!g.from_cache)
+    wait_for_event(g.handle->info(), stream);
+  else if (g.handle->info().backend == BackendKind::cuda)
+    g.handle->wait_published(stream);
+  return std::move(g.handle);
 }
 
 std::shared_ptr<detail::TensorHandle> TensorRegistry::make_handle(detail::Opened&& o) {

@@ -236,6 +236,28 @@ class Connection {
   // left nothing half-sent.
   void ensure_ready() { ensure_connected("connect"); }
 
+  // Reads the next reply without sending anything: a message pushed to a
+  // SUBSCRIBEd connection (RESP2). Waits up to `block` on top of the command
+  // timeout (kWaitForever: until one comes or interrupt()). Never
+  // reconnects, since a fresh socket would have lost the subscription: a
+  // broken connection throws ConnectionError (Interrupted after interrupt()).
+  Reply receive(std::chrono::milliseconds block) {
+    const std::string what = "read of a subscribed connection";
+    ensure_not_moved();
+    if (take_interrupt()) fail_interrupted(what);
+    if (!connected())
+      std::rethrow_exception(classify(opts_, Failure{.what = what, .redis_code = REDIS_ERR_EOF, .text = "not connected"}));
+    set_timeout(blocking_timeout(block), what);
+    in_flight_ = true;
+    Reply rep = read_reply(what);
+    in_flight_ = false;
+    if (redisSetTimeout(ctx_.get(), detail::to_timeval(opts_.command_timeout)) == REDIS_OK)
+      timeout_ = opts_.command_timeout;
+    else
+      drop();
+    return rep;
+  }
+
   // Drops the socket and connects again now (used after a Redis restart),
   // retrying within Options::reconnect_timeout.
   void reconnect() {

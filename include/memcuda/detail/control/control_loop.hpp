@@ -44,6 +44,7 @@ class ControlLoop {
   void start() {
     core_->sessions.refresh(conn_);
     if (core_->ctx.opts.control_thread) core_->lease.try_acquire(conn_);
+    if (core_->ctx.opts.share_references) core_->invalidation.start();  // sharing from the first get on
   }
 
   void run(std::stop_token st) {
@@ -62,6 +63,10 @@ class ControlLoop {
     // a slow command (a large first cudaMalloc, a sanitizer) never lets them
     // expire while this process is alive and serving.
     std::jthread beat([this, period](std::stop_token bst) { heartbeat(bst, period); });
+    // The reference cache's invalidation listener (invalidation.hpp), when
+    // references are shared; stopped and joined when this function returns.
+    std::jthread invalidation;
+    if (opts.share_references) invalidation = std::jthread([this](std::stop_token ist) { core_->invalidation.run(ist); });
     auto next_tick = std::chrono::steady_clock::now() + period;
     auto next_gc = std::chrono::steady_clock::now() + opts.gc_interval;
     auto next_recover = std::chrono::steady_clock::now();
@@ -141,6 +146,7 @@ class ControlLoop {
       try {
         if (!core_->sessions.refresh(beat_conn_)) {
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
+          core_->refs.flush();  // GC may have dropped what we held: no cached get until re-registered
           recover_.store(true);
         }
         if (core_->is_leader()) core_->lease.renew(beat_conn_);

@@ -68,6 +68,12 @@ class Keys {
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
   // SCAN pattern of every unlinked-but-held record.
   std::string removed_pattern() const { return prefix_ + "memcuda:removed:*"; }
+  // The prefixes of the keys written only when a name stops meaning its
+  // generation (remove, migration, loss): the reference cache's
+  // invalidation connection tracks them (ref_cache.hpp, invalidation.hpp).
+  std::string removed_prefix() const { return prefix_ + "memcuda:removed:"; }
+  std::string moved_prefix() const { return prefix_ + "memcuda:moved:"; }
+  std::string lost_prefix() const { return prefix_ + "memcuda:lost:"; }
   // The prefix every key of the registry itself starts with.
   std::string own_prefix() const { return prefix_ + "memcuda:"; }
 

@@ -15,6 +15,11 @@
 //   inbox        messages from the leader to one session       inbox.hpp
 //   ReleaseQueue releases from destructors, sent in batches by one
 //                thread per process                            release_queue.hpp
+//   RefCache     handles this registry holds, by name: a second
+//                get() shares one (no Redis round trip)         ref_cache.hpp
+//   Invalidation the connection that keeps RefCache correct
+//                (client tracking; its thread runs beside the
+//                ControlLoop)                                  invalidation.hpp
 //   ControlLoop  the registry's thread (control/control_loop.hpp)
 //
 // Connections. Client calls borrow a connection from Context::pool (short
@@ -36,7 +41,12 @@
 //   Allocator::owned_mu_, Holds::mu_, Client::cache_mu_, Migration::mu_
 //   (a second migration round waits on its condition variable, not under
 //   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
-//   ProcessCache's mutex (its maps; held across the open, see above).
+//   ProcessCache's mutex (its maps; held across the open, see above),
+//   RefCache::mu_ (its maps; no handle is ever destroyed under it, so a
+//   last copy's release never nests ReleaseQueue::mu_ or Holds::mu_ in it;
+//   the one nesting: RefCache's process-wide directory mutex, then each
+//   cache's mu_, to drop a removed name from every registry's cache),
+//   Invalidation::mu_ (only for its retry wait).
 // docs/design.md ("Threads, connections and locks") says the same.
 #pragma once
 
@@ -52,9 +62,11 @@
 #include "memcuda/detail/registry/executor.hpp"
 #include "memcuda/detail/registry/holds.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/detail/registry/invalidation.hpp"
 #include "memcuda/detail/registry/lease.hpp"
 #include "memcuda/detail/registry/migration.hpp"
 #include "memcuda/detail/registry/recovery.hpp"
+#include "memcuda/detail/registry/ref_cache.hpp"
 #include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/registry/sessions.hpp"
 
@@ -79,6 +91,8 @@ class Core {
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
   Recovery recovery{ctx, alloc, holds};
+  RefCache refs{ctx.keys.prefix()};
+  Invalidation invalidation{ctx, refs};
 
   bool is_leader() const noexcept { return lease.held(); }
 

@@ -1,0 +1,83 @@
+// get() with in-process reference sharing (ref_cache.hpp): the handle this
+// registry already holds for the name when the cache has one (no Redis),
+// else one acquire script, whose handle is remembered for the next get.
+// Apart from TensorRegistry so that its body stays a thin layer; needs the
+// complete TensorHandle, hence after shared_tensor.hpp.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/options.hpp"
+#include "memcuda/shared_tensor.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// The handle of a reference just taken. If its constructor throws (a
+// device this process cannot see, bad_alloc), the reference is given back
+// rather than leaked until the session ends.
+inline std::shared_ptr<TensorHandle> handle_of(const std::shared_ptr<Core>& core, Opened o) {
+  std::string name = o.info.name;
+  const std::uint64_t gen = o.info.generation;
+  try {
+    return std::make_shared<TensorHandle>(core, std::move(o.info), o.data, std::move(o.keep));
+  } catch (...) {
+    Core::release_later(core, std::move(name), gen);
+    throw;
+  }
+}
+
+struct SharedGet {
+  std::shared_ptr<TensorHandle> handle;
+  bool from_cache = false;  // shared without reading the record now (its event may be newer)
+};
+
+// Remembers a handle this registry just took (a get's, or a create's)
+// unless an invalidation since `token` concerns it; returns the handle to
+// use (one already held for that generation wins: its extra reference is
+// released by the queue, so the process keeps one).
+inline std::shared_ptr<TensorHandle> remember(Core& c, std::shared_ptr<TensorHandle> h, std::uint64_t token) {
+  if (!c.ctx.opts.share_references || !h) return h;
+  const auto& i = h->info();
+  return c.refs.insert(i.name, i.generation, i.dtype, std::move(h), token);
+}
+
+// The body of TensorRegistry::get. Like every call it first rethrows the
+// registry thread's fatal error; only a call that goes to Redis waits for
+// this process's queued releases (a cached get talks to nobody).
+inline SharedGet get_shared(const std::shared_ptr<Core>& core, std::string_view name, std::optional<DType> want,
+                            const GetOptions& o) {
+  Core& c = *core;
+  c.ctx.check_fatal();
+  const bool share = c.ctx.opts.share_references;
+  if (share && !o.fresh)
+    if (auto h = c.refs.find(name, want)) return {std::move(h), true};
+  c.see_own_releases();
+  if (share && o.fresh) {
+    // Held: one HGET says whether the name still means our generation; if
+    // so the held handle is shared (no second reference).
+    if (auto held = c.refs.held_generation(name)) {
+      const std::uint64_t token = c.refs.begin();
+      auto now = c.client.current_generation(name);
+      if (now && *now == *held) {
+        if (auto h = c.refs.find(name, want)) return {std::move(h), true};
+      } else if (token != 0) {
+        c.refs.forget_generation(*held);  // the message is on its way; don't wait for it
+      }
+    }
+  }
+  const std::uint64_t token = share ? c.refs.begin() : 0;
+  auto h = handle_of(core, c.client.acquire(name, want));
+  const TensorHandle* taken = h.get();
+  auto use = remember(c, std::move(h), token);
+  const bool shared = use.get() != taken;
+  return {std::move(use), shared};
+}
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
