@@ -19,6 +19,10 @@
 
 MEMCUDA_NAMESPACE_BEGIN
 
+namespace detail {
+struct RegistryAccess;  // free functions of other public headers reach the core through it
+}
+
 // A connection to the tensor registry in Redis.
 //
 // Construction connects to Redis (ConnectionError/AuthError/TimeoutError
@@ -224,6 +228,8 @@ class TensorRegistry {
   std::shared_ptr<detail::Core> core_;
   std::unique_ptr<detail::ControlLoop> loop_;
   std::jthread thread_;  // declared after loop_: destroyed (joined) first
+
+  friend struct detail::RegistryAccess;
 };
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda
