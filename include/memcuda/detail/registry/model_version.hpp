@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -105,9 +106,7 @@ class ModelVersions {
     {
       auto c = ctx.waits.acquire();
       // Registered before the read: a publish after the read pushes to us.
-      auto rs = c->pipeline({{"SADD", ws, wl},
-                             {"PEXPIRE", ws, std::to_string(timeout.count() + 60000)},
-                             {"HGETALL", key}});
+      auto rs = c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}, {"HGETALL", key}});
       rec = decode(rs[2].view());
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       bool registered = true;
@@ -120,14 +119,19 @@ class ModelVersions {
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
         if (!registered) {  // woken, yet not past `after` (a stray push): register, then read again
-          auto rs3 = c->pipeline(
-              {{"SADD", ws, wl}, {"PEXPIRE", ws, std::to_string(left.count() + 60000)}, {"HGETALL", key}});
+          auto rs3 = c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}, {"HGETALL", key}});
           registered = true;
           rec = decode(rs3[2].view());
           continue;
         }
-        auto r = c->blocking(left, {"BLPOP", wl, seconds_arg(left)});
-        if (r.is_nil()) continue;
+        // In slices, each refreshing the set's expiry: one waiter's expiry
+        // must never cut another's (longer) wait short.
+        const auto slice = std::min(left, std::chrono::milliseconds(kSliceMs));
+        auto r = c->blocking(slice, {"BLPOP", wl, seconds_arg(slice)});
+        if (r.is_nil()) {
+          c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}});
+          continue;
+        }
         // One round trip: the record, and our registration gone.
         auto rs2 = c->pipeline({{"HGETALL", key}, {"SREM", ws, wl}, {"DEL", wl}});
         rec = decode(rs2[0].view());
@@ -141,6 +145,11 @@ class ModelVersions {
   }
 
  private:
+  // A waiters set outlives every live waiter's next refresh (each blocks at
+  // most kSliceMs between refreshes); a dead waiter's entry goes with it.
+  static constexpr std::int64_t kSliceMs = 30000;
+  static constexpr const char* kSetTtlMs = "120000";
+
   static void validate_prefix(std::string_view prefix) { rules::validate_name(prefix, "model prefix"); }
 
   static NotFound unknown(std::string_view prefix) {
