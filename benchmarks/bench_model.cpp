@@ -18,9 +18,21 @@
 //                           read) and checked against the value written.
 //   memcuda_pool_ratio      the allocator of record's pools, reserved / in use,
 //                           with the state dict live after the publish runs.
+//   memcuda_inplace_update  8 consumer processes (--consumers) hold the state
+//                           dict; this process (the trainer) rewrites element 0
+//                           of every tensor in place (untimed), then publishes a
+//                           new version of the model (memcuda/model.hpp: one
+//                           event, one script). Timed from just before the
+//                           publish to the LAST consumer having observed the
+//                           version, ordered its stream on it and read one
+//                           tensor on that stream (synchronised). read_all_ms:
+//                           the same until the last one read element 0 of all
+//                           291 (as the PyTorch baseline's consumers do) and
+//                           checked the new values.
 //
 //   memcuda_bench_model [--backend auto|host|cuda] [--small | --scale N]
 //                       [--reps 5] [--warmup 1] [--device N] [--url URL] [--strict]
+//                       [--consumers 8]
 //
 // stdout: `row <name> <median> <min> n=<runs> [key=value ...]` (times in ms),
 // `skip <name> <reason>`; progress on stderr. Exit 0; 1 when something
@@ -35,6 +47,7 @@
 
 #include "bench_common.hpp"
 #include "memcuda/memcuda.hpp"
+#include "memcuda/model.hpp"
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -169,6 +182,16 @@ class Toucher {
   Toucher(const Toucher&) = delete;
   Toucher& operator=(const Toucher&) = delete;
 
+  // The stream the reads go on (cuda; nullptr on host): a consumer orders it
+  // after a producer's event before touching.
+  StreamHandle stream() const noexcept {
+#if MEMCUDA_HAS_CUDA()
+    return stream_;
+#else
+    return nullptr;
+#endif
+  }
+
   std::vector<std::uint16_t> touch(const std::vector<SharedTensor<void>>& ts) {
     if (ts.size() > n_) throw std::logic_error("Toucher: more tensors than it was made for");
     std::vector<std::uint16_t> v(ts.size());
@@ -208,6 +231,10 @@ void fill_all(BackendKind b, const std::vector<SharedTensor<void>>& ts) {
 #endif
   }
 }
+
+// The value of element 0 of tensor i once version v of the in-place row is
+// published: changes with every version.
+std::uint16_t update_bits(std::size_t i, std::uint64_t v) { return touch_bits(i + static_cast<std::size_t>(v)); }
 
 std::size_t count_wrong(const std::vector<std::uint16_t>& v) {
   std::size_t wrong = 0;
@@ -280,9 +307,10 @@ struct Rows {
 struct ChildArgs {
   std::string role, ns, prefix;
   BackendKind backend = BackendKind::host;
-  int device = 0, scale = 1;
+  int device = 0, scale = 1, updates = 0;
 
   explicit ChildArgs(const mb::Args& a) {
+    updates = std::stoi(a.get_or("--updates", "0"));
     role = a.get_or("--child", "");
     ns = a.get_or("--ns", "");
     prefix = a.get_or("--prefix", "");
@@ -350,8 +378,38 @@ int child_publish(const ChildArgs& c) {
   return 0;
 }
 
+// A consumer of the in-place row: holds the whole state dict, then for each
+// of c.updates versions waits for it on its stream and reads.
+int child_update(const ChildArgs& c) {
+  const auto specs = state_dict_specs(c.scale);
+  init_device(c.backend, c.device);
+  TensorRegistry reg(c.options());
+  Toucher toucher(c.backend, specs.size());
+  auto ts = open_all(reg, c.prefix, specs);
+  (void)toucher.touch(ts);  // untimed: every mapping and the copy path warm
+  const std::vector<SharedTensor<void>> first{ts.front()};
+  std::uint64_t seen = current_version(reg, c.prefix);
+  emit({{"ready", seen}});
+  for (int u = 0; u < c.updates; ++u) {
+    auto v = wait_version(reg, c.prefix, seen, milliseconds(120000), toucher.stream());
+    if (!v) throw std::runtime_error("no new version of '" + c.prefix + "' within 120 s");
+    seen = *v;
+    const auto one = toucher.touch(first);  // ordered on the version, synchronised
+    const auto t_one = mb::now_ns();
+    const auto all = toucher.touch(ts);
+    const auto t_all = mb::now_ns();
+    std::uint64_t wrong = one[0] != update_bits(0, seen);
+    for (std::size_t i = 0; i < all.size(); ++i) wrong += all[i] != update_bits(i, seen);
+    emit({{"version", seen}, {"one_ns", t_one}, {"all_ns", t_all}, {"wrong", wrong}});
+  }
+  for (auto& t : ts) t.release();
+  reg.flush();
+  return 0;
+}
+
 int run_child(const mb::Args& args) {
   ChildArgs c(args);
+  if (c.role == "update") return child_update(c);
   if (c.role == "open") return child_open(c);
   if (c.role == "publish") return child_publish(c);
   std::cerr << "unknown child role '" << c.role << "'\n";
@@ -364,6 +422,7 @@ struct Config {
   BackendKind backend = BackendKind::host;
   int device = 0, scale = 1, reps = 5, warmup = 1;
   bool strict = false;  // a row skipped in a run that got going is a failure (the CTest smoke)
+  int consumers = 8;    // of the in-place update row
 };
 
 class ModelBench {
@@ -397,6 +456,7 @@ class ModelBench {
     publish_leader(reg);
     publish_other(reg);
     open_fresh(reg);
+    inplace_update(reg);
     cleanup();
     if (rows_.failed) return 1;
     return cfg_.strict && rows_.skipped ? 1 : 0;
@@ -537,6 +597,111 @@ class ModelBench {
                   " slabs=" + std::to_string(slabs) + " " + extra_);
   }
 
+  // Writes update_bits(i, v) into element 0 of every tensor, on `stream`
+  // (cuda: from pinned memory), and waits for it: untimed.
+  void write_version(const std::vector<SharedTensor<void>>& ts, std::uint64_t v, StreamHandle stream,
+                     std::uint16_t* pinned) {
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      const std::uint16_t x = update_bits(i, v);
+      if (cfg_.backend == BackendKind::host) {
+        std::memcpy(ts[i].data(), &x, sizeof x);
+        continue;
+      }
+#if MEMCUDA_HAS_CUDA()
+      pinned[i] = x;
+      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(ts[i].data(), pinned + i, sizeof x, cudaMemcpyHostToDevice, stream));
+#else
+      (void)stream;
+      (void)pinned;
+#endif
+    }
+#if MEMCUDA_HAS_CUDA()
+    if (cfg_.backend == BackendKind::cuda) MEMCUDA_CUDA_TRY(cudaStreamSynchronize(stream));
+#endif
+  }
+
+  void inplace_update(TensorRegistry& reg) {
+    const std::string row = "memcuda_inplace_update";
+    std::cerr << "-- in-place update observed by " << cfg_.consumers << " consumers\n";
+    trim(reg);
+    const std::string prefix = "inplace";
+    auto model = publish_all(reg, prefix, specs_);
+    fill_all(cfg_.backend, model);
+    StreamHandle stream = nullptr;
+    std::uint16_t* pinned = nullptr;
+#if MEMCUDA_HAS_CUDA()
+    if (cfg_.backend == BackendKind::cuda) {
+      MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      MEMCUDA_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned), specs_.size() * sizeof(std::uint16_t)));
+    }
+#endif
+    const int updates = cfg_.warmup + cfg_.reps;
+    std::vector<std::unique_ptr<mb::ChildProcess>> cs;
+    std::vector<double> v, all_v;
+    std::uint64_t wrong = 0;
+    bool ok = true;
+    try {
+      for (int i = 0; i < cfg_.consumers; ++i) {
+        auto argv = child_argv("update", prefix);
+        argv.push_back("--updates");
+        argv.push_back(std::to_string(updates));
+        cs.push_back(std::make_unique<mb::ChildProcess>(argv, std::vector<std::string>{std::string(redis::kUrlEnv) +
+                                                                                       "=" + redis_.url()}));
+      }
+      for (auto& c : cs) {  // every consumer holds the model and waits
+        auto l = c->read_line(milliseconds(300000));
+        if (!l || l->find("ready") == std::string::npos) throw std::runtime_error("a consumer did not get ready");
+      }
+      std::uint64_t version = current_version(reg, prefix);
+      for (int rep = 0; rep < updates; ++rep) {
+        write_version(model, version + 1, stream, pinned);
+        const auto t0 = mb::now_ns();
+        version = publish_version(reg, prefix, stream);
+        std::int64_t last_one = 0, last_all = 0;
+        for (auto& c : cs) {
+          auto l = c->read_line(milliseconds(120000));
+          if (!l) throw std::runtime_error("a consumer did not observe version " + std::to_string(version));
+          auto o = json::parse(*l).as_object();
+          if (o.at("version").to_number<std::uint64_t>() != version)
+            throw std::runtime_error("a consumer observed version " + json::serialize(o.at("version")) +
+                                     ", expected " + std::to_string(version));
+          last_one = std::max(last_one, o.at("one_ns").to_number<std::int64_t>());
+          last_all = std::max(last_all, o.at("all_ns").to_number<std::int64_t>());
+          wrong += o.at("wrong").to_number<std::uint64_t>();
+        }
+        if (rep >= cfg_.warmup) {
+          v.push_back(ms(last_one - t0));
+          all_v.push_back(ms(last_all - t0));
+        }
+      }
+      for (auto& c : cs)
+        if (c->wait() != 0) throw std::runtime_error("a consumer exited with an error (see stderr)");
+    } catch (const std::exception& e) {
+      std::cerr << "  " << row << ": " << e.what() << "\n";
+      ok = false;
+    }
+    cs.clear();  // kills what is left
+#if MEMCUDA_HAS_CUDA()
+    if (pinned) cudaFreeHost(pinned);
+    if (stream) cudaStreamDestroy(stream);
+#endif
+    unpublish_all(reg, prefix, specs_, model);
+    if (wrong) {
+      std::cerr << "  consumers read " << wrong << " wrong value(s) after the version\n";
+      rows_.failed = true;
+    }
+    if (!ok || v.empty()) {
+      rows_.failed = true;
+      return rows_.skip(row, "a consumer failed (see stderr)");
+    }
+    std::sort(all_v.begin(), all_v.end());
+    const double all_med = all_v.size() % 2 ? all_v[all_v.size() / 2]
+                                            : (all_v[all_v.size() / 2 - 1] + all_v[all_v.size() / 2]) / 2;
+    rows_.row(row, v,
+              extra_ + " consumers=" + std::to_string(cfg_.consumers) + " read_all_ms=" + mb::fmt(all_med, 3) +
+                  " wrong=" + std::to_string(wrong));
+  }
+
   void cleanup() {
     if (redis_.is_private()) return;
     try {
@@ -563,7 +728,7 @@ class ModelBench {
 };
 
 const char* kRowNames[] = {"memcuda_publish_leader", "memcuda_publish_other", "memcuda_open_fresh",
-                           "memcuda_pool_ratio"};
+                           "memcuda_pool_ratio", "memcuda_inplace_update"};
 
 int skip_all(const std::string& why) {
   Rows r;
@@ -574,8 +739,10 @@ int skip_all(const std::string& why) {
 void usage() {
   std::cout << "usage: memcuda_bench_model [--backend auto|host|cuda] [--small | --scale N] [--reps 5]\n"
                "                           [--warmup 1] [--device N] [--url URL] [--redis-server PATH] [--strict]\n"
+               "                           [--consumers 8]\n"
                "Rows of a Llama-2-7B-shaped bf16 state dict (291 tensors): published by the allocator\n"
-               "of record, published by another process, opened by a fresh consumer, pool ratio.\n"
+               "of record, published by another process, opened by a fresh consumer, pool ratio,\n"
+               "in-place update (a new version observed and stream-ordered by --consumers processes).\n"
                "Exit 77 (with `skip` lines) when it cannot run here.\n";
 }
 
@@ -594,6 +761,7 @@ int main(int argc, char** argv) {
     cfg.reps = std::max(1, std::stoi(args.get_or("--reps", "5")));
     cfg.warmup = std::max(0, std::stoi(args.get_or("--warmup", "1")));
     cfg.strict = args.has("--strict");
+    cfg.consumers = std::max(1, std::stoi(args.get_or("--consumers", "8")));
     const std::string backend = args.get_or("--backend", "auto");
     std::string why;
     if (backend == "auto") {

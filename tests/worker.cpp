@@ -7,6 +7,8 @@
 //             | fill NAME VALUE | sum NAME | leader | info NAME | gc | trim | stats
 //             | pattern NAME SEED (a distinct value per element) | digest NAME (FNV-1a of its bytes, its pointer)
 //             | meminfo (cuda) | exit
+//             | publishver PREFIX | version PREFIX | waitver PREFIX AFTER TIMEOUT_MS [NAME]
+//             | waitver-gpu PREFIX AFTER TIMEOUT_MS NAME | sumheld-nowait NAME (test kernels)
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/model.hpp"
 
 #if defined(MEMCUDA_TEST_KERNELS)
 extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
@@ -34,6 +37,27 @@ Shape parse_dims(const std::string& s) {
   while (std::getline(ss, d, ',')) out.push_back(std::stoll(d));
   return out;
 }
+
+const SharedTensor<float>& held_tensor(const std::multimap<std::string, SharedTensor<float>>& held,
+                                       const std::string& name) {
+  auto it = held.find(name);
+  if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+  return it->second;
+}
+
+#if defined(MEMCUDA_TEST_KERNELS)
+// Sums a tensor with a kernel on `s` (which may wait on a producer's event).
+double gpu_sum(const SharedTensor<float>& t, cudaStream_t s) {
+  double* d = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&d), sizeof(double)) != cudaSuccess) throw Error("cudaMalloc failed");
+  if (memcuda_test_sum(t.data(), t.size(), d, s) != cudaSuccess) throw Error("sum kernel failed");
+  double h = 0;
+  cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s);
+  if (cudaStreamSynchronize(s) != cudaSuccess) throw Error("stream sync failed");
+  cudaFree(d);
+  return h;
+}
+#endif
 
 double checksum(const SharedTensor<float>& t) {
   std::vector<float> host(t.size());
@@ -165,6 +189,46 @@ int main(int argc, char** argv) {
         cudaFree(d);
         cudaStreamDestroy(s);
         out << "OK sum=" << h;
+#endif
+      } else if (cmd == "publishver") {  // host: the writes (fill) are done, publish
+        out << "OK version=" << publish_version(*reg, name);
+      } else if (cmd == "version") {
+        out << "OK version=" << current_version(*reg, name);
+      } else if (cmd == "waitver") {
+        // Waits for a version > AFTER of model NAME (a prefix); then the
+        // held tensor's sum, read after the wait (host backend).
+        std::uint64_t after = 0;
+        long long ms = 0;
+        std::string tensor;
+        in >> after >> ms >> tensor;
+        auto v = wait_version(*reg, name, after, std::chrono::milliseconds(ms));
+        if (!v) {
+          out << "OK timeout";
+        } else {
+          out << "OK version=" << *v;
+          if (!tensor.empty()) out << " sum=" << checksum(held_tensor(held, tensor));
+        }
+#if defined(MEMCUDA_TEST_KERNELS)
+      } else if (cmd == "waitver-gpu" || cmd == "sumheld-nowait") {
+        // A consumer stream: stream-ordered on the version (waitver-gpu), or
+        // not at all (the negative control), then a sum kernel on it.
+        cudaStream_t s{};
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        std::string tensor = name;
+        if (cmd == "waitver-gpu") {
+          std::uint64_t after = 0;
+          long long ms = 0;
+          in >> after >> ms >> tensor;
+          auto v = wait_version(*reg, name, after, std::chrono::milliseconds(ms), s);
+          if (!v) {
+            cudaStreamDestroy(s);
+            throw TimeoutError("no version after " + std::to_string(after));
+          }
+          out << "OK version=" << *v << " sum=" << gpu_sum(held_tensor(held, tensor), s);
+        } else {
+          out << "OK sum=" << gpu_sum(held_tensor(held, tensor), s);
+        }
+        cudaStreamDestroy(s);
 #endif
       } else if (cmd == "gc") {
         auto r = reg->collect_garbage();

@@ -23,6 +23,7 @@ namespace detail {
 class Core;             // detail/registry/core.hpp
 struct Opened;          // detail/registry/client.hpp
 struct RegistryThread;  // impl/tensor_registry.ipp: the control loop and its thread
+struct RegistryAccess;  // free functions of other public headers reach the core through it
 }  // namespace detail
 
 // A connection to the tensor registry in Redis.
@@ -185,6 +186,8 @@ class TensorRegistry {
 
   std::shared_ptr<detail::Core> core_;
   std::unique_ptr<detail::RegistryThread> thread_;  // declared after core_: joined first
+
+  friend struct detail::RegistryAccess;
 };
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

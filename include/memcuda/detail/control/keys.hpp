@@ -64,6 +64,15 @@ class Keys {
     return reply(sid) + ":wait:" + std::to_string(seq);
   }
   std::string waiters(std::string_view name) const { return prefix_ + "memcuda:waiters:" + std::string(name); }
+  // A model's version record (a name prefix; detail/registry/model_version.hpp),
+  // the set of its waiters' lists, and one waiter's private list.
+  std::string model(std::string_view prefix) const { return prefix_ + "memcuda:model:" + std::string(prefix); }
+  std::string model_waiters(std::string_view prefix) const {
+    return prefix_ + "memcuda:model_waiters:" + std::string(prefix);
+  }
+  std::string model_wait_list(std::string_view sid, std::uint64_t seq) const {
+    return reply(sid) + ":model_wait:" + std::to_string(seq);
+  }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
   // SCAN pattern of every unlinked-but-held record.

@@ -321,6 +321,33 @@ redis.call('HSET', KEYS[1], 'event_handle', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
 )lua";
 
+// Publishes a new version of a model (a name prefix): bumps the version,
+// stores the producer's event and identity, wakes every waiter (one push
+// per registered list, like create's waiters). The first publish of a
+// prefix needs a tensor under it (a typo must not make a model appear).
+// KEYS: model record, its waiters set, names
+// ARGV: prefix, event handle ('' = host), backend, device, device uuid,
+//       node, session, pid, time ms
+// -> {'ok', version} | {'notfound'}
+inline constexpr const char* kPublishVersion = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local found = false
+  for _, n in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    if string.sub(n, 1, #ARGV[1]) == ARGV[1] then found = true break end
+  end
+  if not found then return {'notfound'} end
+end
+local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'event_handle', ARGV[2], 'backend', ARGV[3], 'device', ARGV[4],
+           'device_uuid', ARGV[5], 'node', ARGV[6], 'session', ARGV[7], 'pid', ARGV[8], 'published_ms', ARGV[9])
+for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  redis.call('LPUSH', l, v)
+  redis.call('PEXPIRE', l, 60000)
+end
+redis.call('DEL', KEYS[2])
+return {'ok', v}
+)lua";
+
 // Delivers a reply to the list a command named in reply_to. Only lists (or
 // absent keys) receive replies, and only a list this script created (or
 // one that already expires) gets the 60 s expiry, so a hostile reply_to
@@ -367,6 +394,7 @@ struct Scripts {
   redis::Script mark_lost{kMarkLost};
   redis::Script republish{kRepublish};
   redis::Script reregister{kReregister};
+  redis::Script publish_version{kPublishVersion};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

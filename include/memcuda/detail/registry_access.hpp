@@ -1,0 +1,17 @@
+// How the free functions of public headers (model.hpp, ...) reach a
+// registry's core without widening TensorRegistry's public interface.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include "memcuda/tensor_registry.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+struct RegistryAccess {
+  // The core for a call that talks to Redis: like the registry's own calls,
+  // rethrows an error of its thread and sends this process's queued releases first.
+  static Core& core(TensorRegistry& r) { return r.core(); }
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

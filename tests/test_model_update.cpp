@@ -1,0 +1,223 @@
+// In-place model updates (memcuda/model.hpp): a producer overwrites a
+// model's tensors where they are and publishes a new version; consumer
+// processes (memcuda_test_worker) that already hold the tensors wait for the
+// version and read the new bytes, without re-opening anything. Real
+// redis-server, real processes; the cuda case checks stream ordering with a
+// slow kernel and a negative control that skips the wait.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memcuda/memcuda.hpp"
+#include "memcuda/model.hpp"
+#include "memcuda/redis/connection.hpp"
+#include "support/gpu.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+#include "support/skip.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+
+namespace {
+
+RegistryOptions model_opts(const test::RedisServer& srv, BackendKind backend = BackendKind::host) {
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.control_thread = true;
+  o.lease_ttl = backend == BackendKind::cuda ? 2000ms : 400ms;
+  o.default_backend = backend;
+  return o;
+}
+
+std::unique_ptr<test::Child> consumer(const test::RedisServer& srv, const std::string& backend = "host") {
+  auto w = std::make_unique<test::Child>(std::vector<std::string>{test::sibling_program("memcuda_test_worker"),
+                                                                  "--url", srv.unix_url(), "--backend", backend,
+                                                                  "--no-control", "--timeout", "30000"});
+  auto l = w->read_line(30s);
+  REQUIRE(l);
+  REQUIRE(l->rfind("READY", 0) == 0);
+  return w;
+}
+
+// "import_opens=N" of a worker's stats line: how many mappings it opened.
+std::string opens_of(const std::string& stats) {
+  auto b = stats.find("import_opens=");
+  REQUIRE(b != std::string::npos);
+  return stats.substr(b, stats.find(' ', b) - b);
+}
+
+std::string sum_of(std::size_t n, float v) { return std::to_string(static_cast<long long>(n * v)); }
+
+void fill(const SharedTensor<float>& t, float v) {
+  std::vector<float> host(t.size(), v);
+  t.copy_from_host(host);
+}
+
+}  // namespace
+
+TEST_CASE("model version: a consumer holding the tensors sees version N+1 and the new bytes", "[redis][model]") {
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv));
+  const std::size_t n = 1024;
+  auto a = reg.create<float>("m/a", {static_cast<std::int64_t>(n)});
+  auto b = reg.create<float>("m/b", {static_cast<std::int64_t>(n)});
+  fill(a, 1.f);
+  fill(b, 1.f);
+  CHECK(current_version(reg, "m/") == 0);  // tensors, no version yet
+
+  auto w = consumer(srv);
+  REQUIRE(w->ask("get m/a").rfind("OK", 0) == 0);
+  REQUIRE(w->ask("get m/b").rfind("OK", 0) == 0);
+  const auto opens = opens_of(w->ask("stats"));
+
+  fill(a, 2.f);  // in place: the consumer's mapping sees it, the version says when
+  fill(b, 2.f);
+  CHECK(publish_version(reg, "m/") == 1);
+  CHECK(w->ask("waitver m/ 0 10000 m/a") == "OK version=1 sum=" + sum_of(n, 2.f));
+  CHECK(w->ask("version m/") == "OK version=1");
+
+  fill(a, 3.f);
+  CHECK(publish_version(reg, "m/") == 2);
+  CHECK(w->ask("waitver m/ 1 10000 m/a") == "OK version=2 sum=" + sum_of(n, 3.f));
+  // An `after` the model is already past returns at once with the current version.
+  CHECK(w->ask("waitver m/ 0 10000") == "OK version=2");
+  // Nothing was opened again.
+  CHECK(opens_of(w->ask("stats")) == opens);
+  CHECK(w->ask("exit") == "OK");
+}
+
+TEST_CASE("model version: waiting consumers are woken by the publish, not by polling", "[redis][model]") {
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv));
+  const std::size_t n = 4096;
+  auto t = reg.create<float>("llm/w", {static_cast<std::int64_t>(n)});
+  fill(t, 1.f);
+  CHECK(publish_version(reg, "llm/") == 1);
+
+  std::vector<std::unique_ptr<test::Child>> ws;
+  for (int i = 0; i < 3; ++i) {
+    ws.push_back(consumer(srv));
+    REQUIRE(ws.back()->ask("get llm/w").rfind("OK", 0) == 0);
+  }
+  // Each waits up to 60 s for a version after 1.
+  for (auto& w : ws) w->send("waitver llm/ 1 60000 llm/w");
+  // None answers before the publish...
+  std::this_thread::sleep_for(300ms);
+  for (auto& w : ws) CHECK_FALSE(w->read_line(50ms));
+
+  fill(t, 5.f);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(publish_version(reg, "llm/") == 2);
+  // ... and every one answers soon after it, with the new bytes.
+  for (auto& w : ws) {
+    auto l = w->read_line(10s);
+    REQUIRE(l);
+    CHECK(*l == "OK version=2 sum=" + sum_of(n, 5.f));
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited < 5s);  // far below the 60 s timeout: woken, not timed out
+  // The waiters cleaned up after themselves.
+  redis::Connection raw(srv.options());
+  CHECK(raw.command({"EXISTS", "memcuda:model_waiters:llm/"}).integer() == 0);
+}
+
+TEST_CASE("model version: a waiter in another thread of the same process is woken", "[redis][model]") {
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv));
+  auto t = reg.create<float>("th/x", {16});
+  std::optional<std::uint64_t> got;
+  std::string error;
+  std::jthread waiter([&] {
+    try {
+      got = wait_version(reg, "th/", 0, 30s);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  // Short calls on the same registry go on while it waits (its own connection).
+  CHECK(current_version(reg, "th/") == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(publish_version(reg, "th/") == 1);
+  waiter.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(error.empty());
+  REQUIRE(got);
+  CHECK(*got == 1);
+}
+
+TEST_CASE("model version: errors are typed", "[redis][model]") {
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv));
+  auto t = reg.create<float>("known/x", {16});
+
+  // Unknown prefix: no version and no tensor under it.
+  CHECK_THROWS_AS(publish_version(reg, "unknown/"), NotFound);
+  CHECK_THROWS_AS(current_version(reg, "unknown/"), NotFound);
+  CHECK_THROWS_AS(wait_version(reg, "unknown/", 0, 100ms), NotFound);
+  // A bad prefix follows the name rules.
+  CHECK_THROWS_AS(publish_version(reg, ""), ProtocolError);
+  CHECK_THROWS_AS(wait_version(reg, "known/", 0, -1ms), InvalidArgument);
+
+  // Timeout: nullopt, after about the timeout.
+  CHECK(publish_version(reg, "known/") == 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(wait_version(reg, "known/", 1, 200ms));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took >= 190ms);
+  CHECK(took < 5s);
+
+  // A version published from another node cannot order this process's stream.
+  redis::Connection raw(srv.options());
+  raw.command({"HSET", "memcuda:model:known/", "node", "elsewhere", "event_handle", std::string(64, 'x'), "backend",
+               "cuda"});
+  CHECK_THROWS_AS(wait_version(reg, "known/", 0, 100ms), Unavailable);
+  // A model record survives its tensors' removal: the version stays known.
+  reg.remove("known/x");
+  t.release();
+  raw.command({"HSET", "memcuda:model:known/", "node", reg.node_id(), "event_handle", ""});
+  CHECK(current_version(reg, "known/") == 1);
+}
+
+#if MEMCUDA_HAS_CUDA() && defined(MEMCUDA_TEST_KERNELS)
+extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
+
+TEST_CASE("model version (cuda): a consumer stream ordered on the version reads the new weights", "[gpu][model]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv, BackendKind::cuda));
+  const std::size_t n = 1 << 20;
+  auto t = reg.create<float>("gm/w", {static_cast<std::int64_t>(n)});
+  fill(t, 1.f);
+  auto w = consumer(srv, "cuda");
+  const auto got = w->ask("get gm/w", 30s);
+  INFO(got);
+  REQUIRE(got.rfind("OK gen=" + std::to_string(t.generation()) + " ", 0) == 0);
+  REQUIRE(got.ends_with(" sum=" + sum_of(n, 1.f)));
+  REQUIRE(w->ask("sumheld-nowait gm/w", 30s) == "OK sum=" + sum_of(n, 1.f));  // warm: context, kernel
+
+  cudaStream_t s{};
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  // The trainer's update: a slow kernel (2 s, then writes 2.0), the version
+  // published right after the launch, no synchronisation.
+  REQUIRE(memcuda_test_slow_fill(t.data(), n, 2.f, 2000, s) == cudaSuccess);
+  CHECK(publish_version(reg, "gm/", s) == 1);
+  // Negative control: a consumer that skips the stream wait reads the old
+  // weights while the producer still runs (so the check below can fail).
+  CHECK(w->ask("sumheld-nowait gm/w", 30s) == "OK sum=" + sum_of(n, 1.f));
+  // A consumer that waits for the version on its stream reads the new ones.
+  CHECK(w->ask("waitver-gpu gm/ 0 30000 gm/w", 30s) == "OK version=1 sum=" + sum_of(n, 2.f));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  cudaStreamDestroy(s);
+  CHECK(w->ask("exit", 30s) == "OK");
+}
+#else
+TEST_CASE("model version (cuda): a consumer stream ordered on the version reads the new weights", "[gpu][model]") {
+  MEMCUDA_SKIP("needs the test kernels (tests/kernels.cu): this build had no CUDA compiler");
+}
+#endif
