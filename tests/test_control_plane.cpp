@@ -206,8 +206,15 @@ TEST_CASE("a command taken by a BLMOVE whose reply was lost is served at once", 
   CHECK_FALSE(fault::pending("control.blmove_reply_lost"));
   CHECK(ms < 3s);  // not the client's request_timeout (and retract) running out
   CHECK(leader.info("stranded").refcount == 1);
+  // The leader replies first and takes the command off its processing list
+  // right after: wait for that state (a stranded command would stay).
   redis::Connection probe(srv.options());
-  CHECK(probe.command({"LLEN", "memcuda:processing:" + std::to_string(leader.leader().epoch)}).integer() == 0);
+  const std::string processing = "memcuda:processing:" + std::to_string(leader.leader().epoch);
+  long long left = -1;
+  for (auto until = std::chrono::steady_clock::now() + 2s; std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(5ms))
+    if ((left = probe.command({"LLEN", processing}).integer()) == 0) break;
+  CHECK(left == 0);
 }
 
 // Defect: a campaign that won the lease but whose requeue then threw left
