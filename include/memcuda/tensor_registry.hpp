@@ -11,7 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/batch.hpp"
 #include "memcuda/detail/control/control_loop.hpp"
+#include "memcuda/detail/registry/batch_client.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/shared_tensor.hpp"
@@ -159,6 +161,24 @@ class TensorRegistry {
   // does this too. No-op when all is well.
   void check() { core(); }
 
+  // ---- batch operations: one Redis round trip per batch (all in
+  // detail/registry/batch_client.hpp; docs/protocol.md, "Batch operations") ----
+  // Takes a reference to each name at once; a refused name (NotFound,
+  // TypeMismatch with `dtype`, Lost, ...) is in .errors and took nothing.
+  BatchGetResult get_many(const std::vector<std::string>& names, std::optional<DType> dtype = {}) { return batch().get(detail::Selection::of(names), dtype); }
+  // The same for every name starting with `prefix`, or matching a glob.
+  BatchGetResult get_prefix(std::string_view prefix) { return batch().get(detail::Selection::prefix(prefix), {}); }
+  BatchGetResult get_matching(std::string_view glob) { return batch().get(detail::Selection::glob(glob), {}); }
+  // Strict get_many: all or the first error (every reference given back).
+  std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names) { return get_many(names).take_all(); }
+  // Creates every tensor, all or nothing (AlreadyExists names the first taken name).
+  std::map<std::string, SharedTensor<void>> create_many(const std::vector<TensorSpec>& specs) { return batch().create(specs); }
+  // Unlinks each name (as remove()); a missing name is in .errors.
+  BatchRemoveResult remove_many(const std::vector<std::string>& names) { return batch().remove(detail::Selection::of(names)); }
+  BatchRemoveResult remove_prefix(std::string_view prefix) { return batch().remove(detail::Selection::prefix(prefix)); }
+  // Drops the handles; their releases are queued and sent as one pipeline.
+  template <class Handles> static void release_many(Handles& handles) { handles.clear(); }
+
   // True while this registry holds the allocator-of-record lease (no I/O).
   bool is_leader() const { return core_ref().is_leader(); }
   const std::string& session_id() const { return core_ref().ctx.session; }
@@ -166,6 +186,8 @@ class TensorRegistry {
   const RegistryOptions& options() const { return core_ref().ctx.opts; }
 
  private:
+  detail::BatchClient batch() { core(); return detail::BatchClient(core_); }
+
   std::shared_ptr<detail::TensorHandle> create_handle(std::string_view name, DType dtype, Shape shape,
                                                       const CreateOptions& opts) {
     validate_name(name);
