@@ -405,6 +405,52 @@ TEST_CASE("state dict: publish under a prefix with data, open it in another regi
   CHECK_THROWS_AS(leader.info("model/new"), NotFound);
 }
 
+TEST_CASE("create_many commands: entries take the command's defaults; strict decoding names the entry", "[protocol][batch]") {
+  auto c = protocol::decode_command(
+      R"({"op":"create_many","backend":"cuda","device":1,"persistent":true,"id":"x","tensors":[)"
+      R"({"name":"a","dtype":"float32","shape":[2]},{"name":"b","dtype":"i8","shape":[],"device":0,"backend":"host","persistent":false}]})");
+  CHECK(c.op == protocol::Op::create_many);
+  CHECK(c.name.empty());
+  REQUIRE(c.tensors.size() == 2);
+  CHECK(c.tensors[0].dtype == DType::f32);
+  CHECK(c.tensors[0].backend == BackendKind::cuda);
+  CHECK(c.tensors[0].device == 1);
+  CHECK(c.tensors[0].persistent == true);
+  CHECK(c.tensors[1].backend == BackendKind::host);
+  CHECK(c.tensors[1].device == 0);
+  CHECK(c.tensors[1].persistent == false);
+  const std::string text = protocol::encode_command(c);
+  CHECK(protocol::decode_command(text) == c);
+  CHECK(protocol::encode_command(protocol::decode_command(text)) == text);
+
+  auto errc = [](const std::string& json) {
+    try {
+      (void)protocol::decode_command(json);
+    } catch (const ProtocolError& e) {
+      return std::string(to_string(e.errc())) + ": " + e.what();
+    }
+    return std::string("accepted");
+  };
+  CHECK(errc(R"({"op":"create_many"})").rfind("missing_field", 0) == 0);
+  CHECK(errc(R"({"op":"create_many","tensors":[]})").rfind("bad_value", 0) == 0);
+  CHECK(errc(R"({"op":"create_many","tensors":{}})").rfind("wrong_type", 0) == 0);
+  CHECK(errc(R"({"op":"create_many","tensors":[{"name":"a","dtype":"f32","shape":[1]},{"name":"a","dtype":"f32","shape":[1]}]})")
+            .rfind("bad_value", 0) == 0);
+  CHECK(errc(R"({"op":"create_many","tensors":[{"name":"a","dtype":"f32","shape":[1],"x":1}]})").rfind("unknown_field", 0) == 0);
+  CHECK(errc(R"({"op":"create_many","tensors":[{"name":"a","dtype":"f99","shape":[1]}]})").rfind("unknown_dtype", 0) == 0);
+  CHECK(errc(R"({"op":"create_many","tensors":[{"name":"a","dtype":"f32"}]})").find("tensors[0]") != std::string::npos);
+  CHECK(errc(R"({"op":"create_many","tensors":[{"name":"a b","dtype":"f32","shape":[1]}]})").rfind("bad_name", 0) == 0);
+  CHECK(errc(R"({"op":"create","tensors":[],"name":"a","dtype":"f32","shape":[1]})") == "accepted");  // unused field ignored
+
+  protocol::Reply rep;
+  rep.id = "x";
+  rep.op = "create_many";
+  rep.tensors = std::vector<protocol::ReplyTensor>{{"a", 5, 1}, {"b", 6, 2}};
+  CHECK(protocol::decode_reply(protocol::encode_reply(rep)) == rep);
+  CHECK_THROWS_AS(protocol::decode_reply(R"({"ok":true,"tensors":[{"name":"a","generation":1}]})"), ProtocolError);
+  CHECK_THROWS_AS(protocol::decode_reply(R"({"ok":true,"tensors":7})"), ProtocolError);
+}
+
 // ---- the CLI: get-many, create-many, rm with several names or a prefix ----
 
 namespace {
