@@ -129,18 +129,20 @@ class BatchClient {
       std::uint64_t gen = 0;
       for (const auto& [fk, fv] : f)
         if (fk == "generation") gen = std::strtoull(fv.c_str(), nullptr, 10);
+      // Any failure stays this name's: the other names' references must
+      // still end in handles (bad_alloc included).
       TensorInfo t;
       try {
         t = protocol::decode_record(f);
-      } catch (const Error& ex) {
+      } catch (const std::exception& ex) {
         c_.client.release_now(name, gen);  // a corrupt record: give the reference back
-        out.errors.emplace(name, NameError{ex.code(), ex.what(), std::current_exception()});
+        out.errors.emplace(name, current_error(ex));
         continue;
       }
       try {
         out.tensors.emplace(name, SharedTensor<void>(adopt(std::move(t))));  // adopt gives it back on failure
-      } catch (const Error& ex) {
-        out.errors.emplace(name, NameError{ex.code(), ex.what(), std::current_exception()});
+      } catch (const std::exception& ex) {
+        out.errors.emplace(name, current_error(ex));
       }
     }
     return out;
@@ -227,6 +229,13 @@ class BatchClient {
   template <class E>
   static NameError error_of(const E& e) {
     return NameError{e.code(), e.what(), std::make_exception_ptr(e)};
+  }
+
+  // The exception being handled, as a NameError ("internal" when it is not
+  // a memcuda::Error).
+  static NameError current_error(const std::exception& ex) {
+    const auto* me = dynamic_cast<const Error*>(&ex);
+    return NameError{me ? me->code() : "internal", ex.what(), std::current_exception()};
   }
 
   // The error of a name the acquire script refused (as Client::check_acquire).
