@@ -544,7 +544,7 @@ TEST_CASE("decode_reply ignores unknown fields and rejects malformed replies", "
       {R"({"ok":true,"generation":-1})", E::bad_value},
       {R"({"ok":true,"refcount":1.5})", E::wrong_type},
       {R"({"ok":true,"id":null})", E::wrong_type},
-      {std::string(protocol::kMaxCommandBytes + 1, ' '), E::too_large},
+      {std::string(protocol::kMaxReplyBytes + 1, ' '), E::too_large},
   };
   for (const Case& c : cases) {
     INFO("reply: " << c.json.substr(0, 120));

@@ -48,8 +48,27 @@ constexpr CommandDoc kDocs[] = {
     {"info", "info NAME", "memcuda info NAME", "every field of one tensor, and its holders",
      "Holders that name a process (a session \"<pid>-<hex>\" or \"pid:<pid>\") are shown with\n"
      "their pid and whether that pid is alive on this machine.\n"},
-    {"rm", "rm NAME...", "memcuda rm NAME...", "remove tensors by name (memory goes with the last holder)",
-     "Exit code 2 when any name was not found; the others are still removed.\n"},
+    {"rm", "rm NAME... | --prefix P", "memcuda rm NAME... | memcuda rm --prefix P",
+     "remove tensors by name or prefix, in one script (memory goes with the last holder)",
+     "Exit code 2 when any name was not found; the others are still removed.\n"
+     "  --prefix P   every tensor whose name starts with P\n"},
+    {"get-many", "get-many NAME... | --prefix P | --glob G",
+     "memcuda get-many NAME... | memcuda get-many --prefix P | memcuda get-many --glob G",
+     "open many tensors in one round trip and report each (references dropped at exit)",
+     "Takes a reference to every name at once, as a consumer opening a model does, maps each,\n"
+     "prints one line per tensor (name, dtype, shape, size, backend, generation) and one per\n"
+     "name that could not be opened, with its error code. Exit code 2 when a name was not\n"
+     "found, 6 when one failed otherwise.\n"
+     "  --prefix P   every tensor whose name starts with P\n"
+     "  --glob G     every tensor whose name matches G (* ? [..] [!..]; quote it)\n"},
+    {"create-many", "create-many NAME[=DT:DIMS]... [--dtype DT --shape DIMS]",
+     "memcuda create-many NAME[=DT:DIMS]... [--dtype DT] [--shape DIMS] [--device N] [--backend host|cuda] "
+     "[--no-persistent] [--timeout MS]",
+     "create many tensors in one request, all or nothing",
+     "One create_many command to the allocator of record: when one name is taken, none is\n"
+     "created. Each operand is NAME (dtype and shape from --dtype and --shape) or\n"
+     "NAME=DTYPE:DIMS (its own, e.g. w=f32:2,3; step=i64: for a scalar). Persistent unless\n"
+     "--no-persistent, as for create; the other options are create's.\n"},
     {"gc", "gc", "memcuda gc", "collect garbage now: drop references of dead processes, report what was reclaimed",
      "Dead holders are expired registry sessions and JSON client pids that no longer exist on\n"
      "this machine. The allocator of record also does this every gc_interval on its own.\n"},
@@ -87,7 +106,16 @@ const std::map<std::string, std::vector<OptionSpec>, std::less<>>& command_optio
   static const std::map<std::string, std::vector<OptionSpec>, std::less<>> m = {
       {"ls", {}},
       {"info", {}},
-      {"rm", {}},
+      {"rm", {{"--prefix", true}}},
+      {"get-many", {{"--prefix", true}, {"--glob", true}}},
+      {"create-many",
+       {{"--dtype", true},
+        {"--shape", true},
+        {"--device", true},
+        {"--backend", true},
+        {"--persistent", false},
+        {"--no-persistent", false},
+        {"--timeout", true}}},
       {"gc", {}},
       {"leader", {}},
       {"stats", {{"--prometheus", false}}},
@@ -391,26 +419,6 @@ int cmd_info(Context& c) {
 }
 
 // ---- rm -------------------------------------------------------------------
-
-int cmd_rm(Context& c) {
-  const auto& names = c.args.operands;
-  if (names.empty()) throw UsageError("needs at least one tensor NAME");
-  for (const auto& n : names) validate_name(n);  // nothing is removed when one name is malformed
-  TensorRegistry reg(c.registry_options(false));
-  json::array removed, missing;
-  for (const auto& n : names) {
-    try {
-      reg.remove(n);
-      removed.emplace_back(n);
-      if (!c.json) std::cout << "removed " << n << "\n";
-    } catch (const NotFound& e) {
-      missing.emplace_back(n);
-      std::cerr << "memcuda: rm " << n << ": " << e.what() << " in " << c.where() << "\n";
-    }
-  }
-  if (c.json) print_json(json::object{{"removed", removed}, {"missing", missing}});
-  return missing.empty() ? kOk : kNotFound;
-}
 
 // ---- gc -------------------------------------------------------------------
 
@@ -771,6 +779,8 @@ int cmd_cat(Context& c) {
   return kOk;
 }
 
+#include "cli/batch_commands.hpp"
+
 // ---- main -----------------------------------------------------------------
 
 int dispatch(Context& c) {
@@ -784,6 +794,8 @@ int dispatch(Context& c) {
   if (cmd == "serve") return cmd_serve(c);
   if (cmd == "create") return cmd_create(c);
   if (cmd == "cat") return cmd_cat(c);
+  if (cmd == "get-many") return cmd_get_many(c);
+  if (cmd == "create-many") return cmd_create_many(c);
   throw UsageError("unknown command '" + cmd + "' (see memcuda --help for the commands)");
 }
 

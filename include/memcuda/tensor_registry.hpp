@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "memcuda/batch.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
@@ -156,6 +157,26 @@ class TensorRegistry {
   // credentials no longer accepted after a Redis restart); every other call
   // does this too. No-op when all is well.
   void check();
+
+  // ---- batch operations: one Redis round trip per batch (all in
+  // detail/registry/batch_client.hpp; docs/protocol.md, "Batch operations") ----
+  // Takes a reference to each name at once; a refused name (NotFound,
+  // TypeMismatch with `dtype`, Lost, ...) is in .errors and took nothing.
+  BatchGetResult get_many(const std::vector<std::string>& names, std::optional<DType> dtype = {});
+  // The same for every name starting with `prefix`, or matching a glob.
+  BatchGetResult get_prefix(std::string_view prefix);
+  BatchGetResult get_matching(std::string_view glob);
+  // Strict get_many: all or the first error (every reference given back).
+  std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names) {
+    return get_many(names).take_all();
+  }
+  // Creates every tensor, all or nothing (AlreadyExists names the first taken name).
+  std::map<std::string, SharedTensor<void>> create_many(const std::vector<TensorSpec>& specs);
+  // Unlinks each name (as remove()); a missing name is in .errors.
+  BatchRemoveResult remove_many(const std::vector<std::string>& names);
+  BatchRemoveResult remove_prefix(std::string_view prefix);
+  // Drops the handles; their releases are queued and sent as one pipeline.
+  template <class Handles> static void release_many(Handles& handles) { handles.clear(); }
 
   // True while this registry holds the allocator-of-record lease (no I/O).
   bool is_leader() const;

@@ -10,6 +10,7 @@
 
 #include "memcuda/detail/control/control_loop.hpp"
 #include "memcuda/detail/ipc_event.hpp"
+#include "memcuda/detail/registry/batch_client.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/registry/shared_get.hpp"
 #include "memcuda/tensor_registry.hpp"
@@ -68,6 +69,38 @@ void TensorRegistry::flush(std::chrono::milliseconds timeout) {
 }
 
 void TensorRegistry::check() { core(); }
+
+// Batch operations: detail/registry/batch_client.hpp. References a batch get
+// takes are not put in the reference cache (a later single get takes its own).
+BatchGetResult TensorRegistry::get_many(const std::vector<std::string>& names, std::optional<DType> dtype) {
+  core();
+  return detail::BatchClient(core_).get(detail::Selection::of(names), dtype);
+}
+BatchGetResult TensorRegistry::get_prefix(std::string_view prefix) {
+  core();
+  return detail::BatchClient(core_).get(detail::Selection::prefix(prefix), {});
+}
+BatchGetResult TensorRegistry::get_matching(std::string_view glob) {
+  core();
+  return detail::BatchClient(core_).get(detail::Selection::glob(glob), {});
+}
+std::map<std::string, SharedTensor<void>> TensorRegistry::create_many(const std::vector<TensorSpec>& specs) {
+  core();
+  return detail::BatchClient(core_).create(specs);
+}
+// A batch remove, like remove(), is seen at once by this process's caches.
+BatchRemoveResult TensorRegistry::remove_many(const std::vector<std::string>& names) {
+  core();
+  auto r = detail::BatchClient(core_).remove(detail::Selection::of(names));
+  for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
+  return r;
+}
+BatchRemoveResult TensorRegistry::remove_prefix(std::string_view prefix) {
+  core();
+  auto r = detail::BatchClient(core_).remove(detail::Selection::prefix(prefix));
+  for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
+  return r;
+}
 
 bool TensorRegistry::is_leader() const { return core_ref().is_leader(); }
 const std::string& TensorRegistry::session_id() const { return core_ref().ctx.session; }

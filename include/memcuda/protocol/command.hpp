@@ -12,9 +12,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
+#include "memcuda/protocol/batch.hpp"
 #include "memcuda/protocol/json_util.hpp"
 #include "memcuda/protocol/limits.hpp"
 #include "memcuda/shape.hpp"
@@ -24,16 +26,18 @@ MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 // Lifecycle operations. `free` is internal: a process whose release dropped a
 // tensor's refcount to 0 sends it so that the allocator of record frees the
-// memory.
-enum class Op : std::uint8_t { create, get, del, free };
+// memory. `create_many` creates several tensors, all or nothing
+// (docs/protocol.md, "Batch commands").
+enum class Op : std::uint8_t { create, get, del, free, create_many };
 
-// Wire names: "create", "get", "delete", "free".
+// Wire names: "create", "get", "delete", "free", "create_many".
 constexpr std::string_view to_string(Op op) noexcept {
   switch (op) {
     case Op::create: return "create";
     case Op::get: return "get";
     case Op::del: return "delete";
     case Op::free: return "free";
+    case Op::create_many: return "create_many";
   }
   return "";
 }
@@ -43,6 +47,7 @@ inline std::optional<Op> op_from_string(std::string_view s) noexcept {
   if (s == "get") return Op::get;
   if (s == "delete") return Op::del;
   if (s == "free") return Op::free;
+  if (s == "create_many") return Op::create_many;
   return std::nullopt;
 }
 
@@ -65,6 +70,10 @@ struct Command {
   std::optional<std::string> reply_to;      // all ops; List that receives the reply
   std::optional<std::uint64_t> generation;  // get, delete (optional), free (required)
   std::optional<std::string> holder;        // all ops
+  // create_many (required, 1..kMaxBatchEntries): the tensors, each with
+  // the command's device, device_uuid, backend and persistent unless it
+  // gives its own. `name` is optional for create_many (and unused).
+  std::vector<CreateEntry> tensors;
 
   friend bool operator==(const Command&, const Command&) = default;
 };
@@ -81,7 +90,7 @@ namespace detail {
 inline bool is_command_field(std::string_view k) noexcept {
   static constexpr std::string_view kFields[] = {
       "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
-      "pid", "node", "reply_to", "generation", "holder", "device_uuid", "id"};
+      "pid", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors"};
   for (std::string_view f : kFields)
     if (k == f) return true;
   return false;
@@ -103,7 +112,7 @@ inline Command decode_command(std::string_view text) {
       fail(ProtocolErrc::unknown_field,
            "command: unknown field \"" + memcuda::detail::rules::printable(k) +
                "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
-               "persistent, pid, node, holder, generation, id, reply_to");
+               "persistent, pid, node, holder, generation, id, reply_to, tensors");
   }
 
   Command c;
@@ -112,12 +121,14 @@ inline Command decode_command(std::string_view text) {
   if (!parsed_op)
     fail(ProtocolErrc::unknown_op, "field \"op\": unknown operation \"" +
                                        memcuda::detail::rules::printable(op) +
-                                       "\"; expected create, get, delete or free");
+                                       "\"; expected create, get, delete, free or create_many");
   c.op = *parsed_op;
 
-  std::string_view name = detail::get_string(detail::require(*o, "name", "command"), "name");
-  memcuda::detail::rules::validate_name(name, "field \"name\"");
-  c.name = std::string(name);
+  if (c.op != Op::create_many || detail::find(*o, "name")) {
+    std::string_view name = detail::get_string(detail::require(*o, "name", "command"), "name");
+    memcuda::detail::rules::validate_name(name, "field \"name\"");
+    c.name = std::string(name);
+  }
 
   if (const json::value* v = detail::find(*o, "id")) c.id = detail::get_id(*v, c.id_is_number);
   if (const json::value* v = detail::find(*o, "reply_to"))
@@ -172,6 +183,39 @@ inline Command decode_command(std::string_view text) {
       c.generation =
           detail::get_uint(detail::require(*o, "generation", "command \"free\""), "generation");
       break;
+    case Op::create_many: {
+      // The defaults of the entries, checked like a create's own fields.
+      if (const json::value* v = detail::find(*o, "device"))
+        c.device = static_cast<int>(detail::get_int(*v, "device", 0, kMaxDevice));
+      if (const json::value* v = detail::find(*o, "device_uuid"))
+        c.device_uuid = detail::get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
+      if (const json::value* v = detail::find(*o, "persistent")) {
+        if (!v->is_bool()) detail::wrong_type("persistent", "a boolean", *v);
+        c.persistent = v->get_bool();
+      }
+      if (const json::value* v = detail::find(*o, "backend")) c.backend = detail::get_backend(*v, "backend");
+      const json::value& tv = detail::require(*o, "tensors", "command \"create_many\"");
+      const json::array* a = tv.if_array();
+      if (!a) detail::wrong_type("tensors", "an array", tv);
+      if (a->empty() || a->size() > kMaxBatchEntries)
+        fail(ProtocolErrc::bad_value, "field \"tensors\": " + std::to_string(a->size()) +
+                                          " entries; a create_many holds 1.." +
+                                          std::to_string(kMaxBatchEntries));
+      c.tensors.reserve(a->size());
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        CreateEntry e = detail::decode_create_entry((*a)[i], i);
+        for (std::size_t j = 0; j < i; ++j)
+          if (c.tensors[j].name == e.name)
+            fail(ProtocolErrc::bad_value, "field \"tensors\": the name \"" + e.name + "\" appears twice (entries " +
+                                              std::to_string(j) + " and " + std::to_string(i) + ")");
+        if (!e.device) e.device = c.device;
+        if (!e.device_uuid) e.device_uuid = c.device_uuid;
+        if (!e.backend) e.backend = c.backend;
+        if (!e.persistent) e.persistent = c.persistent;
+        c.tensors.push_back(std::move(e));
+      }
+      break;
+    }
   }
   return c;
 }
@@ -184,11 +228,11 @@ inline std::string encode_command(const Command& c) {
   namespace json = boost::json;
   json::object o;
   o["op"] = json::string_view(to_string(c.op).data(), to_string(c.op).size());
-  o["name"] = json::string_view(c.name.data(), c.name.size());
-  if (c.op == Op::create) {
-    if (c.dtype)
+  if (c.op != Op::create_many || !c.name.empty()) o["name"] = json::string_view(c.name.data(), c.name.size());
+  if (c.op == Op::create || c.op == Op::create_many) {
+    if (c.op == Op::create && c.dtype)
       o["dtype"] = json::string_view(to_string(*c.dtype).data(), to_string(*c.dtype).size());
-    if (c.shape) {
+    if (c.op == Op::create && c.shape) {
       json::array a;
       for (std::int64_t d : *c.shape) a.emplace_back(d);
       o["shape"] = std::move(a);
@@ -199,6 +243,11 @@ inline std::string encode_command(const Command& c) {
     if (c.backend)
       o["backend"] = json::string_view(to_string(*c.backend).data(), to_string(*c.backend).size());
     if (c.persistent) o["persistent"] = *c.persistent;
+  }
+  if (c.op == Op::create_many) {
+    json::array a;
+    for (const auto& e : c.tensors) a.emplace_back(detail::encode_create_entry(e));
+    o["tensors"] = std::move(a);
   }
   if (c.pid) o["pid"] = *c.pid;
   if (c.node) o["node"] = json::string_view(c.node->data(), c.node->size());

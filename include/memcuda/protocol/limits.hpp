@@ -26,6 +26,9 @@ MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 // value, pool statistics), in bytes; longer input is rejected (too_large)
 // before any parsing.
 inline constexpr std::size_t kMaxCommandBytes = 64 * 1024;
+// Largest reply: a create_many reply lists every tensor of a command of up
+// to kMaxCommandBytes with its generation and refcount, so it may be larger.
+inline constexpr std::size_t kMaxReplyBytes = 256 * 1024;
 // How large a rejected command may be for its reply_to to be read (so that
 // even an oversized command is answered with its error).
 inline constexpr std::size_t kMaxPeekBytes = 1024 * 1024;

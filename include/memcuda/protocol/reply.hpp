@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/error.hpp"
 #include "memcuda/protocol/command.hpp"
@@ -46,6 +47,8 @@ struct Reply {
   std::optional<std::uint64_t> generation;
   std::optional<std::int64_t> refcount;
   std::optional<std::string> op;
+  // create_many: one entry per tensor created, in the command's order.
+  std::optional<std::vector<ReplyTensor>> tensors;
 
   friend bool operator==(const Reply&, const Reply&) = default;
 };
@@ -57,7 +60,7 @@ struct Reply {
 inline Reply decode_reply(std::string_view text) {
   namespace json = boost::json;
   using detail::fail;
-  json::value doc = detail::parse_document(text, "reply");
+  json::value doc = detail::parse_document(text, "reply", kMaxReplyBytes);
   const json::object* o = doc.if_object();
   if (!o) fail(ProtocolErrc::not_object, detail::object_kind_error("reply", doc));
   Reply r;
@@ -74,6 +77,7 @@ inline Reply decode_reply(std::string_view text) {
   if (const json::value* v = detail::find(*o, "refcount"))
     r.refcount = detail::get_int(*v, "refcount", std::numeric_limits<std::int64_t>::min(),
                                  std::numeric_limits<std::int64_t>::max());
+  if (const json::value* v = detail::find(*o, "tensors")) r.tensors = detail::decode_reply_tensors(*v);
   const json::value* err = detail::find(*o, "error");
   if (r.ok) {
     if (err) fail(ProtocolErrc::bad_value, "field \"error\": present in a reply with \"ok\": true");
@@ -102,7 +106,7 @@ inline Reply decode_reply(std::string_view text) {
 }
 
 // Encodes a reply as compact JSON: id, ok, op, name, generation, refcount,
-// error (absent optionals are left out; a numeric id is written as a JSON
+// tensors (create_many), error (absent optionals are left out; a numeric id is written as a JSON
 // number). Throws ProtocolError for a reply decode_reply would reject
 // (ok == false without error, ok == true with one, a bad numeric id).
 inline std::string encode_reply(const Reply& r) {
@@ -115,6 +119,7 @@ inline std::string encode_reply(const Reply& r) {
   if (r.name) o["name"] = sv(*r.name);
   if (r.generation) o["generation"] = *r.generation;
   if (r.refcount) o["refcount"] = *r.refcount;
+  if (r.tensors) o["tensors"] = detail::encode_reply_tensors(*r.tensors);
   if (r.error) {
     json::object e;
     e["code"] = sv(r.error->code);
@@ -174,7 +179,7 @@ inline Reply make_error_reply(const Command* cmd, const std::exception& e) {
       r.id_is_number = false;
     }
     r.op = std::string(to_string(cmd->op));
-    r.name = detail::sanitize_utf8(cmd->name);
+    if (cmd->op != Op::create_many || !cmd->name.empty()) r.name = detail::sanitize_utf8(cmd->name);
   }
   return r;
 }

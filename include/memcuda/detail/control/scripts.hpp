@@ -8,6 +8,7 @@
 
 #include "memcuda/config.hpp"
 
+#include "memcuda/detail/control/batch_scripts.hpp"
 #include "memcuda/redis/connection.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
@@ -395,6 +396,10 @@ struct Scripts {
   redis::Script republish{kRepublish};
   redis::Script reregister{kReregister};
   redis::Script publish_version{kPublishVersion};
+  // batch operations (batch_scripts.hpp)
+  redis::Script acquire_many{kAcquireMany};
+  redis::Script create_many{kCreateMany};
+  redis::Script remove_many{kRemoveMany};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

@@ -38,7 +38,11 @@ inline std::string holder_of(const protocol::Command& c) {
   return std::string(HolderId::kAnonymous);
 }
 
+class BatchAllocator;  // batch_allocator.hpp: create_many, one pool pass and one script
+
 class Allocator {
+  friend class BatchAllocator;
+
  public:
   Allocator(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
 

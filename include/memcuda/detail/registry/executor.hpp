@@ -1,5 +1,5 @@
 // The allocator of record's side of the lifecycle list: executes one
-// command (create, get, del, free) for a JSON client or another registry
+// command (create, get, del, free, create_many) for a JSON client or another registry
 // and builds the reply. The registry's thread calls it, on its own
 // connection, while this process holds the lease.
 #pragma once
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "memcuda/detail/registry/allocator.hpp"
+#include "memcuda/detail/registry/batch_allocator.hpp"
 #include "memcuda/detail/registry/client.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/lease.hpp"
@@ -22,8 +23,9 @@ class Executor {
 
   // Whether running `op` again after a failure whose outcome is unknown
   // (the link broke mid-call) is safe: a create carries its create_id and
-  // the script replays it; the others take or drop a reference.
-  static bool idempotent(protocol::Op op) { return op == protocol::Op::create; }
+  // the script replays it (a create_many: one per entry, from its id); the
+  // others take or drop a reference.
+  static bool idempotent(protocol::Op op) { return op == protocol::Op::create || op == protocol::Op::create_many; }
 
   protocol::Reply execute(redis::Connection& c, const protocol::Command& cmd) {
     if (MEMCUDA_FAULT("executor.execute")) throw ConnectionError("fault point executor.execute");
@@ -31,7 +33,7 @@ class Executor {
     rep.id = cmd.id;
     rep.id_is_number = cmd.id_is_number;
     rep.op = std::string(to_string(cmd.op));
-    rep.name = cmd.name;
+    if (cmd.op != protocol::Op::create_many || !cmd.name.empty()) rep.name = cmd.name;
     auto [token, epoch] = lease_.current();
     const auto& k = ctx_.keys;
     switch (cmd.op) {
@@ -58,6 +60,13 @@ class Executor {
         }
         rep.refcount = alloc_.release(c, cmd.name, gen, holder_of(cmd), token);
         rep.generation = gen;
+        break;
+      }
+      case protocol::Op::create_many: {
+        auto made = BatchAllocator::create_many(alloc_, c, cmd);
+        rep.tensors.emplace();
+        for (std::size_t i = 0; i < made.size(); ++i)
+          rep.tensors->push_back({cmd.tensors[i].name, made[i].generation, made[i].refcount});
         break;
       }
       case protocol::Op::free:

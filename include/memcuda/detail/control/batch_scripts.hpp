@@ -1,0 +1,189 @@
+// The Lua scripts of the batch operations (get many, create many, remove
+// many). Each is one atomic script, so a batch is one Redis round trip and
+// no other client sees it half done. They follow the rules of scripts.hpp:
+// expected outcomes are {status, ...} tables, names are KEYS/ARGV, and a
+// script the allocator of record runs to create is fenced by its token.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+
+// Takes one reference of a holder to each of many tensors, atomically. Each
+// name is checked like kAcquire (state, dtype, node); a refused name takes
+// nothing, the others are taken. The names are given, or every linked name
+// starting with a prefix, or matching an anchored Lua pattern (the caller
+// translates a glob), sorted.
+// KEYS: leader, names set, then (mode 'names') per name: tensor, lost marker
+// ARGV: holder, node, token ('' = unfenced), key prefix, mode ('names' |
+//       'prefix' | 'pattern'), prefix or pattern, then (mode 'names') per
+//       name: name, dtype ('' = any)
+// -> {'notleader', token} | {{name, status, ...}, ...} where each entry is
+//    {name, 'ok', HGETALL...} | {name, 'notfound'} | {name, 'lost', HGETALL
+//    of the marker} | {name, 'state', s} | {name, 'dtype', d} | {name, 'node', n}
+inline constexpr const char* kAcquireMany = R"lua(
+if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[3] then
+  return {'notleader', tostring(redis.call('GET', KEYS[1]))}
+end
+local function take(name, tkey, lkey, dtype)
+  local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node')
+  if not f[1] then
+    if redis.call('EXISTS', lkey) == 1 then return {name, 'lost', redis.call('HGETALL', lkey)} end
+    return {name, 'notfound'}
+  end
+  if f[1] ~= 'ready' then return {name, 'state', f[1]} end
+  if dtype ~= '' and f[2] ~= dtype then return {name, 'dtype', f[2]} end
+  if f[3] ~= ARGV[2] then return {name, 'node', f[3]} end
+  redis.call('HINCRBY', tkey, 'refcount', 1)
+  redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1)
+  return {name, 'ok', redis.call('HGETALL', tkey)}
+end
+local out = {}
+if ARGV[5] == 'names' then
+  local n = (#KEYS - 2) / 2
+  for i = 1, n do
+    out[i] = take(ARGV[5 + 2 * i], KEYS[1 + 2 * i], KEYS[2 + 2 * i], ARGV[6 + 2 * i])
+  end
+  return out
+end
+local names = redis.call('SMEMBERS', KEYS[2])
+table.sort(names)
+for _, n in ipairs(names) do
+  local m
+  if ARGV[5] == 'prefix' then m = string.sub(n, 1, #ARGV[6]) == ARGV[6] else m = string.match(n, ARGV[6]) ~= nil end
+  if m then
+    out[#out + 1] = take(n, ARGV[4] .. 'memcuda:tensor:' .. n, ARGV[4] .. 'memcuda:lost:' .. n, '')
+  end
+end
+return out
+)lua";
+
+// Publishes many tensors the leader has just allocated, all or nothing:
+// when one name is taken, nothing is written. A retried batch (every name
+// already holds its entry's create_id) is answered as a replay. The
+// generations are consecutive.
+// KEYS: names, leader, generation counter, then per entry: tensor, waiters, lost marker
+// ARGV: token, n, then per entry: name, create_id, ready channel, holder,
+//       persistent (0|1), field count k, then k field/value pairs
+// -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
+//    | {'exists', entry index (1-based), generation} | {'notleader', token}
+inline constexpr const char* kCreateMany = R"lua(
+local lead = redis.call('GET', KEYS[2])
+if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
+local n = tonumber(ARGV[2])
+local at = {}
+local p = 3
+for i = 1, n do
+  at[i] = p
+  p = p + 6 + 2 * tonumber(ARGV[p + 5])
+end
+local replays = 0
+for i = 1, n do
+  local t = KEYS[1 + 3 * i]
+  if redis.call('EXISTS', t) == 1 then
+    local cid = ARGV[at[i] + 1]
+    if cid ~= '' and redis.call('HGET', t, 'create_id') == cid then
+      replays = replays + 1
+    else
+      return {'exists', i, redis.call('HGET', t, 'generation')}
+    end
+  end
+end
+if replays > 0 then
+  if replays < n then  -- a replay some of whose tensors were removed since
+    for i = 1, n do
+      if redis.call('EXISTS', KEYS[1 + 3 * i]) == 0 then return {'exists', i, '0'} end
+    end
+  end
+  local out = {'replay'}
+  for i = 1, n do
+    local t = KEYS[1 + 3 * i]
+    out[#out + 1] = redis.call('HGET', t, 'generation')
+    out[#out + 1] = redis.call('HGET', t, 'refcount')
+  end
+  return out
+end
+local last = redis.call('INCRBY', KEYS[3], n)
+local base = last - n + 1
+if base == 1 then  -- a fresh Redis: start above every generation of an earlier one
+  local t = redis.call('TIME')
+  base = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[3], string.format('%.0f', base + n - 1))
+end
+local out = {'ok'}
+for i = 1, n do
+  local a = at[i]
+  local gen = string.format('%.0f', base + i - 1)
+  local t = KEYS[1 + 3 * i]
+  redis.call('DEL', KEYS[3 + 3 * i])
+  local k = tonumber(ARGV[a + 5])
+  if k > 0 then redis.call('HSET', t, unpack(ARGV, a + 6, a + 5 + 2 * k)) end
+  redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[a + 3], 1)
+  local rc = 1
+  if ARGV[a + 4] == '1' then
+    rc = 2
+    redis.call('HSET', t, 'holder:@name', 1)
+  end
+  redis.call('HSET', t, 'refcount', rc)
+  redis.call('SADD', KEYS[1], ARGV[a])
+  redis.call('PUBLISH', ARGV[a + 2], gen)
+  for _, l in ipairs(redis.call('SMEMBERS', KEYS[2 + 3 * i])) do
+    redis.call('LPUSH', l, gen)
+    redis.call('PEXPIRE', l, 60000)
+  end
+  redis.call('DEL', KEYS[2 + 3 * i])
+  out[#out + 1] = gen
+  out[#out + 1] = rc
+end
+return out
+)lua";
+
+// Unlinks many names at once, each as kRemove does (the name's own
+// reference of a persistent tensor is dropped; the memory goes with the
+// last holder). The names are given, or selected like kAcquireMany.
+// KEYS: names, lifecycle, then (mode 'names') per name: tensor
+// ARGV: key prefix, caller session, mode, prefix or pattern, then (mode
+//       'names') the names
+// -> {{name, 'ok', generation, refcount} | {name, 'free', generation}
+//     | {name, 'queued', generation} | {name, 'notfound'}, ...}
+inline constexpr const char* kRemoveMany = R"lua(
+local function rm(name, tkey)
+  if redis.call('EXISTS', tkey) == 0 then return {name, 'notfound'} end
+  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner')
+  local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]
+  local pc = tonumber(redis.call('HGET', tkey, 'holder:@name') or '0')
+  if pc > 0 then
+    redis.call('HDEL', tkey, 'holder:@name')
+    redis.call('HINCRBY', tkey, 'refcount', -pc)
+  end
+  redis.call('RENAME', tkey, rkey)
+  redis.call('SREM', KEYS[1], f[2])
+  local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
+  if rc > 0 then return {name, 'ok', f[1], rc} end
+  local mf = redis.call('HGET', rkey, 'migrated_from')
+  if mf then
+    for g in string.gmatch(mf, '%d+') do redis.call('DEL', ARGV[1] .. 'memcuda:moved:' .. g) end
+  end
+  if f[3] == ARGV[2] then
+    redis.call('DEL', rkey)
+    return {name, 'free', f[1]}
+  end
+  redis.call('LPUSH', KEYS[2], '{"op":"free","name":' .. cjson.encode(f[2]) .. ',"generation":' .. f[1] .. '}')
+  return {name, 'queued', f[1]}
+end
+local out = {}
+if ARGV[3] == 'names' then
+  for i = 3, #KEYS do out[#out + 1] = rm(ARGV[2 + i], KEYS[i]) end
+  return out
+end
+local names = redis.call('SMEMBERS', KEYS[1])
+table.sort(names)
+for _, n in ipairs(names) do
+  local m
+  if ARGV[3] == 'prefix' then m = string.sub(n, 1, #ARGV[4]) == ARGV[4] else m = string.match(n, ARGV[4]) ~= nil end
+  if m then out[#out + 1] = rm(n, ARGV[1] .. 'memcuda:tensor:' .. n) end
+end
+return out
+)lua";
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
