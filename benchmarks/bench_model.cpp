@@ -67,7 +67,7 @@ constexpr int kSmallScale = 64;
 
 // ---- the state dict ------------------------------------------------------------
 
-struct TensorSpec {
+struct ModelTensor {
   std::string name;
   Shape shape;
   std::uint64_t elements = 0;
@@ -75,10 +75,10 @@ struct TensorSpec {
 
 // Llama-2-7B, HF names, checkpoint order; every dimension divided by
 // `scale`, rounded up. Mirrors model_common.state_dict_shapes.
-std::vector<TensorSpec> state_dict_specs(int scale) {
+std::vector<ModelTensor> state_dict_specs(int scale) {
   auto div = [&](std::int64_t n) { return std::max<std::int64_t>(1, (n + scale - 1) / scale); };
   const std::int64_t h = div(4096), inter = div(11008), vocab = div(32000);
-  std::vector<TensorSpec> out;
+  std::vector<ModelTensor> out;
   auto add = [&](std::string name, Shape shape) {
     std::uint64_t n = 1;
     for (auto d : shape) n *= static_cast<std::uint64_t>(d);
@@ -103,7 +103,7 @@ std::vector<TensorSpec> state_dict_specs(int scale) {
 }
 
 // The list must be the state dict; returns its bytes.
-std::uint64_t check_specs(const std::vector<TensorSpec>& specs, int scale) {
+std::uint64_t check_specs(const std::vector<ModelTensor>& specs, int scale) {
   if (specs.size() != kTensors)
     throw std::logic_error("state dict has " + std::to_string(specs.size()) + " tensors, expected 291");
   std::uint64_t n = 0;
@@ -130,30 +130,56 @@ std::uint16_t touch_bits(std::size_t i) {
 // change: one call each, same inputs, same outputs (the handles in `specs`
 // order).
 
-std::string full_name(const std::string& prefix, const TensorSpec& s) { return prefix + "/" + s.name; }
+std::string full_name(const std::string& prefix, const ModelTensor& s) { return prefix + "/" + s.name; }
+
+// --per-tensor: one create / get / remove per tensor (what a client without
+// the batch calls pays), for comparison with the batch rows.
+bool g_per_tensor = false;
 
 std::vector<SharedTensor<void>> publish_all(TensorRegistry& reg, const std::string& prefix,
-                                            const std::vector<TensorSpec>& specs) {
+                                            const std::vector<ModelTensor>& specs) {
   std::vector<SharedTensor<void>> out;
   out.reserve(specs.size());
   CreateOptions opts;
   opts.persistent = true;  // a published model is held by its names
-  for (const auto& s : specs) out.push_back(reg.create_any(full_name(prefix, s), DType::bf16, s.shape, opts));
+  if (g_per_tensor) {
+    for (const auto& s : specs) out.push_back(reg.create_any(full_name(prefix, s), DType::bf16, s.shape, opts));
+    return out;
+  }
+  std::vector<memcuda::TensorSpec> batch;  // one request, all or nothing
+  batch.reserve(specs.size());
+  for (const auto& s : specs) batch.push_back({full_name(prefix, s), DType::bf16, s.shape, opts});
+  auto made = reg.create_many(batch);
+  for (const auto& s : specs) out.push_back(std::move(made.at(full_name(prefix, s))));
   return out;
 }
 
 std::vector<SharedTensor<void>> open_all(TensorRegistry& reg, const std::string& prefix,
-                                         const std::vector<TensorSpec>& specs) {
+                                         const std::vector<ModelTensor>& specs) {
   std::vector<SharedTensor<void>> out;
   out.reserve(specs.size());
-  for (const auto& s : specs) out.push_back(reg.get<void>(full_name(prefix, s)));
+  if (g_per_tensor) {
+    for (const auto& s : specs) out.push_back(reg.get<void>(full_name(prefix, s)));
+    return out;
+  }
+  std::vector<std::string> names;  // one round trip for every reference
+  names.reserve(specs.size());
+  for (const auto& s : specs) names.push_back(full_name(prefix, s));
+  auto got = reg.get_all(names);
+  for (const auto& n : names) out.push_back(std::move(got.at(n)));
   return out;
 }
 
 // Unpublishes: names removed, handles released, the releases in Redis.
-void unpublish_all(TensorRegistry& reg, const std::string& prefix, const std::vector<TensorSpec>& specs,
+void unpublish_all(TensorRegistry& reg, const std::string& prefix, const std::vector<ModelTensor>& specs,
                    std::vector<SharedTensor<void>>& held) {
-  for (const auto& s : specs) reg.remove(full_name(prefix, s));
+  if (g_per_tensor) {
+    for (const auto& s : specs) reg.remove(full_name(prefix, s));
+  } else {
+    std::vector<std::string> names;
+    for (const auto& s : specs) names.push_back(full_name(prefix, s));
+    reg.remove_many(names);
+  }
   for (auto& t : held) t.release();
   held.clear();
   reg.flush();
@@ -288,8 +314,9 @@ struct Rows {
     if (v.empty()) return skip(name, "no samples");
     std::sort(v.begin(), v.end());
     double med = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    std::printf("row %s %.3f %.3f n=%zu%s%s\n", name.c_str(), med, v.front(), v.size(), extra.empty() ? "" : " ",
-                extra.c_str());
+    const std::string mode = g_per_tensor ? "calls=per_tensor" : "calls=batch";
+    std::printf("row %s %.3f %.3f n=%zu %s%s%s\n", name.c_str(), med, v.front(), v.size(), mode.c_str(),
+                extra.empty() ? "" : " ", extra.c_str());
     std::fflush(stdout);
     std::cerr << "  " << name << ": median " << mb::fmt(med, 3) << ", min " << mb::fmt(v.front(), 3) << " (n="
               << v.size() << ")\n";
@@ -317,6 +344,7 @@ struct ChildArgs {
     backend = backend_from_string(a.get_or("--backend", "host")).value_or(BackendKind::host);
     device = std::stoi(a.get_or("--device", "0"));
     scale = std::stoi(a.get_or("--scale", "1"));
+    g_per_tensor = a.has("--per-tensor");
   }
   RegistryOptions options() const {
     RegistryOptions o;
@@ -466,7 +494,7 @@ class ModelBench {
   std::vector<std::string> child_argv(const std::string& role, const std::string& prefix) const {
     return {mb::self_exe().string(), "--child", role, "--ns", ns_, "--prefix", prefix,
             "--backend", std::string(to_string(cfg_.backend)), "--device", std::to_string(cfg_.device),
-            "--scale", std::to_string(cfg_.scale)};
+            "--scale", std::to_string(cfg_.scale), g_per_tensor ? "--per-tensor" : "--batch"};
   }
 
   // Runs a child to completion; its one JSON line, or nullopt (reported).
@@ -719,7 +747,7 @@ class ModelBench {
 
   Config cfg_;
   mb::RedisTarget& redis_;
-  std::vector<TensorSpec> specs_;
+  std::vector<ModelTensor> specs_;
   std::uint64_t bytes_ = 0;
   std::string ns_ = "mcbm-" + std::to_string(::getpid());
   std::string extra_;
@@ -738,7 +766,7 @@ int skip_all(const std::string& why) {
 
 void usage() {
   std::cout << "usage: memcuda_bench_model [--backend auto|host|cuda] [--small | --scale N] [--reps 5]\n"
-               "                           [--warmup 1] [--device N] [--url URL] [--redis-server PATH] [--strict]\n"
+               "                           [--warmup 1] [--device N] [--url URL] [--redis-server PATH] [--strict] [--per-tensor]\n"
                "                           [--consumers 8]\n"
                "Rows of a Llama-2-7B-shaped bf16 state dict (291 tensors): published by the allocator\n"
                "of record, published by another process, opened by a fresh consumer, pool ratio,\n"
@@ -761,6 +789,7 @@ int main(int argc, char** argv) {
     cfg.reps = std::max(1, std::stoi(args.get_or("--reps", "5")));
     cfg.warmup = std::max(0, std::stoi(args.get_or("--warmup", "1")));
     cfg.strict = args.has("--strict");
+    g_per_tensor = args.has("--per-tensor");
     cfg.consumers = std::max(1, std::stoi(args.get_or("--consumers", "8")));
     const std::string backend = args.get_or("--backend", "auto");
     std::string why;

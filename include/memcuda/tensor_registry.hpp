@@ -49,10 +49,15 @@ struct RegistryAccess;  // free functions of other public headers reach the core
 //
 // Releases: destroying the last copy of a SharedTensor (or a DLPack
 // deleter) does no Redis I/O on the caller's thread; the release is queued
-// and sent, batched, by the registry's release thread, one round trip after
-// the batch in flight (see flush()); every later call of any registry of
-// this process that talks to Redis first waits for them, so it sees them.
-// Releases of tensors that outlive the registry still land.
+// and sent, batched, by the next registry call of this process (which
+// sends what is queued before its own request, so it sees it) or else by
+// the release thread within 0.2 ms plus one round trip (see flush() and
+// detail/registry/release_queue.hpp). Releases of tensors that outlive the
+// registry still land.
+//
+// Reference sharing: a get() of a name this registry already holds shares
+// the held handle and reference, with no Redis round trip (GetOptions::fresh
+// asks Redis; docs/design.md, "In-process reference sharing").
 //
 // A moved-from TensorRegistry throws InvalidArgument from every member.
 //
