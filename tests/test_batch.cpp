@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/protocol.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "memcuda/state_dict.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"

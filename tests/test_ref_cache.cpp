@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
