@@ -30,6 +30,10 @@ def main() -> int:
             __import__(mod)
         except ImportError:
             skip(f"{sys.executable} has no {mod} (Debian: apt-get install {pkg})")
+    # The suite uses no third-party plugin; one installed beside the
+    # interpreter (e.g. a pytest-timeout newer than the staged pytest, as on
+    # the GPU hosts' venv) must not break or change the run.
+    os.environ.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     import pytest
 
     class Outcomes:
