@@ -96,9 +96,10 @@ def test_stream_ordered_consumer_of_a_slow_producer(greg, redis_url, namespace):
 
 def test_bf16_through_torch_from_dlpack(greg):
     src = torch.randn(64, 32, device="cuda").to(torch.bfloat16)
-    greg.put("g.bf", src)
+    keep = greg.put("g.bf", src)  # the creator's reference: dropped at once, the tensor would go
     y = torch.from_dlpack(greg.get("g.bf", dtype=torch.bfloat16))
     assert y.dtype == torch.bfloat16 and y.is_cuda and torch.equal(y, src)
+    assert y.data_ptr() == torch.from_dlpack(keep).data_ptr()  # same memory, no copy
 
 
 CONSUMER = textwrap.dedent("""
