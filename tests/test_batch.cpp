@@ -407,7 +407,7 @@ TEST_CASE("state dict: publish under a prefix with data, open it in another regi
   CHECK_THROWS_AS(leader.info("model/new"), NotFound);
 }
 
-TEST_CASE("create_many commands: entries take the command's defaults; strict decoding names the entry", "[protocol][batch]") {
+TEST_CASE("create_many commands: entries take the command's defaults, and strict decoding names the entry", "[protocol][batch]") {
   auto c = protocol::decode_command(
       R"({"op":"create_many","backend":"cuda","device":1,"persistent":true,"id":"x","tensors":[)"
       R"({"name":"a","dtype":"float32","shape":[2]},{"name":"b","dtype":"i8","shape":[],"device":0,"backend":"host","persistent":false}]})");

@@ -268,7 +268,7 @@ TEST_CASE("our own remove is seen by the next get at once", "[redis][ref-cache]"
   CHECK(reg.get<float>("mine").generation() == n.generation());
 }
 
-TEST_CASE("dropping the invalidation connection flushes the cache; gets go to Redis until it is back",
+TEST_CASE("dropping the invalidation connection flushes the cache, and gets go to Redis until it is back",
           "[redis][ref-cache]") {
   test::RedisServer srv;
   TensorRegistry reg(rc_opts(srv));
