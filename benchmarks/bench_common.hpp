@@ -222,6 +222,21 @@ class Args {
 
 // ---- files and programs ------------------------------------------------------
 
+// Deletes every key of a namespace (SCAN + DEL): what a run leaves in a
+// shared Redis. Errors are printed, not thrown (a cleanup must not fail a run).
+inline void delete_namespace(redis::Connection& c, const std::string& ns) {
+  try {
+    std::string cursor = "0";
+    do {
+      auto r = c.command({"SCAN", cursor, "MATCH", ns + ":*", "COUNT", "1000"});
+      cursor = std::string(r[0].str());
+      for (std::size_t i = 0; i < r[1].size(); ++i) c.command({"DEL", r[1][i].str()});
+    } while (cursor != "0");
+  } catch (const std::exception& e) {
+    std::cerr << "cleanup of " << ns << ": " << e.what() << "\n";
+  }
+}
+
 inline std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   if (!path) return {};

@@ -734,12 +734,7 @@ class ModelBench {
     if (redis_.is_private()) return;
     try {
       redis::Connection c(redis_.options());
-      std::string cursor = "0";
-      do {
-        auto r = c.command({"SCAN", cursor, "MATCH", ns_ + ":*", "COUNT", "1000"});
-        cursor = std::string(r[0].str());
-        for (std::size_t i = 0; i < r[1].size(); ++i) c.command({"DEL", r[1][i].str()});
-      } while (cursor != "0");
+      mb::delete_namespace(c, ns_);
     } catch (const std::exception& e) {
       std::cerr << "cleanup: " << e.what() << "\n";
     }

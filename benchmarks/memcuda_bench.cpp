@@ -1386,14 +1386,7 @@ class Bench {
     if (redis_.is_private()) return;
     try {
       redis::Connection c(redis_.options());
-      for (const auto& ns : namespaces_) {
-        std::string cursor = "0";
-        do {
-          auto r = c.command({"SCAN", cursor, "MATCH", ns + ":*", "COUNT", "1000"});
-          cursor = std::string(r[0].str());
-          for (std::size_t i = 0; i < r[1].size(); ++i) c.command({"DEL", r[1][i].str()});
-        } while (cursor != "0");
-      }
+      for (const auto& ns : namespaces_) mb::delete_namespace(c, ns);
     } catch (const std::exception& e) {
       std::cerr << "cleanup: " << e.what() << "\n";
     }
