@@ -178,10 +178,45 @@ MEMCUDA_C_EXPORT int memcuda_get(memcuda_registry* reg, const char* name, int dt
  * stream) wait for the producer's last publish. Host backend: no wait. */
 MEMCUDA_C_EXPORT int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream,
                                            memcuda_tensor** out);
-/* Opens `count` tensors (any dtype) into out[0..count). All or nothing: on a
- * failure every tensor opened so far is released and out[] is all NULL. */
+/* Opens `count` tensors (any dtype) into out[0..count), in one Redis round
+ * trip (TensorRegistry::get_many). A name given twice gets two shares of one
+ * reference. All or nothing: when a name is refused, every reference the
+ * batch took is given back, out[] is all NULL, and the status and message
+ * are those of the first refused name in the order given (what memcuda_get
+ * of that name alone reports: NOT_FOUND, LOST, ...). */
 MEMCUDA_C_EXPORT int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count,
                                       memcuda_tensor** out);
+/* Opens every tensor whose name starts with `prefix` ("" or NULL: every
+ * name), in one Redis round trip (TensorRegistry::get_prefix): *out is an
+ * array of *count handles sorted by name (memcuda_tensor_name tells which),
+ * to give back with memcuda_free_tensor_array after releasing each handle;
+ * NULL when count is 0. All or nothing, like memcuda_get_many: the status
+ * and message are those of the first refused name in name order. */
+MEMCUDA_C_EXPORT int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor*** out,
+                                        size_t* count);
+/* Frees an array of memcuda_get_prefix (not the handles in it); NULL is a no-op. */
+MEMCUDA_C_EXPORT void memcuda_free_tensor_array(memcuda_tensor** arr);
+
+/* One tensor of memcuda_create_many: what memcuda_create takes. Fill with
+ * memcuda_tensor_spec_init (it also inits `options`). */
+typedef struct memcuda_tensor_spec {
+  uint32_t struct_size;           /* sizeof(memcuda_tensor_spec) */
+  const char* name;
+  int dtype;                      /* a MEMCUDA_DTYPE_* value (not ANY) */
+  int ndim;                       /* 0..MEMCUDA_MAX_RANK */
+  const int64_t* shape;           /* ndim dimensions; may be NULL when ndim is 0 */
+  memcuda_create_options options; /* backend, device, persistence of this tensor */
+} memcuda_tensor_spec;
+
+MEMCUDA_C_EXPORT void memcuda_tensor_spec_init(memcuda_tensor_spec* spec);
+/* Creates `count` tensors (contents unspecified) in one request to the
+ * allocator of record (TensorRegistry::create_many); out[i] is the
+ * creator's share of specs[i]. All or nothing: on a failure (ALREADY_EXISTS
+ * naming the first taken name, INVALID_ARGUMENT for a bad spec or a name
+ * given twice, BUDGET_EXCEEDED, NOT_LEADER, ...) none is created and out[]
+ * is all NULL. */
+MEMCUDA_C_EXPORT int memcuda_create_many(memcuda_registry* reg, const memcuda_tensor_spec* specs, size_t count,
+                                         memcuda_tensor** out);
 
 /* Unlinks the name (open handles stay valid; memory goes with the last holder). */
 MEMCUDA_C_EXPORT int memcuda_remove(memcuda_registry* reg, const char* name);
