@@ -139,6 +139,22 @@ class Tensor:
         self._ptr = lib.memcuda_tensor_data(handle) or 0
         self._bytes = int(lib.memcuda_tensor_bytes(handle))
 
+    @staticmethod
+    def adopt_all(handles: Any) -> "list[Tensor]":
+        """Tensors owning the C handles of one batch call. If wrapping one fails
+        (an interrupt, no memory), the handles not yet owned are released, so
+        a batch never leaks a reference."""
+        handles = list(handles)
+        out = []
+        try:
+            for h in handles:
+                out.append(Tensor(h))
+        except BaseException:
+            for h in handles[len(out):]:
+                lib.memcuda_tensor_release(h)
+            raise
+        return out
+
     # ---- lifetime --------------------------------------------------------
     def release(self) -> None:
         """Drops this handle's share now (arrays made from it keep theirs).

@@ -7,6 +7,7 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,17 @@ def find_program(env: str, pattern: str) -> Optional[str]:
     return found[0] if found else None
 
 
+def _accepts(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     server = os.environ.get("MEMCUDA_TEST_REDIS_SERVER") or shutil.which("redis-server")
@@ -46,7 +58,9 @@ def redis_url() -> Iterator[str]:
                              "--appendonly", "no", "--dir", d, "--logfile", os.path.join(d, "redis.log")],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    while not os.path.exists(sock):
+    # The socket file appears at bind(), a moment before listen(): wait
+    # until a connect succeeds, not just for the file.
+    while not _accepts(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"redis-server did not start (log in {d})")
         time.sleep(0.01)
