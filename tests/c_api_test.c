@@ -339,6 +339,35 @@ static void test_batch(memcuda_registry* r) {
   CHECK(refcount_of(r, "c.b.x") == -1);
 }
 
+/* Model versions: a producer publishes, a waiter sees each new version once. */
+static void test_versions(memcuda_registry* leader, memcuda_registry* client) {
+  int64_t shape[1] = {4};
+  memcuda_tensor* t = NULL;
+  uint64_t v = 99;
+  CHECK_OK(memcuda_create(leader, "c.v/w", MEMCUDA_DTYPE_F32, shape, 1, NULL, &t));
+  CHECK_OK(memcuda_current_version(client, "c.v/", &v));
+  CHECK(v == 0); /* tensors, no version yet */
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 0, 50, NULL, &v));
+  CHECK(v == 0); /* timed out: not an error */
+  CHECK_OK(memcuda_publish_version(leader, "c.v/", NULL, MEMCUDA_BACKEND_DEFAULT, -1, &v));
+  CHECK(v == 1);
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 0, 2000, NULL, &v));
+  CHECK(v == 1);
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 1, 50, NULL, &v));
+  CHECK(v == 0);
+  CHECK_OK(memcuda_publish_version(leader, "c.v/", NULL, MEMCUDA_BACKEND_HOST, -1, NULL));
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 1, 2000, NULL, &v));
+  CHECK(v == 2);
+  CHECK_OK(memcuda_current_version(leader, "c.v/", &v));
+  CHECK(v == 2);
+  CHECK(memcuda_current_version(client, "c.none/", &v) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(memcuda_publish_version(leader, "c.none/", NULL, MEMCUDA_BACKEND_DEFAULT, -1, NULL) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(memcuda_publish_version(leader, "c.v/", NULL, 7, -1, NULL) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_wait_version(client, NULL, 0, 10, NULL, &v) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  memcuda_tensor_release(t);
+  CHECK_OK(memcuda_flush(leader, -1));
+}
+
 static void test_dlpack(memcuda_registry* r) {
   int64_t shape[3] = {2, 3, 5};
   memcuda_tensor* t = NULL;
@@ -380,6 +409,7 @@ int main(void) {
   test_errors(leader);
   test_list_stats_get_many(leader);
   test_batch(leader);
+  test_versions(leader, client);
   test_dlpack(leader);
   memcuda_registry_close(client);
   memcuda_registry_close(leader);

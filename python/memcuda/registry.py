@@ -397,6 +397,39 @@ class Registry:
             raise
         return {e[0]: out[e[0]] for e in entries}
 
+    # ---- model versions: in-place weight sync (C++: memcuda/model.hpp) ---------
+    def publish_version(self, prefix: str, stream: Stream = None, backend: Optional[str] = None,
+                        device: Optional[int] = None) -> int:
+        """Producer side of weight sync, after ENQUEUEING the writes of the new
+        weights (of the tensors named ``prefix*``) on `stream` (an int
+        cudaStream_t, a torch or CuPy stream; None: the legacy default stream):
+        records one interprocess event there, bumps the model's version and
+        wakes every ``wait_version``. backend: "cuda"/"host" of the model's
+        tensors (None: the registry's default; host records no event: the
+        writes must be done). device: the stream's ordinal (None: current).
+        Returns the new version (1, 2, ...). Raises NotFound (no such tensor)."""
+        b, _ = _backend_device(backend, None)
+        v = ctypes.c_uint64()
+        check(lib.memcuda_publish_version(self._handle(), prefix.encode(), stream_ptr(stream), b,
+                                          -1 if device is None else int(device), ctypes.byref(v)))
+        return v.value
+
+    def wait_version(self, prefix: str, after: int = 0, timeout: float = 10.0, stream: Stream = None) -> Optional[int]:
+        """Consumer side: blocks (no polling) until the model's version is greater
+        than `after`, makes `stream` wait on the producer's event (no host
+        synchronisation) and returns the version; None when `timeout` seconds
+        pass first. Raises NotFound (no version and no tensor under prefix)."""
+        v = ctypes.c_uint64()
+        check(lib.memcuda_wait_version(self._handle(), prefix.encode(), int(after), max(0, int(timeout * 1000)),
+                                       stream_ptr(stream), ctypes.byref(v)))
+        return v.value or None
+
+    def current_version(self, prefix: str) -> int:
+        """The model's current version (0: tensors, but no version published yet)."""
+        v = ctypes.c_uint64()
+        check(lib.memcuda_current_version(self._handle(), prefix.encode(), ctypes.byref(v)))
+        return v.value
+
     def get_state_dict(self, prefix: str, framework: Optional[str] = None) -> Dict[str, Any]:
         """Opens every tensor named ``prefix*`` in one Redis round trip
         (``get_prefix``); keys without the prefix.

@@ -259,3 +259,34 @@ def test_closed_registry_and_released_tensor(reg, redis_url, namespace):
         u.tobytes()
     assert "released" in repr(u)
     del t
+
+
+def test_model_versions_wake_a_waiter(reg, redis_url, namespace):
+    """publish_version / wait_version: the in-place weight-sync loop."""
+    handles = reg.put_state_dict("mv/", {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)})
+    consumer = memcuda.Registry(redis_url, namespace, control_thread=False)
+    try:
+        held = consumer.get_state_dict("mv/", framework="numpy")
+        assert consumer.current_version("mv/") == 0
+        assert consumer.wait_version("mv/", 0, timeout=0.05) is None
+
+        def train():
+            handles["w"].numpy()[:] = 1.5  # in place: the holders' memory
+            reg.publish_version("mv/")
+
+        th = threading.Timer(0.2, train)
+        th.start()
+        assert consumer.wait_version("mv/", 0, timeout=10) == 1
+        th.join()
+        assert (held["w"] == 1.5).all()
+        assert consumer.current_version("mv/") == 1
+        assert reg.publish_version("mv/") == 2
+        assert consumer.wait_version("mv/", 1, timeout=10) == 2
+        with pytest.raises(memcuda.NotFound):
+            consumer.current_version("nothing/")
+        del held, handles, train, th
+        gc.collect()
+        consumer.flush()
+        reg.flush()
+    finally:
+        consumer.close()

@@ -218,6 +218,27 @@ MEMCUDA_C_EXPORT void memcuda_tensor_spec_init(memcuda_tensor_spec* spec);
 MEMCUDA_C_EXPORT int memcuda_create_many(memcuda_registry* reg, const memcuda_tensor_spec* specs, size_t count,
                                          memcuda_tensor** out);
 
+/* ---- model versions (include/memcuda/model.hpp): in-place weight sync -----
+ * A model is the set of tensors whose names start with `prefix`. */
+/* Producer side, after ENQUEUEING the writes of the new weights on `stream`
+ * (a cudaStream_t; NULL: legacy default): records one interprocess event on
+ * it, bumps the model's version and wakes every waiter. backend:
+ * MEMCUDA_BACKEND_* of the model's tensors (DEFAULT: the registry's; host:
+ * no event, the writes must be done); device: the stream's CUDA ordinal (-1:
+ * the calling thread's current device). *version (may be NULL) gets the new
+ * version (1, 2, ...). NOT_FOUND when no tensor name starts with prefix. */
+MEMCUDA_C_EXPORT int memcuda_publish_version(memcuda_registry* reg, const char* prefix, void* stream, int backend,
+                                             int device, uint64_t* version);
+/* Consumer side: blocks (no polling) until the model's version is greater
+ * than `after`, then makes `stream` wait on the producer's event (no host
+ * synchronisation) and sets *version; *version = 0 when timeout_ms passed
+ * first (not an error). NOT_FOUND when the model has no version and no
+ * tensor; UNAVAILABLE when published from a device this process cannot see. */
+MEMCUDA_C_EXPORT int memcuda_wait_version(memcuda_registry* reg, const char* prefix, uint64_t after,
+                                          int64_t timeout_ms, void* stream, uint64_t* version);
+/* The model's current version (0: tensors but no version yet); orders nothing. */
+MEMCUDA_C_EXPORT int memcuda_current_version(memcuda_registry* reg, const char* prefix, uint64_t* version);
+
 /* Unlinks the name (open handles stay valid; memory goes with the last holder). */
 MEMCUDA_C_EXPORT int memcuda_remove(memcuda_registry* reg, const char* name);
 /* Waits until the tensor exists and is ready: *ready = 1, or 0 after timeout_ms. */
