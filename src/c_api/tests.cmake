@@ -44,3 +44,11 @@ add_test(NAME python_bench_smoke
   COMMAND bash ${PROJECT_SOURCE_DIR}/benchmarks/python/run.sh --device cpu --scale 0.0003 --repeat 1 --warmup 0
           --get-repeat 5 --bytes 4096 --python ${MEMCUDA_PYTHON} --budget 280)
 set_tests_properties(python_bench_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${_pyenv}")
+
+# The typed session of examples/python (a PyTorch producer and a consumer in
+# two "shells"), on CPU tensors and the host backend; the GPU host runs
+# examples/python/session.sh itself (cuda when it has a GPU). Skipped (77)
+# when this interpreter has no torch.
+add_test(NAME python_session
+  COMMAND bash ${PROJECT_SOURCE_DIR}/examples/python/session.sh --device cpu --python ${MEMCUDA_PYTHON})
+set_tests_properties(python_session PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 ENVIRONMENT "${_pyenv}")
