@@ -12,20 +12,20 @@ C++ and the Python benchmarks).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "baselines"))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "baselines"))
+sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
 import model_common as mc  # noqa: E402
+from private_redis import private_redis  # noqa: E402
 
 SKIP = mc.SKIP
 
@@ -82,6 +82,19 @@ class Rows:
             self.log(f"{shown}: p50 {percentile(s, 0.5):.4f} ms, p99 {percentile(s, 0.99):.4f} ms, n {len(s)}")
 
 
+def parser(doc, repeat, warmup):
+    """The options both benchmarks take, plus the hidden ones of their
+    consumer processes (--consumer, --ns)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--repeat", type=int, default=repeat)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--url", default=None, help="Redis (default: $MEMCUDA_REDIS_URL, else a private redis-server)")
+    ap.add_argument("--consumer", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ns", default=None, help=argparse.SUPPRESS)
+    return ap
+
+
 def need_imports(rows, row_names, device):
     """(torch, memcuda), or a skip line per row and exit 77 when one cannot be
     imported or (device cuda) torch sees no GPU or memcuda was built without CUDA."""
@@ -107,48 +120,29 @@ def need_imports(rows, row_names, device):
     return torch, memcuda
 
 
-def _accepts(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
 @contextlib.contextmanager
 def redis_url(url=None):
     """`url`, else $MEMCUDA_REDIS_URL, else a private redis-server on a unix
-    socket for the run (SystemExit 77 with a skip reason when there is none)."""
+    socket for the run (python/tests/private_redis.py; LookupError when there
+    is no redis-server)."""
     url = url or os.environ.get("MEMCUDA_REDIS_URL")
     if url:
         yield url
         return
-    server = os.environ.get("MEMCUDA_TEST_REDIS_SERVER") or shutil.which("redis-server")
-    if not server:
-        raise LookupError("redis-server not found (PATH, MEMCUDA_TEST_REDIS_SERVER) and MEMCUDA_REDIS_URL not set")
-    d = tempfile.mkdtemp(prefix="memcuda-pybench-")
-    sock = os.path.join(d, "redis.sock")
-    proc = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--save", "",
-                             "--appendonly", "no", "--dir", d, "--logfile", os.path.join(d, "redis.log")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while not _accepts(sock):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start (log in {d})")
-            time.sleep(0.01)
-        yield "unix://" + sock
-    finally:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(d, ignore_errors=True)
+    with private_redis("memcuda-pybench-") as u:
+        yield u
 
 
 def namespace():
     return "pybench" + uuid.uuid4().hex[:8]
+
+
+def setup(tool, args, row_names):
+    """(rows, torch, memcuda, torch.device) of a benchmark's main process (a
+    skip line per row and exit 77 when an import or the device is missing)."""
+    rows = Rows(tool, "_cpu" if args.device == "cpu" else "")
+    torch, memcuda = need_imports(rows, row_names, args.device)
+    return rows, torch, memcuda, torch_device(torch, args.device)
 
 
 def torch_device(torch, device):

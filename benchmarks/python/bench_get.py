@@ -27,7 +27,6 @@ Exit 77 (every row a `skip`) without torch, memcuda, redis-server or (cuda) a GP
 """
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import sys
@@ -182,20 +181,12 @@ def bench_torch(rows, args, torch, dev):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap = bc.parser(__doc__, repeat=200, warmup=20)
     ap.add_argument("--bytes", type=int, default=1 << 20)
-    ap.add_argument("--repeat", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--url", default=None)
-    ap.add_argument("--consumer", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--ns", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consumer:
         return memcuda_consumer(args)
-    rows = bc.Rows("bench_get", "_cpu" if args.device == "cpu" else "")
-    torch, memcuda = bc.need_imports(rows, ROWS, args.device)
-    dev = bc.torch_device(torch, args.device)
+    rows, torch, memcuda, dev = bc.setup("bench_get", args, ROWS)
     try:
         with bc.redis_url(args.url) as url:
             rows.log(f"torch {torch.__version__}, memcuda {memcuda.__version__}, device {dev}, "

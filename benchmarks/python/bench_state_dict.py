@@ -28,7 +28,6 @@ Exit 77 (every row a `skip`) without torch, memcuda, redis-server or (cuda) a GP
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -126,20 +125,12 @@ def bench_torch(rows, args, torch, dev, shapes, nbytes):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap = bc.parser(__doc__, repeat=5, warmup=1)
     ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--url", default=None)
-    ap.add_argument("--consumer", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--ns", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consumer:
         return memcuda_consumer(args)
-    rows = bc.Rows("bench_state_dict", "_cpu" if args.device == "cpu" else "")
-    torch, memcuda = bc.need_imports(rows, ROWS, args.device)
-    dev = bc.torch_device(torch, args.device)
+    rows, torch, memcuda, dev = bc.setup("bench_state_dict", args, ROWS)
     div = divisor(args.scale)
     shapes = mc.state_dict_shapes(div)
     nbytes = mc.check_shapes(shapes, div) * 2
