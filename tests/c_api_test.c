@@ -300,6 +300,8 @@ static void test_batch(memcuda_registry* r) {
     CHECK(strcmp(memcuda_tensor_name(arr[1]), "c.b.w") == 0);
     CHECK(strcmp(memcuda_tensor_name(arr[2]), "c.b.x") == 0);
     CHECK(((float*)memcuda_tensor_data(arr[0]))[4] == 2.5f);
+    CHECK_OK(memcuda_tensor_wait_opened(arr[0], NULL)); /* host: nothing to wait for */
+    CHECK(memcuda_tensor_wait_opened(NULL, NULL) == MEMCUDA_ERR_INVALID_ARGUMENT);
     CHECK_OK(memcuda_flush(r, -1));
     CHECK(refcount_of(r, "c.b.w") == 2);
     for (i = 0; i < n; ++i) memcuda_tensor_release(arr[i]);

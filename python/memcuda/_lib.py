@@ -180,6 +180,7 @@ _SIGNATURES = [
     ("memcuda_tensor_valid", c_int, [c_void_p, P(c_int)]),
     ("memcuda_tensor_publish", c_int, [c_void_p, c_void_p, P(c_uint64)]),
     ("memcuda_tensor_wait_published", c_int, [c_void_p, c_void_p]),
+    ("memcuda_tensor_wait_opened", c_int, [c_void_p, c_void_p]),
     ("memcuda_tensor_copy_from_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
     ("memcuda_tensor_copy_to_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
     ("memcuda_tensor_to_dlpack", c_int, [c_void_p, P(P(DLManagedTensor))]),

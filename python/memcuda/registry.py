@@ -434,8 +434,10 @@ class Registry:
         """Opens every tensor named ``prefix*`` in one Redis round trip
         (``get_prefix``); keys without the prefix.
 
-        framework: None (memcuda Tensors), "torch" (torch.from_dlpack of each)
-        or "numpy" (host tensors). Zero copy either way."""
+        framework: None (memcuda Tensors), "torch" (torch.from_dlpack of each,
+        CUDA ones ordered on torch's current stream after the publish each
+        record carried: no further round trip) or "numpy" (host tensors).
+        Zero copy either way."""
         if framework not in (None, "torch", "numpy"):
             raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
         out: Dict[str, Any] = {}
@@ -444,7 +446,7 @@ class Registry:
             if framework is None:
                 out[key] = t
             elif framework == "torch":
-                out[key] = t.torch()
+                out[key] = t.torch(newest=False)  # ordered by the batch's records: no round trip per tensor
             else:
                 out[key] = t.numpy()
         return out

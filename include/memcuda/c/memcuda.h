@@ -350,8 +350,16 @@ MEMCUDA_C_EXPORT int memcuda_tensor_valid(const memcuda_tensor* t, int* valid);
  * of the tensor's device; NULL: legacy default) after the work that wrote
  * the tensor and publishes it; *version (may be NULL) gets the new version. */
 MEMCUDA_C_EXPORT int memcuda_tensor_publish(const memcuda_tensor* t, void* stream, uint64_t* version);
-/* Consumer side: makes `stream` wait for the last published event. */
+/* Consumer side: makes `stream` wait for the last published event (one
+ * Redis round trip to learn the newest). */
 MEMCUDA_C_EXPORT int memcuda_tensor_wait_published(const memcuda_tensor* t, void* stream);
+/* Makes `stream` wait for the event that had been published when this
+ * handle's record was read (memcuda_get_on_stream's ordering), without a
+ * Redis round trip: what a batch (memcuda_get_prefix, memcuda_get_many)
+ * opens is ordered per tensor for free. To order after a publish made
+ * since, use memcuda_tensor_wait_published (or a model version). Host
+ * backend, or nothing published by then: no-op. */
+MEMCUDA_C_EXPORT int memcuda_tensor_wait_opened(const memcuda_tensor* t, void* stream);
 
 /* Synchronous, bounds-checked byte copies between host memory and the
  * tensor (either backend), starting at byte `offset` of the tensor. */
