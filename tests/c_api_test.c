@@ -206,14 +206,18 @@ static void test_list_stats_get_many(memcuda_registry* r) {
   CHECK(refcount_of(r, "c.l.a") == 2);
   CHECK_OK(memcuda_get_many(r, names, 2, got));
   CHECK(got[0] && got[1] && memcuda_tensor_dtype(got[1]) == MEMCUDA_DTYPE_BF16);
-  /* This registry holds both already: the gets share its handles and
-     references (in-process reference sharing), so the refcounts stay. */
+  /* A batch takes its own reference per name in its one round trip (unlike
+     memcuda_get, which shares the handle this registry already holds), over
+     the same mapping; released, the refcounts are back to their baseline. */
   CHECK_OK(memcuda_flush(r, -1));
-  CHECK(refcount_of(r, "c.l.b") == 1);
-  CHECK(refcount_of(r, "c.l.a") == 2);
+  CHECK(refcount_of(r, "c.l.b") == 2);
+  CHECK(refcount_of(r, "c.l.a") == 3);
   CHECK(got[1] && memcuda_tensor_data(got[1]) == memcuda_tensor_data(b));
   memcuda_tensor_release(got[0]);
   memcuda_tensor_release(got[1]);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.l.b") == 1);
+  CHECK(refcount_of(r, "c.l.a") == 2);
 
   memcuda_stats_init(&st);
   CHECK_OK(memcuda_stats_get(r, &st));
@@ -234,6 +238,136 @@ static void test_list_stats_get_many(memcuda_registry* r) {
   CHECK_OK(memcuda_flush(r, -1));
   CHECK(refcount_of(r, "c.l.a") == -1);
   CHECK(refcount_of(r, "c.l.b") == -1);
+}
+
+/* The batch calls: one create_many, one get_prefix, one get_many each, all or
+ * nothing, and the references of a refused batch given back (the refcounts
+ * return to their baseline). */
+static void test_batch(memcuda_registry* r) {
+  int64_t s2[2] = {4, 8};
+  int64_t s1[1] = {5};
+  memcuda_tensor_spec specs[3];
+  memcuda_tensor* made[3] = {NULL, NULL, NULL};
+  memcuda_tensor* got[3] = {NULL, NULL, NULL};
+  memcuda_tensor** arr = NULL;
+  const char* bad_order[3] = {"c.b.x", "c.b.zz.missing", "c.b.aa.missing"};
+  const char* twice[2] = {"c.b.w", "c.b.w"};
+  size_t n = 99, i;
+
+  for (i = 0; i < 3; ++i) {
+    memcuda_tensor_spec_init(&specs[i]);
+    specs[i].options.persistent = 1;
+  }
+  CHECK(specs[0].struct_size == sizeof(memcuda_tensor_spec));
+  CHECK(specs[0].options.struct_size == sizeof(memcuda_create_options) && specs[0].options.device == -1);
+  specs[0].name = "c.b.w"; specs[0].dtype = MEMCUDA_DTYPE_BF16; specs[0].ndim = 2; specs[0].shape = s2;
+  specs[1].name = "c.b.b"; specs[1].dtype = MEMCUDA_DTYPE_F32; specs[1].ndim = 1; specs[1].shape = s1;
+  specs[2].name = "c.b.x"; specs[2].dtype = MEMCUDA_DTYPE_I64; specs[2].ndim = 0; specs[2].shape = NULL;
+  CHECK_OK(memcuda_create_many(r, specs, 3, made));
+  CHECK(made[0] && made[1] && made[2]);
+  if (!made[0] || !made[1] || !made[2]) return;
+  CHECK(strcmp(memcuda_tensor_name(made[0]), "c.b.w") == 0 && memcuda_tensor_bytes(made[0]) == 64);
+  CHECK(strcmp(memcuda_tensor_name(made[1]), "c.b.b") == 0 && memcuda_tensor_dtype(made[1]) == MEMCUDA_DTYPE_F32);
+  CHECK(memcuda_tensor_ndim(made[2]) == 0 && memcuda_tensor_bytes(made[2]) == 8);
+  ((float*)memcuda_tensor_data(made[1]))[4] = 2.5f;
+  for (i = 0; i < 3; ++i) memcuda_tensor_release(made[i]);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.w") == 1); /* the name's own reference */
+
+  /* A taken name refuses the whole batch: nothing created, out[] all NULL. */
+  specs[0].name = "c.b.new";
+  specs[1].name = "c.b.x"; /* taken */
+  specs[2].name = "c.b.new2";
+  made[0] = made[2] = (memcuda_tensor*)&n; /* must come back NULL */
+  CHECK(memcuda_create_many(r, specs, 3, made) == MEMCUDA_ERR_ALREADY_EXISTS);
+  CHECK(strstr(memcuda_last_error_message(), "c.b.x") != NULL);
+  CHECK(made[0] == NULL && made[1] == NULL && made[2] == NULL);
+  CHECK(refcount_of(r, "c.b.new") == -1 && refcount_of(r, "c.b.new2") == -1);
+  specs[1].name = "c.b.new";
+  CHECK(memcuda_create_many(r, specs, 2, made) == MEMCUDA_ERR_INVALID_ARGUMENT); /* named twice */
+  CHECK(refcount_of(r, "c.b.new") == -1);
+  specs[0].dtype = MEMCUDA_DTYPE_ANY;
+  CHECK(memcuda_create_many(r, specs, 1, made) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  specs[0].struct_size = 4;
+  CHECK(memcuda_create_many(r, specs, 1, made) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(memcuda_create_many(r, NULL, 0, NULL));
+
+  /* get_prefix: every name under the prefix, sorted, in one round trip. */
+  CHECK_OK(memcuda_get_prefix(r, "c.b.", &arr, &n));
+  CHECK(n == 3 && arr != NULL);
+  if (n == 3 && arr) {
+    CHECK(strcmp(memcuda_tensor_name(arr[0]), "c.b.b") == 0);
+    CHECK(strcmp(memcuda_tensor_name(arr[1]), "c.b.w") == 0);
+    CHECK(strcmp(memcuda_tensor_name(arr[2]), "c.b.x") == 0);
+    CHECK(((float*)memcuda_tensor_data(arr[0]))[4] == 2.5f);
+    CHECK_OK(memcuda_tensor_wait_opened(arr[0], NULL)); /* host: nothing to wait for */
+    CHECK(memcuda_tensor_wait_opened(NULL, NULL) == MEMCUDA_ERR_INVALID_ARGUMENT);
+    CHECK_OK(memcuda_flush(r, -1));
+    CHECK(refcount_of(r, "c.b.w") == 2);
+    for (i = 0; i < n; ++i) memcuda_tensor_release(arr[i]);
+  }
+  memcuda_free_tensor_array(arr);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.w") == 1);
+  CHECK_OK(memcuda_get_prefix(r, "c.nothing.", &arr, &n));
+  CHECK(n == 0 && arr == NULL);
+  CHECK(memcuda_get_prefix(r, "c.b.", NULL, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+
+  /* A partial failure: c.b.x was taken by the batch, then given back. The
+     error is the first refused name in the order given, not in name order. */
+  got[0] = (memcuda_tensor*)&n;
+  CHECK(memcuda_get_many(r, bad_order, 3, got) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(strstr(memcuda_last_error_message(), "c.b.zz.missing") != NULL);
+  CHECK(got[0] == NULL && got[1] == NULL && got[2] == NULL);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.x") == 1);
+
+  /* A name given twice: two shares of one reference. */
+  CHECK_OK(memcuda_get_many(r, twice, 2, got));
+  CHECK(got[0] && got[1] && memcuda_tensor_data(got[0]) == memcuda_tensor_data(got[1]));
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.w") == 2);
+  memcuda_tensor_release(got[0]);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.w") == 2); /* got[1] still holds it */
+  memcuda_tensor_release(got[1]);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.w") == 1);
+
+  CHECK_OK(memcuda_remove(r, "c.b.w"));
+  CHECK_OK(memcuda_remove(r, "c.b.b"));
+  CHECK_OK(memcuda_remove(r, "c.b.x"));
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.b.x") == -1);
+}
+
+/* Model versions: a producer publishes, a waiter sees each new version once. */
+static void test_versions(memcuda_registry* leader, memcuda_registry* client) {
+  int64_t shape[1] = {4};
+  memcuda_tensor* t = NULL;
+  uint64_t v = 99;
+  CHECK_OK(memcuda_create(leader, "c.v/w", MEMCUDA_DTYPE_F32, shape, 1, NULL, &t));
+  CHECK_OK(memcuda_current_version(client, "c.v/", &v));
+  CHECK(v == 0); /* tensors, no version yet */
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 0, 50, NULL, &v));
+  CHECK(v == 0); /* timed out: not an error */
+  CHECK_OK(memcuda_publish_version(leader, "c.v/", NULL, MEMCUDA_BACKEND_DEFAULT, -1, &v));
+  CHECK(v == 1);
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 0, 2000, NULL, &v));
+  CHECK(v == 1);
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 1, 50, NULL, &v));
+  CHECK(v == 0);
+  CHECK_OK(memcuda_publish_version(leader, "c.v/", NULL, MEMCUDA_BACKEND_HOST, -1, NULL));
+  CHECK_OK(memcuda_wait_version(client, "c.v/", 1, 2000, NULL, &v));
+  CHECK(v == 2);
+  CHECK_OK(memcuda_current_version(leader, "c.v/", &v));
+  CHECK(v == 2);
+  CHECK(memcuda_current_version(client, "c.none/", &v) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(memcuda_publish_version(leader, "c.none/", NULL, MEMCUDA_BACKEND_DEFAULT, -1, NULL) == MEMCUDA_ERR_NOT_FOUND);
+  CHECK(memcuda_publish_version(leader, "c.v/", NULL, 7, -1, NULL) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_wait_version(client, NULL, 0, 10, NULL, &v) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  memcuda_tensor_release(t);
+  CHECK_OK(memcuda_flush(leader, -1));
 }
 
 static void test_dlpack(memcuda_registry* r) {
@@ -276,6 +410,8 @@ int main(void) {
   test_create_get_bytes(leader, client);
   test_errors(leader);
   test_list_stats_get_many(leader);
+  test_batch(leader);
+  test_versions(leader, client);
   test_dlpack(leader);
   memcuda_registry_close(client);
   memcuda_registry_close(leader);

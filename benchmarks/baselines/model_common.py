@@ -21,6 +21,7 @@ Standard library and torch only: the GPU hosts have nothing from PyPI.
 import argparse
 import math
 import os
+import queue
 import statistics
 import sys
 import time
@@ -199,3 +200,99 @@ def ms(ns):
 
 def parent_alive(parent_pid):
     return os.getppid() == parent_pid
+
+
+# ---- what every script's main() and consumer share ----------------------------
+
+class Run:
+    """What start() set up: torch, the row writer, the device, the state dict's shapes."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def start(tool, args, row_names, extra_log=""):
+    """The preamble of every model baseline: parse --device, import torch (or
+    print a skip line per row and exit 77), resolve the scale, build and
+    check the shapes, select the device, log one line. Returns a Run with
+    torch, out, kind ('cuda' or 'cpu'), ordinal, dev, scale, shapes, elements."""
+    kind, ordinal = parse_device(args)
+    out = Out(tool, "_cpu" if kind == "cpu" else "")
+    torch = need_torch(out, row_names, kind == "cuda", ordinal or 0)
+    scale = resolve_scale(args)
+    shapes = state_dict_shapes(scale)
+    elements = check_shapes(shapes, scale)
+    dev = torch.device(kind, ordinal) if kind == "cuda" else torch.device("cpu")
+    if kind == "cuda":
+        torch.cuda.set_device(dev)
+    name = f" ({torch.cuda.get_device_name(dev)})" if kind == "cuda" else ""
+    out.log(f"torch {torch.__version__}, device {dev}{name}, {len(shapes)} bf16 tensors, "
+            f"{elements * 2 / 1e9:.3f} GB (scale {scale}){extra_log}")
+    return Run(torch=torch, out=out, kind=kind, ordinal=ordinal, dev=dev, scale=scale, shapes=shapes,
+               elements=elements, dev_spec=(kind, ordinal))
+
+
+def consumer_device(torch, dev_spec):
+    """In a consumer process: its device, with the CUDA context made now,
+    before the producer's clock starts."""
+    dev = torch.device(*dev_spec) if dev_spec[1] is not None else torch.device(dev_spec[0])
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        torch.zeros(1, device=dev).item()
+    return dev
+
+
+def spawn_consumer(ctx, target, method, ack, dev_spec, *extra):
+    """A consumer process (daemon) and its channel: a Queue for "queue", else a
+    one-way Pipe. Returns (process, the producer's end). The target is called
+    as target(method, src, ack, dev_spec, producer_pid, *extra)."""
+    if method == "queue":
+        src = sink = ctx.Queue()
+    else:
+        src, sink = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(method, src, ack, dev_spec, os.getpid(), *extra), daemon=True)
+    proc.start()
+    return proc, sink
+
+
+def send_end(method, sink):
+    """Tells a consumer of receive() to stop."""
+    sink.put(None) if method == "queue" else sink.send_bytes(b"")
+
+
+def receive(method, src, parent_pid):
+    """A consumer's next item from a Queue ("queue") or a Pipe (anything
+    else: the bytes); None at the end (None or b"" sent, the pipe closed, or
+    the producer gone)."""
+    while True:
+        try:
+            if method == "queue":
+                item = src.get(timeout=5)
+            else:
+                if not src.poll(5):
+                    raise queue.Empty
+                item = src.recv_bytes()
+        except queue.Empty:
+            if not parent_alive(parent_pid):
+                return None
+            continue
+        except EOFError:
+            return None
+        return None if item is None or item == b"" else item
+
+
+def wait_acks(ack, procs, n, timeout, what):
+    """The next n messages on `ack`; RuntimeError when a consumer process
+    exited or `timeout` seconds passed first."""
+    msgs = []
+    deadline = now_ns() + int(timeout * 1e9)
+    while len(msgs) < n:
+        try:
+            msgs.append(ack.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if not p.is_alive()]
+            if dead:
+                raise RuntimeError(f"{len(dead)} consumer(s) exited (codes {dead}) before {what}")
+            if now_ns() > deadline:
+                raise RuntimeError(f"{n - len(msgs)} consumer(s) sent no {what} within {timeout} s")
+    return msgs

@@ -26,6 +26,9 @@ import queue
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_common as mc  # noqa: E402  (installed beside this script)
+
 
 def percentile_us(sorted_ns, q):
     """Nearest-rank percentile, as memcuda_bench computes it."""
@@ -114,15 +117,7 @@ def main():
 
     def wait_ack(timeout):
         """The consumer's next message; raises if it died or stayed silent."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return ack.get(timeout=1)
-            except queue.Empty:
-                if not proc.is_alive():
-                    raise RuntimeError(f"the consumer process exited (code {proc.exitcode})")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"no answer from the consumer within {timeout} s")
+        return mc.wait_acks(ack, [proc], 1, timeout, "an answer")[0]
 
     try:
         wait_ack(300)  # "ready": torch imported, CUDA context made

@@ -30,21 +30,13 @@ ROWS = ("torch_empty_cold", "torch_empty_reduce_cold", "torch_empty_cached")
 
 def main():
     args = mc.parser(__doc__.split("\n\n")[0]).parse_args()
-    kind, ordinal = mc.parse_device(args)
-    out = mc.Out("torch_model_empty", "_cpu" if kind == "cpu" else "")
-    torch = mc.need_torch(out, ROWS, kind == "cuda", ordinal or 0)
+    run = mc.start("torch_model_empty", args, ROWS)
+    torch, out, dev, shapes, elements = run.torch, run.out, run.dev, run.shapes, run.elements
     from torch.multiprocessing.reductions import reduce_tensor
 
-    scale = mc.resolve_scale(args)
-    shapes = mc.state_dict_shapes(scale)
-    elements = mc.check_shapes(shapes, scale)
-    dev = torch.device(kind, ordinal) if kind == "cuda" else torch.device("cpu")
-    cuda = kind == "cuda"
+    cuda = run.kind == "cuda"
     if cuda:
-        torch.cuda.set_device(dev)
         torch.zeros(1, device=dev).item()  # the CUDA context
-    out.log(f"torch {torch.__version__}, device {dev}, {len(shapes)} bf16 tensors, "
-            f"{elements * 2 / 1e9:.3f} GB (scale {scale})")
 
     def sync():
         if cuda:

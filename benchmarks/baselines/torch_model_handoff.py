@@ -28,7 +28,6 @@ Prints `row ...` lines (see model_common.py); exit 77 without torch or CUDA.
 """
 import os
 import pickle
-import queue
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,26 +38,11 @@ def consumer(method, src, ack, dev_spec, parent_pid):
     """The fresh process: ready -> receive -> rebuild -> touch -> report."""
     import torch
 
-    dev = torch.device(*dev_spec) if dev_spec[1] is not None else torch.device(dev_spec[0])
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-        torch.zeros(1, device=dev).item()  # the CUDA context, before the clock starts
+    dev = mc.consumer_device(torch, dev_spec)  # the CUDA context, before the clock starts
     ack.put(("ready", 0, 0, 0))
     while True:
-        try:
-            if method == "queue":
-                item = src.get(timeout=5)
-            else:
-                if not src.poll(5):
-                    raise queue.Empty
-                item = src.recv_bytes()
-        except queue.Empty:
-            if not mc.parent_alive(parent_pid):
-                return
-            continue
-        except EOFError:
-            return
-        if item is None or item == b"":
+        item = mc.receive(method, src, parent_pid)
+        if item is None:
             return
         t_recv0 = mc.now_ns()
         if method == "queue":
@@ -66,6 +50,7 @@ def consumer(method, src, ack, dev_spec, parent_pid):
         else:
             reduced = pickle.loads(item)
             sd = {name: fn(*args) for name, (fn, args) in reduced.items()}
+            del reduced
         tensors = list(sd.values())
         values = mc.touch_all(torch, tensors, dev)
         t1 = mc.now_ns()
@@ -73,93 +58,69 @@ def consumer(method, src, ack, dev_spec, parent_pid):
         if len(tensors) != mc.FULL_TENSORS:
             wrong += abs(mc.FULL_TENSORS - len(tensors))
         del sd, tensors, item
-        if method != "queue":
-            del reduced
         ack.put(("done", t1, wrong, t1 - t_recv0))
+
+
+ROW_NAMES = {"queue": "torch_queue_handoff", "pickle": "torch_reduce_pickle"}
+
+
+def measure(method, sd, dev_spec, reps, warmup, timeout):
+    """--warmup + --reps fresh consumers, each handed `sd` once by `method`.
+    Returns (ms from the producer's stamp to the consumer's touch of the last
+    tensor, ms of the consumer's side alone, wrong values); RuntimeError when a
+    consumer died or stayed silent."""
+    import torch.multiprocessing as mp
+    from multiprocessing.reduction import ForkingPickler
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
+    samples, consumer_side, wrong_total = [], [], 0
+    for rep in range(warmup + reps):
+        ack = ctx.Queue()
+        proc, sink = mc.spawn_consumer(ctx, consumer, method, ack, dev_spec)
+        mc.wait_acks(ack, [proc], 1, timeout, "ready")
+        t0 = mc.now_ns()
+        if method == "queue":
+            sink.put(sd)
+        else:
+            payload = ForkingPickler.dumps({name: reduce_tensor(t) for name, t in sd.items()})
+            sink.send_bytes(bytes(payload))
+        _, t1, wrong, inside = mc.wait_acks(ack, [proc], 1, timeout, "done")[0]
+        mc.send_end(method, sink)
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        wrong_total += wrong
+        if rep >= warmup:
+            samples.append(mc.ms(t1 - t0))
+            consumer_side.append(mc.ms(inside))
+    return samples, consumer_side, wrong_total
 
 
 def main():
     ap = mc.parser(__doc__.split("\n\n")[0])
     ap.add_argument("--method", choices=("queue", "pickle", "both"), default="both")
     args = ap.parse_args()
-    kind, ordinal = mc.parse_device(args)
-    out = mc.Out("torch_model_handoff", "_cpu" if kind == "cpu" else "")
     methods = ["queue", "pickle"] if args.method == "both" else [args.method]
-    row_names = {"queue": "torch_queue_handoff", "pickle": "torch_reduce_pickle"}
-    torch = mc.need_torch(out, [row_names[m] for m in methods], kind == "cuda", ordinal or 0)
-    import torch.multiprocessing as mp
-    from multiprocessing.reduction import ForkingPickler
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    scale = mc.resolve_scale(args)
-    shapes = mc.state_dict_shapes(scale)
-    elements = mc.check_shapes(shapes, scale)
-    dev = torch.device(kind, ordinal) if kind == "cuda" else torch.device("cpu")
-    if kind == "cuda":
-        torch.cuda.set_device(dev)
-    out.log(f"torch {torch.__version__}, device {dev}"
-            f"{' (' + torch.cuda.get_device_name(dev) + ')' if kind == 'cuda' else ''}, "
-            f"{len(shapes)} bf16 tensors, {elements * 2 / 1e9:.3f} GB (scale {scale})")
-    sd = mc.make_state_dict(torch, shapes, dev)
-    ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
-    dev_spec = (kind, ordinal)
-
+    run = mc.start("torch_model_handoff", args, [ROW_NAMES[m] for m in methods])
+    sd = mc.make_state_dict(run.torch, run.shapes, run.dev)
     rc = 0
     for method in methods:
-        samples, consumer_side, wrong_total = [], [], 0
         try:
-            for rep in range(args.warmup + args.reps):
-                ack = ctx.Queue()
-                if method == "queue":
-                    q = ctx.Queue()
-                    src, sink = q, None
-                else:
-                    src, sink = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=consumer, args=(method, src, ack, dev_spec, os.getpid()), daemon=True)
-                proc.start()
-
-                def wait_ack(what):
-                    deadline = mc.now_ns() + int(args.timeout * 1e9)
-                    while True:
-                        try:
-                            return ack.get(timeout=1)
-                        except queue.Empty:
-                            if not proc.is_alive():
-                                raise RuntimeError(f"the consumer exited (code {proc.exitcode}) before {what}")
-                            if mc.now_ns() > deadline:
-                                raise RuntimeError(f"no {what} from the consumer within {args.timeout} s")
-
-                wait_ack("ready")
-                t0 = mc.now_ns()
-                if method == "queue":
-                    q.put(sd)
-                else:
-                    payload = ForkingPickler.dumps({name: reduce_tensor(t) for name, t in sd.items()})
-                    sink.send_bytes(bytes(payload))
-                _, t1, wrong, inside = wait_ack("done")
-                if method == "queue":
-                    q.put(None)
-                else:
-                    sink.send_bytes(b"")
-                proc.join(timeout=60)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-                wrong_total += wrong
-                if rep >= args.warmup:
-                    samples.append(mc.ms(t1 - t0))
-                    consumer_side.append(mc.ms(inside))
+            samples, consumer_side, wrong_total = measure(method, sd, run.dev_spec, args.reps, args.warmup,
+                                                          args.timeout)
         except RuntimeError as e:
-            out.log(f"{row_names[method]}: {e}")
-            out.skip(row_names[method], f"failed: {e}")
+            run.out.log(f"{ROW_NAMES[method]}: {e}")
+            run.out.skip(ROW_NAMES[method], f"failed: {e}")
             rc = 1
             continue
         if wrong_total:
-            out.log(f"{row_names[method]}: {wrong_total} wrong value(s) read by consumers")
+            run.out.log(f"{ROW_NAMES[method]}: {wrong_total} wrong value(s) read by consumers")
             rc = 1
         extra = {"consumer_ms": f"{mc.statistics.median(consumer_side):.3f}" if consumer_side else "-",
-                 "tensors": len(shapes), "bytes": elements * 2, "wrong": wrong_total}
-        out.row(row_names[method], samples, **extra)
+                 "tensors": len(run.shapes), "bytes": run.elements * 2, "wrong": wrong_total}
+        run.out.row(ROW_NAMES[method], samples, **extra)
     return rc
 
 

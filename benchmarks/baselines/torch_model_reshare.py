@@ -25,7 +25,6 @@ Prints `row ...` lines (see model_common.py); exit 77 without torch or CUDA.
 """
 import os
 import pickle
-import queue
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -35,27 +34,12 @@ import model_common as mc  # noqa: E402
 def consumer(method, src, ack, dev_spec, parent_pid):
     import torch
 
-    dev = torch.device(*dev_spec) if dev_spec[1] is not None else torch.device(dev_spec[0])
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-        torch.zeros(1, device=dev).item()
+    dev = mc.consumer_device(torch, dev_spec)
     ack.put(("ready", 0, 0))
     held = None  # the version this consumer holds (and so keeps mapped)
     while True:
-        try:
-            if method == "queue":
-                item = src.get(timeout=5)
-            else:
-                if not src.poll(5):
-                    raise queue.Empty
-                item = src.recv_bytes()
-        except queue.Empty:
-            if not mc.parent_alive(parent_pid):
-                return
-            continue
-        except EOFError:
-            return
-        if item is None or item == b"":
+        item = mc.receive(method, src, parent_pid)
+        if item is None:
             return
         if method == "queue":
             version, sd = item
@@ -78,26 +62,17 @@ def main():
     ap.add_argument("--method", choices=("queue", "pickle", "both"), default="both")
     ap.add_argument("--consumers", type=int, default=8)
     args = ap.parse_args()
-    kind, ordinal = mc.parse_device(args)
-    out = mc.Out("torch_model_reshare", "_cpu" if kind == "cpu" else "")
     methods = ["queue", "pickle"] if args.method == "both" else [args.method]
     row_names = {"queue": "torch_reshare_queue", "pickle": "torch_reshare_pickle"}
-    torch = mc.need_torch(out, [row_names[m] for m in methods], kind == "cuda", ordinal or 0)
+    run = mc.start("torch_model_reshare", args, [row_names[m] for m in methods], f", {args.consumers} consumers")
+    torch, out, kind, dev, shapes, elements = run.torch, run.out, run.kind, run.dev, run.shapes, run.elements
     import torch.multiprocessing as mp
     from multiprocessing.reduction import ForkingPickler
     from torch.multiprocessing.reductions import reduce_tensor
 
-    scale = mc.resolve_scale(args)
-    shapes = mc.state_dict_shapes(scale)
-    elements = mc.check_shapes(shapes, scale)
-    dev = torch.device(kind, ordinal) if kind == "cuda" else torch.device("cpu")
-    if kind == "cuda":
-        torch.cuda.set_device(dev)
-    out.log(f"torch {torch.__version__}, device {dev}, {len(shapes)} bf16 tensors, "
-            f"{elements * 2 / 1e9:.3f} GB (scale {scale}), {args.consumers} consumers")
     sd = mc.make_state_dict(torch, shapes, dev)  # version 0: touch_value(i)
     ctx = mp.get_context("spawn")
-    dev_spec = (kind, ordinal)
+    dev_spec = run.dev_spec
     version = 0
 
     def update(v):
@@ -114,29 +89,12 @@ def main():
         samples, wrong_total, failed = [], 0, False
         try:
             for _ in range(args.consumers):
-                if method == "queue":
-                    q = ctx.Queue()
-                    src, sink = q, q
-                else:
-                    src, sink = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=consumer, args=(method, src, ack, dev_spec, os.getpid()), daemon=True)
-                p.start()
+                p, sink = mc.spawn_consumer(ctx, consumer, method, ack, dev_spec)
                 procs.append(p)
                 sinks.append(sink)
 
             def wait_acks(what, n):
-                msgs = []
-                deadline = mc.now_ns() + int(args.timeout * 1e9)
-                while len(msgs) < n:
-                    try:
-                        msgs.append(ack.get(timeout=1))
-                    except queue.Empty:
-                        dead = [p.exitcode for p in procs if not p.is_alive()]
-                        if dead:
-                            raise RuntimeError(f"{len(dead)} consumer(s) exited (codes {dead}) before {what}")
-                        if mc.now_ns() > deadline:
-                            raise RuntimeError(f"{n - len(msgs)} consumer(s) sent no {what} within {args.timeout} s")
-                return msgs
+                return mc.wait_acks(ack, procs, n, args.timeout, what)
 
             def share(v):
                 if method == "queue":
@@ -170,7 +128,7 @@ def main():
         finally:
             for s in sinks:
                 try:
-                    s.put(None) if method == "queue" else s.send_bytes(b"")
+                    mc.send_end(method, s)
                 except Exception:
                     pass
             for p in procs:

@@ -48,6 +48,12 @@ class CreateOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_int), ("device", c_int), ("persistent", c_int)]
 
 
+class TensorSpecC(ctypes.Structure):
+    """memcuda_tensor_spec: one tensor of memcuda_create_many."""
+    _fields_ = [("struct_size", c_uint32), ("name", c_char_p), ("dtype", c_int), ("ndim", c_int),
+                ("shape", P(c_int64)), ("options", CreateOptions)]
+
+
 class TensorInfoC(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -142,6 +148,13 @@ _SIGNATURES = [
     ("memcuda_get", c_int, [c_void_p, c_char_p, c_int, P(c_void_p)]),
     ("memcuda_get_on_stream", c_int, [c_void_p, c_char_p, c_int, c_void_p, P(c_void_p)]),
     ("memcuda_get_many", c_int, [c_void_p, P(c_char_p), c_size_t, P(c_void_p)]),
+    ("memcuda_get_prefix", c_int, [c_void_p, c_char_p, P(P(c_void_p)), P(c_size_t)]),
+    ("memcuda_free_tensor_array", None, [P(c_void_p)]),
+    ("memcuda_tensor_spec_init", None, [P(TensorSpecC)]),
+    ("memcuda_create_many", c_int, [c_void_p, P(TensorSpecC), c_size_t, P(c_void_p)]),
+    ("memcuda_publish_version", c_int, [c_void_p, c_char_p, c_void_p, c_int, c_int, P(c_uint64)]),
+    ("memcuda_wait_version", c_int, [c_void_p, c_char_p, c_uint64, c_int64, c_void_p, P(c_uint64)]),
+    ("memcuda_current_version", c_int, [c_void_p, c_char_p, P(c_uint64)]),
     ("memcuda_remove", c_int, [c_void_p, c_char_p]),
     ("memcuda_wait", c_int, [c_void_p, c_char_p, c_int64, P(c_int)]),
     ("memcuda_flush", c_int, [c_void_p, c_int64]),
@@ -167,6 +180,7 @@ _SIGNATURES = [
     ("memcuda_tensor_valid", c_int, [c_void_p, P(c_int)]),
     ("memcuda_tensor_publish", c_int, [c_void_p, c_void_p, P(c_uint64)]),
     ("memcuda_tensor_wait_published", c_int, [c_void_p, c_void_p]),
+    ("memcuda_tensor_wait_opened", c_int, [c_void_p, c_void_p]),
     ("memcuda_tensor_copy_from_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
     ("memcuda_tensor_copy_to_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
     ("memcuda_tensor_to_dlpack", c_int, [c_void_p, P(P(DLManagedTensor))]),

@@ -9,119 +9,128 @@ work: ``InvalidArgument`` is a ``ValueError``, ``NotFound`` a ``LookupError``,
 from __future__ import annotations
 
 import builtins
-from typing import Dict, NoReturn, Type
+from typing import Callable, Dict, NoReturn, Type, TypeVar
 
 from ._lib import lib
 
+E = TypeVar("E", bound=type)
 
+
+BY_CODE: Dict[int, Type["MemcudaError"]] = {}
+
+
+def _code(code: int) -> Callable[[Type[E]], Type[E]]:
+    """Gives a class its C ABI code and the wire name libmemcuda_c has for it
+    (memcuda_error_name: the one table of names), and files it in BY_CODE."""
+    def register(cls: Type[E]) -> Type[E]:
+        cls.code, cls.name = code, lib.memcuda_error_name(code).decode()
+        BY_CODE[code] = cls
+        return cls
+    return register
+
+
+@_code(1)
 class MemcudaError(Exception):
     """Root of every error raised by memcuda (C++: ``memcuda::Error``)."""
 
-    code: int = 1
-    name: str = "error"
+    code: int
+    name: str
 
 
+@_code(2)
 class InvalidArgument(MemcudaError, ValueError):
     """A caller-supplied value is malformed (bad name, shape, dtype, range...)."""
-    code, name = 2, "invalid_argument"
 
 
+@_code(3)
 class NotFound(MemcudaError, LookupError):
     """No tensor of that name (or it was removed)."""
-    code, name = 3, "not_found"
 
 
+@_code(4)
 class AlreadyExists(MemcudaError):
     """create() of a name that is already registered."""
-    code, name = 4, "already_exists"
 
 
+@_code(5)
 class TypeMismatch(MemcudaError, TypeError):
     """A tensor opened or written with a dtype (or shape) that is not the stored one."""
-    code, name = 5, "type_mismatch"
 
 
+@_code(6)
 class StaleHandle(MemcudaError):
     """The name was removed (and maybe re-created) since the handle was opened."""
-    code, name = 6, "stale_handle"
 
 
+@_code(7)
 class BudgetExceeded(MemcudaError):
     """An allocation would take a device over its byte budget."""
-    code, name = 7, "budget_exceeded"
 
 
+@_code(8)
 class Lost(MemcudaError):
     """The tensor's memory died with its allocator and nobody held it."""
-    code, name = 8, "lost"
 
 
+@_code(9)
 class NotLeader(MemcudaError):
     """No allocator of record answered in time (start one: ``memcuda serve``)."""
-    code, name = 9, "not_leader"
 
 
+@_code(10)
 class Unavailable(MemcudaError):
     """Another node, or a backend/device this process cannot use."""
-    code, name = 10, "unavailable"
 
 
+@_code(11)
 class InternalError(MemcudaError):
     """A bug or an impossible state inside mem-cuda; please report it."""
-    code, name = 11, "internal"
 
 
+@_code(12)
 class ProtocolError(InvalidArgument):
     """A name, shape or record that does not follow docs/protocol.md."""
-    code, name = 12, "protocol_error"
 
 
+@_code(13)
 class CudaError(MemcudaError):
     """A CUDA call failed; ``cuda_status`` is the cudaError_t (-1 when unknown)."""
-    code, name = 13, "cuda_error"
     cuda_status: int = -1
 
 
+@_code(14)
 class RedisError(MemcudaError):
     """Anything that went wrong talking to Redis."""
-    code, name = 14, "redis_error"
 
 
+@_code(15)
 class ConnectionError(RedisError, builtins.ConnectionError):  # noqa: A001 - mirrors memcuda::ConnectionError
     """Could not connect to Redis, or the connection broke for good."""
-    code, name = 15, "redis_connection"
 
 
+@_code(16)
 class AuthError(ConnectionError):
     """Redis refused the credentials (WRONGPASS, NOAUTH, NOPERM)."""
-    code, name = 16, "redis_auth"
 
 
+@_code(17)
 class TimeoutError(RedisError, builtins.TimeoutError):  # noqa: A001 - mirrors memcuda::TimeoutError
     """A Redis command or a request to the allocator of record timed out."""
-    code, name = 17, "timeout"
 
 
+@_code(18)
 class ReplyError(RedisError):
     """Redis answered with an error reply."""
-    code, name = 18, "redis_reply"
 
 
+@_code(19)
 class OutOfMemory(MemcudaError, MemoryError):
     """Host memory ran out inside the library."""
-    code, name = 19, "out_of_memory"
 
 
+@_code(20)
 class UnknownError(MemcudaError):
     """A failure the library could not classify (a bug: please report it)."""
-    code, name = 20, "unknown"
-
-
-BY_CODE: Dict[int, Type[MemcudaError]] = {
-    c.code: c for c in (MemcudaError, InvalidArgument, NotFound, AlreadyExists, TypeMismatch, StaleHandle,
-                        BudgetExceeded, Lost, NotLeader, Unavailable, InternalError, ProtocolError, CudaError,
-                        RedisError, ConnectionError, AuthError, TimeoutError, ReplyError, OutOfMemory, UnknownError)
-}
 
 
 def raise_last(status: int) -> NoReturn:

@@ -5,10 +5,10 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import dtypes
-from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, lib
+from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
 from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
 
@@ -197,15 +197,61 @@ class Registry:
         return Tensor(h.value)
 
     def get_many(self, names: Iterable[str]) -> List[Tensor]:
-        """Opens several tensors, all or nothing (on a failure none stays open).
-        Today one round trip per name; one for all once the C++ batch get lands."""
+        """Opens several tensors in one Redis round trip, in the order given (a
+        name given twice: two handles of one reference). All or nothing: when
+        a name is refused, every reference is given back and the error of the
+        first refused name in the order given is raised (NotFound, Lost, ...)."""
         names = list(names)
         if not names:
             return []
         c_names = (ctypes.c_char_p * len(names))(*(n.encode() for n in names))
         out = (ctypes.c_void_p * len(names))()
         check(lib.memcuda_get_many(self._handle(), c_names, len(names), out))
-        return [Tensor(h) for h in out]
+        return Tensor.adopt_all(out)
+
+    def get_prefix(self, prefix: str) -> Dict[str, Tensor]:
+        """Opens every tensor whose name starts with `prefix`, in one Redis round
+        trip: {full name: Tensor}, sorted by name ({} when none). All or nothing,
+        like ``get_many`` (the first refused name in name order is raised)."""
+        arr = ctypes.POINTER(ctypes.c_void_p)()
+        n = ctypes.c_size_t()
+        check(lib.memcuda_get_prefix(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
+        try:
+            tensors = Tensor.adopt_all(arr[:n.value])
+        finally:
+            lib.memcuda_free_tensor_array(arr)
+        return {t.name: t for t in tensors}
+
+    def create_many(self, specs: Sequence[Tuple[str, Sequence[int], dtypes.DType]], device: Device = None,
+                    persistent: bool = False, backend: Optional[str] = None) -> List[Tensor]:
+        """Creates every (name, shape, dtype) in one request to the allocator of
+        record; returns the creators' handles in the order given. All or nothing:
+        AlreadyExists (naming the first taken name), InvalidArgument (a name given
+        twice, a bad shape), BudgetExceeded, NotLeader; then none is created.
+        device/backend/persistent: as ``create``, for every tensor, or per tensor
+        as a 4th element of a spec: a dict of those keywords."""
+        specs = list(specs)
+        if not specs:
+            return []
+        arr = (TensorSpecC * len(specs))()
+        keep = []  # the encoded names and shape arrays live until the call returns
+        for c, spec in zip(arr, specs):
+            name, shape, dtype = spec[0], spec[1], spec[2]
+            opts = dict(device=device, persistent=persistent, backend=backend)
+            if len(spec) > 3:
+                opts.update(spec[3])
+            lib.memcuda_tensor_spec_init(ctypes.byref(c))
+            dims = tuple(int(d) for d in shape)
+            c_shape = (ctypes.c_int64 * max(1, len(dims)))(*dims)
+            c_name = name.encode()
+            keep += [c_shape, c_name]
+            c.name, c.dtype, c.ndim = c_name, dtypes.code_of(dtype), len(dims)
+            c.shape = ctypes.cast(c_shape, ctypes.POINTER(ctypes.c_int64))
+            c.options.backend, c.options.device = _backend_device(opts["backend"], opts["device"])
+            c.options.persistent = 1 if opts["persistent"] else 0
+        out = (ctypes.c_void_p * len(specs))()
+        check(lib.memcuda_create_many(self._handle(), arr, len(specs), out))
+        return Tensor.adopt_all(out)
 
     def put(self, name: str, data: Any, *, device: Device = None, backend: Optional[str] = None,
             persistent: bool = False, update: bool = False, stream: Stream = None) -> Tensor:
@@ -219,12 +265,7 @@ class Registry:
         values; this is the weight-sync flow. GPU copies are ordered on
         `stream` (default: the current torch/CuPy stream) and published there.
         Returns the handle (the creator's reference: keep it, or persistent=True)."""
-        code = dtypes.code_of(_dtype_of(data))
-        shape = tuple(int(d) for d in data.shape) if hasattr(data, "shape") else None
-        if shape is None:
-            import numpy
-            data = numpy.asarray(data)
-            shape = data.shape
+        data, code, shape = _normalized(data)
         if backend is None and device is None:
             device = _device_of(data)
         dst = None
@@ -305,38 +346,118 @@ class Registry:
         return GcReport(**{f: getattr(r, f) for f, _ in GcReportC._fields_ if f != "struct_size"})
 
     # ---- state dicts -----------------------------------------------------------
-    def put_state_dict(self, prefix: str, state_dict: Mapping[str, Any], **put_kwargs: Any) -> Dict[str, Tensor]:
-        """``put`` of every entry under ``prefix + key``; returns the handles by key.
-        With update=True an existing entry is overwritten in place (weight sync).
-        Today one create per tensor; batched once the C++ batch calls land."""
-        out: Dict[str, Tensor] = {}
+    def put_state_dict(self, prefix: str, state_dict: Mapping[str, Any], *, device: Device = None,
+                       backend: Optional[str] = None, persistent: bool = False, update: bool = False,
+                       stream: Stream = None) -> Dict[str, Tensor]:
+        """``put`` of every entry under ``prefix + key``, the creates in one
+        ``create_many`` (all or nothing: AlreadyExists names the first taken
+        name, and none is created); returns the handles by key. The keywords
+        are ``put``'s. update=True: the entries that exist (one ``get_prefix``)
+        are overwritten in place (same shape and dtype, else TypeMismatch before
+        anything is written): the weight-sync flow; the others are created.
+        A failed copy gives back (and removes) what this call created."""
+        entries = []  # (key, data, code, shape, device)
         for key, value in state_dict.items():
-            out[key] = self.put(prefix + key, value, **put_kwargs)
-        return out
+            data, code, shape = _normalized(value)
+            dev = device if (backend is not None or device is not None) else _device_of(data)
+            entries.append((key, data, code, shape, dev))
+        existing: Dict[str, Tensor] = {}
+        if update:
+            held = self.get_prefix(prefix)
+            wanted = {prefix + e[0] for e in entries}
+            existing = {n: t for n, t in held.items() if n in wanted}
+            for n, t in held.items():
+                if n not in wanted:
+                    t.release()
+            for key, _, code, shape, _ in entries:
+                t = existing.get(prefix + key)
+                if t is not None and (t.shape != shape or t._dtype != code):
+                    got = (t.shape, t.dtype)
+                    for h in existing.values():
+                        h.release()
+                    raise TypeMismatch(f"put_state_dict(update=True): '{prefix + key}' is {got[1]}{list(got[0])}, "
+                                       f"the data is {dtypes.name_of(code)}{list(shape)}")
+        to_create = [e for e in entries if prefix + e[0] not in existing]
+        created = self.create_many([(prefix + key, shape, dtypes.name_of(code), {"device": dev})
+                                    for key, _, code, shape, dev in to_create],
+                                   backend=backend, persistent=persistent)
+        out: Dict[str, Tensor] = {e[0]: t for e, t in zip(to_create, created)}
+        out.update({n[len(prefix):]: t for n, t in existing.items()})
+        try:
+            for key, data, _, _, _ in entries:
+                _copy_into(out[key], data, stream)
+        except BaseException:
+            for t in out.values():
+                t.release()
+            for t in created:
+                try:
+                    self.remove(t.name)
+                except MemcudaError:
+                    pass
+            raise
+        return {e[0]: out[e[0]] for e in entries}
+
+    # ---- model versions: in-place weight sync (C++: memcuda/model.hpp) ---------
+    def publish_version(self, prefix: str, stream: Stream = None, backend: Optional[str] = None,
+                        device: Optional[int] = None) -> int:
+        """Producer side of weight sync, after ENQUEUEING the writes of the new
+        weights (of the tensors named ``prefix*``) on `stream` (an int
+        cudaStream_t, a torch or CuPy stream; None: the legacy default stream):
+        records one interprocess event there, bumps the model's version and
+        wakes every ``wait_version``. backend: "cuda"/"host" of the model's
+        tensors (None: the registry's default; host records no event: the
+        writes must be done). device: the stream's ordinal (None: current).
+        Returns the new version (1, 2, ...). Raises NotFound (no such tensor)."""
+        b, _ = _backend_device(backend, None)
+        v = ctypes.c_uint64()
+        check(lib.memcuda_publish_version(self._handle(), prefix.encode(), stream_ptr(stream), b,
+                                          -1 if device is None else int(device), ctypes.byref(v)))
+        return v.value
+
+    def wait_version(self, prefix: str, after: int = 0, timeout: float = 10.0, stream: Stream = None) -> Optional[int]:
+        """Consumer side: blocks (no polling) until the model's version is greater
+        than `after`, makes `stream` wait on the producer's event (no host
+        synchronisation) and returns the version; None when `timeout` seconds
+        pass first. Raises NotFound (no version and no tensor under prefix)."""
+        v = ctypes.c_uint64()
+        check(lib.memcuda_wait_version(self._handle(), prefix.encode(), int(after), max(0, int(timeout * 1000)),
+                                       stream_ptr(stream), ctypes.byref(v)))
+        return v.value or None
+
+    def current_version(self, prefix: str) -> int:
+        """The model's current version (0: tensors, but no version published yet)."""
+        v = ctypes.c_uint64()
+        check(lib.memcuda_current_version(self._handle(), prefix.encode(), ctypes.byref(v)))
+        return v.value
 
     def get_state_dict(self, prefix: str, framework: Optional[str] = None) -> Dict[str, Any]:
-        """Opens every tensor named ``prefix*`` (keys without the prefix).
+        """Opens every tensor named ``prefix*`` in one Redis round trip
+        (``get_prefix``); keys without the prefix.
 
-        framework: None (memcuda Tensors), "torch" (torch.from_dlpack of each)
-        or "numpy" (host tensors). Zero copy either way."""
-        names = [i.name for i in self.list(_glob_escape(prefix) + "*")]
-        tensors = self.get_many(names)
+        framework: None (memcuda Tensors), "torch" (torch.from_dlpack of each,
+        CUDA ones ordered on torch's current stream after the publish each
+        record carried: no further round trip) or "numpy" (host tensors).
+        Zero copy either way."""
+        if framework not in (None, "torch", "numpy"):
+            raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
         out: Dict[str, Any] = {}
-        for n, t in zip(names, tensors):
-            key = n[len(prefix):]
+        for name, t in self.get_prefix(prefix).items():
+            key = name[len(prefix):]
             if framework is None:
                 out[key] = t
             elif framework == "torch":
-                out[key] = t.torch()
-            elif framework == "numpy":
-                out[key] = t.numpy()
+                out[key] = t.torch(newest=False)  # ordered by the batch's records: no round trip per tensor
             else:
-                raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
+                out[key] = t.numpy()
         return out
 
 
-def _glob_escape(s: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+def _normalized(data: Any) -> Tuple[Any, int, Tuple[int, ...]]:
+    """(data, MEMCUDA_DTYPE_* code, shape); what has no shape goes through numpy.asarray."""
+    if not hasattr(data, "shape"):
+        import numpy
+        data = numpy.asarray(data)
+    return data, dtypes.code_of(_dtype_of(data)), tuple(int(d) for d in data.shape)
 
 
 def _dtype_of(data: Any) -> Any:

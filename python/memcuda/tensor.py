@@ -139,6 +139,22 @@ class Tensor:
         self._ptr = lib.memcuda_tensor_data(handle) or 0
         self._bytes = int(lib.memcuda_tensor_bytes(handle))
 
+    @staticmethod
+    def adopt_all(handles: Any) -> "list[Tensor]":
+        """Tensors owning the C handles of one batch call. If wrapping one fails
+        (an interrupt, no memory), the handles not yet owned are released, so
+        a batch never leaks a reference."""
+        handles = list(handles)
+        out = []
+        try:
+            for h in handles:
+                out.append(Tensor(h))
+        except BaseException:
+            for h in handles[len(out):]:
+                lib.memcuda_tensor_release(h)
+            raise
+        return out
+
     # ---- lifetime --------------------------------------------------------
     def release(self) -> None:
         """Drops this handle's share now (arrays made from it keep theirs).
@@ -243,6 +259,12 @@ class Tensor:
         """Consumer side: makes `stream` wait for the producer's last publish."""
         check(lib.memcuda_tensor_wait_published(self._handle(), stream_ptr(stream)))
 
+    def wait_opened(self, stream: Stream = None) -> None:
+        """Makes `stream` wait for the producer's publish that was current when
+        this handle was opened (its record carries the event): no Redis round
+        trip, unlike ``wait_published``, which asks for the newest."""
+        check(lib.memcuda_tensor_wait_opened(self._handle(), stream_ptr(stream)))
+
     # ---- copies ----------------------------------------------------------
     def copy_from_host(self, address: int, nbytes: int, offset: int = 0) -> None:
         """Copies `nbytes` from host memory at `address` into the tensor at byte
@@ -312,7 +334,16 @@ class Tensor:
         import numpy
         return numpy.asarray(self)
 
-    def torch(self):
-        """``torch.from_dlpack(self)``: a zero-copy torch tensor (bf16 included)."""
+    def torch(self, newest: bool = True):
+        """``torch.from_dlpack(self)``: a zero-copy torch tensor (bf16 included),
+        ordered on torch's current stream after the producer's newest publish
+        (one Redis round trip). newest=False: after the publish known when the
+        handle was opened (``wait_opened``, no round trip; what
+        ``Registry.get_state_dict`` uses for a whole batch)."""
         import torch.utils.dlpack
-        return torch.utils.dlpack.from_dlpack(self)
+        if newest or self._backend != 0:
+            return torch.utils.dlpack.from_dlpack(self)
+        import torch
+        s = torch.cuda.current_stream(self._device).cuda_stream
+        self.wait_opened(s or 1)  # 1: cudaStreamLegacy, torch's default stream
+        return torch.utils.dlpack.from_dlpack(self.__dlpack__(stream=-1))

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from typing import Iterator, List, Optional
@@ -19,8 +17,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, HERE)
 
 import memcuda  # noqa: E402
+from private_redis import NoRedisServer, private_redis  # noqa: E402
 
 
 def pytest_configure(config) -> None:
@@ -37,25 +37,11 @@ def find_program(env: str, pattern: str) -> Optional[str]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    server = os.environ.get("MEMCUDA_TEST_REDIS_SERVER") or shutil.which("redis-server")
-    if not server:
-        pytest.skip("redis-server not found (apt-get install redis-server, or set MEMCUDA_TEST_REDIS_SERVER)")
-    d = tempfile.mkdtemp(prefix="memcuda-pytest-")
-    sock = os.path.join(d, "redis.sock")
-    proc = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--save", "",
-                             "--appendonly", "no", "--dir", d, "--logfile", os.path.join(d, "redis.log")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"redis-server did not start (log in {d})")
-        time.sleep(0.01)
     try:
-        yield "unix://" + sock
-    finally:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        with private_redis("memcuda-pytest-") as url:
+            yield url
+    except NoRedisServer as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture

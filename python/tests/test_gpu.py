@@ -1,5 +1,6 @@
 """GPU tests (cuda backend): torch CUDA tensors both ways with a C++ process,
-a stream-ordered consumer of a slow producer, bf16 through torch.from_dlpack,
+a stream-ordered consumer of a slow producer (one tensor, and a state dict
+through its one batch), bf16 through torch.from_dlpack,
 a state dict shared to 4 Python processes, CuPy reading the same tensor.
 Skipped, with the reason, where there is no CUDA build or device."""
 from __future__ import annotations
@@ -89,6 +90,48 @@ def test_stream_ordered_consumer_of_a_slow_producer(greg, redis_url, namespace):
             total = torch.from_dlpack(t).sum()
         s.synchronize()
         assert total.item() == 7.0 * n
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
+
+
+SLOW_STATE_DICT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {pkg!r})
+    import memcuda
+    reg = memcuda.Registry({url!r}, {ns!r}, control_thread=False)
+    ts = reg.create_many([("g.sd/" + k, ({n},), "f32") for k in "abc"], device=0)
+    xs = [torch.from_dlpack(t) for t in ts]
+    for x in xs:
+        x.zero_()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(int(3e9))   # about 1-2 s of GPU time before the writes
+        for x in xs:
+            x.fill_(7.0)
+    for t in ts:
+        t.publish(s)                  # no host synchronisation
+    print("READY", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_state_dict_is_stream_ordered_without_a_round_trip_per_tensor(greg, redis_url, namespace):
+    """get_state_dict(framework="torch") orders torch's current stream after
+    each tensor's publish through the events its one batch read (wait_opened)."""
+    n = 1 << 20
+    code = SLOW_STATE_DICT.format(pkg=PKG, url=redis_url, ns=namespace, n=n)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            sd = greg.get_state_dict("g.sd/", framework="torch")
+            total = sum(v.sum() for v in sd.values())
+        s.synchronize()
+        assert sorted(sd) == ["a", "b", "c"]
+        assert total.item() == 7.0 * n * 3
     finally:
         p.stdin.close()
         p.wait(timeout=60)

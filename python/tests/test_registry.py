@@ -152,6 +152,59 @@ def test_get_many_all_or_nothing(reg):
     del keep
 
 
+def test_batch_calls_give_back_every_reference_on_a_partial_failure(reg):
+    """get_many / get_prefix / create_many / put_state_dict are one batch each;
+    a refused batch leaves every refcount at its baseline and creates nothing."""
+    made = reg.create_many([("b.w", (4, 8), "bf16"), ("b.b", (5,), "f32"), ("b.x", (), "i64")], persistent=True)
+    assert [(t.name, t.dtype, t.shape) for t in made] == [("b.w", "bf16", (4, 8)), ("b.b", "f32", (5,)),
+                                                          ("b.x", "i64", ())]
+    made[1].numpy()[4] = 2.5
+    del made
+    gc.collect()
+    reg.flush()
+    base = {n: reg.info(n).refcount for n in ("b.w", "b.b", "b.x")}
+    assert base == {"b.w": 1, "b.b": 1, "b.x": 1}  # the names' own references
+
+    got = reg.get_prefix("b.")
+    assert list(got) == ["b.b", "b.w", "b.x"] and got["b.b"].numpy()[4] == 2.5
+    reg.flush()
+    assert reg.info("b.w").refcount == 2
+    del got
+    gc.collect()
+    reg.flush()
+    assert {n: reg.info(n).refcount for n in base} == base
+    assert reg.get_prefix("b.none.") == {}
+
+    # b.x and b.w are taken by the batch, then given back; the error names the
+    # first refused name in the order given.
+    with pytest.raises(memcuda.NotFound, match="b.zz"):
+        reg.get_many(["b.x", "b.zz", "b.aa", "b.w"])
+    reg.flush()
+    assert {n: reg.info(n).refcount for n in base} == base
+
+    with pytest.raises(memcuda.AlreadyExists, match="b.x"):
+        reg.create_many([("b.new", (2,), "u8"), ("b.x", (2,), "u8")])
+    with pytest.raises(memcuda.InvalidArgument):
+        reg.create_many([("b.new", (2,), "u8"), ("b.new", (2,), "u8")])
+    with pytest.raises(memcuda.AlreadyExists):
+        reg.put_state_dict("b.", {"new": np.zeros(2, np.uint8), "x": np.zeros((), np.int64)})
+    with pytest.raises(memcuda.NotFound):
+        reg.info("b.new")  # all or nothing: nothing created
+    with pytest.raises(memcuda.TypeMismatch):
+        reg.put_state_dict("b.", {"b": np.zeros(5, np.float32), "w": np.zeros(3, np.float32)}, update=True)
+    gc.collect()
+    reg.flush()
+    assert {n: reg.info(n).refcount for n in base} == base
+    assert reg.info("b.b").refcount == 1 and reg.get("b.b").numpy()[4] == 2.5  # nothing written
+
+    twice = reg.get_many(["b.w", "b.w"])
+    assert twice[0].data_ptr == twice[1].data_ptr
+    del twice
+    gc.collect()
+    reg.flush()
+    assert {n: reg.info(n).refcount for n in base} == base
+
+
 def test_state_dict_roundtrip_and_in_place_update(reg):
     sd = {"layer.0.w": np.random.rand(4, 4).astype(np.float32), "layer.0.b": np.arange(4, dtype=np.int64),
           "emb": np.ones((2, 3), np.float16)}
@@ -206,3 +259,34 @@ def test_closed_registry_and_released_tensor(reg, redis_url, namespace):
         u.tobytes()
     assert "released" in repr(u)
     del t
+
+
+def test_model_versions_wake_a_waiter(reg, redis_url, namespace):
+    """publish_version / wait_version: the in-place weight-sync loop."""
+    handles = reg.put_state_dict("mv/", {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)})
+    consumer = memcuda.Registry(redis_url, namespace, control_thread=False)
+    try:
+        held = consumer.get_state_dict("mv/", framework="numpy")
+        assert consumer.current_version("mv/") == 0
+        assert consumer.wait_version("mv/", 0, timeout=0.05) is None
+
+        def train():
+            handles["w"].numpy()[:] = 1.5  # in place: the holders' memory
+            reg.publish_version("mv/")
+
+        th = threading.Timer(0.2, train)
+        th.start()
+        assert consumer.wait_version("mv/", 0, timeout=10) == 1
+        th.join()
+        assert (held["w"] == 1.5).all()
+        assert consumer.current_version("mv/") == 1
+        assert reg.publish_version("mv/") == 2
+        assert consumer.wait_version("mv/", 1, timeout=10) == 2
+        with pytest.raises(memcuda.NotFound):
+            consumer.current_version("nothing/")
+        del held, handles, train, th
+        gc.collect()
+        consumer.flush()
+        reg.flush()
+    finally:
+        consumer.close()

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -94,6 +95,47 @@ inline const memcuda::SharedTensor<void>& tensor(const memcuda_tensor* t) {
 inline std::string_view name_arg(const char* name) {
   if (!name) throw memcuda::InvalidArgument("tensor name is NULL");
   return name;
+}
+
+// An out pointer the call fills: NULL is refused, and it reads NULL until
+// the call succeeds.
+template <class T>
+void out_arg(T** out) {
+  if (!out) throw memcuda::InvalidArgument("out is NULL");
+  *out = nullptr;
+}
+
+// The dtype a get expects (nullopt: MEMCUDA_DTYPE_ANY, whatever is stored).
+inline std::optional<memcuda::DType> want_dtype(int dtype) {
+  if (dtype == MEMCUDA_DTYPE_ANY) return std::nullopt;
+  if (!memcuda_dtype_name(dtype))
+    throw memcuda::InvalidArgument("dtype " + std::to_string(dtype) + " is not a MEMCUDA_DTYPE_* value");
+  return static_cast<memcuda::DType>(dtype);
+}
+
+// What memcuda_create and each entry of memcuda_create_many ask for, checked
+// and in C++ terms. opts may be NULL (the registry's defaults).
+inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_t* shape, int ndim,
+                                       const memcuda_create_options* opts) {
+  memcuda::TensorSpec s;
+  s.name = std::string(name_arg(name));
+  auto d = want_dtype(dtype);
+  if (!d) throw memcuda::InvalidArgument("create needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
+  s.dtype = *d;
+  if (ndim < 0 || ndim > MEMCUDA_MAX_RANK)
+    throw memcuda::InvalidArgument("ndim " + std::to_string(ndim) + " is out of range [0, 8]");
+  if (ndim > 0 && !shape) throw memcuda::InvalidArgument("shape is NULL but ndim is " + std::to_string(ndim));
+  s.shape = memcuda::Shape(shape, shape + ndim);
+  if (opts) {
+    check_struct(opts, "create options");
+    if (opts->device >= 0) s.options.device = opts->device;
+    if (opts->backend == MEMCUDA_BACKEND_CUDA) s.options.backend = memcuda::BackendKind::cuda;
+    else if (opts->backend == MEMCUDA_BACKEND_HOST) s.options.backend = memcuda::BackendKind::host;
+    else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
+      throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
+    s.options.persistent = opts->persistent != 0;
+  }
+  return s;
 }
 
 }  // namespace memcuda_c

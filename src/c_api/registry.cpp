@@ -1,5 +1,5 @@
 // The C ABI's registry calls: open/close, create, get, remove, wait, flush,
-// info, list, stats, garbage collection.
+// info, list, stats, garbage collection (the batch calls are in batch.cpp).
 //
 // This is libmemcuda_c's implementation TU: when the public headers are split
 // into declarations and <memcuda/implementation.hpp>, the latter is included
@@ -46,17 +46,11 @@ memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
   return o;
 }
 
-std::optional<memcuda::DType> want_dtype(int dtype) {
-  if (dtype == MEMCUDA_DTYPE_ANY) return std::nullopt;
-  if (!memcuda_dtype_name(dtype)) throw memcuda::InvalidArgument("dtype " + std::to_string(dtype) + " is not a MEMCUDA_DTYPE_* value");
-  return static_cast<memcuda::DType>(dtype);
-}
-
 // Opens one tensor and checks the dtype, returning a new C handle.
 // With a stream, the stream also waits for the producer's last publish
 // (the event handle comes with the record: no extra round trip).
 memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const void* const* stream = nullptr) {
-  auto want = want_dtype(dtype);
+  auto want = memcuda_c::want_dtype(dtype);
   auto& reg = memcuda_c::registry(r);
   auto n = memcuda_c::name_arg(name);
   auto t = stream ? reg.get<void>(n, static_cast<memcuda::StreamHandle>(const_cast<void*>(*stream)))
@@ -65,12 +59,6 @@ memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const
     throw memcuda::TypeMismatch("tensor '" + t.name() + "' is " + std::string(memcuda::to_string(t.dtype())) +
                                 ", not " + std::string(memcuda::to_string(*want)));
   return new memcuda_tensor(std::move(t));
-}
-
-template <class T>
-void out_arg(T** out) {
-  if (!out) throw memcuda::InvalidArgument("out is NULL");
-  *out = nullptr;
 }
 
 }  // namespace
@@ -87,7 +75,7 @@ void memcuda_registry_options_init(memcuda_registry_options* o) {
 
 int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out) {
   return guarded([&] {
-    out_arg(out);
+    memcuda_c::out_arg(out);
     *out = new memcuda_registry(to_options(opts));
   });
 }
@@ -114,59 +102,26 @@ void memcuda_create_options_init(memcuda_create_options* o) {
 int memcuda_create(memcuda_registry* reg, const char* name, int dtype, const int64_t* shape, int ndim,
                    const memcuda_create_options* opts, memcuda_tensor** out) {
   return guarded([&] {
-    out_arg(out);
+    memcuda_c::out_arg(out);
     auto& r = memcuda_c::registry(reg);
-    auto d = want_dtype(dtype);
-    if (!d) throw memcuda::InvalidArgument("create needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
-    if (ndim < 0 || ndim > MEMCUDA_MAX_RANK)
-      throw memcuda::InvalidArgument("ndim " + std::to_string(ndim) + " is out of range [0, 8]");
-    if (ndim > 0 && !shape) throw memcuda::InvalidArgument("shape is NULL but ndim is " + std::to_string(ndim));
-    memcuda::Shape s(shape, shape + ndim);
-    memcuda::CreateOptions co;
-    if (opts) {
-      memcuda_c::check_struct(opts, "create options");
-      if (opts->device >= 0) co.device = opts->device;
-      if (opts->backend == MEMCUDA_BACKEND_CUDA) co.backend = memcuda::BackendKind::cuda;
-      else if (opts->backend == MEMCUDA_BACKEND_HOST) co.backend = memcuda::BackendKind::host;
-      else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
-        throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
-      co.persistent = opts->persistent != 0;
-    }
-    auto t = r.create_any(memcuda_c::name_arg(name), *d, std::move(s), co);
+    auto s = memcuda_c::create_spec(name, dtype, shape, ndim, opts);
+    auto t = r.create_any(s.name, s.dtype, std::move(s.shape), s.options);
     *out = new memcuda_tensor(std::move(t));
   });
 }
 
 int memcuda_get(memcuda_registry* reg, const char* name, int dtype, memcuda_tensor** out) {
   return guarded([&] {
-    out_arg(out);
+    memcuda_c::out_arg(out);
     *out = open_one(reg, name, dtype);
   });
 }
 
 int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream, memcuda_tensor** out) {
   return guarded([&] {
-    out_arg(out);
+    memcuda_c::out_arg(out);
     const void* s = stream;
     *out = open_one(reg, name, dtype, &s);
-  });
-}
-
-int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count, memcuda_tensor** out) {
-  return guarded([&] {
-    if (count > 0 && (!names || !out)) throw memcuda::InvalidArgument("names or out is NULL");
-    for (size_t i = 0; i < count; ++i) out[i] = nullptr;
-    // TODO(batch): switch to TensorRegistry::get_many (one Redis round trip
-    // for all names) once it lands; this loop costs one round trip per name.
-    try {
-      for (size_t i = 0; i < count; ++i) out[i] = open_one(reg, names[i], MEMCUDA_DTYPE_ANY);
-    } catch (...) {
-      for (size_t i = 0; i < count; ++i) {
-        delete out[i];  // queues the release only
-        out[i] = nullptr;
-      }
-      throw;
-    }
   });
 }
 

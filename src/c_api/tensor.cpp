@@ -4,6 +4,9 @@
 
 #include "c_api_internal.hpp"
 #include "memcuda/dlpack.hpp"
+#if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/ipc_event.hpp"
+#endif
 
 using memcuda_c::guarded;
 
@@ -92,6 +95,22 @@ int memcuda_tensor_publish(const memcuda_tensor* t, void* stream, uint64_t* vers
 
 int memcuda_tensor_wait_published(const memcuda_tensor* t, void* stream) {
   return guarded([&] { memcuda_c::tensor(t).wait_published(static_cast<memcuda::StreamHandle>(stream)); });
+}
+
+int memcuda_tensor_wait_opened(const memcuda_tensor* t, void* stream) {
+  return guarded([&] {
+    // The record this handle was opened with carries the event's IPC handle
+    // (what TensorRegistry::get(name, stream) waits on): no Redis round trip,
+    // so a batch of 291 tensors orders a stream without 291 of them.
+    const auto& info = memcuda_c::tensor(t).info();
+#if MEMCUDA_HAS_CUDA()
+    if (info.backend == memcuda::BackendKind::cuda && !info.event_handle.empty())
+      memcuda::detail::stream_wait_ipc_event(static_cast<cudaStream_t>(stream), info.event_handle);
+#else
+    (void)info;
+    (void)stream;
+#endif
+  });
 }
 
 int memcuda_tensor_copy_from_host(const memcuda_tensor* t, const void* src, uint64_t bytes, uint64_t offset) {

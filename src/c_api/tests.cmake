@@ -35,3 +35,20 @@ foreach(kind cpu gpu)
 endforeach()
 # The suite drives memcuda_test_worker and the memcuda CLI, which `all`
 # builds; a test whose program is missing reports itself skipped.
+
+# The Python benchmarks (benchmarks/python/run.sh) on CPU tensors and the host
+# backend with small sizes: a functional check of the scripts and of their
+# baselines, not a measurement (the GPU host runs them with --device cuda).
+# Skipped (77) when this interpreter has no torch.
+add_test(NAME python_bench_smoke
+  COMMAND bash ${PROJECT_SOURCE_DIR}/benchmarks/python/run.sh --device cpu --scale 0.0003 --repeat 1 --warmup 0
+          --get-repeat 5 --bytes 4096 --python ${MEMCUDA_PYTHON} --budget 280)
+set_tests_properties(python_bench_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "${_pyenv}")
+
+# The typed session of examples/python (a PyTorch producer and a consumer in
+# two "shells"), on CPU tensors and the host backend; the GPU host runs
+# examples/python/session.sh itself (cuda when it has a GPU). Skipped (77)
+# when this interpreter has no torch.
+add_test(NAME python_session
+  COMMAND bash ${PROJECT_SOURCE_DIR}/examples/python/session.sh --device cpu --python ${MEMCUDA_PYTHON})
+set_tests_properties(python_session PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 ENVIRONMENT "${_pyenv}")

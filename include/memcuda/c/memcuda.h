@@ -178,10 +178,66 @@ MEMCUDA_C_EXPORT int memcuda_get(memcuda_registry* reg, const char* name, int dt
  * stream) wait for the producer's last publish. Host backend: no wait. */
 MEMCUDA_C_EXPORT int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream,
                                            memcuda_tensor** out);
-/* Opens `count` tensors (any dtype) into out[0..count). All or nothing: on a
- * failure every tensor opened so far is released and out[] is all NULL. */
+/* Opens `count` tensors (any dtype) into out[0..count), in one Redis round
+ * trip (TensorRegistry::get_many). A name given twice gets two shares of one
+ * reference. All or nothing: when a name is refused, every reference the
+ * batch took is given back, out[] is all NULL, and the status and message
+ * are those of the first refused name in the order given (what memcuda_get
+ * of that name alone reports: NOT_FOUND, LOST, ...). */
 MEMCUDA_C_EXPORT int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count,
                                       memcuda_tensor** out);
+/* Opens every tensor whose name starts with `prefix` ("" or NULL: every
+ * name), in one Redis round trip (TensorRegistry::get_prefix): *out is an
+ * array of *count handles sorted by name (memcuda_tensor_name tells which),
+ * to give back with memcuda_free_tensor_array after releasing each handle;
+ * NULL when count is 0. All or nothing, like memcuda_get_many: the status
+ * and message are those of the first refused name in name order. */
+MEMCUDA_C_EXPORT int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor*** out,
+                                        size_t* count);
+/* Frees an array of memcuda_get_prefix (not the handles in it); NULL is a no-op. */
+MEMCUDA_C_EXPORT void memcuda_free_tensor_array(memcuda_tensor** arr);
+
+/* One tensor of memcuda_create_many: what memcuda_create takes. Fill with
+ * memcuda_tensor_spec_init (it also inits `options`). */
+typedef struct memcuda_tensor_spec {
+  uint32_t struct_size;           /* sizeof(memcuda_tensor_spec) */
+  const char* name;
+  int dtype;                      /* a MEMCUDA_DTYPE_* value (not ANY) */
+  int ndim;                       /* 0..MEMCUDA_MAX_RANK */
+  const int64_t* shape;           /* ndim dimensions; may be NULL when ndim is 0 */
+  memcuda_create_options options; /* backend, device, persistence of this tensor */
+} memcuda_tensor_spec;
+
+MEMCUDA_C_EXPORT void memcuda_tensor_spec_init(memcuda_tensor_spec* spec);
+/* Creates `count` tensors (contents unspecified) in one request to the
+ * allocator of record (TensorRegistry::create_many); out[i] is the
+ * creator's share of specs[i]. All or nothing: on a failure (ALREADY_EXISTS
+ * naming the first taken name, INVALID_ARGUMENT for a bad spec or a name
+ * given twice, BUDGET_EXCEEDED, NOT_LEADER, ...) none is created and out[]
+ * is all NULL. */
+MEMCUDA_C_EXPORT int memcuda_create_many(memcuda_registry* reg, const memcuda_tensor_spec* specs, size_t count,
+                                         memcuda_tensor** out);
+
+/* ---- model versions (include/memcuda/model.hpp): in-place weight sync -----
+ * A model is the set of tensors whose names start with `prefix`. */
+/* Producer side, after ENQUEUEING the writes of the new weights on `stream`
+ * (a cudaStream_t; NULL: legacy default): records one interprocess event on
+ * it, bumps the model's version and wakes every waiter. backend:
+ * MEMCUDA_BACKEND_* of the model's tensors (DEFAULT: the registry's; host:
+ * no event, the writes must be done); device: the stream's CUDA ordinal (-1:
+ * the calling thread's current device). *version (may be NULL) gets the new
+ * version (1, 2, ...). NOT_FOUND when no tensor name starts with prefix. */
+MEMCUDA_C_EXPORT int memcuda_publish_version(memcuda_registry* reg, const char* prefix, void* stream, int backend,
+                                             int device, uint64_t* version);
+/* Consumer side: blocks (no polling) until the model's version is greater
+ * than `after`, then makes `stream` wait on the producer's event (no host
+ * synchronisation) and sets *version; *version = 0 when timeout_ms passed
+ * first (not an error). NOT_FOUND when the model has no version and no
+ * tensor; UNAVAILABLE when published from a device this process cannot see. */
+MEMCUDA_C_EXPORT int memcuda_wait_version(memcuda_registry* reg, const char* prefix, uint64_t after,
+                                          int64_t timeout_ms, void* stream, uint64_t* version);
+/* The model's current version (0: tensors but no version yet); orders nothing. */
+MEMCUDA_C_EXPORT int memcuda_current_version(memcuda_registry* reg, const char* prefix, uint64_t* version);
 
 /* Unlinks the name (open handles stay valid; memory goes with the last holder). */
 MEMCUDA_C_EXPORT int memcuda_remove(memcuda_registry* reg, const char* name);
@@ -294,8 +350,16 @@ MEMCUDA_C_EXPORT int memcuda_tensor_valid(const memcuda_tensor* t, int* valid);
  * of the tensor's device; NULL: legacy default) after the work that wrote
  * the tensor and publishes it; *version (may be NULL) gets the new version. */
 MEMCUDA_C_EXPORT int memcuda_tensor_publish(const memcuda_tensor* t, void* stream, uint64_t* version);
-/* Consumer side: makes `stream` wait for the last published event. */
+/* Consumer side: makes `stream` wait for the last published event (one
+ * Redis round trip to learn the newest). */
 MEMCUDA_C_EXPORT int memcuda_tensor_wait_published(const memcuda_tensor* t, void* stream);
+/* Makes `stream` wait for the event that had been published when this
+ * handle's record was read (memcuda_get_on_stream's ordering), without a
+ * Redis round trip: what a batch (memcuda_get_prefix, memcuda_get_many)
+ * opens is ordered per tensor for free. To order after a publish made
+ * since, use memcuda_tensor_wait_published (or a model version). Host
+ * backend, or nothing published by then: no-op. */
+MEMCUDA_C_EXPORT int memcuda_tensor_wait_opened(const memcuda_tensor* t, void* stream);
 
 /* Synchronous, bounds-checked byte copies between host memory and the
  * tensor (either backend), starting at byte `offset` of the tensor. */

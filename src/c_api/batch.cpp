@@ -1,0 +1,106 @@
+// The C ABI's batch calls: memcuda_get_many, memcuda_get_prefix and
+// memcuda_create_many, each one TensorRegistry batch operation (one Redis
+// round trip, or one request to the allocator of record), all or nothing.
+//
+// No path leaks a reference: the C++ batch result owns every reference it
+// took until the C handles exist, and the handles are made (each one an
+// allocation that may throw) before any is handed out, so a failure at any
+// point drops them all and the releases are queued.
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "c_api_internal.hpp"
+
+using memcuda_c::guarded;
+
+namespace {
+
+using Handles = std::vector<std::unique_ptr<memcuda_tensor>>;
+
+// The strict form of a batch get whose names were given in `order`: throws
+// the error of the first refused name in that order (what a get of that name
+// alone throws); the result's references go with it.
+void throw_first_refusal(memcuda::BatchGetResult& res, const std::vector<std::string>& order) {
+  for (const auto& n : order) {
+    auto it = res.errors.find(n);
+    if (it != res.errors.end()) it->second.rethrow();
+  }
+  res.errors.begin()->second.rethrow();  // a refused name not asked for: cannot happen, but never pass silently
+}
+
+}  // namespace
+
+extern "C" {
+
+int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count, memcuda_tensor** out) {
+  return guarded([&] {
+    if (count > 0 && (!names || !out)) throw memcuda::InvalidArgument("names or out is NULL");
+    for (size_t i = 0; i < count; ++i) out[i] = nullptr;
+    auto& r = memcuda_c::registry(reg);
+    if (count == 0) return;
+    std::vector<std::string> order;
+    order.reserve(count);
+    for (size_t i = 0; i < count; ++i) order.emplace_back(memcuda_c::name_arg(names[i]));
+    auto res = r.get_many(order);
+    if (!res.ok()) throw_first_refusal(res, order);
+    Handles made;
+    made.reserve(count);
+    // A name given twice: the same SharedTensor copied, one reference.
+    for (const auto& n : order) made.push_back(std::make_unique<memcuda_tensor>(res.tensors.at(n)));
+    for (size_t i = 0; i < count; ++i) out[i] = made[i].release();
+  });
+}
+
+int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor*** out, size_t* count) {
+  return guarded([&] {
+    if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
+    *out = nullptr;
+    *count = 0;
+    auto taken = memcuda_c::registry(reg).get_prefix(prefix ? prefix : "").take_all();
+    if (taken.empty()) return;
+    Handles made;
+    made.reserve(taken.size());
+    for (auto& [name, t] : taken) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));  // name order
+    // malloc'd so that memcuda_free_tensor_array is a plain free of one block.
+    auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
+    if (!arr) throw std::bad_alloc();
+    for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
+    *out = arr;
+    *count = made.size();
+  });
+}
+
+void memcuda_free_tensor_array(memcuda_tensor** arr) { std::free(arr); }
+
+void memcuda_tensor_spec_init(memcuda_tensor_spec* spec) {
+  if (!spec) return;
+  *spec = memcuda_tensor_spec{};
+  spec->struct_size = sizeof *spec;
+  memcuda_create_options_init(&spec->options);
+}
+
+int memcuda_create_many(memcuda_registry* reg, const memcuda_tensor_spec* specs, size_t count, memcuda_tensor** out) {
+  return guarded([&] {
+    if (count > 0 && (!specs || !out)) throw memcuda::InvalidArgument("specs or out is NULL");
+    for (size_t i = 0; i < count; ++i) out[i] = nullptr;
+    auto& r = memcuda_c::registry(reg);
+    if (count == 0) return;
+    std::vector<memcuda::TensorSpec> cxx;
+    cxx.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const auto& s = specs[i];
+      memcuda_c::check_struct(&s, ("specs[" + std::to_string(i) + "]").c_str());
+      cxx.push_back(memcuda_c::create_spec(s.name, s.dtype, s.shape, s.ndim, &s.options));
+    }
+    auto made_by_name = r.create_many(cxx);
+    Handles made;
+    made.reserve(count);
+    for (const auto& s : cxx) made.push_back(std::make_unique<memcuda_tensor>(std::move(made_by_name.at(s.name))));
+    for (size_t i = 0; i < count; ++i) out[i] = made[i].release();
+  });
+}
+
+}  // extern "C"

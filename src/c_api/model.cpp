@@ -1,0 +1,54 @@
+// The C ABI's model versions (include/memcuda/model.hpp): the weight-sync
+// loop of a producer that overwrites a model's tensors in place and
+// publishes a version, and consumers that wait for the next one.
+#include "c_api_internal.hpp"
+#include "memcuda/model.hpp"
+
+using memcuda_c::guarded;
+
+namespace {
+
+std::string_view prefix_arg(const char* prefix) {
+  if (!prefix) throw memcuda::InvalidArgument("prefix is NULL");
+  return prefix;
+}
+
+}  // namespace
+
+extern "C" {
+
+int memcuda_publish_version(memcuda_registry* reg, const char* prefix, void* stream, int backend, int device,
+                            uint64_t* version) {
+  return guarded([&] {
+    memcuda::VersionPublishOptions o;
+    if (backend == MEMCUDA_BACKEND_CUDA) o.backend = memcuda::BackendKind::cuda;
+    else if (backend == MEMCUDA_BACKEND_HOST) o.backend = memcuda::BackendKind::host;
+    else if (backend != MEMCUDA_BACKEND_DEFAULT)
+      throw memcuda::InvalidArgument("backend " + std::to_string(backend) + " is not a MEMCUDA_BACKEND_* value");
+    o.device = device < 0 ? -1 : device;
+    auto v = memcuda::publish_version(memcuda_c::registry(reg), prefix_arg(prefix),
+                                      static_cast<memcuda::StreamHandle>(stream), o);
+    if (version) *version = v;
+  });
+}
+
+int memcuda_wait_version(memcuda_registry* reg, const char* prefix, uint64_t after, int64_t timeout_ms, void* stream,
+                         uint64_t* version) {
+  return guarded([&] {
+    if (!version) throw memcuda::InvalidArgument("version is NULL");
+    *version = 0;
+    if (timeout_ms < 0) throw memcuda::InvalidArgument("timeout_ms must not be negative");
+    auto v = memcuda::wait_version(memcuda_c::registry(reg), prefix_arg(prefix), after,
+                                   std::chrono::milliseconds(timeout_ms), static_cast<memcuda::StreamHandle>(stream));
+    if (v) *version = *v;
+  });
+}
+
+int memcuda_current_version(memcuda_registry* reg, const char* prefix, uint64_t* version) {
+  return guarded([&] {
+    if (!version) throw memcuda::InvalidArgument("version is NULL");
+    *version = memcuda::current_version(memcuda_c::registry(reg), prefix_arg(prefix));
+  });
+}
+
+}  // extern "C"
