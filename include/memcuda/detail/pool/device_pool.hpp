@@ -5,6 +5,9 @@
 
 #include "memcuda/config.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -68,27 +71,76 @@ class DevicePool {
     }
     const std::uint64_t slab = want < threshold_ ? slab_bytes_ : want;
     make_room(slab, bytes, released);
-    const std::uint64_t id = next_id_.fetch_add(1);
-    std::shared_ptr<ExportedBlock> exported;
-    try {
-      exported = std::make_shared<ExportedBlock>(
-          backend_, backend_.allocate(slab, device_, id, tag_, opts_.upstream.get()));
-    } catch (const BudgetExceeded&) {
-      // The device (not our budget) is full: give back what we keep idle
-      // and try once more.
-      if (trim_locked(0, released) == 0) throw;
-      released.clear();
-      exported = std::make_shared<ExportedBlock>(
-          backend_, backend_.allocate(slab, device_, id, tag_, opts_.upstream.get()));
-    }
-    blocks_.add_slab(id, slab);
-    slabs_.emplace(id, SlabEntry{exported, want >= threshold_});
-    ProcessCache::instance().add_export(tag_, exported);
+    add_allocation(slab, want >= threshold_, released);
     auto b = blocks_.allocate(want);
     if (!b) throw InternalError("a fresh slab of " + std::to_string(slab) + " bytes could not hold " +
                                 std::to_string(want));
     return finish(*b, bytes);
   }
+
+  // Places a whole batch (block sizes `sizes`, in order) in ONE allocation
+  // sized to it: the sum of the aligned blocks, rounded up to the backend's
+  // granularity, carved front to back. An importer then maps the batch with
+  // one open instead of one per slab and dedicated tensor (an IPC open costs
+  // 60-300 us; docs/design.md, "Fewer opens"). An empty packed or dedicated
+  // allocation that fits the batch without wasting over a quarter is reused.
+  // The allocation is a dedicated one: its freed space serves any later
+  // block, and trim() returns it once empty.
+  // nullopt, changing nothing, when packing is off, the batch is under
+  // PoolOptions::pack_batches_min_bytes or has fewer than two blocks, or the
+  // allocation cannot be had (the budget, or a full device): the caller
+  // then places each block with allocate(). Throws what the backend throws
+  // otherwise (CudaError), InvalidArgument on a size overflow.
+  std::optional<std::vector<PoolBlock>> allocate_packed(const std::vector<std::uint64_t>& sizes) {
+    if (opts_.pack_batches_min_bytes == 0 || sizes.size() < 2) return std::nullopt;
+    std::vector<std::uint64_t> wants;
+    wants.reserve(sizes.size());
+    std::uint64_t total = 0;
+    for (auto n : sizes) {
+      wants.push_back(round_up(n == 0 ? 1 : n));
+      if (wants.back() > ~std::uint64_t{0} - total) throw InvalidArgument("batch size overflows");
+      total += wants.back();
+    }
+    if (total < opts_.pack_batches_min_bytes) return std::nullopt;
+    const std::uint64_t gran = granularity();
+    if (total > ~std::uint64_t{0} - gran) throw InvalidArgument("batch size overflows");
+    const std::uint64_t size = (total + gran - 1) / gran * gran;
+
+    std::vector<std::shared_ptr<ExportedBlock>> released;  // freed after unlocking
+    std::lock_guard lk(mu_);
+    std::optional<std::uint64_t> id = reusable_dedicated(total);
+    if (!id) {
+      try {
+        make_room(size, total, released);
+        id = add_allocation(size, true, released);
+      } catch (const BudgetExceeded& e) {
+        log(LogLevel::info, std::string("pool: no single allocation for a batch of ") + std::to_string(sizes.size()) +
+                                " tensors (" + e.what() + "); placing them one by one");
+        return std::nullopt;
+      }
+    }
+    std::vector<PoolBlock> out;
+    out.reserve(sizes.size());
+    std::uint64_t off = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      auto b = blocks_.allocate_at(*id, off, sizes[i] == 0 ? 1 : sizes[i]);
+      if (!b) {
+        for (std::size_t j = 0; j < out.size(); ++j) {  // leaves it empty: trim() returns it
+          blocks_.deallocate(out[j].block);
+          requested_ -= std::min(requested_, sizes[j]);
+        }
+        throw InternalError("pool: a packed allocation of " + std::to_string(blocks_.slab_size(*id)) +
+                            " bytes could not hold block " + std::to_string(i) + " at offset " + std::to_string(off));
+      }
+      off += b->size;
+      out.push_back(finish(*b, sizes[i]));
+    }
+    ++packed_batches_;
+    return out;
+  }
+
+  // Batches placed by allocate_packed() so far (tests, diagnostics).
+  std::uint64_t packed_batches() const noexcept { return packed_batches_.load(); }
 
   // Takes the allocation of a dead exporter that holds the tensors `ts`
   // (one allocation: same handle) into this pool without copying a byte,
@@ -208,6 +260,41 @@ class DevicePool {
     bool adopted = false;
   };
 
+  // Allocates and exports `size` bytes as a new slab (dedicated: returned
+  // by trim() as soon as it is empty) and returns its id. When the device
+  // (not our budget) is full, gives back what the pool keeps idle and tries
+  // once more. Throws BudgetExceeded, CudaError. Lock held.
+  std::uint64_t add_allocation(std::uint64_t size, bool dedicated,
+                               std::vector<std::shared_ptr<ExportedBlock>>& released) {
+    const std::uint64_t id = next_id_.fetch_add(1);
+    std::shared_ptr<ExportedBlock> exported;
+    try {
+      exported = std::make_shared<ExportedBlock>(
+          backend_, backend_.allocate(size, device_, id, tag_, opts_.upstream.get()));
+    } catch (const BudgetExceeded&) {
+      if (trim_locked(0, released) == 0) throw;
+      released.clear();
+      exported = std::make_shared<ExportedBlock>(
+          backend_, backend_.allocate(size, device_, id, tag_, opts_.upstream.get()));
+    }
+    blocks_.add_slab(id, size);
+    slabs_.emplace(id, SlabEntry{exported, dedicated});
+    ProcessCache::instance().add_export(tag_, exported);
+    return id;
+  }
+
+  // What a packed allocation is rounded up to: the driver's granularity for
+  // cudaMalloc (2 MiB: a smaller tail would be wasted anyway), the page
+  // size for shared memory; never below the pool's alignment.
+  std::uint64_t granularity() const {
+    std::uint64_t g = backend_.kind() == BackendKind::cuda ? (std::uint64_t{2} << 20) : page_size();
+    return std::max<std::uint64_t>(g, opts_.alignment);
+  }
+  static std::uint64_t page_size() {
+    const long p = ::sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<std::uint64_t>(p) : 4096;
+  }
+
   std::uint64_t round_up(std::uint64_t n) const {
     const std::uint64_t a = opts_.alignment;
     if (n > ~std::uint64_t{0} - a) throw InvalidArgument("allocation size overflows");
@@ -296,6 +383,7 @@ class DevicePool {
   std::unordered_map<std::uint64_t, SlabEntry> slabs_;
   std::unordered_map<std::string, std::uint64_t> adopted_;  // handle -> slab id of adopted allocations
   std::atomic<std::uint64_t> adopted_bytes_{0}, copied_bytes_{0};
+  std::atomic<std::uint64_t> packed_batches_{0};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

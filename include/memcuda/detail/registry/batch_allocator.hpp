@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 #include <span>
 #include <string>
@@ -48,29 +49,69 @@ class BatchAllocator {
 
     // One pass over the pools: every block, or (on BudgetExceeded, a CUDA
     // error) none: Slots' destructor gives back what is not published.
+    // Entries are first sorted into their pools; a pool's share of the batch
+    // goes into one allocation of its own when it is large enough
+    // (DevicePool::allocate_packed, PoolOptions::pack_batches_min_bytes),
+    // else tensor by tensor.
     Slots slots{&A};
-    slots.reserve(cmd.tensors.size());
+    slots.v.resize(cmd.tensors.size());
+    std::vector<std::uint64_t> bytes(cmd.tensors.size(), 0);
+    std::vector<BackendKind> kinds(cmd.tensors.size(), BackendKind::host);
+    std::vector<std::pair<DevicePool*, std::vector<std::size_t>>> groups;  // pool -> entries, first-seen order
     for (std::size_t i = 0; i < cmd.tensors.size(); ++i) {
       const auto& e = cmd.tensors[i];
       const std::string create_id = entry_create_id(cmd.id, i);
       if (auto parked = A.unpark(create_id)) {
         parked->info.epoch = epoch;
-        slots.v.push_back({parked->pool, parked->pb, parked->info, parked->persistent, true, true});
+        slots.v[i] = {parked->pool, parked->pb, parked->info, parked->persistent, true, true};
         continue;
       }
-      const std::uint64_t bytes = byte_size(e.dtype, e.shape);
-      const BackendKind kind = e.backend.value_or(ctx.default_backend());
+      bytes[i] = byte_size(e.dtype, e.shape);
+      kinds[i] = e.backend.value_or(ctx.default_backend());
       int device = -1;
-      if (kind == BackendKind::cuda) {
+      if (kinds[i] == BackendKind::cuda) {
         device = e.device.value_or(ctx.opts.default_device);
 #if MEMCUDA_HAS_CUDA()
         if (e.device_uuid) device = ordinal_of_uuid(*e.device_uuid, device);
 #endif
       }
-      DevicePool& pool = A.pool_for(kind, device);
-      PoolBlock pb = pool.allocate(bytes);
-      slots.v.push_back({&pool, pb, record_for(A, e, pb, bytes, kind, epoch, create_id),
-                         e.persistent.value_or(false), false, true});
+      DevicePool* pool = &A.pool_for(kinds[i], device);
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == pool; });
+      if (g == groups.end()) g = groups.insert(groups.end(), {pool, {}});
+      g->second.push_back(i);
+    }
+    auto place = [&](std::size_t i, DevicePool* pool, const PoolBlock& pb) {
+      const auto& e = cmd.tensors[i];
+      slots.v[i] = {pool, pb, record_for(A, e, pb, bytes[i], kinds[i], epoch, entry_create_id(cmd.id, i)),
+                    e.persistent.value_or(false), false, true};
+    };
+    for (const auto& [pool, idx] : groups) {
+      std::vector<std::uint64_t> sizes;
+      sizes.reserve(idx.size());
+      for (auto i : idx) sizes.push_back(bytes[i]);
+      if (auto packed = pool->allocate_packed(sizes)) {
+        for (std::size_t j = 0; j < idx.size(); ++j) {
+          // Owned by the slot from here; a throw in record_for leaves the
+          // rest of the batch to be returned one block at a time.
+          try {
+            place(idx[j], pool, (*packed)[j]);
+          } catch (...) {
+            for (std::size_t r = j; r < idx.size(); ++r)
+              if (!slots.v[idx[r]].give_back) pool->deallocate((*packed)[r]);
+            throw;
+          }
+        }
+        continue;
+      }
+      for (auto i : idx) {
+        PoolBlock pb = pool->allocate(bytes[i]);
+        try {
+          place(i, pool, pb);
+        } catch (...) {
+          pool->deallocate(pb);
+          throw;
+        }
+      }
     }
 
     const auto& k = ctx.keys;
@@ -160,12 +201,12 @@ class BatchAllocator {
 
  private:
   struct Slot {
-    DevicePool* pool;
+    DevicePool* pool = nullptr;
     PoolBlock pb;
     TensorInfo info;
-    bool persistent;
-    bool parked;     // came from a lost attempt
-    bool give_back;  // not published (yet): back to its pool when the batch ends
+    bool persistent = false;
+    bool parked = false;     // came from a lost attempt
+    bool give_back = false;  // holds a block not published (yet): back to its pool when the batch ends
   };
   // A block not published goes back to its pool, except one a lost
   // attempt may have published (parked): that one is parked again.
@@ -173,7 +214,6 @@ class BatchAllocator {
     Allocator* a;
     std::vector<Slot> v;
     explicit Slots(Allocator* owner) : a(owner) {}
-    void reserve(std::size_t n) { v.reserve(n); }
     Slots(const Slots&) = delete;
     Slots& operator=(const Slots&) = delete;
     ~Slots() {
@@ -199,6 +239,7 @@ class BatchAllocator {
     t.bytes = bytes;
     t.backend = kind;
     t.ipc_handle = a.handle;
+    t.alloc_kind = a.alloc_kind;  // as Allocator::create writes it
     t.offset = pb.block.offset;
     t.alloc_bytes = a.size;
     t.alloc_id = a.alloc_id;

@@ -326,6 +326,7 @@ class BatchClient {
     for (const auto& e : cmd.tensors) reads.push_back({"HGETALL", ctx_.keys.tensor(e.name)});
     std::map<std::string, SharedTensor<void>> out;
     std::size_t i = 0;
+    bool i_taken_over = false;
     try {
       std::vector<redis::Reply> rs;
       {
@@ -333,18 +334,21 @@ class BatchClient {
         rs = c->pipeline(reads);
       }
       for (; i < n; ++i) {
+        i_taken_over = false;
         const std::string& name = cmd.tensors[i].name;
         if (rs[i].size() == 0) throw NotFound("tensor '" + name + "' vanished right after its creation");
         TensorInfo t = protocol::decode_record(fields_from_reply(rs[i].view()));
         if (t.generation != gens[i]) throw StaleHandle("tensor '" + name + "' was replaced right after its creation");
+        i_taken_over = true;  // adopt(), then its handle, gives the reference back if anything throws
         out.emplace(name, SharedTensor<void>(adopt(std::move(t))));
       }
     } catch (const ConnectionError&) {
       throw;  // Redis away: GC drops the references if this process dies
     } catch (...) {
       // adopt() gave back entry i's reference when it threw after taking it
-      // over; a failed read or check did not: give back i and the rest.
-      for (std::size_t j = i; j < n; ++j)
+      // over; a failed read or check did not: give back i (then) and the
+      // rest. (Giving i back twice would fail as "notholder".)
+      for (std::size_t j = i + (i_taken_over ? 1 : 0); j < n; ++j)
         if (!out.count(cmd.tensors[j].name)) c_.client.release_now(cmd.tensors[j].name, gens[j]);
       throw;
     }
