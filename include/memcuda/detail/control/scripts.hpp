@@ -67,21 +67,29 @@ if gen == 1 then  -- a fresh Redis: start above every generation of an earlier o
   redis.call('SET', KEYS[4], gen)
 end
 redis.call('DEL', KEYS[6])
-redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+-- The whole record in one HSET (unpack last, so it expands fully): every
+-- redis.call costs argument conversion and a command dispatch, and Redis
+-- runs nothing else meanwhile. The fields the script sets come first; the
+-- caller never sends them (generation, state, refcount, holder:*).
 local rc = 1
-redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[5], 1)
 if ARGV[6] == '1' then
   rc = 2
-  redis.call('HSET', KEYS[1], 'holder:@name', 1)
+  redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
+             'holder:@name', 1, unpack(ARGV, 7))
+else
+  redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
+             unpack(ARGV, 7))
 end
-redis.call('HSET', KEYS[1], 'refcount', rc)
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('PUBLISH', ARGV[4], gen)
-for _, l in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  redis.call('LPUSH', l, gen)
-  redis.call('PEXPIRE', l, 60000)
+local waiting = redis.call('SMEMBERS', KEYS[5])
+if #waiting > 0 then
+  for _, l in ipairs(waiting) do
+    redis.call('LPUSH', l, gen)
+    redis.call('PEXPIRE', l, 60000)
+  end
+  redis.call('DEL', KEYS[5])
 end
-redis.call('DEL', KEYS[5])
 return {'ok', gen, rc}
 )lua";
 
