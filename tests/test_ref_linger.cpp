@@ -8,8 +8,11 @@
 // references are collected by the garbage collector.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <iostream>
 #include <thread>
+#include <vector>
 
 #include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"
@@ -199,4 +202,69 @@ TEST_CASE("release_linger out of range is rejected", "[redis][ref-cache][linger]
   test::RedisServer srv;
   CHECK_THROWS_AS(TensorRegistry(lg_opts(srv, false, -1ms)), InvalidArgument);
   CHECK_THROWS_AS(TensorRegistry(lg_opts(srv, false, 61000ms)), InvalidArgument);
+}
+
+TEST_CASE("threads getting and dropping lingering handles while names are removed and re-created",
+          "[redis][ref-cache][linger][threads]") {
+  test::RedisServer srv;
+  TensorRegistry reg(lg_opts(srv, true, 1ms));  // short windows: many end while the threads run
+  TensorRegistry other(lg_opts(srv, false, 0ms));
+  REQUIRE(cache_live(reg));
+  constexpr int kNames = 3;
+  for (int i = 0; i < kNames; ++i) reg.create<float>("t" + std::to_string(i), {4}, persistent()).release();
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::atomic<long> gets{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      long i = r;
+      while (!stop.load()) {
+        const std::string name = "t" + std::to_string(i++ % kNames);
+        try {
+          auto t = reg.get<float>(name);
+          auto copy = t;  // copies of one wrapper: the window starts with the last
+          if (t.name() != name || copy.data() != t.data()) bad.fetch_add(1);
+          gets.fetch_add(1);
+          if (i % 7 == 0) std::this_thread::sleep_for(2ms);  // let a window pass now and then
+        } catch (const NotFound&) {
+        } catch (const std::exception&) {
+          bad.fetch_add(1);
+        }
+      }
+    });
+  std::vector<std::uint64_t> last(kNames);
+  for (int round = 0; round < 20; ++round) {
+    const int i = round % kNames;
+    const std::string name = "t" + std::to_string(i);
+    try {
+      if (round % 2) reg.remove(name);
+      else other.remove(name);
+      auto t = (round % 3 ? reg : other).create<float>(name, {4}, persistent());
+      last[i] = t.generation();
+    } catch (const std::exception&) {
+      bad.fetch_add(1);
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  CHECK(bad.load() == 0);
+  CHECK(gets.load() > 0);
+  const auto st = cache_of(reg).stats();
+  std::cout << "linger threads: " << gets.load() << " gets, " << st.revived << " took a lingering handle back, "
+            << st.misses << " misses\n";
+  CHECK(st.revived > 0);  // the path under test ran
+  for (int i = 0; i < kNames; ++i) {
+    const std::string name = "t" + std::to_string(i);
+    CHECK(eventually([&] { return reg.get<float>(name).generation() == last[i]; }, 2s));
+  }
+  // Back to the baseline: each name holds its tensor, nobody else does.
+  reg.flush();
+  other.flush();
+  CHECK(cache_of(reg).lingering() == 0);
+  for (auto& t : reg.list()) {
+    CHECK(t.refcount == 1);
+    CHECK(t.holders.count(reg.session_id()) == 0);
+  }
 }
