@@ -268,3 +268,28 @@ TEST_CASE("threads getting and dropping lingering handles while names are remove
     CHECK(t.holders.count(reg.session_id()) == 0);
   }
 }
+
+TEST_CASE("a long window pending does not hold back other releases", "[redis][ref-cache][linger]") {
+  test::RedisServer srv;
+  TensorRegistry leader(lg_opts(srv, true, 0ms));
+  { auto t = leader.create<float>("long", {4}, persistent()); }
+  { auto t = leader.create<float>("plain", {4}, persistent()); }
+  TensorRegistry lingering(lg_opts(srv, false, 60000ms));
+  REQUIRE(cache_live(lingering));
+  auto plain_opts = lg_opts(srv, false, 0ms);
+  plain_opts.share_references = false;
+  TensorRegistry plain(plain_opts);
+  auto p = plain.get<float>("plain");
+  lingering.get<float>("long").release();  // a 60 s window: the release thread's timer
+  REQUIRE(cache_of(lingering).lingering() == 1);
+  auto raw = srv.connect();
+  auto refcount = [&](const std::string& n) {
+    return std::stoll(std::string(raw.command({"HGET", "memcuda:tensor:" + n, "refcount"}).str()));
+  };
+  REQUIRE(refcount("plain") == 2);
+  p.release();  // queued; no registry call follows: the release thread must send it
+  CHECK(eventually([&] { return refcount("plain") == 1; }, 2s));
+  CHECK(refcount("long") == 2);  // still lingering
+  leader.flush();
+  CHECK(refcount("long") == 1);
+}

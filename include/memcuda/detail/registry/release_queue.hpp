@@ -179,8 +179,11 @@ class ReleaseQueue {
   void run() {
     std::unique_lock lk(mu_);
     for (;;) {
-      worker_sleeps_ = true;
       while (!stop_ && q_.empty() && Clock::now() < timer_at_) {
+        // Set before every wait: a wake that leaves us waiting (call_at's,
+        // for a window that has not ended yet) must not stop the next
+        // push() from waking us.
+        worker_sleeps_ = true;
         if (timer_at_ == Clock::time_point::max()) cv_.wait(lk);
         else cv_.wait_until(lk, timer_at_);
       }
