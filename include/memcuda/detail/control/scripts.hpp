@@ -334,6 +334,9 @@ return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
 // stores the producer's event and identity, wakes every waiter (one push
 // per registered list, like create's waiters). The first publish of a
 // prefix needs a tensor under it (a typo must not make a model appear).
+// Each waiter is pushed what it needs to order itself (version, backend,
+// device, device uuid, node, session, then the event handle, '\n'-separated;
+// the handle last: it is binary), so a woken waiter makes no round trip.
 // KEYS: model record, its waiters set, names
 // ARGV: prefix, event handle ('' = host), backend, device, device uuid,
 //       node, session, pid, time ms
@@ -349,8 +352,10 @@ end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'event_handle', ARGV[2], 'backend', ARGV[3], 'device', ARGV[4],
            'device_uuid', ARGV[5], 'node', ARGV[6], 'session', ARGV[7], 'pid', ARGV[8], 'published_ms', ARGV[9])
+local msg = v .. '\n' .. ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5] .. '\n' .. ARGV[6] .. '\n' .. ARGV[7] ..
+            '\n' .. ARGV[2]
 for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  redis.call('LPUSH', l, v)
+  redis.call('LPUSH', l, msg)
   redis.call('PEXPIRE', l, 60000)
 end
 redis.call('DEL', KEYS[2])
