@@ -199,6 +199,8 @@ class BatchAllocator {
     t.bytes = bytes;
     t.backend = kind;
     t.ipc_handle = a.handle;
+    t.alloc_kind = a.alloc_kind;
+    t.fd_source = a.fd_source;
     t.offset = pb.block.offset;
     t.alloc_bytes = a.size;
     t.alloc_id = a.alloc_id;
