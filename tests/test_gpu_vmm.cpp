@@ -53,7 +53,8 @@ std::unique_ptr<test::Child> worker(const test::RedisServer& srv, const std::str
   std::vector<std::string> argv;
   if (!kind.empty()) argv = {"/usr/bin/env", "MEMCUDA_CUDA_ALLOCATION=" + kind};
   argv.push_back(test::sibling_program("memcuda_test_worker"));
-  for (std::string a : {"--url", srv.unix_url(), "--ttl", std::to_string(kTtlMs), "--backend", "cuda"})
+  for (const std::string& a : std::vector<std::string>{"--url", srv.unix_url(), "--ttl", std::to_string(kTtlMs),
+                                                         "--backend", "cuda"})
     argv.push_back(a);
   argv.insert(argv.end(), extra.begin(), extra.end());
   return std::make_unique<test::Child>(argv);
