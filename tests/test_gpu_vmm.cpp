@@ -47,11 +47,13 @@ constexpr int kTtlMs = 400;
                                                                ::memcuda::detail::cu_driver().missing + ")")); \
   } while (0)
 
-// A cuda worker with the given cuda allocation kind ("" = the default).
+// A cuda worker with the given cuda allocation kind ("" = the default) and
+// environment additions ("NAME=value").
 std::unique_ptr<test::Child> worker(const test::RedisServer& srv, const std::string& kind,
-                                    std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv;
-  if (!kind.empty()) argv = {"/usr/bin/env", "MEMCUDA_CUDA_ALLOCATION=" + kind};
+                                    std::vector<std::string> extra = {}, std::vector<std::string> env = {}) {
+  std::vector<std::string> argv{"/usr/bin/env"};
+  if (!kind.empty()) argv.push_back("MEMCUDA_CUDA_ALLOCATION=" + kind);
+  argv.insert(argv.end(), env.begin(), env.end());
   argv.push_back(test::sibling_program("memcuda_test_worker"));
   for (const std::string& a : std::vector<std::string>{"--url", srv.unix_url(), "--ttl", std::to_string(kTtlMs),
                                                          "--backend", "cuda"})
@@ -202,9 +204,7 @@ TEST_CASE("vmm: in one process, create and get resolve to the exporter's own poi
 // everything is removed, the device's free memory comes back by the
 // tensors' allocations (alloc_bytes of each, once): each freed after its
 // last fd and mapping went.
-TEST_CASE("vmm: kill -9 of the allocator of record loses nothing: a standby held the fds, adopts, copies 0 bytes",
-          "[gpu][vmm]") {
-  MEMCUDA_REQUIRE_VMM();
+void kill_with_standby(bool holder) {
   test::RedisServer srv;
   auto c = srv.connect();
   auto a = worker(srv, "vmm");
@@ -250,6 +250,21 @@ TEST_CASE("vmm: kill -9 of the allocator of record loses nothing: a standby held
   CHECK(ts[0].handle != ts[2].handle);
   const std::string a_session = hget(c, "memcuda:tensor:v_small", "owner");
   REQUIRE(standbys_synced(c, a_session));
+  // With `holder`, a process maps every tensor before the kill and reads
+  // them through the same pointers, intact, after the takeover.
+  std::unique_ptr<test::Child> h;
+  std::map<std::string, std::string> ptr;
+  if (holder) {
+    h = worker(srv, "vmm", {"--no-control"});
+    CHECK_FALSE(ready(*h));
+    for (const auto& t : ts) {
+      INFO(t.name);
+      REQUIRE(starts_with(h->ask("get " + t.name, 30s), "OK"));
+      auto hd = h->ask("digest " + t.name, 30s);
+      CHECK(field(hd, "fnv") == t.digest);
+      ptr[t.name] = field(hd, "ptr");
+    }
+  }
 
   const std::string s_pid = std::to_string(s->pid());
   a->kill(SIGKILL);
@@ -271,6 +286,14 @@ TEST_CASE("vmm: kill -9 of the allocator of record loses nothing: a standby held
     CHECK(c.command({"EXISTS", "memcuda:lost:" + t.name}).integer() == 0);
   }
 
+  if (h) {
+    for (const auto& t : ts) {
+      INFO(t.name);
+      auto hd = h->ask("digest " + t.name, 30s);
+      CHECK(field(hd, "fnv") == t.digest);
+      CHECK(field(hd, "ptr") == ptr[t.name]);  // the same mapping throughout
+    }
+  }
   {
     auto d = worker(srv, "vmm", {"--no-control"});  // started after the kill
     CHECK_FALSE(ready(*d));
@@ -289,8 +312,17 @@ TEST_CASE("vmm: kill -9 of the allocator of record loses nothing: a standby held
     INFO(st);
     CHECK(field(st, "adopted_bytes") == std::to_string(total));
     CHECK(field(st, "copied_bytes") == "0");
+    if (h) {
+      // what the holder writes through its old pointer, the new reader sees
+      REQUIRE(h->ask("fill v_small 9") == "OK");
+      CHECK(d->ask("sum v_small") == "OK sum=9000 valid=1");
+    }
     for (const auto& t : ts) REQUIRE(d->ask("release " + t.name) == "OK");
   }  // d exits: its mappings go
+  if (h) {
+    for (const auto& t : ts) REQUIRE(h->ask("release " + t.name) == "OK");
+    h.reset();  // exits: its mappings go
+  }
 
   // Everything removed: the device gets the tensors' memory back. The
   // reference point is taken with the tensors alive and only s and this
@@ -312,6 +344,42 @@ TEST_CASE("vmm: kill -9 of the allocator of record loses nothing: a standby held
   CHECK(back);
   CHECK(now + slack >= baseline);  // and the dead allocator's context is gone too
   CHECK(eventually([&] { return c.command({"HLEN", "memcuda:allocations"}).integer() == 0; }));
+}
+
+TEST_CASE("vmm: kill -9 of the allocator of record loses nothing: a standby held the fds, adopts, copies 0 bytes",
+          "[gpu][vmm]") {
+  MEMCUDA_REQUIRE_VMM();
+  kill_with_standby(false);
+}
+
+TEST_CASE("vmm: kill -9 with a holder mapping the tensors: its pointers stay valid and shared throughout",
+          "[gpu][vmm]") {
+  MEMCUDA_REQUIRE_VMM();
+  kill_with_standby(true);
+}
+
+// A tensor created on GPU 1 (the creator sees only GPU 1) is imported by a
+// process whose current device is GPU 0: the mapping grants GPU 0 peer
+// access, and a kernel on GPU 0 reads it.
+TEST_CASE("vmm: a tensor on GPU 1 is imported and read by a kernel of a process on GPU 0", "[gpu][multi-gpu][vmm]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  MEMCUDA_REQUIRE_VMM();
+  int can = 0;
+  REQUIRE(cudaDeviceCanAccessPeer(&can, 0, 1) == cudaSuccess);
+  if (!can) MEMCUDA_SKIP("GPU 0 cannot access GPU 1 as a peer");
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto a = worker(srv, "vmm", {}, {"CUDA_VISIBLE_DEVICES=1"});
+  REQUIRE(ready(*a));
+  REQUIRE(starts_with(a->ask("createp g1 1000000 3", 30s), "OK"));
+  CHECK(hget(c, "memcuda:tensor:g1", "alloc_kind") == "cuda_vmm_fd");
+  auto b = worker(srv, "vmm", {"--no-control"}, {"CUDA_VISIBLE_DEVICES=0,1"});
+  CHECK_FALSE(ready(*b));
+  auto r = b->ask("getsum g1", 30s);
+  INFO(r);
+  CHECK(r == "OK sum=3000000");
+  REQUIRE(a->ask("release g1") == "OK");
+  REQUIRE(a->ask("remove g1") == "OK");
 }
 
 #else
