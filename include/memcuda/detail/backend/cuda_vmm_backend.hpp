@@ -257,7 +257,18 @@ class CudaVmmBackend final : public Backend {
       if (t.fd_source.empty())
         throw Unavailable(what + ": its record has no fd_source (written by a build without the vmm backend?)");
       ServedSource src = decode_fd_source(t.fd_source);
-      fd = fetch(src.source, src.id).fd;
+      try {
+        fd = fetch(src.source, src.id).fd;
+      } catch (const FdTransferError& e) {
+        // Nothing listens: the owner's process is gone (its abstract socket
+        // went with it). As with a legacy handle whose exporter exited, this
+        // process cannot open it; a standby that held the fd adopts it at
+        // the takeover, which republishes the record.
+        if (e.reason() != FdErrc::no_server) throw;
+        throw Lost(what + ": its allocator of record (pid " + std::to_string(t.owner_pid) +
+                   ") has exited and this process holds no fd of it (" + e.what() +
+                   "); unless a standby adopts it at the takeover (get again then), it is lost");
+      }
     }
     CUdeviceptr p = vmm::import_and_map(fd.get(), t.alloc_bytes, device, what);
     return std::make_unique<VmmMapping>(p, t.alloc_bytes, device);
