@@ -45,9 +45,10 @@ struct CuDriver {
 };
 
 // The driver table, resolved on first use (thread-safe). Never throws: a
-// failure is reported by ok()/missing.
+// failure is reported by ok()/missing. Never destroyed: mappings kept by
+// process-wide caches are unmapped during static destruction.
 inline const CuDriver& cu_driver() {
-  static const CuDriver d = [] {
+  static const CuDriver& d = *new CuDriver([] {
     CuDriver t;
     auto get = [&](const char* name, auto& fn) {
       void* p = nullptr;
@@ -77,7 +78,7 @@ inline const CuDriver& cu_driver() {
     get("cuMemUnmap", t.MemUnmap);
     get("cuMemSetAccess", t.MemSetAccess);
     return t;
-  }();
+  }());
   return d;
 }
 
