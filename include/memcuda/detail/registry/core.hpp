@@ -152,7 +152,14 @@ class Core {
 
   std::uint64_t trim_now() {
     auto c = ctx.pool.acquire();
-    return alloc.trim_and_announce(*c, true);
+    auto n = alloc.trim_and_announce(*c, true);
+#if MEMCUDA_HAS_CUDA()
+    // cuda_vmm_fd: the returned slabs' fields go now, so standbys close
+    // their fds (and the memory is freed) without waiting for a tick.
+    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc)
+      standby.withdraw_stale(*c);
+#endif
+    return n;
   }
 
   RegistryStats stats() {

@@ -39,6 +39,14 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// A record's allocation as log lines show it: the vmm key or the shm name;
+// a legacy IPC handle is 64 raw bytes, so only its kind.
+inline std::string handle_for_log(const TensorInfo& t) {
+  if (t.alloc_kind == alloc_kind::cuda_vmm_fd) return vmm_key(t.ipc_handle);
+  if (t.backend == BackendKind::cuda) return "(cuda IPC handle)";
+  return t.ipc_handle;
+}
+
 // Copies a tensor of a dead exporter, through this process's existing
 // mapping of it, into its replacement. Throws when this process no longer
 // maps the old memory.
@@ -207,7 +215,7 @@ class Migration {
       } catch (const InternalError&) {
         throw;
       } catch (const std::exception& e) {
-        log(LogLevel::warn, "cannot adopt allocation " + ts.front().ipc_handle + " of dead allocator " +
+        log(LogLevel::warn, "cannot adopt allocation " + handle_for_log(ts.front()) + " of dead allocator " +
                                 ts.front().owner + ": " + e.what() + "; its tensors take the copy path");
         rest.insert(rest.end(), ts.begin(), ts.end());
         continue;
@@ -224,7 +232,7 @@ class Migration {
       for (std::size_t i = 0; i < ts.size(); ++i) {
         if (!blocks[i]) {
           log(LogLevel::warn, "'" + ts[i].name + "' of dead allocator " + ts[i].owner + ": its block at offset " +
-                                  std::to_string(ts[i].offset) + " of " + ts[i].ipc_handle +
+                                  std::to_string(ts[i].offset) + " of " + handle_for_log(ts[i]) +
                                   " cannot be claimed in place; it takes the copy path");
           rest.push_back(ts[i]);
           continue;
@@ -282,7 +290,7 @@ class Migration {
       pb.reset();
       pool.note_adopted(t.bytes);
       log(LogLevel::info, "adopted '" + t.name + "' of dead allocator " + t.owner + " (pid " +
-                              std::to_string(t.owner_pid) + ") in place: " + t.ipc_handle + " at offset " +
+                              std::to_string(t.owner_pid) + ") in place: " + handle_for_log(t) + " at offset " +
                               std::to_string(t.offset) + ", generation " + std::to_string(t.generation) + " -> " +
                               std::to_string(n.generation) + ", 0 bytes copied");
       forget_attempts(t.generation);

@@ -214,6 +214,25 @@ class Standby {
     return p;
   }
 
+  // Deletes the fields this session owns but no longer serves, at once
+  // (trim_now: a trimmed slab's field goes before the call returns, rather
+  // than at the thread's next tick). Stateless, so safe beside the thread.
+  std::size_t withdraw_stale(redis::Connection& c) {
+    const auto& k = ctx_.keys;
+    std::set<std::string> mine;
+    if (auto svc = FdService::existing())
+      for (const auto& e : svc->entries(ctx_.session)) mine.insert(e.key);
+    std::vector<redis::Command> cmds;
+    for (const auto& [key, value] : standby::read_all(c, k)) {
+      auto e = standby::decode_entry(value);
+      if (e && e->owner == ctx_.session && !mine.count(key)) cmds.push_back({"HDEL", standby::allocations_key(k), key});
+    }
+    if (cmds.empty()) return 0;
+    cmds.push_back({"INCR", standby::version_key(k)});
+    c.pipeline(cmds);
+    return cmds.size() - 1;
+  }
+
   // Starts the thread (once). It resolves the registry's cuda allocation
   // kind first, on itself, and ends at once unless it is vmm.
   void start() {
@@ -257,6 +276,11 @@ class Standby {
       }
       std::unique_lock lk(mu_);
       cv_.wait_for(lk, st, kTick, [] { return false; });
+    }
+    // Its progress marker goes with it (a killed process's expires).
+    try {
+      if (conn) conn->command({"DEL", standby::synced_key(ctx_.keys, ctx_.session)});
+    } catch (const std::exception&) {
     }
   }
 
