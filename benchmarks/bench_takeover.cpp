@@ -1,28 +1,16 @@
 // memcuda_bench_takeover: issue 13's takeover rows (deliverable 6), per
-// allocation kind (cuda: vmm and legacy ipc; host: shm adoption):
-//
-//   takeover_<kind>_first_open_us  a process (not the creator) gets each
-//                                  tensor of the registry the first time:
-//                                  a new mapping (p50 over the tensors).
-//   takeover_<kind>_warm_get_us    the same process gets them again while
-//                                  it holds them (mapping reused, one Redis
-//                                  round trip: share_references off).
-//   takeover_<kind>_recovery_ms    leader A holds persistent tensors of
-//                                  --total-gb; standby B (control thread on;
-//                                  vmm: its standby has synced every fd;
-//                                  ipc: it maps every tensor, as legacy
-//                                  migration copies through a live holder)
-//                                  waits. SIGKILL A at t0; a fresh process C,
-//                                  started right after, polls get_all of every
-//                                  name until all succeed: t1. Value t1 - t0.
-//                                  Extras: bytes copied / adopted (B's pools),
-//                                  lost names, the peak extra device memory
-//                                  (cudaMemGetInfo sampled every 1 ms from
-//                                  before the kill until C succeeded), the
-//                                  library's default timings (the lease TTL
-//                                  is the floor), C's start-up (c_ready_ms)
-//                                  and when every record named the new owner
-//                                  (rehomed_ms).
+// allocation kind (cuda: vmm and legacy ipc; host: shm adoption). Method and
+// extras: docs/benchmarks.md, "Issue 13: takeover after kill -9".
+//   takeover_<kind>_first_open_us  another process's first get of each tensor
+//                                  (a new mapping), p50 over the tensors
+//   takeover_<kind>_warm_get_us    its gets while it holds them (one Redis
+//                                  round trip, mapping reused)
+//   takeover_<kind>_recovery_ms    SIGKILL of leader A (holding --total-gb)
+//                                  at t0, standby B ready; a process C started
+//                                  after the kill polls get_all until every
+//                                  name opens (t1): t1 - t0, with bytes
+//                                  copied / adopted, lost names, peak extra
+//                                  device memory and the default timings
 //
 //   memcuda_bench_takeover [--backend auto|host|cuda] [--kinds vmm,ipc]
 //       [--total-gb G] [--tensors N] [--reps 3] [--budget 120] [--device N]
@@ -30,10 +18,14 @@
 //
 // stdout: `row <name> <median> <min> n=<runs> [key=value ...]`, `skip <name>
 // <reason>`. --budget S caps the whole run (phases that no longer fit are
-// skipped; at S + 5 s the program exits 1). Exit 77 when nothing can run.
+// skipped; at S + 5 s the program exits 1). Exit 77 when nothing can run;
+// 1 when something failed (a lost tensor, a child that died; with --strict
+// also a skipped row).
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <stop_token>
+#include <thread>
 
 #include "bench_common.hpp"
 #include "memcuda/detail/control/keys.hpp"
@@ -198,6 +190,9 @@ int child_opener(const ChildArgs& c) {
   held.clear();
   reg.flush();  // every reference back before the kill: O holds nothing then
   say(json::serialize(json::object{{"first", first}, {"warm", warm}, {"opens", opens}}));
+  std::string line;  // alive (its context too) until the parent closes stdin
+  while (std::getline(std::cin, line)) {
+  }
   return 0;
 }
 
@@ -254,6 +249,28 @@ int run_child(const mb::Args& a) {
   std::cerr << "unknown child role '" << c.role << "'\n";
   return 2;
 }
+
+// Device memory in use, sampled every 1 ms from construction to stop():
+// the peak over the takeover window.
+class Sampler {
+ public:
+  explicit Sampler(bool on) {
+    if (on) thread_ = std::jthread([this](std::stop_token st) {
+        while (!st.stop_requested()) {
+          peak_ = std::max(peak_.load(), device_used());
+          std::this_thread::sleep_for(milliseconds(1));
+        }
+      });
+  }
+  std::uint64_t stop() {
+    if (thread_.joinable()) thread_.request_stop(), thread_.join();
+    return peak_;
+  }
+
+ private:
+  std::atomic<std::uint64_t> peak_{0};
+  std::jthread thread_;
+};
 
 // ---- the parent --------------------------------------------------------------------
 
@@ -378,7 +395,6 @@ class TakeoverBench {
     const std::string a_session = expect(*a, "READY ", 120000);
     {  // first open / warm get, by a process that then releases everything and exits
       auto o = spawn("opener", kind);
-      o->close_stdin();
       auto out = json::parse(expect(*o, "{", 60000).insert(0, "{")).as_object();
       std::vector<double> first, warm;
       for (auto& v : out["first"].as_array()) first.push_back(v.to_number<double>());
@@ -386,7 +402,14 @@ class TakeoverBench {
       const std::string opens = " import_opens=" + std::to_string(out["opens"].to_number<std::uint64_t>());
       row(p + "_first_open_us", first, base + opens);
       row(p + "_warm_get_us", warm, base + " refs=redis_round_trip");
+      // What one more process's CUDA context costs (O holds nothing now):
+      // C makes one during the takeover window, the sampler sees it.
+      const std::uint64_t with_o = device_used();
+      o->close_stdin();
       o->wait();
+      std::this_thread::sleep_for(milliseconds(100));
+      const std::uint64_t without_o = device_used();
+      ctx_bytes_ = with_o > without_o ? with_o - without_o : 0;
     }
     auto b = spawn("standby", kind, kind == "ipc" ? std::vector<std::string>{"--hold"} : std::vector<std::string>{});
     expect(*b, "READY", 60000);
@@ -397,36 +420,16 @@ class TakeoverBench {
       }
     }
 
-    // The sampler: device memory in use, every 1 ms, until C succeeded.
-    std::atomic<bool> stop{false};
-    std::atomic<std::uint64_t> peak{0};
     const std::uint64_t used_before = device_used();
-    std::thread sampler;
-    if (kind != "host")
-      sampler = std::thread([&] {
-        while (!stop.load()) {
-          const auto u = device_used();
-          if (u > peak.load()) peak.store(u);
-          std::this_thread::sleep_for(milliseconds(1));
-        }
-      });
+    Sampler sampler(kind != "host");
     const auto t0 = mb::now_ns();
     a->kill(SIGKILL);
     const auto give_up = t0 + std::min<std::int64_t>(left_ms() - 2000, 60000) * 1'000'000;
     auto c = spawn("recover", kind, {"--dead", a_session, "--until", std::to_string(give_up)});
     a->wait();
     c->close_stdin();
-    std::string done;
-    try {
-      done = expect(*c, "DONE ", 70000);
-    } catch (...) {
-      stop = true;
-      if (sampler.joinable()) sampler.join();
-      throw;
-    }
-    stop = true;
-    if (sampler.joinable()) sampler.join();
-    std::istringstream in(done);
+    std::istringstream in(expect(*c, "DONE ", 70000));
+    const std::uint64_t peak = sampler.stop();
     std::int64_t ready = 0, t1 = 0, t2 = 0, tries = 0;
     in >> ready >> t1 >> t2 >> tries;
 
@@ -437,10 +440,12 @@ class TakeoverBench {
     std::istringstream st(expect(*b, "STATS ", 10000));
     std::uint64_t adopted = 0, copied = 0;
     st >> adopted >> copied;
-    const std::uint64_t extra_dev = peak.load() > used_before ? peak.load() - used_before : 0;
+    const std::uint64_t extra_dev = peak > used_before ? peak - used_before : 0;
     std::string extra = base + " bytes_copied=" + std::to_string(copied) + " adopted_bytes=" +
                         std::to_string(adopted) + " lost=" + std::to_string(lost) + " peak_extra_device_bytes=" +
-                        (kind == "host" ? std::string("n/a") : std::to_string(extra_dev)) + " " + timings_ +
+                        (kind == "host" ? std::string("n/a")
+                                         : std::to_string(extra_dev) + " c_context_bytes=" + std::to_string(ctx_bytes_)) +
+                        " " + timings_ +
                         " c_ready_ms=" + mb::fmt(ms(ready - t0), 1) + " rehomed_ms=" +
                         (t2 ? mb::fmt(ms(t2 - t0), 1) : std::string("never")) + " get_all_tries=" +
                         std::to_string(tries);
@@ -461,7 +466,7 @@ class TakeoverBench {
   mb::RedisTarget& redis_;
   std::string ns_, timings_;
   std::size_t count_ = 0;
-  std::uint64_t bytes_ = 0;
+  std::uint64_t bytes_ = 0, ctx_bytes_ = 0;
   bool failed_ = false, skipped_ = false;
 };
 
