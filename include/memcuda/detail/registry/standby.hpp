@@ -247,9 +247,16 @@ class Standby {
     last_version_ = synced;
     last_service_version_ = sv;
     last_failed_ = p.failed != 0;
-    if (p.failed == 0)
+    // The progress marker is a standby's: the leader holds nothing it
+    // fetched, so it has none (and drops the one it had as a standby).
+    if (fetch_missing && p.failed == 0) {
       c.command({"SET", standby::synced_key(k, ctx_.session), synced, "PX",
                  std::to_string(std::max<std::int64_t>(3 * ctx_.opts.session_ttl.count(), 1000))});
+      marker_ = true;
+    } else if (!fetch_missing && marker_) {
+      c.command({"DEL", standby::synced_key(k, ctx_.session)});
+      marker_ = false;
+    }
     return p;
   }
 
@@ -331,6 +338,7 @@ class Standby {
   std::string last_version_ = "\x01";  // never a real version: the first pass is full
   std::uint64_t last_service_version_ = 0;
   bool last_failed_ = false;
+  bool marker_ = false;  // this pass's thread wrote the progress marker
   int quiet_ = 0;
   std::uint64_t fetch_failures_ = 0;
 };
