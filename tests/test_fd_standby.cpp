@@ -266,7 +266,7 @@ TEST_CASE("standby: the owner publishes its fds, a standby holds them, both foll
   served.reset();
   CHECK(sa.sync_once(c, false).withdrawn == 0);  // A's field of `key` was swept already
   c.command({"HSET", hkey, "vmm:gone:1", ca.session + " v1;999;1;-1;0;0;@memcuda-fd-nobody"});
-  c.command({"INCR", "sb:memcuda:allocations_version"});
+  c.command({"SET", "sb:memcuda:allocations_version", "by-hand"});
   auto pf = sb.sync_once(c, true);
   CHECK(pf.withdrawn == 1);  // B no longer serves `kept`
   CHECK(pf.failed == 1);
@@ -274,4 +274,12 @@ TEST_CASE("standby: the owner publishes its fds, a standby holds them, both foll
   c.command({"HDEL", hkey, "vmm:gone:1"});
   sb.sync_once(c, true);
   CHECK(holds.keys(cb.session).empty());
+  // nothing allocated: no key of the standby layer is left but the markers
+  CHECK(c.command({"EXISTS", hkey}).integer() == 0);
+  served = std::make_shared<detail::ServedFd>(svc, memfd_with("last"), key, ca.session);
+  CHECK(sa.sync_once(c, false).published == 1);
+  served.reset();
+  CHECK(sa.withdraw_stale(c) == 1);  // what trim() calls: no tick needed
+  CHECK(c.command({"EXISTS", hkey}).integer() == 0);
+  CHECK(c.command({"EXISTS", "sb:memcuda:allocations_version"}).integer() == 0);
 }

@@ -169,6 +169,8 @@ class Sessions {
       for (std::size_t i = 0; i < all.size(); ++i) (r[i].integer() == 0 ? gone : live).push_back(all[i]);
       for (const auto& g : gone) {
         c.command({"SREM", keys.sessions(), g});
+        // Its standby progress marker (standby.hpp) goes with it.
+        c.command({"DEL", keys.own_prefix() + "standby:" + g});
         ++rep.sessions_pruned;
         // Processes that mapped its memory stop keeping idle mappings of it,
         // so a dead exporter's device memory is released by the driver.

@@ -3,7 +3,9 @@
 // Every cuda_vmm_fd allocation's fd source is published in one Hash per
 // namespace, `<ns>:memcuda:allocations` (field: the allocation key
 // "vmm:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
-// with a counter `<ns>:memcuda:allocations_version` bumped by every change.
+// with `<ns>:memcuda:allocations_version`, a token renewed by every change
+// (one script: the change and the token are atomic; both keys are deleted
+// when the Hash goes empty).
 // Every registry that hosts the control thread runs a Standby thread that
 // - publishes the fds this session serves (its own allocations, and those
 //   it adopted once their records name it) and deletes what it stopped
@@ -32,7 +34,11 @@
 #include "memcuda/config.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <random>
+#include <span>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -50,6 +56,7 @@
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/lease.hpp"
+#include "memcuda/redis/script.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -74,6 +81,43 @@ inline std::optional<Entry> decode_entry(std::string_view v) {
   return Entry{std::string(v.substr(0, p)), std::string(v.substr(p + 1))};
 }
 
+// Applies `ops` ("S", field, value to set; "D", field to delete) to the
+// allocations Hash atomically, and gives it a new version: a random token
+// (never a counter: the version key is deleted with the Hash when it goes
+// empty, so no key is left behind once nothing is allocated, and a token
+// never comes back the way a restarted counter would). Returns the
+// version now ("" when the Hash is empty).
+inline std::string apply(redis::Connection& c, const Keys& k, const std::vector<std::string>& ops) {
+  static const redis::Script script{R"lua(
+local i = 2
+while i <= #ARGV do
+  if ARGV[i] == 'S' then
+    redis.call('HSET', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  else
+    redis.call('HDEL', KEYS[1], ARGV[i + 1])
+    i = i + 2
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
+  return ''
+end
+redis.call('SET', KEYS[2], ARGV[1])
+return ARGV[1]
+)lua"};
+  static std::atomic<std::uint64_t> seq{0};
+  std::random_device rd;
+  char token[48];
+  std::snprintf(token, sizeof token, "%08x%08x-%llu", rd(), rd(), static_cast<unsigned long long>(++seq));
+  std::vector<redis::Arg> args{std::string_view(token)};
+  for (const auto& o : ops) args.emplace_back(o);
+  const std::string hk = allocations_key(k), vk = version_key(k);
+  redis::Arg keys[] = {hk, vk};
+  auto r = script.eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
+  return std::string(r.str());
+}
+
 inline std::map<std::string, std::string> read_all(redis::Connection& c, const Keys& k) {
   std::map<std::string, std::string> out;
   auto r = c.command({"HGETALL", allocations_key(k)});
@@ -91,16 +135,15 @@ inline std::size_t forget_allocations_of(redis::Connection& c, const Keys& k, co
                                          const std::set<std::string>& keep) {
   std::set<std::string> kept;
   for (const auto& h : keep) kept.insert(vmm_key(h));
-  std::vector<redis::Command> cmds;
+  std::vector<std::string> ops;
   for (const auto& [key, value] : standby::read_all(c, k)) {
     auto e = standby::decode_entry(value);
     if (!e || e->owner != owner || kept.count(key)) continue;
-    cmds.push_back({"HDEL", standby::allocations_key(k), key});
+    ops.insert(ops.end(), {"D", key});
   }
-  if (cmds.empty()) return 0;
-  cmds.push_back({"INCR", standby::version_key(k)});
-  c.pipeline(cmds);
-  return cmds.size() - 1;
+  if (ops.empty()) return 0;
+  standby::apply(c, k, ops);
+  return ops.size() / 2;
 }
 
 // The owners named in the allocations Hash (the leader checks which died).
@@ -153,18 +196,18 @@ class Standby {
     if (svc)
       for (const auto& e : svc->entries(ctx_.session))
         mine[e.key] = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
-    std::vector<redis::Command> writes;
+    std::vector<std::string> writes;
     for (const auto& [key, value] : mine) {
       auto it = all.find(key);
       if (it != all.end() && it->second == value) continue;
-      writes.push_back({"HSET", standby::allocations_key(k), key, value});
+      writes.insert(writes.end(), {"S", key, value});
       all[key] = value;
       ++p.published;
     }
     for (auto it = all.begin(); it != all.end();) {
       auto e = standby::decode_entry(it->second);
       if (e && e->owner == ctx_.session && !mine.count(it->first)) {
-        writes.push_back({"HDEL", standby::allocations_key(k), it->first});
+        writes.insert(writes.end(), {"D", it->first});
         it = all.erase(it);
         ++p.withdrawn;
       } else {
@@ -172,11 +215,7 @@ class Standby {
       }
     }
     std::string synced = v;
-    if (!writes.empty()) {
-      writes.push_back({"INCR", standby::version_key(k)});
-      auto rs = c.pipeline(writes);
-      synced = std::to_string(rs.back().integer());
-    }
+    if (!writes.empty()) synced = standby::apply(c, k, writes);
 
     // 2. Close what left the Hash.
     auto& holds = FdHolds::instance();
@@ -208,9 +247,16 @@ class Standby {
     last_version_ = synced;
     last_service_version_ = sv;
     last_failed_ = p.failed != 0;
-    if (p.failed == 0)
+    // The progress marker is a standby's: the leader holds nothing it
+    // fetched, so it has none (and drops the one it had as a standby).
+    if (fetch_missing && p.failed == 0) {
       c.command({"SET", standby::synced_key(k, ctx_.session), synced, "PX",
                  std::to_string(std::max<std::int64_t>(3 * ctx_.opts.session_ttl.count(), 1000))});
+      marker_ = true;
+    } else if (!fetch_missing && marker_) {
+      c.command({"DEL", standby::synced_key(k, ctx_.session)});
+      marker_ = false;
+    }
     return p;
   }
 
@@ -222,15 +268,14 @@ class Standby {
     std::set<std::string> mine;
     if (auto svc = FdService::existing())
       for (const auto& e : svc->entries(ctx_.session)) mine.insert(e.key);
-    std::vector<redis::Command> cmds;
+    std::vector<std::string> ops;
     for (const auto& [key, value] : standby::read_all(c, k)) {
       auto e = standby::decode_entry(value);
-      if (e && e->owner == ctx_.session && !mine.count(key)) cmds.push_back({"HDEL", standby::allocations_key(k), key});
+      if (e && e->owner == ctx_.session && !mine.count(key)) ops.insert(ops.end(), {"D", key});
     }
-    if (cmds.empty()) return 0;
-    cmds.push_back({"INCR", standby::version_key(k)});
-    c.pipeline(cmds);
-    return cmds.size() - 1;
+    if (ops.empty()) return 0;
+    standby::apply(c, k, ops);
+    return ops.size() / 2;
   }
 
   // Starts the thread (once). It resolves the registry's cuda allocation
@@ -293,6 +338,7 @@ class Standby {
   std::string last_version_ = "\x01";  // never a real version: the first pass is full
   std::uint64_t last_service_version_ = 0;
   bool last_failed_ = false;
+  bool marker_ = false;  // this pass's thread wrote the progress marker
   int quiet_ = 0;
   std::uint64_t fetch_failures_ = 0;
 };
