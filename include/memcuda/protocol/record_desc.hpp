@@ -193,19 +193,20 @@ class RecordReader {
       if (k != f::desc) unknown_.emplace_back(k, v);
       return;
     }
-    const std::uint32_t bit = 1u << i;
-    if (seen_ & bit) dup_ = k;
-    seen_ |= bit;
-    v_[i] = v;
+    set(i, v);
   }
 
   // Adds the fields of a parsed desc (its epoch and generation included).
   void add(const DescView& d) {
+    // kDescFields are kNames' first 14, then owner, owner_pid, create_id
+    static constexpr std::array<int, kDescFields.size()> at = {
+        kName, kDtype, kShape, kCtime, kNode, kDevice, kDeviceUuid, kBytes, kBackend, kIpcHandle, kOffset,
+        kAllocBytes, kAllocId, kAllocKind, kOwner, kOwnerPid, kCreateId};
     for (std::size_t i = 0; i < kDescFields.size(); ++i)
-      if (!d.fields[i].empty()) add(kDescFields[i], d.fields[i]);
+      if (!d.fields[i].empty()) set(at[i], d.fields[i]);
     for (const auto& [k, v] : d.extras) add(k, v);
-    add(record_field::epoch, d.epoch);
-    add(record_field::generation, d.generation);
+    set(kEpoch, d.epoch);
+    set(kGeneration, d.generation);
   }
 
   // The fields added, as decode_record takes them (desc left out).
@@ -223,9 +224,9 @@ class RecordReader {
     if (!unknown_.empty()) return decode_record(fields());
     namespace f = record_field;
     TensorInfo t;
-    std::string who = "tensor record";
-    if (has(kName) && memcuda::is_valid_name(v_[kName])) who = "tensor record \"" + std::string(v_[kName]) + "\"";
     auto bad = [&](std::string_view field, const std::string& why) {
+      std::string who = "tensor record";  // made only on failure: it costs an allocation
+      if (has(kName) && memcuda::is_valid_name(v_[kName])) who += " \"" + std::string(v_[kName]) + "\"";
       detail::fail(ProtocolErrc::bad_record,
                    who + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
     };
@@ -362,6 +363,12 @@ class RecordReader {
     return -1;
   }
   bool has(int i) const noexcept { return (seen_ >> i) & 1u; }
+  void set(int i, std::string_view v) noexcept {
+    const std::uint32_t bit = 1u << i;
+    if (seen_ & bit) dup_ = kNames[i];
+    seen_ |= bit;
+    v_[i] = v;
+  }
 
   std::array<std::string_view, kCount> v_{};
   std::uint32_t seen_ = 0;
@@ -401,7 +408,11 @@ inline TensorInfo decode_desc(std::string_view desc, const LiveFields& live) {
   r.add(record_field::refcount, rc);
   if (live.event_handle) r.add(record_field::event_handle, *live.event_handle);
   if (live.event_version) r.add(record_field::event_version, *live.event_version);
-  return r.finish();
+  try {
+    return r.finish();
+  } catch (const ProtocolError& e) {
+    detail::fail(e.errc(), std::string(e.what()) + " (read from its desc)");
+  }
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol
