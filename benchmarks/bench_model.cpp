@@ -25,10 +25,16 @@
 //                           event, one script). Timed from just before the
 //                           publish to the LAST consumer having observed the
 //                           version, ordered its stream on it and read one
-//                           tensor on that stream (synchronised). read_all_ms:
-//                           the same until the last one read element 0 of all
-//                           291 (as the PyTorch baseline's consumers do) and
-//                           checked the new values.
+//                           tensor on that stream (synchronised). Phases:
+//                           publish_ms (the publish_version call), wait_ms
+//                           (until the last wait_version returned). read_all_ms:
+//                           a separate publish, timed until the last consumer
+//                           read element 0 of all 291 (as the PyTorch
+//                           baseline's consumers do) and checked the new
+//                           values. Separate, so that no consumer's 291 reads
+//                           queue on the shared GPU ahead of another's one
+//                           read (before, both were one publish: the row then
+//                           included the other consumers' read_all).
 //
 //   memcuda_bench_model [--backend auto|host|cuda] [--small | --scale N]
 //                       [--reps 5] [--warmup 1] [--device N] [--url URL] [--strict]
@@ -304,6 +310,12 @@ void init_device(BackendKind b, int device) {
 
 double ms(std::int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 // ---- output ------------------------------------------------------------------------
 
 struct Rows {
@@ -407,7 +419,11 @@ int child_publish(const ChildArgs& c) {
 }
 
 // A consumer of the in-place row: holds the whole state dict, then for each
-// of c.updates versions waits for it on its stream and reads.
+// of c.updates versions waits for it on its stream and reads: even updates
+// one tensor (the row: observed and stream-ordered), odd ones element 0 of
+// all 291 (read_all_ms). The two are separate publishes so that
+// one consumer's 291 reads never queue in front of another's single read on
+// the shared GPU (the row measures the update, not the consumers' reads).
 int child_update(const ChildArgs& c) {
   const auto specs = state_dict_specs(c.scale);
   init_device(c.backend, c.device);
@@ -420,15 +436,21 @@ int child_update(const ChildArgs& c) {
   emit({{"ready", seen}});
   for (int u = 0; u < c.updates; ++u) {
     auto v = wait_version(reg, c.prefix, seen, milliseconds(120000), toucher.stream());
+    const auto t_wait = mb::now_ns();  // observed, and the stream ordered (host side)
     if (!v) throw std::runtime_error("no new version of '" + c.prefix + "' within 120 s");
     seen = *v;
-    const auto one = toucher.touch(first);  // ordered on the version, synchronised
-    const auto t_one = mb::now_ns();
-    const auto all = toucher.touch(ts);
-    const auto t_all = mb::now_ns();
-    std::uint64_t wrong = one[0] != update_bits(0, seen);
-    for (std::size_t i = 0; i < all.size(); ++i) wrong += all[i] != update_bits(i, seen);
-    emit({{"version", seen}, {"one_ns", t_one}, {"all_ns", t_all}, {"wrong", wrong}});
+    std::uint64_t wrong = 0;
+    if (u % 2 == 1) {
+      const auto all = toucher.touch(ts);
+      const auto t_all = mb::now_ns();
+      for (std::size_t i = 0; i < all.size(); ++i) wrong += all[i] != update_bits(i, seen);
+      emit({{"version", seen}, {"wait_ns", t_wait}, {"done_ns", t_all}, {"wrong", wrong}});
+    } else {
+      const auto one = toucher.touch(first);  // ordered on the version, synchronised
+      const auto t_one = mb::now_ns();
+      wrong = one[0] != update_bits(0, seen);
+      emit({{"version", seen}, {"wait_ns", t_wait}, {"done_ns", t_one}, {"wrong", wrong}});
+    }
   }
   for (auto& t : ts) t.release();
   reg.flush();
@@ -663,9 +685,11 @@ class ModelBench {
       MEMCUDA_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned), specs_.size() * sizeof(std::uint16_t)));
     }
 #endif
-    const int updates = cfg_.warmup + cfg_.reps;
+    // Each repetition publishes twice: read one tensor (the row), then all
+    // (read_all_ms); see child_update.
+    const int updates = 2 * (cfg_.warmup + cfg_.reps);
     std::vector<std::unique_ptr<mb::ChildProcess>> cs;
-    std::vector<double> v, all_v;
+    std::vector<double> v, all_v, pub_v, wake_v;
     std::uint64_t wrong = 0;
     bool ok = true;
     try {
@@ -681,11 +705,13 @@ class ModelBench {
         if (!l || l->find("ready") == std::string::npos) throw std::runtime_error("a consumer did not get ready");
       }
       std::uint64_t version = current_version(reg, prefix);
-      for (int rep = 0; rep < updates; ++rep) {
+      for (int u = 0; u < updates; ++u) {
+        const bool all = u % 2 == 1;
         write_version(model, version + 1, stream, pinned);
         const auto t0 = mb::now_ns();
         version = publish_version(reg, prefix, stream);
-        std::int64_t last_one = 0, last_all = 0;
+        const auto t_pub = mb::now_ns();
+        std::int64_t last_wait = 0, last_done = 0;
         for (auto& c : cs) {
           auto l = c->read_line(milliseconds(120000));
           if (!l) throw std::runtime_error("a consumer did not observe version " + std::to_string(version));
@@ -693,13 +719,17 @@ class ModelBench {
           if (o.at("version").to_number<std::uint64_t>() != version)
             throw std::runtime_error("a consumer observed version " + json::serialize(o.at("version")) +
                                      ", expected " + std::to_string(version));
-          last_one = std::max(last_one, o.at("one_ns").to_number<std::int64_t>());
-          last_all = std::max(last_all, o.at("all_ns").to_number<std::int64_t>());
+          last_wait = std::max(last_wait, o.at("wait_ns").to_number<std::int64_t>());
+          last_done = std::max(last_done, o.at("done_ns").to_number<std::int64_t>());
           wrong += o.at("wrong").to_number<std::uint64_t>();
         }
-        if (rep >= cfg_.warmup) {
-          v.push_back(ms(last_one - t0));
-          all_v.push_back(ms(last_all - t0));
+        if (u / 2 < cfg_.warmup) continue;
+        if (all) {
+          all_v.push_back(ms(last_done - t0));
+        } else {
+          v.push_back(ms(last_done - t0));
+          pub_v.push_back(ms(t_pub - t0));
+          wake_v.push_back(ms(last_wait - t0));
         }
       }
       for (auto& c : cs)
@@ -722,11 +752,13 @@ class ModelBench {
       rows_.failed = true;
       return rows_.skip(row, "a consumer failed (see stderr)");
     }
-    std::sort(all_v.begin(), all_v.end());
-    const double all_med = all_v.size() % 2 ? all_v[all_v.size() / 2]
-                                            : (all_v[all_v.size() / 2 - 1] + all_v[all_v.size() / 2]) / 2;
+    // The phases of the row (medians): publish_ms, the trainer's
+    // publish_version call (event record + one script); wait_ms, until the
+    // last consumer's wait_version returned (woken, stream ordered); the rest
+    // of the row is that consumer's read on the ordered stream.
     rows_.row(row, v,
-              extra_ + " consumers=" + std::to_string(cfg_.consumers) + " read_all_ms=" + mb::fmt(all_med, 3) +
+              extra_ + " consumers=" + std::to_string(cfg_.consumers) + " publish_ms=" + mb::fmt(median(pub_v), 3) +
+                  " wait_ms=" + mb::fmt(median(wake_v), 3) + " read_all_ms=" + mb::fmt(median(all_v), 3) +
                   " wrong=" + std::to_string(wrong));
   }
 

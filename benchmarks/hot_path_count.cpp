@@ -11,6 +11,10 @@
 //   MEMCUDA_REDIS_URL=unix:///tmp/r.sock valgrind --tool=callgrind \
 //       --instr-atstart=no --separate-threads=yes ./hot_path_count get 1000
 //
+// Redis's side of one script: run redis-server itself under callgrind and
+// compare evalShaCommand's inclusive cost for N and for 0 operations
+// (docs/benchmarks.md, "The create regression, found and fixed").
+//
 // MODE: get (N gets, handles kept) | getrel (N x get, release, flush) |
 // create (N x create, remove, release, flush) | createonly. Only the loop is
 // instrumented (CALLGRIND_START/STOP_INSTRUMENTATION).
@@ -23,7 +27,13 @@
 #include <string>
 #include <thread>
 #include <vector>
+// One translation unit: newer trees split declarations (memcuda.hpp) from
+// definitions (implementation.hpp, which includes memcuda.hpp).
+#if __has_include("memcuda/implementation.hpp")
+#include "memcuda/implementation.hpp"
+#else
 #include "memcuda/memcuda.hpp"
+#endif
 #if __has_include("memcuda/detail/registry/release_queue.hpp")
 #define HAVE_FLUSH 1
 #else

@@ -27,6 +27,8 @@
 
 #include "bench_common.hpp"
 #include "memcuda/memcuda.hpp"
+#include "memcuda/detail/registry/core.hpp"  // the reference cache's counters (the lingering row)
+#include "memcuda/detail/registry_access.hpp"
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -317,20 +319,39 @@ int child_create(const ChildCtx& c) {
 }
 
 // One client of the throughput test: READY, wait for GO, then get+release
-// for `duration` seconds.
+// for `duration` seconds. "tput": every get an acquire script and every
+// release a release script, in Redis before the pair counts (sharing off,
+// flush() per pair): the registry's Redis path. "tput_linger": the default
+// path with sharing on and a release_linger window (kLingerMs): the first
+// get takes the reference, the release lingers, and the next get within the
+// window takes it back with no round trip; the reference goes back to Redis
+// in the final flush(), which the elapsed time includes. It reports how
+// many gets went to Redis ("acquires"), so the row says what it measured.
+// "ping": a Redis PING per op.
+constexpr int kLingerMs = 5;
+
 int child_tput(const ChildCtx& c) {
   const bool ping = c.role == "ping";
+  const bool linger = c.role == "tput_linger";
   std::optional<TensorRegistry> reg;
   std::optional<redis::Connection> conn;
   SharedTensor<void> held;
   if (ping) {
     conn.emplace(redis::options_from_env());
+  } else if (linger) {
+    auto o = c.registry_options();
+    o.share_references = true;
+    o.release_linger = milliseconds(kLingerMs);
+    reg.emplace(o);
+    // Sharing starts once the invalidation connection is subscribed (the
+    // constructor waits for it); the warm-up below takes the first reference.
   } else {
     reg.emplace(c.registry_options());
     held = reg->get<void>(c.name);
   }
   auto op = [&] {
     if (ping) conn->command({"PING"});
+    else if (linger) reg->get<void>(c.name).release();
     else {
       reg->get<void>(c.name).release();
       reg->flush();  // a get+release pair is done when the release is in Redis
@@ -346,6 +367,9 @@ int child_tput(const ChildCtx& c) {
   const auto t_end = t_start + static_cast<std::int64_t>(c.duration_s * 1e9);
   std::int64_t t = t_start;
   std::uint64_t ops = 0;
+  // Gets answered by the cache (a held or lingering reference); the others
+  // went to Redis (also every get while the cache was not live).
+  const auto hits0 = linger ? detail::RegistryAccess::core(*reg).refs.stats().hits : 0;
   while (t < t_end) {
     op();
     auto t2 = mb::now_ns();
@@ -353,7 +377,13 @@ int child_tput(const ChildCtx& c) {
     t = t2;
     ++ops;
   }
-  emit({{"ops", ops}, {"elapsed_ns", t - t_start}, {"samples", mb::samples_to_json(lat)}});
+  std::uint64_t acquires = ops;
+  if (linger) {
+    acquires = ops - (detail::RegistryAccess::core(*reg).refs.stats().hits - hits0);
+    reg->flush();  // the lingering reference back in Redis: part of the elapsed time
+    t = mb::now_ns();
+  }
+  emit({{"ops", ops}, {"elapsed_ns", t - t_start}, {"acquires", acquires}, {"samples", mb::samples_to_json(lat)}});
   return 0;
 }
 
@@ -418,7 +448,7 @@ int run_child(const mb::Args& args) {
   if (c.role == "warm") return child_warm(c);
   if (c.role == "cold") return child_cold(c);
   if (c.role == "create") return child_create(c);
-  if (c.role == "tput" || c.role == "ping") return child_tput(c);
+  if (c.role == "tput" || c.role == "tput_linger" || c.role == "ping") return child_tput(c);
   if (c.role == "naive") return child_naive(c);
   std::cerr << "unknown child role '" << c.role << "'\n";
   return 2;
@@ -435,6 +465,7 @@ struct Row {
   int procs = 1;
   mb::Summary s;
   double ops_per_s = 0;  // aggregate for throughput rows, else back-to-back in one process
+  std::uint64_t ops = 0, acquires = 0;  // throughput rows: ops, and gets that went to Redis
   json::object extra;
 };
 
@@ -872,6 +903,21 @@ class Bench {
       r->size = size;
       add(std::move(*r));
     }
+    // The same with the default sharing and a lingering window: only the
+    // gets that found no lingering reference go to Redis (the label says
+    // how many of the ops did).
+    for (int p : cfg_.clients) {
+      std::cerr << "-- " << to_string(b) << " get+release throughput, lingering " << kLingerMs << " ms, " << p
+                << " process(es)\n";
+      auto r = run_clients("tput_linger", b, ns, name, p);
+      if (!r) continue;
+      r->op = "get_release_linger_tput";
+      r->label = "get+release, " + std::to_string(p) + " process(es), sharing, release_linger " +
+                 std::to_string(kLingerMs) + " ms (" + std::to_string(r->acquires) + " of " +
+                 std::to_string(r->ops) + " gets went to Redis)";
+      r->size = size;
+      add(std::move(*r));
+    }
     reg.remove(name);
     // The ceiling: PING from as many processes as the largest client count.
     if (!cfg_.clients.empty()) {
@@ -907,6 +953,7 @@ class Bench {
     for (auto& c : cs) c->write("GO\n");
     Samples all;
     double rate = 0;
+    std::uint64_t ops = 0, acquires = 0;
     for (auto& c : cs) {
       std::string out = c->read_all(milliseconds(static_cast<std::int64_t>(duration * 1000) + 120000));
       int rc = c->wait();
@@ -918,6 +965,8 @@ class Bench {
       auto o = json::parse(out).as_object();
       auto s = mb::samples_from_json(o.at("samples"));
       all.insert(all.end(), s.begin(), s.end());
+      ops += o.at("ops").to_number<std::uint64_t>();
+      if (auto* a = o.if_contains("acquires")) acquires += a->to_number<std::uint64_t>();
       rate += static_cast<double>(o.at("ops").to_number<std::uint64_t>()) /
               (static_cast<double>(o.at("elapsed_ns").to_number<std::int64_t>()) / 1e9);
     }
@@ -927,7 +976,9 @@ class Bench {
     r.procs = procs;
     r.s = mb::summarize(std::move(all));
     r.ops_per_s = rate;
-    r.extra = {{"duration_s", duration}};
+    r.ops = ops;
+    r.acquires = acquires;
+    r.extra = {{"duration_s", duration}, {"ops", ops}, {"acquires", acquires}};
     return r;
   }
 

@@ -26,15 +26,9 @@ namespace p = memcuda::protocol;
 namespace {
 
 void check_command(std::string_view text) {
-  p::Command c;
-  try {
-    c = p::decode_command(text);
-  } catch (const memcuda::ProtocolError& e) {
-    MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
-    return;
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_command");
-  }
+  const auto decoded = MEMCUDA_FUZZ_DECODE(p::decode_command, text);
+  if (!decoded) return;
+  const p::Command& c = *decoded;
   if (c.op != p::Op::create_many) {
     MEMCUDA_FUZZ_CHECK(c.tensors.empty(), "entries on a command that is not create_many");
     return;
@@ -77,31 +71,10 @@ void check_command(std::string_view text) {
 }
 
 void check_reply(std::string_view text) {
-  p::Reply r;
-  try {
-    r = p::decode_reply(text);
-  } catch (const memcuda::ProtocolError& e) {
-    MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
-    return;
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_reply");
-  }
-  if (!r.tensors) return;
-  MEMCUDA_FUZZ_CHECK(r.tensors->size() <= p::kMaxBatchEntries);
-  std::string encoded;
-  try {
-    encoded = p::encode_reply(r);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("encode_reply of a decoded reply with tensors");
-  }
-  p::Reply back;
-  try {
-    back = p::decode_reply(encoded);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_reply of encode_reply's output");
-  }
-  MEMCUDA_FUZZ_CHECK(back == r, "encoded: " + memcuda_fuzz::shown(encoded));
-  MEMCUDA_FUZZ_CHECK(p::encode_reply(back) == encoded);
+  const auto r = MEMCUDA_FUZZ_DECODE(p::decode_reply, text);
+  if (!r || !r->tensors) return;
+  MEMCUDA_FUZZ_CHECK(r->tensors->size() <= p::kMaxBatchEntries);
+  MEMCUDA_FUZZ_ROUND_TRIP(*r, p::encode_reply, p::decode_reply);
 }
 
 }  // namespace

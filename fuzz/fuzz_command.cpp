@@ -25,23 +25,6 @@ namespace {
 
 namespace p = memcuda::protocol;
 
-// encode_reply must accept the reply, and decode_reply must give it back.
-void check_reply_round_trip(const p::Reply& rep) {
-  std::string text;
-  try {
-    text = p::encode_reply(rep);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("encode_reply of a reply the consumer would send");
-  }
-  p::Reply back;
-  try {
-    back = p::decode_reply(text);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_reply of encode_reply's output");
-  }
-  MEMCUDA_FUZZ_CHECK(back == rep, "reply: " + memcuda_fuzz::shown(text));
-}
-
 // What ControlLoop::reply_malformed does with a command that did not decode.
 void check_rejected(std::string_view text, const memcuda::ProtocolError& e) {
   MEMCUDA_FUZZ_CHECK(std::string_view(memcuda::to_string(e.errc())) != "unknown");
@@ -53,7 +36,8 @@ void check_rejected(std::string_view text, const memcuda::ProtocolError& e) {
   rep.id = route->id;
   rep.id_is_number = route->id_is_number;
   MEMCUDA_FUZZ_CHECK(!rep.ok && rep.error && rep.error->code == "protocol_error");
-  check_reply_round_trip(rep);
+  // encode_reply must accept the reply, and decode_reply must give it back.
+  MEMCUDA_FUZZ_ROUND_TRIP(rep, p::encode_reply, p::decode_reply);
 }
 
 void check_accepted(std::string_view text, const p::Command& cmd) {
@@ -69,27 +53,7 @@ void check_accepted(std::string_view text, const p::Command& cmd) {
   }
   if (cmd.op == p::Op::free) MEMCUDA_FUZZ_CHECK(cmd.generation.has_value());
 
-  std::string encoded;
-  try {
-    encoded = p::encode_command(cmd);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("encode_command of a decoded command");
-  }
-  p::Command back;
-  try {
-    back = p::decode_command(encoded);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_command of encode_command's output");
-  }
-  MEMCUDA_FUZZ_CHECK(back == cmd, "encoded: " + memcuda_fuzz::shown(encoded));
-  std::string again;
-  try {
-    again = p::encode_command(back);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("encode_command of a round-tripped command");
-  }
-  MEMCUDA_FUZZ_CHECK(again == encoded,
-                     memcuda_fuzz::shown(encoded) + " / " + memcuda_fuzz::shown(again));
+  MEMCUDA_FUZZ_ROUND_TRIP(cmd, p::encode_command, p::decode_command);
 
   // The route of a valid command is the command's own reply_to and id.
   std::optional<p::ReplyRoute> route = p::peek_reply_route(text);
@@ -107,9 +71,9 @@ void check_accepted(std::string_view text, const p::Command& cmd) {
   ok.name = cmd.name;
   ok.generation = cmd.generation.value_or(1);
   ok.refcount = 1;
-  check_reply_round_trip(ok);
-  check_reply_round_trip(
-      p::make_error_reply(&cmd, memcuda::NotFound("no tensor '" + cmd.name + "'")));
+  MEMCUDA_FUZZ_ROUND_TRIP(ok, p::encode_reply, p::decode_reply);
+  const p::Reply err = p::make_error_reply(&cmd, memcuda::NotFound("no tensor '" + cmd.name + "'"));
+  MEMCUDA_FUZZ_ROUND_TRIP(err, p::encode_reply, p::decode_reply);
 }
 
 }  // namespace

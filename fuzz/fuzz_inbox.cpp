@@ -38,44 +38,18 @@ void check_message(const p::InboxMessage& m) {
 }
 
 void fuzz_message(std::string_view text) {
-  p::InboxMessage m;
-  try {
-    m = p::decode_inbox(text);
-  } catch (const memcuda::ProtocolError& e) {
-    MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
-    return;
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_inbox");
-  }
-  check_message(m);
-  std::string encoded;
-  try {
-    encoded = p::encode_inbox(m);
-  } catch (...) {
-    // Re-encoding never grows a document (no whitespace, unknown fields
-    // dropped, the same escapes), so not even too_large may happen.
-    MEMCUDA_FUZZ_UNEXPECTED("encode_inbox of a decoded message");
-  }
-  p::InboxMessage back;
-  try {
-    back = p::decode_inbox(encoded);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_inbox of encode_inbox's output");
-  }
-  MEMCUDA_FUZZ_CHECK(back == m, "encoded: " + memcuda_fuzz::shown(encoded));
-  MEMCUDA_FUZZ_CHECK(p::encode_inbox(back) == encoded);
+  const auto m = MEMCUDA_FUZZ_DECODE(p::decode_inbox, text);
+  if (!m) return;
+  check_message(*m);
+  // Re-encoding never grows a document (no whitespace, unknown fields
+  // dropped, the same escapes), so not even too_large may happen.
+  MEMCUDA_FUZZ_ROUND_TRIP(*m, p::encode_inbox, p::decode_inbox);
 }
 
 void fuzz_answer(std::string_view text) {
-  p::MigrateAnswer a;
-  try {
-    a = p::decode_migrate_answer(text);
-  } catch (const memcuda::ProtocolError& e) {
-    MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
-    return;
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_migrate_answer");
-  }
+  const auto decoded = MEMCUDA_FUZZ_DECODE(p::decode_migrate_answer, text);
+  if (!decoded) return;
+  const p::MigrateAnswer& a = *decoded;
   MEMCUDA_FUZZ_CHECK(a.ok != a.error.has_value());
   std::string encoded;
   try {

@@ -18,31 +18,10 @@
 namespace p = memcuda::protocol;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  p::Reply r;
-  try {
-    r = p::decode_reply(memcuda_fuzz::as_text(data, size));
-  } catch (const memcuda::ProtocolError& e) {
-    MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
-    return 0;
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_reply");
-  }
-  MEMCUDA_FUZZ_CHECK(r.ok != r.error.has_value());
-  if (r.id) MEMCUDA_FUZZ_CHECK(!r.id->empty() && r.id->size() <= p::kMaxIdBytes);
-
-  std::string encoded;
-  try {
-    encoded = p::encode_reply(r);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("encode_reply of a decoded reply");
-  }
-  p::Reply back;
-  try {
-    back = p::decode_reply(encoded);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_reply of encode_reply's output");
-  }
-  MEMCUDA_FUZZ_CHECK(back == r, "encoded: " + memcuda_fuzz::shown(encoded));
-  MEMCUDA_FUZZ_CHECK(p::encode_reply(back) == encoded);
+  const auto r = MEMCUDA_FUZZ_DECODE(p::decode_reply, memcuda_fuzz::as_text(data, size));
+  if (!r) return 0;
+  MEMCUDA_FUZZ_CHECK(r->ok != r->error.has_value());
+  if (r->id) MEMCUDA_FUZZ_CHECK(!r->id->empty() && r->id->size() <= p::kMaxIdBytes);
+  MEMCUDA_FUZZ_ROUND_TRIP(*r, p::encode_reply, p::decode_reply);
   return 0;
 }

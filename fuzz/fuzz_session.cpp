@@ -17,32 +17,12 @@
 namespace p = memcuda::protocol;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  p::SessionInfo s;
-  try {
-    s = p::decode_session(memcuda_fuzz::as_text(data, size));
-  } catch (const memcuda::ProtocolError& e) {
-    MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
-    return 0;
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_session");
-  }
-  MEMCUDA_FUZZ_CHECK(s.pid >= 1 && s.pid <= p::kMaxPid);
-  MEMCUDA_FUZZ_CHECK(!s.node.empty() && s.node.size() <= p::kMaxNodeBytes);
-  for (char c : s.node) MEMCUDA_FUZZ_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
-  MEMCUDA_FUZZ_CHECK(s.started_ms >= 0);
-  std::string encoded;
-  try {
-    encoded = p::encode_session(s);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("encode_session of a decoded value");
-  }
-  p::SessionInfo back;
-  try {
-    back = p::decode_session(encoded);
-  } catch (...) {
-    MEMCUDA_FUZZ_UNEXPECTED("decode_session of encode_session's output");
-  }
-  MEMCUDA_FUZZ_CHECK(back == s, "encoded: " + memcuda_fuzz::shown(encoded));
-  MEMCUDA_FUZZ_CHECK(p::encode_session(back) == encoded);
+  const auto s = MEMCUDA_FUZZ_DECODE(p::decode_session, memcuda_fuzz::as_text(data, size));
+  if (!s) return 0;
+  MEMCUDA_FUZZ_CHECK(s->pid >= 1 && s->pid <= p::kMaxPid);
+  MEMCUDA_FUZZ_CHECK(!s->node.empty() && s->node.size() <= p::kMaxNodeBytes);
+  for (char c : s->node) MEMCUDA_FUZZ_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
+  MEMCUDA_FUZZ_CHECK(s->started_ms >= 0);
+  MEMCUDA_FUZZ_ROUND_TRIP(*s, p::encode_session, p::decode_session);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -88,7 +89,65 @@ inline void check_strides(std::span<const std::int64_t> shape, const char* file,
   }
 }
 
+// ---- the decode / re-encode pattern every target follows -------------------
+
+// Decodes untrusted text. A ProtocolError is the decoder refusing it, which
+// is fine (it must say why: its message is not empty): nullopt. Any other
+// exception escaping `decode` aborts, naming `call`.
+template <class Decode>
+auto decode_or_refuse(Decode&& decode, std::string_view text, const char* call, const char* file, int line)
+    -> std::optional<decltype(decode(text))> {
+  try {
+    return decode(text);
+  } catch (const memcuda::ProtocolError& e) {
+    if (*e.what() == '\0') fail(file, line, "empty ProtocolError message", call);
+    return std::nullopt;
+  } catch (...) {
+    unexpected_exception(file, line, call);
+  }
+}
+
+// What a decoded value must survive: `encode` accepts it, `decode` gives
+// back an equal value, and encoding that again gives the same text (a
+// fixed point). Returns the encoded text.
+template <class T, class Encode, class Decode>
+std::string check_round_trip(const T& value, Encode&& encode, Decode&& decode, const char* enc, const char* dec,
+                             const char* file, int line) {
+  std::string encoded;
+  try {
+    encoded = encode(value);
+  } catch (...) {
+    unexpected_exception(file, line, std::string(enc) + " of a decoded value");
+  }
+  std::optional<T> back;
+  try {
+    back.emplace(decode(std::string_view(encoded)));
+  } catch (...) {
+    unexpected_exception(file, line, std::string(dec) + " of " + enc + "'s output");
+  }
+  if (!(*back == value)) fail(file, line, "round trip changed the value", "encoded: " + shown(encoded));
+  std::string again;
+  try {
+    again = encode(*back);
+  } catch (...) {
+    unexpected_exception(file, line, std::string(enc) + " of a round-tripped value");
+  }
+  if (again != encoded) fail(file, line, "encoding is not a fixed point", shown(encoded) + " / " + shown(again));
+  return encoded;
+}
+
 }  // namespace memcuda_fuzz
+
+// `auto v = MEMCUDA_FUZZ_DECODE(p::decode_reply, text); if (!v) return;`
+#define MEMCUDA_FUZZ_DECODE(decode, text)                                                                   \
+  ::memcuda_fuzz::decode_or_refuse([](std::string_view t_) { return decode(t_); }, text, #decode, __FILE__, \
+                                   __LINE__)
+
+// MEMCUDA_FUZZ_ROUND_TRIP(*v, p::encode_reply, p::decode_reply): see check_round_trip.
+#define MEMCUDA_FUZZ_ROUND_TRIP(value, encode, decode)                                                          \
+  ::memcuda_fuzz::check_round_trip(                                                                            \
+      value, [](const auto& v_) { return encode(v_); }, [](std::string_view t_) { return decode(t_); }, #encode, \
+      #decode, __FILE__, __LINE__)
 
 #define MEMCUDA_FUZZ_CHECK(cond, ...)                                            \
   do {                                                                           \

@@ -107,7 +107,8 @@ TEST_CASE("memcuda_bench --quick runs on the host backend and writes its JSON", 
     ops.insert(std::string(row.at("op").as_string()));
   }
   for (const char* op : {"get_warm", "release", "get_reopen", "get_cold", "create_leader", "create_follower", "remove",
-                         "release_last", "get_release_tput", "redis_ping", "naive_create", "naive_open_close"}) {
+                         "release_last", "get_release_tput", "get_release_linger_tput", "redis_ping", "naive_create",
+                         "naive_open_close"}) {
     INFO("operation " << op);
     CHECK(ops.count(op) == 1);
   }

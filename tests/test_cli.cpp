@@ -888,3 +888,88 @@ TEST_CASE("memcuda gc drops the references of a dead JSON client and reports it"
   CHECK(r.code == 0);
   CHECK(contains(r.out, "dead holders 0, references dropped 0"));
 }
+
+// Issue 13: what a takeover did is visible from the tool. The allocator of
+// record (a `memcuda serve`) owns a persistent host tensor that no other
+// process holds, and is killed with SIGKILL; the standby `memcuda serve`
+// adopts the shm object in place. `info` shows the record's alloc_kind
+// before and after, `stats` the pool's adopted and copied bytes (text, JSON
+// and Prometheus), and nothing was copied.
+TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes after a takeover", "[cli][redis]") {
+  test::RedisServer srv;
+  auto serve = [&] {
+    return std::make_unique<test::Child>(std::vector<std::string>{
+        cli_path(), "--url", srv.unix_url(), "serve", "--backend", "host", "--lease-ttl", std::to_string(kTtlMs)});
+  };
+  auto a = serve();
+  read_until(*a, "allocator of record");
+  REQUIRE(memcuda_cli(at(srv, {"create", "w", "--dtype", "f32", "--shape", "1024", "--backend", "host"})).code == 0);
+
+  auto j = parse_json(memcuda_cli(at(srv, {"info", "w", "--json"})));
+  CHECK(j.at("alloc_kind").as_string() == "host_shm");
+  CHECK(j.at("owner_pid").as_int64() == a->pid());
+  const std::string handle(j.at("shm_name").as_string());
+  auto text = memcuda_cli(at(srv, {"info", "w"})).out;
+  CHECK(contains(text, "alloc_kind"));
+  CHECK(contains(text, "host_shm"));
+
+  // before any takeover both counters are there and zero (the leader
+  // publishes its pool statistics at each lease renewal)
+  for (auto until = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < until;) {
+    j = parse_json(memcuda_cli(at(srv, {"stats", "--json"})));
+    if (!j.at("pools").as_array().empty()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  {
+    INFO(json::serialize(j));
+    REQUIRE(j.at("pools").as_array().size() == 1);
+    CHECK(j.at("pools").at(0).at("adopted_bytes").to_number<std::uint64_t>() == 0);
+    CHECK(j.at("pools").at(0).at("copied_bytes").to_number<std::uint64_t>() == 0);
+  }
+
+  auto b = serve();
+  read_until(*b, "follower");
+  a->kill(SIGKILL);
+  a->wait();
+  read_until(*b, "allocator of record", 10s);
+
+  // the new leader's statistics, once its takeover round has adopted w
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::uint64_t adopted = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    j = parse_json(memcuda_cli(at(srv, {"stats", "--json"})));
+    const auto& pools = j.at("pools").as_array();
+    if (!pools.empty() && (adopted = pools.at(0).at("adopted_bytes").to_number<std::uint64_t>()) >= 4096) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  INFO(json::serialize(j));
+  CHECK(adopted == 4096);
+  CHECK(j.at("pools").at(0).at("copied_bytes").to_number<std::uint64_t>() == 0);
+
+  text = memcuda_cli(at(srv, {"stats"})).out;
+  const auto lines = lines_of(text);
+  bool header = false, row = false;
+  for (const auto& l : lines) {
+    if (contains(l, "BACKEND") && contains(l, "ADOPTED") && contains(l, "COPIED")) header = true;
+    if (l.rfind("host", 0) == 0 && contains(l, "4.0 KiB") && l.size() > 2 && l.substr(l.size() - 3) == "0 B")
+      row = true;
+  }
+  INFO(text);
+  CHECK(header);
+  CHECK(row);  // ADOPTED 4.0 KiB, COPIED (the last column) 0 B
+
+  text = memcuda_cli(at(srv, {"stats", "--prometheus"})).out;
+  CHECK(contains(text, "# TYPE memcuda_pool_adopted_bytes_total counter\n"));
+  CHECK(contains(text, "# TYPE memcuda_pool_copied_bytes_total counter\n"));
+  CHECK(contains(text, R"(memcuda_pool_adopted_bytes_total{backend="host",device="-1",uuid=""} 4096)" "\n"));
+  CHECK(contains(text, R"(memcuda_pool_copied_bytes_total{backend="host",device="-1",uuid=""} 0)" "\n"));
+
+  // the record now names the standby, and the same shm object: adopted, not copied
+  j = parse_json(memcuda_cli(at(srv, {"info", "w", "--json"})));
+  CHECK(j.at("alloc_kind").as_string() == "host_shm");
+  CHECK(j.at("owner_pid").as_int64() == b->pid());
+  CHECK(j.at("shm_name").as_string() == handle);
+
+  b->kill(SIGINT);
+  CHECK(b->wait() == 0);
+}

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -149,6 +150,107 @@ TEST_CASE("model version: a waiter in another thread of the same process is woke
   CHECK(error.empty());
   REQUIRE(got);
   CHECK(*got == 1);
+}
+
+namespace {
+// Calls of one command so far, from INFO commandstats (0 when never called).
+long long calls_of(redis::Connection& raw, const std::string& cmd) {
+  const std::string info(raw.command({"INFO", "commandstats"}).str());
+  const auto at = info.find("cmdstat_" + cmd + ":calls=");
+  if (at == std::string::npos) return 0;
+  return std::stoll(info.substr(at + cmd.size() + 15));
+}
+
+// The private list a waiter of `prefix` registered (waits up to 5 s for it).
+std::string waiter_list(redis::Connection& raw, const std::string& prefix) {
+  for (int i = 0; i < 500; ++i) {
+    auto m = raw.command({"SMEMBERS", "memcuda:model_waiters:" + prefix});
+    if (m.size() == 1) return std::string(m[0].str());
+    std::this_thread::sleep_for(10ms);
+  }
+  FAIL("no waiter registered for " << prefix);
+  return {};
+}
+}  // namespace
+
+TEST_CASE("model version: a woken waiter takes the version from the push, with no further round trip",
+          "[redis][model]") {
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv));
+  auto t = reg.create<float>("push/x", {16});
+  CHECK(publish_version(reg, "push/") == 1);
+  redis::Connection raw(srv.options());
+  std::optional<std::uint64_t> got;
+  std::string error;
+  std::jthread waiter([&] {
+    try {
+      got = wait_version(reg, "push/", 1, 30s);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  (void)waiter_list(raw, "push/");  // registered, its first read done: now blocked
+  std::this_thread::sleep_for(100ms);
+  const long long hgetall = calls_of(raw, "hgetall"), srem = calls_of(raw, "srem"), del = calls_of(raw, "del");
+  CHECK(publish_version(reg, "push/") == 2);
+  waiter.join();
+  CHECK(error.empty());
+  REQUIRE(got);
+  CHECK(*got == 2);
+  // Woken by the push: no read of the record, no clean-up (the publish
+  // dropped the set, BLPOP emptied the list).
+  CHECK(calls_of(raw, "hgetall") == hgetall);
+  CHECK(calls_of(raw, "srem") == srem);
+  CHECK(calls_of(raw, "del") <= del + 1);  // at most the publish script's DEL of the waiters set
+  CHECK(raw.command({"EXISTS", "memcuda:model_waiters:push/"}).integer() == 0);
+}
+
+TEST_CASE("model version: what a waiter is pushed decides its outcome; a bare version is read from the record",
+          "[redis][model]") {
+  test::RedisServer srv;
+  TensorRegistry reg(model_opts(srv));
+  auto t = reg.create<float>("bare/x", {16});
+  CHECK(publish_version(reg, "bare/") == 1);
+  redis::Connection raw(srv.options());
+  auto wait_in_thread = [&](std::uint64_t after, std::optional<std::uint64_t>& got, std::string& error) {
+    return std::jthread([&reg, after, &got, &error] {
+      try {
+        got = wait_version(reg, "bare/", after, 30s);
+      } catch (const Unavailable& e) {
+        error = std::string("Unavailable: ") + e.what();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+  };
+  {
+    // An older publisher pushes the bare version: the waiter reads the record.
+    std::optional<std::uint64_t> got;
+    std::string error;
+    auto w = wait_in_thread(1, got, error);
+    const std::string list = waiter_list(raw, "bare/");
+    raw.command({"HSET", "memcuda:model:bare/", "version", "7"});
+    raw.command({"DEL", "memcuda:model_waiters:bare/"});
+    raw.command({"LPUSH", list, "7"});
+    w.join();
+    CHECK(error.empty());
+    REQUIRE(got);
+    CHECK(*got == 7);
+  }
+  {
+    // The push names another node and a CUDA event: the record is not read
+    // (it says this node), the push decides: Unavailable.
+    std::optional<std::uint64_t> got;
+    std::string error;
+    auto w = wait_in_thread(7, got, error);
+    const std::string list = waiter_list(raw, "bare/");
+    raw.command({"DEL", "memcuda:model_waiters:bare/"});
+    raw.command({"LPUSH", list, "8\ncuda\n0\nGPU-x\nelsewhere\nsess\n" + std::string(64, '\n')});
+    w.join();
+    CHECK_FALSE(got);
+    CHECK(error.rfind("Unavailable: ", 0) == 0);
+    CHECK(error.find("elsewhere") != std::string::npos);
+  }
 }
 
 TEST_CASE("model version: errors are typed", "[redis][model]") {

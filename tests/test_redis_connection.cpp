@@ -130,6 +130,32 @@ TEST_CASE("Arg owns temporary strings, so a stored argument list does not dangle
   CHECK(copy.view() == make('k'));
 }
 
+// The create path grows a vector of Args (owned numbers, views of the
+// record's text) and relies on moves: a moved owned string, short ones held
+// in the string object itself included, must be re-pointed, and a view must
+// stay a view of the caller's bytes.
+TEST_CASE("Arg moves keep owned bytes and views intact while a vector grows", "[args]") {
+  static_assert(std::is_nothrow_move_constructible_v<redis::Arg>);
+  const std::string held(300, 'h');  // viewed, never copied
+  std::vector<redis::Arg> args;      // no reserve: every growth moves all elements
+  for (int i = 0; i < 200; ++i) {
+    args.emplace_back(i);                           // owned, small (in-object storage)
+    args.emplace_back(std::string(100 + i, 'o'));   // owned, on the heap
+    args.emplace_back(std::string_view(held));      // a view
+  }
+  std::vector<std::string> scribble(64, std::string(200, 'z'));  // reuse any freed memory
+  for (int i = 0; i < 200; ++i) {
+    INFO(i);
+    CHECK(args[3 * i].view() == std::to_string(i));
+    CHECK(args[3 * i + 1].view() == std::string(100 + i, 'o'));
+    CHECK(args[3 * i + 2].view().data() == held.data());
+  }
+  redis::Arg moved(std::move(args[1]));
+  CHECK(moved.view() == std::string(100, 'o'));
+  redis::Arg small(std::move(args[3]));
+  CHECK(small.view() == "1");
+}
+
 TEST_CASE("pipeline of 1000 commands returns the replies in order", "[redis]") {
   test::RedisServer srv;
   auto c = srv.connect();

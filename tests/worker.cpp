@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
     else if (a == "--ttl") o.lease_ttl = std::chrono::milliseconds(std::stoll(next()));
     else if (a == "--timeout") o.request_timeout = std::chrono::milliseconds(std::stoll(next()));
     else if (a == "--backend") backend = backend_from_string(next());
+    else if (a == "--linger") o.release_linger = std::chrono::milliseconds(std::stoll(next()));
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -131,6 +132,11 @@ int main(int argc, char** argv) {
         if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
         held.erase(it);
         reg->flush();  // releases are sent in the background: the parent reads Redis next
+        out << "OK";
+      } else if (cmd == "drop") {  // like release, without flush(): a release that lingers stays
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        held.erase(it);
         out << "OK";
       } else if (cmd == "remove") {
         reg->remove(name);

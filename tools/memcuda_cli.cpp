@@ -75,7 +75,7 @@ constexpr CommandDoc kDocs[] = {
     {"leader", "leader", "memcuda leader", "who holds the allocator-of-record lease",
      "Exit code 3 when nobody does (start one with `memcuda serve`).\n"},
     {"stats", "stats [--prometheus]", "memcuda stats [--prometheus]",
-     "tensors and bytes per device, pools, sessions, queue",
+     "tensors and bytes per device, pools (with bytes adopted or copied by takeovers), sessions, queue",
      "  --prometheus   the same in the Prometheus text exposition format\n"},
     {"serve", "serve [--backend B] [--lease-ttl MS]", "memcuda serve [--backend host|cuda] [--lease-ttl MS]",
      "host the allocator of record in the foreground until SIGINT/SIGTERM",
@@ -103,31 +103,21 @@ constexpr CommandDoc kDocs[] = {
 };
 
 const std::map<std::string, std::vector<OptionSpec>, std::less<>>& command_options() {
+  // create-many takes create's options (and applies them to every entry)
+  const std::vector<OptionSpec> create_options = {{"--dtype", true},    {"--shape", true},         {"--device", true},
+                                                  {"--backend", true},  {"--persistent", false},   {"--no-persistent", false},
+                                                  {"--timeout", true}};
   static const std::map<std::string, std::vector<OptionSpec>, std::less<>> m = {
       {"ls", {}},
       {"info", {}},
       {"rm", {{"--prefix", true}}},
       {"get-many", {{"--prefix", true}, {"--glob", true}}},
-      {"create-many",
-       {{"--dtype", true},
-        {"--shape", true},
-        {"--device", true},
-        {"--backend", true},
-        {"--persistent", false},
-        {"--no-persistent", false},
-        {"--timeout", true}}},
+      {"create-many", create_options},
       {"gc", {}},
       {"leader", {}},
       {"stats", {{"--prometheus", false}}},
       {"serve", {{"--backend", true}, {"--lease-ttl", true}}},
-      {"create",
-       {{"--dtype", true},
-        {"--shape", true},
-        {"--device", true},
-        {"--backend", true},
-        {"--persistent", false},
-        {"--no-persistent", false},
-        {"--timeout", true}}},
+      {"create", create_options},
       {"cat", {{"--head", true}}},
       {"help", {}},
   };
@@ -332,6 +322,13 @@ std::vector<HolderView> holders_of(const TensorInfo& t) {
   return hs;
 }
 
+// The record's alloc_kind; a record written before the field existed
+// reads as its backend's legacy kind (docs/protocol.md).
+std::string alloc_kind_text(const TensorInfo& t) {
+  if (!t.alloc_kind.empty()) return t.alloc_kind;
+  return t.backend == BackendKind::cuda ? "cuda_ipc" : "host_shm";
+}
+
 int cmd_info(Context& c) {
   const std::string name = one_operand(c, "NAME");
   TensorRegistry reg(c.registry_options(false));
@@ -352,6 +349,7 @@ int cmd_info(Context& c) {
     o["offset"] = t.offset;
     o["alloc_bytes"] = t.alloc_bytes;
     o["alloc_id"] = t.alloc_id;
+    o["alloc_kind"] = alloc_kind_text(t);
     o["epoch"] = t.epoch;
     o["owner"] = t.owner;
     o["owner_pid"] = t.owner_pid;
@@ -400,6 +398,7 @@ int cmd_info(Context& c) {
       {"offset", std::to_string(t.offset)},
       {"alloc_bytes", std::to_string(t.alloc_bytes)},
       {"alloc_id", std::to_string(t.alloc_id)},
+      {"alloc_kind", alloc_kind_text(t) + (t.alloc_kind.empty() ? " (not in the record: written before the field)" : "")},
       {"create_id", opt(t.create_id)},
       {"event_handle", t.event_handle.empty() ? "-" : hex(t.event_handle)},
       {"event_version", std::to_string(t.event_version)},
@@ -508,11 +507,20 @@ std::string prometheus_text(const RegistryStats& s) {
       {"memcuda_pool_budget_bytes", "The pool's byte budget (0: none).", &PoolStats::budget},
       {"memcuda_pool_slabs", "Slabs the pool holds.", &PoolStats::slabs},
   };
-  for (const auto& m : pool_metrics) {
+  // Counters since the allocator of record started: what takeovers cost.
+  const PoolMetric pool_counters[] = {
+      {"memcuda_pool_adopted_bytes_total", "Bytes of dead allocators' tensors adopted in place (no copy).",
+       &PoolStats::adopted_bytes},
+      {"memcuda_pool_copied_bytes_total", "Bytes of dead allocators' tensors copied into new memory (migration).",
+       &PoolStats::copied_bytes},
+  };
+  auto emit_pool = [&](const PoolMetric& m, std::string_view type) {
     std::vector<pm::Sample> v;
     for (const auto& p : s.pools) v.push_back({dev_labels(p.backend, p.device, p.device_uuid), p.*m.field});
-    w.family(m.name, "gauge", m.help, v);
-  }
+    w.family(m.name, type, m.help, v);
+  };
+  for (const auto& m : pool_metrics) emit_pool(m, "gauge");
+  for (const auto& m : pool_counters) emit_pool(m, "counter");
   w.gauge("memcuda_leader_present", "1 when a process holds the allocator-of-record lease.", s.leader.present ? 1 : 0);
   w.family("memcuda_leader_epoch", "gauge", "Epoch of the allocator-of-record lease (counts takeovers).",
            s.leader.present ? std::vector<pm::Sample>{{{}, s.leader.epoch}} : std::vector<pm::Sample>{});
@@ -549,7 +557,9 @@ int cmd_stats(Context& c) {
                                    {"slabs", p.slabs},
                                    {"allocations", p.allocations},
                                    {"frees", p.frees},
-                                   {"largest_free", p.largest_free}});
+                                   {"largest_free", p.largest_free},
+                                   {"adopted_bytes", p.adopted_bytes},
+                                   {"copied_bytes", p.copied_bytes}});
     print_json(json::object{{"tensors", s.tensors},
                             {"bytes", s.bytes},
                             {"per_device", per},
@@ -578,11 +588,13 @@ int cmd_stats(Context& c) {
              {"RESERVED", true},
              {"PEAK", true},
              {"BUDGET", true},
-             {"SLABS", true}});
+             {"SLABS", true},
+             {"ADOPTED", true},
+             {"COPIED", true}});
     for (const auto& p : s.pools)
       t.add({std::string(to_string(p.backend)), device_text(p.backend, p.device), human_bytes(p.in_use),
              human_bytes(p.reserved), human_bytes(p.peak_in_use), p.budget ? human_bytes(p.budget) : "none",
-             std::to_string(p.slabs)});
+             std::to_string(p.slabs), human_bytes(p.adopted_bytes), human_bytes(p.copied_bytes)});
     std::cout << t.render();
   }
   std::cout << "sessions: " << s.sessions << "\n";
@@ -690,29 +702,49 @@ std::string dtype_names() {
   return s;
 }
 
-int cmd_create(Context& c) {
-  const std::string name = one_operand(c, "NAME");
+// ---- what create and create-many share ------------------------------------
+
+// --dtype, when given.
+std::optional<DType> dtype_option(const Context& c) {
   auto dt = c.args.get("--dtype");
-  if (!dt) throw UsageError("needs --dtype (one of: " + dtype_names() + ")");
+  if (!dt) return std::nullopt;
   auto dtype = dtype_from_string(*dt);
   if (!dtype) throw UsageError("option '--dtype': '" + *dt + "' is not a dtype (use one of: " + dtype_names() + ")");
-  auto sh = c.args.get("--shape");
-  if (!sh) throw UsageError("needs --shape, e.g. --shape 2,3 (\"\" for a scalar)");
-  auto shape = parse_shape(*sh);
-  if (!shape)
-    throw UsageError("option '--shape': '" + *sh + "' is not a list of dimensions (write them as 2,3 or [2,3])");
-  (void)byte_size(*dtype, *shape);  // rank, dimension and size limits, before talking to anyone
+  return dtype;
+}
+
+// --persistent / --no-persistent (persistent by default), --backend, --device.
+CreateOptions create_options(const Context& c) {
   if (c.args.has("--persistent") && c.args.has("--no-persistent"))
     throw UsageError("--persistent and --no-persistent exclude each other");
   CreateOptions co;
   co.persistent = !c.args.has("--no-persistent");
   co.backend = backend_option(c);
   if (auto d = c.args.get("--device")) co.device = static_cast<int>(parse_int_option("--device", *d, 0, 1023));
+  return co;
+}
+
+// A client registry whose requests wait --timeout for the allocator of record.
+RegistryOptions create_registry_options(const Context& c) {
   RegistryOptions o = c.registry_options(false);
   if (auto t = c.args.get("--timeout"))
     o.request_timeout = std::chrono::milliseconds(parse_int_option("--timeout", *t, 1, 3600 * 1000));
+  return o;
+}
 
-  TensorRegistry reg(o);
+int cmd_create(Context& c) {
+  const std::string name = one_operand(c, "NAME");
+  const auto dtype = dtype_option(c);
+  if (!dtype) throw UsageError("needs --dtype (one of: " + dtype_names() + ")");
+  auto sh = c.args.get("--shape");
+  if (!sh) throw UsageError("needs --shape, e.g. --shape 2,3 (\"\" for a scalar)");
+  auto shape = parse_shape(*sh);
+  if (!shape)
+    throw UsageError("option '--shape': '" + *sh + "' is not a list of dimensions (write them as 2,3 or [2,3])");
+  (void)byte_size(*dtype, *shape);  // rank, dimension and size limits, before talking to anyone
+  const CreateOptions co = create_options(c);
+
+  TensorRegistry reg(create_registry_options(c));
   // Fail at once rather than after the request timeout when nobody serves.
   if (!reg.stats().leader.present)
     throw NotLeader("no allocator of record in " + c.where() + ": nobody holds the lease, so nobody would allocate '" +

@@ -59,9 +59,14 @@ inline std::uint64_t publish_version(TensorRegistry& reg, std::string_view prefi
 }
 
 // Consumer side. Blocks until the model's version is greater than `after`
-// (without polling: the publish pushes to this waiter), then makes
-// `consumer_stream` wait on the producer's event (cudaStreamWaitEvent, no
-// host synchronisation) and returns the version. Returns std::nullopt when
+// (without polling: the publish pushes the version and the producer's event
+// to this waiter, so a woken waiter makes no further round trip), then
+// makes `consumer_stream` wait on the producer's event (cudaStreamWaitEvent,
+// no host synchronisation; the event is opened once per producer and
+// process, not per version) and returns the version: the one that woke it,
+// which a later publish may already have passed (the event is then at least
+// as new: ordering is never weaker). Cost after the publish: the publish's
+// one script, Redis's reply to the blocked BLPOP, one cudaStreamWaitEvent. Returns std::nullopt when
 // `timeout` passes first (a timeout is an expected outcome of a wait, as
 // for TensorRegistry::wait). Throws NotFound when the model has no version
 // and no tensor under the prefix, Unavailable when the version was

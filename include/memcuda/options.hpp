@@ -4,6 +4,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -116,6 +117,24 @@ struct RegistryOptions {
   bool share_references = [] {
     const char* e = std::getenv("MEMCUDA_SHARE_REFERENCES");
     return !(e && std::string_view(e) == "0");
+  }();
+  // With share_references: how long the process's reference outlives the
+  // last local handle of a get (ref_cache.hpp, "Lingering"). A get of the
+  // name within the window takes the handle back with no Redis round trip;
+  // when it passes, the release is queued and sent in a batch. Meanwhile
+  // Redis still counts the reference (refcount, holders; a remove elsewhere
+  // ends the window at its invalidation message); flush() ends every window
+  // of the process before it sends. 0: the release is queued at once.
+  // Default from MEMCUDA_RELEASE_LINGER_MS (an integer, at most 60000), else 0.
+  std::chrono::microseconds release_linger = [] {
+    const char* e = std::getenv("MEMCUDA_RELEASE_LINGER_MS");
+    long long ms = 0;
+    if (e) {
+      const std::string_view v(e);
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), ms);
+      if (ec != std::errc() || p != v.data() + v.size() || ms < 0 || ms > 60000) ms = 0;
+    }
+    return std::chrono::microseconds(ms * 1000);
   }();
 };
 

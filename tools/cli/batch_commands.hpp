@@ -39,31 +39,19 @@ TensorSpec create_many_operand(const std::string& op, const std::optional<DType>
 int cmd_create_many(Context& c) {
   const auto& ops = c.args.operands;
   if (ops.empty()) throw UsageError("needs at least one NAME (or NAME=DTYPE:DIMS)");
-  std::optional<DType> dtype;
-  if (auto dt = c.args.get("--dtype")) {
-    dtype = dtype_from_string(*dt);
-    if (!dtype) throw UsageError("option '--dtype': '" + *dt + "' is not a dtype (use one of: " + dtype_names() + ")");
-  }
+  const std::optional<DType> dtype = dtype_option(c);
   std::optional<Shape> shape;
   if (auto sh = c.args.get("--shape")) {
     shape = parse_shape(*sh);
     if (!shape) throw UsageError("option '--shape': '" + *sh + "' is not a list of dimensions (write them as 2,3)");
   }
-  if (c.args.has("--persistent") && c.args.has("--no-persistent"))
-    throw UsageError("--persistent and --no-persistent exclude each other");
-  CreateOptions co;
-  co.persistent = !c.args.has("--no-persistent");
-  co.backend = backend_option(c);
-  if (auto d = c.args.get("--device")) co.device = static_cast<int>(parse_int_option("--device", *d, 0, 1023));
+  const CreateOptions co = create_options(c);  // memcuda_cli.cpp, shared with create
   std::vector<TensorSpec> specs;
   for (const auto& op : ops) {
     specs.push_back(create_many_operand(op, dtype, shape));
     specs.back().options = co;
   }
-  RegistryOptions o = c.registry_options(false);
-  if (auto t = c.args.get("--timeout"))
-    o.request_timeout = std::chrono::milliseconds(parse_int_option("--timeout", *t, 1, 3600 * 1000));
-  TensorRegistry reg(o);
+  TensorRegistry reg(create_registry_options(c));
   if (!reg.stats().leader.present)
     throw NotLeader("no allocator of record in " + c.where() + ": nobody holds the lease, so nobody would allocate");
   auto made = reg.create_many(specs);

@@ -58,46 +58,56 @@ inline constexpr std::string_view holder_prefix = "holder:";
 // Hash fields in HSET order, values binary-safe.
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
-// The Hash fields of a record, in a fixed order (name, dtype, shape, ctime,
-// node, device, device_uuid, bytes, backend, ipc_handle, offset, alloc_bytes,
-// alloc_id, refcount, state, generation, epoch, owner, owner_pid, create_id,
-// event_handle, event_version, alloc_kind when not empty, then
-// "holder:<id>" per holder). Integers are decimal text; ipc_handle and
-// event_handle are copied byte for byte.
-inline Fields encode_record(const TensorInfo& t) {
+// Calls put(field, value) for each Hash field of a record, in a fixed order
+// (name, dtype, shape, ctime, node, device, device_uuid, bytes, backend,
+// ipc_handle, offset, alloc_bytes, alloc_id, refcount, state, generation,
+// epoch, owner, owner_pid, create_id, event_handle, event_version,
+// alloc_kind when not empty, then "holder:<id>" per holder). `field` and
+// `value` are each a std::string_view (a literal, or text `t` already holds:
+// valid while `t` lives) or an owned std::string (a holder's field, a
+// number as decimal text). Integers are decimal text;
+// ipc_handle and event_handle are copied byte for byte. The one encoder:
+// encode_record collects it, and the create path appends it straight to its
+// script arguments (no vector of pairs, no copies of strings `t` holds).
+template <class Put>
+void for_each_record_field(const TensorInfo& t, Put&& put) {
   namespace f = record_field;
-  Fields out;
-  out.reserve(23 + t.holders.size());
-  auto add = [&](std::string_view k, std::string v) {
-    out.emplace_back(std::string(k), std::move(v));
-  };
-  add(f::name, t.name);
-  add(f::dtype, std::string(to_string(t.dtype)));
-  add(f::shape, shape_to_string(t.shape));
-  add(f::ctime, std::to_string(t.ctime_ms));
-  add(f::node, t.node);
-  add(f::device, std::to_string(t.device));
-  add(f::device_uuid, t.device_uuid);
-  add(f::bytes, std::to_string(t.bytes));
-  add(f::backend, std::string(to_string(t.backend)));
-  add(f::ipc_handle, t.ipc_handle);
-  add(f::offset, std::to_string(t.offset));
-  add(f::alloc_bytes, std::to_string(t.alloc_bytes));
-  add(f::alloc_id, std::to_string(t.alloc_id));
-  add(f::refcount, std::to_string(t.refcount));
-  add(f::state, std::string(to_string(t.state)));
-  add(f::generation, std::to_string(t.generation));
-  add(f::epoch, std::to_string(t.epoch));
-  add(f::owner, t.owner);
-  add(f::owner_pid, std::to_string(t.owner_pid));
-  add(f::create_id, t.create_id);
-  add(f::event_handle, t.event_handle);
-  add(f::event_version, std::to_string(t.event_version));
+  put(f::name, std::string_view(t.name));
+  put(f::dtype, to_string(t.dtype));
+  put(f::shape, shape_to_string(t.shape));
+  put(f::ctime, std::to_string(t.ctime_ms));
+  put(f::node, std::string_view(t.node));
+  put(f::device, std::to_string(t.device));
+  put(f::device_uuid, std::string_view(t.device_uuid));
+  put(f::bytes, std::to_string(t.bytes));
+  put(f::backend, to_string(t.backend));
+  put(f::ipc_handle, std::string_view(t.ipc_handle));
+  put(f::offset, std::to_string(t.offset));
+  put(f::alloc_bytes, std::to_string(t.alloc_bytes));
+  put(f::alloc_id, std::to_string(t.alloc_id));
+  put(f::refcount, std::to_string(t.refcount));
+  put(f::state, to_string(t.state));
+  put(f::generation, std::to_string(t.generation));
+  put(f::epoch, std::to_string(t.epoch));
+  put(f::owner, std::string_view(t.owner));
+  put(f::owner_pid, std::to_string(t.owner_pid));
+  put(f::create_id, std::string_view(t.create_id));
+  put(f::event_handle, std::string_view(t.event_handle));
+  put(f::event_version, std::to_string(t.event_version));
   // Omitted when empty, so a record written back by an older reader's
   // codec round-trips unchanged.
-  if (!t.alloc_kind.empty()) add(f::alloc_kind, t.alloc_kind);
+  if (!t.alloc_kind.empty()) put(f::alloc_kind, std::string_view(t.alloc_kind));
   for (const auto& [holder, count] : t.holders)
-    add(std::string(f::holder_prefix) + holder, std::to_string(count));
+    put(std::string(f::holder_prefix) + holder, std::to_string(count));
+}
+
+// The Hash fields of a record (for_each_record_field's order and text).
+inline Fields encode_record(const TensorInfo& t) {
+  Fields out;
+  out.reserve(23 + t.holders.size());
+  for_each_record_field(t, [&](auto&& k, auto&& v) {
+    out.emplace_back(std::string(std::forward<decltype(k)>(k)), std::string(std::forward<decltype(v)>(v)));
+  });
   return out;
 }
 

@@ -29,10 +29,15 @@ class Arg {
     requires(std::is_integral_v<I> && !std::is_same_v<I, bool> && !std::is_same_v<I, char>)
   Arg(I v) : own_(std::to_string(v)), view_(own_) {}                   // NOLINT
   Arg(const Arg& o) : own_(o.own_), view_(o.owns() ? std::string_view(own_) : o.view_) {}
+  // A move keeps a view a view and re-points an owned string (its bytes
+  // move with it, or are copied out of the small-string buffer), so a
+  // std::vector<Arg> grows without copying every owned argument.
+  Arg(Arg&& o) noexcept : Arg(std::move(o), o.owns()) {}
   Arg& operator=(const Arg&) = delete;
   std::string_view view() const noexcept { return view_; }
 
  private:
+  Arg(Arg&& o, bool owned) noexcept : own_(std::move(o.own_)), view_(owned ? std::string_view(own_) : o.view_) {}
   bool owns() const noexcept { return !own_.empty() && view_.data() == own_.data(); }
   std::string own_;
   std::string_view view_;

@@ -42,8 +42,10 @@ class Script {
     argv.emplace_back("EVALSHA");
     argv.emplace_back(std::string_view(sha_));
     argv.emplace_back(std::string_view(nkeys));
-    for (const auto& k : keys) argv.push_back(k);
-    for (const auto& a : args) argv.push_back(a);
+    // Views of the caller's arguments, which outlive this call: copying an
+    // Arg copies the string it owns (a create passes some forty).
+    for (const auto& k : keys) argv.emplace_back(k.view());
+    for (const auto& a : args) argv.emplace_back(a.view());
     try {
       return c.command(std::span<const Arg>(argv));
     } catch (const ReplyError& e) {

@@ -67,21 +67,29 @@ if gen == 1 then  -- a fresh Redis: start above every generation of an earlier o
   redis.call('SET', KEYS[4], gen)
 end
 redis.call('DEL', KEYS[6])
-redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+-- The whole record in one HSET (unpack last, so it expands fully): every
+-- redis.call costs argument conversion and a command dispatch, and Redis
+-- runs nothing else meanwhile. The fields the script sets come first; the
+-- caller never sends them (generation, state, refcount, holder:*).
 local rc = 1
-redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[5], 1)
 if ARGV[6] == '1' then
   rc = 2
-  redis.call('HSET', KEYS[1], 'holder:@name', 1)
+  redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
+             'holder:@name', 1, unpack(ARGV, 7))
+else
+  redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
+             unpack(ARGV, 7))
 end
-redis.call('HSET', KEYS[1], 'refcount', rc)
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('PUBLISH', ARGV[4], gen)
-for _, l in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  redis.call('LPUSH', l, gen)
-  redis.call('PEXPIRE', l, 60000)
+local waiting = redis.call('SMEMBERS', KEYS[5])
+if #waiting > 0 then
+  for _, l in ipairs(waiting) do
+    redis.call('LPUSH', l, gen)
+    redis.call('PEXPIRE', l, 60000)
+  end
+  redis.call('DEL', KEYS[5])
 end
-redis.call('DEL', KEYS[5])
 return {'ok', gen, rc}
 )lua";
 
@@ -327,6 +335,9 @@ return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
 // stores the producer's event and identity, wakes every waiter (one push
 // per registered list, like create's waiters). The first publish of a
 // prefix needs a tensor under it (a typo must not make a model appear).
+// Each waiter is pushed what it needs to order itself (version, backend,
+// device, device uuid, node, session, then the event handle, '\n'-separated;
+// the handle last: it is binary), so a woken waiter makes no round trip.
 // KEYS: model record, its waiters set, names
 // ARGV: prefix, event handle ('' = host), backend, device, device uuid,
 //       node, session, pid, time ms
@@ -342,8 +353,10 @@ end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'event_handle', ARGV[2], 'backend', ARGV[3], 'device', ARGV[4],
            'device_uuid', ARGV[5], 'node', ARGV[6], 'session', ARGV[7], 'pid', ARGV[8], 'published_ms', ARGV[9])
+local msg = v .. '\n' .. ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5] .. '\n' .. ARGV[6] .. '\n' .. ARGV[7] ..
+            '\n' .. ARGV[2]
 for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  redis.call('LPUSH', l, v)
+  redis.call('LPUSH', l, msg)
   redis.call('PEXPIRE', l, 60000)
 end
 redis.call('DEL', KEYS[2])

@@ -135,12 +135,8 @@ class DevicePool {
       off += b->size;
       out.push_back(finish(*b, sizes[i]));
     }
-    ++packed_batches_;
     return out;
   }
-
-  // Batches placed by allocate_packed() so far (tests, diagnostics).
-  std::uint64_t packed_batches() const noexcept { return packed_batches_.load(); }
 
   // Takes the allocation of a dead exporter that holds the tensors `ts`
   // (one allocation: same handle) into this pool without copying a byte,
@@ -260,8 +256,9 @@ class DevicePool {
     bool adopted = false;
   };
 
-  // Allocates and exports `size` bytes as a new slab (dedicated: returned
-  // by trim() as soon as it is empty) and returns its id. When the device
+  // Allocates and exports `size` bytes as a new slab and returns its id. A
+  // dedicated one (a large tensor's, a packed batch's) is returned by
+  // trim() as soon as it is empty, whatever retain_empty_slabs says. When the device
   // (not our budget) is full, gives back what the pool keeps idle and tries
   // once more. Throws BudgetExceeded, CudaError. Lock held.
   std::uint64_t add_allocation(std::uint64_t size, bool dedicated,
@@ -383,7 +380,6 @@ class DevicePool {
   std::unordered_map<std::uint64_t, SlabEntry> slabs_;
   std::unordered_map<std::string, std::uint64_t> adopted_;  // handle -> slab id of adopted allocations
   std::atomic<std::uint64_t> adopted_bytes_{0}, copied_bytes_{0};
-  std::atomic<std::uint64_t> packed_batches_{0};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

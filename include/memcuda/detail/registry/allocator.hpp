@@ -125,15 +125,30 @@ class Allocator {
 
     const bool persistent = cmd.persistent.value_or(false);
     const auto& k = ctx_.keys;
-    std::vector<redis::Arg> args{token, cmd.name, t.create_id, k.ready_channel(cmd.name), holder_of(cmd),
-                                 (persistent ? "1" : "0")};
-    protocol::Fields fields = protocol::encode_record(t);
-    for (const auto& [f, v] : fields) {
+    // The record's fields go straight into the arguments: names as
+    // literals, text `t` holds as views (t outlives the script call), only
+    // numbers as owned strings. This path runs for every create.
+    std::vector<redis::Arg> args;
+    args.reserve(6 + 2 * 24);
+    args.emplace_back(token);
+    args.emplace_back(cmd.name);
+    args.emplace_back(t.create_id);
+    args.emplace_back(k.ready_channel(cmd.name));
+    args.emplace_back(holder_of(cmd));
+    args.emplace_back(persistent ? "1" : "0");
+    protocol::for_each_record_field(t, [&](auto&& f, auto&& v) {
+      namespace rf = protocol::record_field;
+      const std::string_view name(f);
       // The script sets these itself, atomically with the existence check.
-      if (f == "generation" || f == "state" || f == "refcount" || f.starts_with("holder:")) continue;
-      args.emplace_back(f);
-      args.emplace_back(v);
-    }
+      if (name == rf::generation || name == rf::state || name == rf::refcount || name.starts_with(rf::holder_prefix))
+        return;
+      // Empty optional text (device_uuid on host, event_handle until a
+      // publish) is left out: a reader decodes an absent field as empty,
+      // and each field costs the script's HSET a listpack search.
+      if ((name == rf::device_uuid || name == rf::event_handle) && std::string_view(v).empty()) return;
+      args.emplace_back(std::forward<decltype(f)>(f));
+      args.emplace_back(std::forward<decltype(v)>(v));
+    });
     const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
                       wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name);
     redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key};
@@ -161,11 +176,13 @@ class Allocator {
       giveback.pool = nullptr;
       {
         std::lock_guard lk(owned_mu_);
-        owned_[t.generation] = Owned{&pool, pb, t, persistent};
+        owned_.insert_or_assign(t.generation, Owned{&pool, pb, t, persistent});
         owned_bytes_ += pb.block.size;
       }
       ++creates_;
-      return Created{t.generation, t.refcount, t, pb};
+      const std::uint64_t g = t.generation;
+      const std::int64_t rc = t.refcount;
+      return Created{g, rc, std::move(t), pb};  // t is done with: the script's arguments are sent
     };
     if (st == "ok") return keep(reply_u64(r[1]));
     if (st == "replay") {

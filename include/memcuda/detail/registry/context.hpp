@@ -148,6 +148,8 @@ class Context {
     if (o.lease_ttl < std::chrono::milliseconds(30)) throw InvalidArgument("lease_ttl must be at least 30 ms");
     if (o.client_connections < 1) throw InvalidArgument("client_connections must be at least 1");
     if (o.waiting_connections < 1) throw InvalidArgument("waiting_connections must be at least 1");
+    if (o.release_linger.count() < 0 || o.release_linger > std::chrono::seconds(60))
+      throw InvalidArgument("release_linger must be between 0 and 60 s");
     return o;
   }
 

@@ -106,6 +106,7 @@ class Core {
 
   // Waits until the releases this process queued so far are in Redis.
   static void flush(std::chrono::milliseconds timeout) {
+    RefCache::end_lingering_everywhere();  // flush() means "released now": no window outlives it
     if (!ReleaseQueue::instance().flush(timeout))
       throw TimeoutError("queued releases did not reach Redis within " + std::to_string(timeout.count()) + " ms");
   }

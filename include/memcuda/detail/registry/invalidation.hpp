@@ -48,7 +48,9 @@ class Invalidation {
   static constexpr std::string_view kChannel = "__redis__:invalidate";
   static constexpr auto kRetry = std::chrono::milliseconds(100);
 
-  Invalidation(Context& ctx, RefCache& cache) : ctx_(ctx), cache_(cache) {}
+  Invalidation(Context& ctx, RefCache& cache) : ctx_(ctx), cache_(cache) {
+    cache_.set_linger(ctx.opts.release_linger);  // windows only while the cache is live (set_live)
+  }
 
   // Subscribes once, synchronously (the registry's constructor), so that
   // sharing starts with the registry rather than some time after it: gets

@@ -6,9 +6,13 @@
 // The record is a Hash, <ns>:memcuda:model:<prefix> (docs/protocol.md):
 // version, the producer's interprocess event handle ('' on the host
 // backend), backend, device, device_uuid, node, session, pid, published_ms.
-// The publish script bumps the version and pushes it to every registered
-// waiter's private list (the mechanism of Client::wait), so waiters block in
-// Redis (BLPOP on a connection of the waiting pool) instead of polling.
+// The publish script bumps the version and pushes it, with the fields a
+// consumer needs to order itself (event handle, device, node), to every
+// registered waiter's private list (the mechanism of Client::wait), so
+// waiters block in Redis (BLPOP on a connection of the waiting pool) instead
+// of polling, and a woken waiter orders its stream with no further round
+// trip. The event is opened once per producer and process (EventCache), not
+// per version: every publish re-records the same event.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -17,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -132,10 +137,16 @@ class ModelVersions {
           c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}});
           continue;
         }
-        // One round trip: the record, and our registration gone.
+        // The push carries the record (no round trip: the publish dropped
+        // the waiters set and BLPOP took the list's one element). A push
+        // of a bare version (an older publisher) is followed by a read.
+        registered = false;
+        if (auto pushed = r.is_array() && r.size() == 2 ? decode_push(r[1].str()) : std::nullopt) {
+          rec = std::move(*pushed);
+          continue;
+        }
         auto rs2 = c->pipeline({{"HGETALL", key}, {"SREM", ws, wl}, {"DEL", wl}});
         rec = decode(rs2[0].view());
-        registered = false;
       }
       if (registered) c->pipeline({{"SREM", ws, wl}, {"DEL", wl}});
     }
@@ -184,6 +195,34 @@ class ModelVersions {
       else if (f == "node") m.node = std::string(v);
       else if (f == "session") m.session = std::string(v);
     }
+    return m;
+  }
+
+  // What the publish script pushes to a waiter: version, backend, device,
+  // device uuid, node, session, event handle ('\n'-separated, the binary
+  // handle last). nullopt: not that shape (a bare version).
+  static std::optional<ModelRecord> decode_push(std::string_view p) {
+    std::string_view f[6];
+    for (auto& x : f) {
+      const auto nl = p.find('\n');
+      if (nl == std::string_view::npos) return std::nullopt;
+      x = p.substr(0, nl);
+      p.remove_prefix(nl + 1);
+    }
+    ModelRecord m;
+    m.exists = true;
+    std::int64_t dev = -1;
+    auto [e1, c1] = std::from_chars(f[0].data(), f[0].data() + f[0].size(), m.version);
+    auto [e2, c2] = std::from_chars(f[2].data(), f[2].data() + f[2].size(), dev);
+    if (c1 != std::errc() || e1 != f[0].data() + f[0].size() || c2 != std::errc() ||
+        e2 != f[2].data() + f[2].size() || m.version == 0)
+      return std::nullopt;
+    m.backend = std::string(f[1]);
+    m.device = static_cast<int>(dev);
+    m.device_uuid = std::string(f[3]);
+    m.node = std::string(f[4]);
+    m.session = std::string(f[5]);
+    m.event_handle = std::string(p);
     return m;
   }
 

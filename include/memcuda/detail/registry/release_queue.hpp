@@ -8,6 +8,9 @@
 //    round trip), or else
 //  * the queue's own thread, which wakes on a push and leaves the releases
 //    kLinger (0.2 ms) to such a caller before it sends them itself.
+// The same thread ends the reference cache's lingering windows (call_at;
+// RegistryOptions::release_linger): a handle whose window passed is dropped
+// there, and its release is queued and sent as above.
 //
 // Bound: a release is in Redis one round trip after the next call of this
 // process, or at most kLinger plus one round trip after it was queued
@@ -86,6 +89,31 @@ class ReleaseQueue {
     if (wake) cv_.notify_one();
   }
 
+  using Clock = std::chrono::steady_clock;
+  using TimerFn = Clock::time_point (*)(Clock::time_point now) noexcept;
+
+  // Calls `fn(now)` on the queue's thread once `at` has passed: the end of
+  // the reference cache's lingering windows (RefCache::expire_all, the one
+  // timer of the process), whose dropped handles queue their releases
+  // right here. `fn` returns when it wants to be called next
+  // (time_point::max(): not). Never blocks on I/O.
+  void call_at(Clock::time_point at, TimerFn fn) noexcept {
+    bool wake = false;
+    try {
+      std::lock_guard lk(mu_);
+      if (exiting_) return;  // the registries are gone: nothing lingers
+      timer_fn_ = fn;
+      if (at >= timer_at_) return;  // an earlier call is due first and reschedules
+      timer_at_ = at;
+      if (!worker_.joinable()) worker_ = std::jthread([this] { run(); });
+      wake = std::exchange(worker_sleeps_, false);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("could not schedule the end of a lingering window: ") + e.what());
+      return;
+    }
+    if (wake) cv_.notify_one();
+  }
+
   // Waits until every release queued before the call has been sent (or
   // given up); false when `timeout` passed first. With `send`, releases
   // still queued are sent by the calling thread itself (no hand-off to the
@@ -151,9 +179,19 @@ class ReleaseQueue {
   void run() {
     std::unique_lock lk(mu_);
     for (;;) {
-      worker_sleeps_ = true;
-      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      while (!stop_ && q_.empty() && Clock::now() < timer_at_) {
+        // Set before every wait: a wake that leaves us waiting (call_at's,
+        // for a window that has not ended yet) must not stop the next
+        // push() from waking us.
+        worker_sleeps_ = true;
+        if (timer_at_ == Clock::time_point::max()) cv_.wait(lk);
+        else cv_.wait_until(lk, timer_at_);
+      }
       worker_sleeps_ = false;
+      if (!stop_ && Clock::now() >= timer_at_) {
+        run_timer(lk);
+        continue;
+      }
       if (q_.empty()) return;  // stop requested, nothing left
       if (!stop_) {
         // Linger: the thread that dropped the handle usually calls the
@@ -169,6 +207,17 @@ class ReleaseQueue {
       }
       send_one_batch(lk, exiting_);
     }
+  }
+
+  // The timer's function, with `lk` released: the handles it drops push
+  // their releases (push() takes mu_).
+  void run_timer(std::unique_lock<std::mutex>& lk) {
+    const TimerFn fn = timer_fn_;
+    timer_at_ = Clock::time_point::max();
+    lk.unlock();
+    const auto next = fn ? fn(Clock::now()) : Clock::time_point::max();
+    lk.lock();
+    timer_at_ = std::min(timer_at_, next);
   }
 
   // Takes up to kMaxBatch releases from the front of the queue and sends
@@ -292,6 +341,8 @@ class ReleaseQueue {
   // queued_: the last seq pushed; done_: every seq up to it is sent (or given up).
   std::atomic<std::uint64_t> queued_{0}, done_{0};
   std::chrono::steady_clock::time_point retry_after_{};  // no sends before (Redis was unreachable)
+  Clock::time_point timer_at_ = Clock::time_point::max();  // call_at: when timer_fn_ is due
+  TimerFn timer_fn_ = nullptr;
   int waiters_ = 0;
   bool worker_sleeps_ = false;
   bool exiting_ = false;
