@@ -87,9 +87,8 @@ return out
 // generations are consecutive.
 // KEYS: names, leader, generation counter, then per entry: tensor, waiters, lost marker
 // ARGV: token, n, then per entry: name, create_id, ready channel, holder,
-//       persistent (0|1), desc body ('' = none; the script appends the
-//       generation element, record_desc.hpp), field count k, then k
-//       field/value pairs
+//       persistent (0|1), desc body (record_desc.hpp; the script appends
+//       the generation element), field count k, then k field/value pairs
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'notleader', token}
 inline constexpr const char* kCreateMany = R"lua(
@@ -142,19 +141,18 @@ for i = 1, n do
   local t = KEYS[1 + 3 * i]
   redis.call('DEL', KEYS[3 + 3 * i])
   local k = tonumber(ARGV[a + 6])
-  if k > 0 then redis.call('HSET', t, unpack(ARGV, a + 7, a + 6 + 2 * k)) end
-  if ARGV[a + 5] ~= '' then
-    redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[a + 3], 1,
-               'desc', ARGV[a + 5] .. #gen .. ':' .. gen)
-  else
-    redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[a + 3], 1)
-  end
+  local desc = ARGV[a + 5] .. #gen .. ':' .. gen
+  -- the whole record in one HSET (as create: each redis.call costs a
+  -- dispatch), unpack last so that it expands fully
   local rc = 1
   if ARGV[a + 4] == '1' then
     rc = 2
-    redis.call('HSET', t, 'holder:@name', 1)
+    redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
+               'holder:@name', 1, 'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
+  else
+    redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
+               'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
   end
-  redis.call('HSET', t, 'refcount', rc)
   redis.call('SADD', KEYS[1], ARGV[a])
   redis.call('PUBLISH', ARGV[a + 2], gen)
   for _, l in ipairs(redis.call('SMEMBERS', KEYS[2 + 3 * i])) do
