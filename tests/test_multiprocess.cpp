@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <boost/json.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -589,6 +590,12 @@ TEST_CASE("a dead allocator of record's tensors move to its successor or are mar
 }
 TEST_CASE("cuda: a dead allocator of record's tensors move to its successor or are marked lost", "[gpu]") {
   MEMCUDA_REQUIRE_GPU();
+  // The legacy IPC path (copy or lost): cuda_vmm_fd adopts instead
+  // (tests/test_gpu_vmm.cpp). Set for this process and its workers.
+  struct Env {
+    Env() { ::setenv("MEMCUDA_CUDA_ALLOCATION", "ipc", 1); }
+    ~Env() { ::unsetenv("MEMCUDA_CUDA_ALLOCATION"); }
+  } ipc;
   dead_allocator_tensors_migrate("cuda");
 }
 

@@ -434,6 +434,13 @@ void soak(const SoakConfig& cfg) {
   //                               every live registry when a session ends);
   //                               those of workers that exited since stay
   //                               until they expire
+  //   memcuda:allocations_version the cuda_vmm_fd allocations Hash's change
+  //                               counter; never deleted, like the epoch
+  //   memcuda:standby:<session>   only with an expiry (<= 3 x session_ttl): a
+  //                               standby's progress marker, deleted when it
+  //                               stops; a killed one's stays until it expires
+  // (memcuda:allocations itself is deleted when empty: every slab was
+  // returned by trim(), and trim() withdraws their fd sources.)
   // And what must not: tensor_lifecycle and memcuda:processing:<epoch> (Redis
   // deletes empty lists, so either key existing means a command nobody
   // finished), memcuda:names (deleted when empty), memcuda:tensor:* and
@@ -443,10 +450,17 @@ void soak(const SoakConfig& cfg) {
   // memcuda:waiters:* (the soak never waits), any other session.
   const std::set<std::string> fixed = {"memcuda:leader",      "memcuda:epoch",      "memcuda:generation",
                                        "memcuda:sessions",    "memcuda:pool_stats", "memcuda:processing_lists",
-                                       "memcuda:session:" + reg.session_id()};
+                                       "memcuda:session:" + reg.session_id(), "memcuda:allocations_version"};
   for (const auto& k : all_keys(c)) {
     INFO("key " << k);
     if (fixed.count(k)) continue;
+    if (starts_with(k, "memcuda:standby:")) {
+      CHECK(sessions_seen.count(k.substr(16)) == 1);
+      auto ttl = c.command({"PTTL", k}).integer();
+      CHECK(ttl > 0);
+      CHECK(ttl <= 60000);
+      continue;
+    }
     if (starts_with(k, "memcuda:reply:") || starts_with(k, "memcuda:inbox:")) {
       std::string owner = k.substr(14);
       owner = owner.substr(0, owner.find(':'));  // reply lists are per request: memcuda:reply:<session>:<seq>

@@ -21,6 +21,36 @@
 
 MEMCUDA_NAMESPACE_BEGIN
 
+// How the cuda backend allocates and shares device memory (docs/design.md,
+// "Allocation kinds"):
+//   vmm  cuMem (virtual memory management) allocations exported once as a
+//        POSIX fd; importers take the fd from the owner (unix socket,
+//        SCM_RIGHTS, or pidfd_getfd) and map it. The memory lives while any
+//        process holds the fd, so standby holders keep it across the death
+//        of the allocator of record (records say "cuda_vmm_fd").
+//   ipc  legacy cudaIpcGetMemHandle / cudaIpcOpenMemHandle ("cuda_ipc"): the
+//        memory dies with its exporter; a takeover saves it by copy.
+//   automatic  vmm where the device reports POSIX-fd handle support and no
+//        user upstream resource (PoolOptions::upstream) is given, else ipc.
+enum class CudaAllocation : std::uint8_t { automatic, vmm, ipc };
+
+constexpr std::string_view to_string(CudaAllocation a) noexcept {
+  switch (a) {
+    case CudaAllocation::automatic: return "auto";
+    case CudaAllocation::vmm: return "vmm";
+    case CudaAllocation::ipc: return "ipc";
+  }
+  return "";
+}
+
+// "auto", "vmm" or "ipc" (case-sensitive); nullopt for anything else.
+inline std::optional<CudaAllocation> cuda_allocation_from_string(std::string_view s) noexcept {
+  if (s == "auto") return CudaAllocation::automatic;
+  if (s == "vmm") return CudaAllocation::vmm;
+  if (s == "ipc") return CudaAllocation::ipc;
+  return std::nullopt;
+}
+
 // The allocator of record's memory pool, one per device and backend. Slabs
 // are allocated and exported once; tensors are suballocated from them and
 // published as (slab handle, offset), so creating and freeing a tensor
@@ -136,6 +166,13 @@ struct RegistryOptions {
     }
     return std::chrono::microseconds(ms * 1000);
   }();
+
+  // How cuda memory is allocated and shared (CudaAllocation above). nullopt:
+  // MEMCUDA_CUDA_ALLOCATION ("auto", "vmm" or "ipc"; a registry refuses any
+  // other value with InvalidArgument), else automatic. Readers open only
+  // records of the kind they resolve to: a process forced to ipc reading a
+  // cuda_vmm_fd record gets Unavailable naming both kinds.
+  std::optional<CudaAllocation> cuda_allocation;
 };
 
 // Options of one get().

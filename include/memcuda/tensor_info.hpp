@@ -76,9 +76,13 @@ struct TensorInfo {
   std::uint64_t alloc_bytes = 0;             // "alloc_bytes", size of the exported allocation
   std::uint64_t alloc_id = 0;                // "alloc_id", unique per allocator
   // "alloc_kind": how ipc_handle is opened, "host_shm", "cuda_ipc" or
-  // (later) "cuda_vmm_fd"; "" in records written before the field existed
+  // "cuda_vmm_fd" (ipc_handle is then a unique key, not a handle); "" in records written before the field existed
   // (read as the backend's legacy kind: host_shm or cuda_ipc).
   std::string alloc_kind;
+  // "fd_source": for "cuda_vmm_fd", where an importer obtains the
+  // allocation's fd: "v1;<served id>;<owner pid>;<fd number>;<st_dev>;<st_ino>;<fd
+  // server address>" (docs/protocol.md, detail/fd/fd_source.hpp); "" otherwise.
+  std::string fd_source;
   std::int64_t refcount = 0;                 // "refcount"
   TensorState state = TensorState::pending;  // "state"
   std::uint64_t generation = 0;              // "generation", unique per tensor ever created

@@ -42,6 +42,7 @@ inline constexpr std::string_view offset = "offset";
 inline constexpr std::string_view alloc_bytes = "alloc_bytes";
 inline constexpr std::string_view alloc_id = "alloc_id";
 inline constexpr std::string_view alloc_kind = "alloc_kind";
+inline constexpr std::string_view fd_source = "fd_source";
 inline constexpr std::string_view refcount = "refcount";
 inline constexpr std::string_view state = "state";
 inline constexpr std::string_view generation = "generation";
@@ -62,7 +63,7 @@ using Fields = std::vector<std::pair<std::string, std::string>>;
 // (name, dtype, shape, ctime, node, device, device_uuid, bytes, backend,
 // ipc_handle, offset, alloc_bytes, alloc_id, refcount, state, generation,
 // epoch, owner, owner_pid, create_id, event_handle, event_version,
-// alloc_kind when not empty, then "holder:<id>" per holder). `field` and
+// alloc_kind and fd_source when not empty, then "holder:<id>" per holder). `field` and
 // `value` are each a std::string_view (a literal, or text `t` already holds:
 // valid while `t` lives) or an owned std::string (a holder's field, a
 // number as decimal text). Integers are decimal text;
@@ -97,6 +98,7 @@ void for_each_record_field(const TensorInfo& t, Put&& put) {
   // Omitted when empty, so a record written back by an older reader's
   // codec round-trips unchanged.
   if (!t.alloc_kind.empty()) put(f::alloc_kind, std::string_view(t.alloc_kind));
+  if (!t.fd_source.empty()) put(f::fd_source, std::string_view(t.fd_source));
   for (const auto& [holder, count] : t.holders)
     put(std::string(f::holder_prefix) + holder, std::to_string(count));
 }
@@ -261,6 +263,15 @@ inline TensorInfo decode_record(const Fields& fields) {
         !std::all_of(v->begin(), v->end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }))
       bad(f::alloc_kind, "is " + shown(*v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
     t.alloc_kind = std::string(*v);
+  }
+  // Where a cuda_vmm_fd allocation's fd is had. Its syntax is the fd layer's
+  // (detail/fd/fd_source.hpp), checked when it is used; here only that it is
+  // short printable text (a record with a stray binary value decodes, its
+  // open fails with the parser's message).
+  if (auto v = optional(f::fd_source)) {
+    if (v->size() > 512 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+      bad(f::fd_source, "is " + shown(*v) + ", expected printable text of at most 512 bytes");
+    t.fd_source = std::string(*v);
   }
   return t;
 }

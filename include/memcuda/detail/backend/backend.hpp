@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/memory_resource.hpp"
 #include "memcuda/tensor_info.hpp"
@@ -35,6 +36,10 @@ struct Allocation {
   // records', and a successor leader may adopt it instead of us).
   std::shared_ptr<std::atomic<bool>> adopted_committed;
   bool adopted() const noexcept { return adopted_committed != nullptr; }
+  // cuda_vmm_fd: the exported fd as this process serves it (FdService), and
+  // its text form for the records' "fd_source". Empty for other kinds.
+  std::shared_ptr<ServedFd> served;
+  std::string fd_source;
 };
 
 // Which kind of allocation a record points at ("alloc_kind" in the tensor
@@ -44,7 +49,7 @@ struct Allocation {
 namespace alloc_kind {
 inline constexpr std::string_view host_shm = "host_shm";    // POSIX shm object, named by ipc_handle
 inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
-inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd (not built yet)
+inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd from the owner (fd_source)
 }  // namespace alloc_kind
 
 // An allocation exported by another process, mapped into this one. Unmapped
@@ -68,7 +73,8 @@ inline void expect_alloc_kind(const TensorInfo& t, std::string_view mine) {
   if (t.alloc_kind.empty() || t.alloc_kind == mine) return;
   throw Unavailable("tensor '" + t.name + "' is a " + t.alloc_kind + " allocation, but this process's " +
                     std::string(to_string(t.backend)) + " backend opens only " + std::string(mine) +
-                    " allocations (its allocator of record runs another mem-cuda build or configuration)");
+                    " allocations (its allocator of record runs another mem-cuda build or configuration, e.g. another "
+                    "cuda_allocation / MEMCUDA_CUDA_ALLOCATION: run both alike)");
 }
 
 class Backend {

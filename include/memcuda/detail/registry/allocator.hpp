@@ -113,6 +113,7 @@ class Allocator {
       t.backend = kind;
       t.ipc_handle = a.handle;
       t.alloc_kind = a.alloc_kind;
+      t.fd_source = a.fd_source;
       t.offset = pb.block.offset;
       t.alloc_bytes = a.size;
       t.alloc_id = a.alloc_id;
@@ -327,7 +328,7 @@ class Allocator {
   DevicePool& pool_for(BackendKind kind, int device) {
     std::lock_guard lk(pools_mu_);
     auto& p = pools_[{kind, device}];
-    if (!p) p = std::make_unique<DevicePool>(backend_for(kind), device, ctx_.session, ctx_.opts.pool, next_alloc_id_);
+    if (!p) p = std::make_unique<DevicePool>(ctx_.backend(kind), device, ctx_.session, ctx_.opts.pool, next_alloc_id_);
     return *p;
   }
 

@@ -243,6 +243,7 @@ class BatchAllocator {
     t.backend = kind;
     t.ipc_handle = a.handle;
     t.alloc_kind = a.alloc_kind;  // as Allocator::create writes it
+    t.fd_source = a.fd_source;
     t.offset = pb.block.offset;
     t.alloc_bytes = a.size;
     t.alloc_id = a.alloc_id;

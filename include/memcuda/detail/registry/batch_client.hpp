@@ -302,7 +302,7 @@ class BatchClient {
       if (t.node != ctx_.node)
         throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
       auto [base, kp] =
-          ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return backend_for(t.backend).open(t); });
+          ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
       p = static_cast<char*>(base) + t.offset;
       keep = std::move(kp);
     } catch (...) {

@@ -347,7 +347,7 @@ class Client {
     if (t.node != ctx_.node)
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
     auto [base, keep] =
-        ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return backend_for(t.backend).open(t); });
+        ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
     return {static_cast<char*>(base) + t.offset, std::move(keep)};
   }
 

@@ -7,6 +7,7 @@
 #include "memcuda/config.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,7 @@
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/backend/cuda_backend.hpp"
+#include "memcuda/detail/backend/cuda_vmm_backend.hpp"
 #include "memcuda/detail/backend/host_backend.hpp"
 #include "memcuda/detail/control/keys.hpp"
 #include "memcuda/detail/control/scripts.hpp"
@@ -40,6 +42,39 @@ inline Backend& backend_for(BackendKind k) {
 #else
   throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
 #endif
+}
+
+#if MEMCUDA_HAS_CUDA()
+// The cuMem backend (stateless: its served fds live in FdService, its
+// standby fds in FdHolds).
+inline CudaVmmBackend& vmm_backend() {
+  static CudaVmmBackend vmm;
+  return vmm;
+}
+#endif
+
+// The backend that opens `t` by its record's alloc_kind, whatever this
+// registry allocates with: for internal paths (a migration copy into a new
+// home, adoption), not for a user's get (Context::backend checks the kind).
+inline Backend& backend_for(const TensorInfo& t) {
+  if (t.backend == BackendKind::cuda && t.alloc_kind == alloc_kind::cuda_vmm_fd) {
+#if MEMCUDA_HAS_CUDA()
+    return vmm_backend();
+#else
+    throw Unavailable("tensor '" + t.name + "' is a cuda_vmm_fd allocation: mem-cuda was built without CUDA");
+#endif
+  }
+  return backend_for(t.backend);
+}
+
+// The requested cuda allocation kind: the option, else MEMCUDA_CUDA_ALLOCATION,
+// else automatic. Throws InvalidArgument for an unknown value.
+inline CudaAllocation requested_cuda_allocation(const RegistryOptions& o) {
+  if (o.cuda_allocation) return *o.cuda_allocation;
+  const char* e = std::getenv("MEMCUDA_CUDA_ALLOCATION");
+  if (!e || !*e) return CudaAllocation::automatic;
+  if (auto v = cuda_allocation_from_string(e)) return *v;
+  throw InvalidArgument("MEMCUDA_CUDA_ALLOCATION is '" + std::string(e) + "'; expected auto, vmm or ipc");
 }
 
 inline bool cuda_usable() {
@@ -119,6 +154,22 @@ class Context {
   redis::ConnectionPool pool;
   redis::ConnectionPool waits;
 
+  // The cuda allocation kind of this registry, resolved on first use (it
+  // asks the device, so not in the constructor): vmm or ipc, never automatic.
+  CudaAllocation cuda_allocation() const {
+    std::call_once(cuda_once_, [this] { cuda_kind_ = resolve_cuda_allocation(); });
+    return cuda_kind_;
+  }
+  // The backend this registry allocates and opens `k` with.
+  Backend& backend(BackendKind k) const {
+    if (k == BackendKind::cuda && cuda_allocation() == CudaAllocation::vmm) {
+#if MEMCUDA_HAS_CUDA()
+      return vmm_backend();
+#endif
+    }
+    return backend_for(k);
+  }
+
   BackendKind default_backend() const {
     if (opts.default_backend) return *opts.default_backend;
     return cuda_usable() ? BackendKind::cuda : BackendKind::host;
@@ -150,8 +201,27 @@ class Context {
     if (o.waiting_connections < 1) throw InvalidArgument("waiting_connections must be at least 1");
     if (o.release_linger.count() < 0 || o.release_linger > std::chrono::seconds(60))
       throw InvalidArgument("release_linger must be between 0 and 60 s");
+    if (requested_cuda_allocation(o) == CudaAllocation::vmm && o.pool.upstream)
+      throw InvalidArgument("cuda_allocation = vmm cannot use a user upstream resource (PoolOptions::upstream): "
+                            "cuMem allocations are made by the backend; use ipc, or drop the upstream");
     return o;
   }
+
+  CudaAllocation resolve_cuda_allocation() const {
+    CudaAllocation want = requested_cuda_allocation(opts);
+    if (want != CudaAllocation::automatic) return want;
+#if MEMCUDA_HAS_CUDA()
+    if (opts.pool.upstream) return CudaAllocation::ipc;  // a user resource: plain cudaMalloc memory
+    if (!cuda_usable()) return CudaAllocation::ipc;
+    int dev = opts.default_device >= 0 && opts.default_device < device_count() ? opts.default_device : 0;
+    return vmm_fd_supported(dev) ? CudaAllocation::vmm : CudaAllocation::ipc;
+#else
+    return CudaAllocation::ipc;
+#endif
+  }
+
+  mutable std::once_flag cuda_once_;
+  mutable CudaAllocation cuda_kind_ = CudaAllocation::ipc;
 
   std::mutex fatal_mu_;  // leaf
   std::exception_ptr fatal_;

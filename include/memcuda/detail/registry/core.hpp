@@ -17,6 +17,9 @@
 //                thread per process                            release_queue.hpp
 //   RefCache     handles this registry holds, by name: a second
 //                get() shares one (no Redis round trip)         ref_cache.hpp
+//   Standby     cuda_vmm_fd fds: publishes what this session serves,
+//                holds (unimported) every other allocation's fd when
+//                not the leader, so a takeover adopts in place  standby.hpp
 //   Invalidation the connection that keeps RefCache correct
 //                (client tracking; its thread runs beside the
 //                ControlLoop)                                  invalidation.hpp
@@ -46,7 +49,9 @@
 //   last copy's release never nests ReleaseQueue::mu_ or Holds::mu_ in it;
 //   the one nesting: RefCache's process-wide directory mutex, then each
 //   cache's mu_, to drop a removed name from every registry's cache),
-//   Invalidation::mu_ (only for its retry wait).
+//   Invalidation::mu_ (only for its retry wait), Standby::mu_ (its thread
+//   handle and tick wait), FdService's and FdHolds' mutexes (their maps;
+//   an fd is closed after they are released).
 // docs/design.md ("Threads, connections and locks") says the same.
 #pragma once
 
@@ -69,6 +74,7 @@
 #include "memcuda/detail/registry/ref_cache.hpp"
 #include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/registry/sessions.hpp"
+#include "memcuda/detail/registry/standby.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -77,7 +83,14 @@ class Core {
   static std::shared_ptr<Core> make(RegistryOptions o) { return std::make_shared<Core>(std::move(o)); }
   // Constructs the release queue first, so that it outlives every
   // registry, static ones included (statics go in reverse order).
-  explicit Core(RegistryOptions o) : ctx(std::move(o)) { (void)ReleaseQueue::instance(); }
+  // The standby thread runs where this registry hosts the control thread
+  // (it resolves the cuda allocation kind on itself and ends unless vmm).
+  explicit Core(RegistryOptions o) : ctx(std::move(o)) {
+    (void)ReleaseQueue::instance();
+#if MEMCUDA_HAS_CUDA()
+    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc) standby.start();
+#endif
+  }
 
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
@@ -93,6 +106,8 @@ class Core {
   Recovery recovery{ctx, alloc, holds};
   RefCache refs{ctx.keys.prefix()};
   Invalidation invalidation{ctx, refs};
+  // Last: its thread stops (~Standby) before the members it uses go.
+  Standby standby{ctx, lease};
 
   bool is_leader() const noexcept { return lease.held(); }
 
@@ -138,7 +153,14 @@ class Core {
 
   std::uint64_t trim_now() {
     auto c = ctx.pool.acquire();
-    return alloc.trim_and_announce(*c, true);
+    auto n = alloc.trim_and_announce(*c, true);
+#if MEMCUDA_HAS_CUDA()
+    // cuda_vmm_fd: the returned slabs' fields go now, so standbys close
+    // their fds (and the memory is freed) without waiting for a tick.
+    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc)
+      standby.withdraw_stale(*c);
+#endif
+    return n;
   }
 
   RegistryStats stats() {

@@ -35,8 +35,17 @@
 #include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/lease.hpp"
 #include "memcuda/detail/registry/sessions.hpp"
+#include "memcuda/detail/registry/standby.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// A record's allocation as log lines show it: the vmm key or the shm name;
+// a legacy IPC handle is 64 raw bytes, so only its kind.
+inline std::string handle_for_log(const TensorInfo& t) {
+  if (t.alloc_kind == alloc_kind::cuda_vmm_fd) return vmm_key(t.ipc_handle);
+  if (t.backend == BackendKind::cuda) return "(cuda IPC handle)";
+  return t.ipc_handle;
+}
 
 // Copies a tensor of a dead exporter, through this process's existing
 // mapping of it, into its replacement. Throws when this process no longer
@@ -46,12 +55,12 @@ inline void copy_for_migration(const TensorInfo& from, const TensorInfo& to) {
   if (!src)
     throw Unavailable("this process does not map the memory of '" + from.name + "' (owner " + from.owner + ")");
   auto [dst, keep_dst] =
-      ProcessCache::instance().resolve(to.owner, to.alloc_id, [&] { return backend_for(to.backend).open(to); });
+      ProcessCache::instance().resolve(to.owner, to.alloc_id, [&] { return backend_for(to).open(to); });
   int dev = -1;
 #if MEMCUDA_HAS_CUDA()
   if (to.backend == BackendKind::cuda) dev = ordinal_of_uuid(to.device_uuid, to.device);
 #endif
-  backend_for(to.backend).copy(static_cast<char*>(dst) + to.offset, static_cast<const char*>(src) + from.offset,
+  backend_for(to).copy(static_cast<char*>(dst) + to.offset, static_cast<const char*>(src) + from.offset,
                                from.bytes, dev);
 }
 
@@ -128,6 +137,13 @@ class Migration {
         orphans.push_back(std::move(t));
       }
     }
+    // Owners of cuda_vmm_fd allocations that no record names any more (empty
+    // slabs of a dead leader): their fields go in the sweep below, so that
+    // standbys close those fds.
+    for (const auto& owner : allocation_owners(c, ctx_.keys)) {
+      if (owner == ctx_.session || dead.count(owner)) continue;
+      dead[owner] = !ctx_.owner_alive(c, owner, 0);
+    }
     for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated)) {
       Adopted a = adopt_one(c, token, t);
       if (a == Adopted::migrated) ++migrated;
@@ -162,6 +178,8 @@ class Migration {
       }
       std::size_t n = 0;
       for (BackendKind k : ks) n += backend_for(k).reclaim_owner(owner, keep);
+      // cuda_vmm_fd: standbys close the fds of what no record uses.
+      n += forget_allocations_of(c, ctx_.keys, owner, keep);
       if (n)
         log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
                                 " that no record uses");
@@ -197,7 +215,7 @@ class Migration {
       } catch (const InternalError&) {
         throw;
       } catch (const std::exception& e) {
-        log(LogLevel::warn, "cannot adopt allocation " + ts.front().ipc_handle + " of dead allocator " +
+        log(LogLevel::warn, "cannot adopt allocation " + handle_for_log(ts.front()) + " of dead allocator " +
                                 ts.front().owner + ": " + e.what() + "; its tensors take the copy path");
         rest.insert(rest.end(), ts.begin(), ts.end());
         continue;
@@ -214,7 +232,7 @@ class Migration {
       for (std::size_t i = 0; i < ts.size(); ++i) {
         if (!blocks[i]) {
           log(LogLevel::warn, "'" + ts[i].name + "' of dead allocator " + ts[i].owner + ": its block at offset " +
-                                  std::to_string(ts[i].offset) + " of " + ts[i].ipc_handle +
+                                  std::to_string(ts[i].offset) + " of " + handle_for_log(ts[i]) +
                                   " cannot be claimed in place; it takes the copy path");
           rest.push_back(ts[i]);
           continue;
@@ -227,7 +245,7 @@ class Migration {
 
   static bool adoptable(const TensorInfo& t) noexcept {
     try {
-      return backend_for(t.backend).can_adopt(t);
+      return backend_for(t).can_adopt(t);
     } catch (...) {
       return false;  // a backend this build lacks: the copy path says why
     }
@@ -244,6 +262,7 @@ class Migration {
     TensorInfo n = t;
     n.alloc_id = a.alloc_id;
     n.alloc_kind = a.alloc_kind;
+    n.fd_source = a.fd_source;
     n.owner = ctx_.session;
     n.owner_pid = ::getpid();
     n.epoch = epoch;
@@ -265,12 +284,13 @@ class Migration {
       // A record names this process now: the allocation is ours to unlink
       // when its last block goes (Allocation::adopted_committed).
       a.adopted_committed->store(true);
+      if (a.served) a.served->retag(ctx_.session);  // the standby thread publishes its fd source now
       n.generation = reply_u64(r[1]);
       alloc_.adopt(n, &pool, *pb, persistent);
       pb.reset();
       pool.note_adopted(t.bytes);
       log(LogLevel::info, "adopted '" + t.name + "' of dead allocator " + t.owner + " (pid " +
-                              std::to_string(t.owner_pid) + ") in place: " + t.ipc_handle + " at offset " +
+                              std::to_string(t.owner_pid) + ") in place: " + handle_for_log(t) + " at offset " +
                               std::to_string(t.offset) + ", generation " + std::to_string(t.generation) + " -> " +
                               std::to_string(n.generation) + ", 0 bytes copied");
       forget_attempts(t.generation);
@@ -296,6 +316,9 @@ class Migration {
         {"epoch", std::to_string(to.epoch)}, {"device", std::to_string(to.device)},
         {"device_uuid", to.device_uuid},     {"node", to.node}};
     if (!to.alloc_kind.empty()) fv.emplace_back("alloc_kind", to.alloc_kind);
+    // Also written empty when the old record had one: a copy into legacy IPC
+    // memory must clear the vmm source.
+    if (!to.fd_source.empty() || !from.fd_source.empty()) fv.emplace_back("fd_source", to.fd_source);
     for (const auto& [k, v] : fv) {
       args.emplace_back(k);
       args.emplace_back(v);
@@ -330,6 +353,7 @@ class Migration {
         TensorInfo n = t;
         n.ipc_handle = a.handle;
         n.alloc_kind = a.alloc_kind;
+        n.fd_source = a.fd_source;
         n.offset = pb->block.offset;
         n.alloc_bytes = a.size;
         n.alloc_id = a.alloc_id;
@@ -461,6 +485,7 @@ class Migration {
           alloc_.adopt(p.info, p.pool, p.pb, p.persistent);
           if (p.adopted) {
             p.pb.slab->allocation().adopted_committed->store(true);
+            if (auto& sv = p.pb.slab->allocation().served) sv->retag(ctx_.session);
             p.pool->note_adopted(p.info.bytes);
           }
           else p.pool->note_copied(p.info.bytes);

@@ -1,0 +1,218 @@
+// FdService: this process's FdServer and the small thread that serves it
+// (docs/fd-transfer.md, "The fd service"). One per process, shared by every
+// registry and allocation of the process: an allocation's fd is served as
+// long as the allocation lives, which may be longer than the registry that
+// made it (tensors keep their allocation alive).
+//
+// acquire() starts it on first use; it stops (thread joined, socket closed)
+// when the last shared_ptr goes: each vmm registry holds one, and so does
+// each served fd. The thread only answers fd requests (poll + sendmsg, a
+// peer gets io_timeout to ask): it never talks to Redis, so joining it is
+// quick.
+//
+// Address: "@memcuda-fd-<pid>-<16 hex>": abstract (no file left behind by a
+// SIGKILL), unique per process even across pid namespaces that share one
+// network namespace (a random part beside the pid).
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/fd/fd_server.hpp"
+#include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/fd/unique_fd.hpp"
+#include "memcuda/detail/log.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+class FdService : public std::enable_shared_from_this<FdService> {
+ public:
+  // One entry: an fd this process serves, the key of the allocation it
+  // belongs to (the allocations Hash field) and the session that publishes
+  // it ("" until one does: an adopted allocation before its record moved).
+  struct Entry {
+    std::uint64_t id = 0;
+    std::string tag;
+    std::string key;
+    ServedSource source;
+  };
+
+  // The process's service, started on first use. Throws FdTransferError
+  // when the socket cannot be made.
+  static std::shared_ptr<FdService> acquire() {
+    auto& [mu, current] = slot();
+    std::lock_guard lk(mu);
+    if (auto s = current.lock()) return s;
+    auto s = std::shared_ptr<FdService>(new FdService());
+    current = s;
+    return s;
+  }
+  // The running service, or null (starts nothing).
+  static std::shared_ptr<FdService> existing() {
+    auto& [mu, current] = slot();
+    std::lock_guard lk(mu);
+    return current.lock();
+  }
+
+  ~FdService() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  FdService(const FdService&) = delete;
+  FdService& operator=(const FdService&) = delete;
+
+  const std::string& address() const noexcept { return server_.address(); }
+
+  // Serves `fd` (owned from now on) for the allocation `key`; returns the
+  // entry's id. Thread-safe.
+  std::uint64_t serve(UniqueFd fd, std::string key, std::string tag) {
+    std::lock_guard lk(mu_);
+    const std::uint64_t id = next_id_++;
+    Entry e;
+    e.id = id;
+    e.tag = std::move(tag);
+    e.key = std::move(key);
+    e.source.id = id;
+    e.source.source = FdSource{server_.address(), ::getpid(), fd.get(), fd_identity(fd.get())};
+    server_.add(id, fd.get());
+    fds_.emplace(id, std::move(fd));
+    entries_.emplace(id, std::move(e));
+    ++version_;
+    return id;
+  }
+
+  // Stops serving `id` and closes its fd (the memory goes once no other
+  // process holds an fd or a mapping of it). Thread-safe, idempotent.
+  void withdraw(std::uint64_t id) noexcept {
+    UniqueFd doomed;
+    {
+      std::lock_guard lk(mu_);
+      server_.remove(id);  // after this the server never touches the fd
+      if (auto it = fds_.find(id); it != fds_.end()) {
+        doomed = std::move(it->second);
+        fds_.erase(it);
+      }
+      if (entries_.erase(id)) ++version_;
+    }
+  }
+
+  // Names the session that publishes `id` (an adopted allocation, once its
+  // records name this process).
+  void retag(std::uint64_t id, const std::string& tag) {
+    std::lock_guard lk(mu_);
+    if (auto it = entries_.find(id); it != entries_.end() && it->second.tag != tag) {
+      it->second.tag = tag;
+      ++version_;
+    }
+  }
+
+  ServedSource source(std::uint64_t id) const {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) throw InternalError("fd service: no entry " + std::to_string(id));
+    return it->second.source;
+  }
+
+  // The entries `tag` publishes. Thread-safe (a copy).
+  std::vector<Entry> entries(const std::string& tag) const {
+    std::lock_guard lk(mu_);
+    std::vector<Entry> v;
+    for (const auto& [id, e] : entries_)
+      if (e.tag == tag) v.push_back(e);
+    return v;
+  }
+
+  // Bumped by every serve/withdraw/retag: publishers compare it to skip work.
+  std::uint64_t version() const {
+    std::lock_guard lk(mu_);
+    return version_;
+  }
+  std::size_t size() const {
+    std::lock_guard lk(mu_);
+    return entries_.size();
+  }
+  std::uint64_t served() const noexcept { return server_.served(); }
+  std::uint64_t refused() const noexcept { return server_.refused(); }
+
+ private:
+  FdService() : server_(FdServerOptions{make_address()}) {
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  static std::pair<std::mutex, std::weak_ptr<FdService>>& slot() {
+    static std::pair<std::mutex, std::weak_ptr<FdService>> s;  // process-wide by design
+    return s;
+  }
+
+  static std::string make_address() {
+    std::random_device rd;
+    std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "@memcuda-fd-%d-%016llx", static_cast<int>(::getpid()),
+                  static_cast<unsigned long long>(r));
+    return buf;
+  }
+
+  void loop() {
+    int failures = 0;
+    for (;;) {
+      try {
+        if (server_.serve_once(std::chrono::milliseconds(1000)) == ServeResult::stopped) return;
+        failures = 0;
+      } catch (const std::exception& e) {  // poll() failed: should not happen; do not spin
+        if (++failures <= 3) log(LogLevel::warn, std::string("fd service: ") + e.what());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+
+  FdServer server_;
+  std::thread thread_;
+  mutable std::mutex mu_;  // leaf: guards the maps and counters; never held across a wait
+  std::uint64_t next_id_ = 1;
+  std::uint64_t version_ = 0;
+  std::unordered_map<std::uint64_t, UniqueFd> fds_;
+  std::unordered_map<std::uint64_t, Entry> entries_;
+};
+
+// An fd served for one allocation: withdrawn (and closed) by withdraw() or
+// the destructor, whichever comes first. Keeps the service alive.
+class ServedFd {
+ public:
+  ServedFd(std::shared_ptr<FdService> svc, UniqueFd fd, std::string key, std::string tag)
+      : svc_(std::move(svc)), id_(svc_->serve(std::move(fd), std::move(key), std::move(tag))) {}
+  ~ServedFd() { withdraw(); }
+  ServedFd(const ServedFd&) = delete;
+  ServedFd& operator=(const ServedFd&) = delete;
+
+  std::uint64_t id() const noexcept { return id_; }
+  ServedSource source() const { return svc_->source(id_); }
+  std::string source_text() const { return encode_fd_source(source()); }
+  void retag(const std::string& tag) { svc_->retag(id_, tag); }
+  void withdraw() noexcept {
+    std::lock_guard lk(mu_);
+    if (!done_) svc_->withdraw(id_);
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<FdService> svc_;
+  std::uint64_t id_;
+  std::mutex mu_;  // leaf
+  bool done_ = false;
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
