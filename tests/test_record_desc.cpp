@@ -133,19 +133,36 @@ TEST_CASE("desc: a record read through its desc equals the record decode_record 
 TEST_CASE("desc: a field it does not know travels in the extras and is decoded as decode_record does",
           "[protocol][desc]") {
   p::Fields f = p::encode_record(host_record());
-  f.emplace_back("fd_source", "@memcuda-x:12:34");  // a field added by a later version
+  f.emplace_back("future_field", "@memcuda-x:12:34");  // a field added by a later version
   std::string body = p::encode_desc_body(f);
   const std::string gen = std::to_string(host_record().generation);
   body += std::to_string(gen.size()) + ":" + gen;
   const p::DescView v = p::parse_desc(body);
   REQUIRE(v.extras.size() == 1);
-  CHECK(v.extras[0].first == "fd_source");
+  CHECK(v.extras[0].first == "future_field");
   CHECK(v.extras[0].second == "@memcuda-x:12:34");
   std::string g, e, ev;
   TensorInfo t = host_record();
   const TensorInfo back = p::decode_desc(body, live_of(t, g, e, ev));
   t.holders.clear();
   CHECK(back == p::decode_record(p::encode_record(t)));
+
+  // fd_source (cuda_vmm_fd) came after version 1: an extra, read straight into the record
+  TensorInfo vmm = cuda_record();
+  vmm.alloc_kind = "cuda_vmm_fd";
+  vmm.ipc_handle = std::string(64, 'k');
+  vmm.fd_source = "v1;7;9949;12;64768;131;@memcuda-ns-9949";
+  const std::string vd = p::encode_desc(vmm);
+  REQUIRE(p::parse_desc(vd).extras.size() == 1);
+  CHECK(p::parse_desc(vd).extras[0].first == "fd_source");
+  const TensorInfo vback = via_desc(vmm);
+  CHECK(vback.fd_source == vmm.fd_source);
+  vmm.holders.clear();
+  CHECK(vback == p::decode_record(p::encode_record(vmm)));
+  // its rule is decode_record's
+  TensorInfo bad = vmm;
+  bad.fd_source = std::string("v1;\x01", 4);
+  CHECK(desc_error(p::encode_desc(bad), vmm) == ProtocolErrc::bad_record);
 }
 
 TEST_CASE("desc: RecordReader fed an HGETALL decodes as decode_record, errors included", "[protocol][desc]") {
@@ -190,6 +207,11 @@ TEST_CASE("desc: RecordReader fed an HGETALL decodes as decode_record, errors in
   both_reject(with("alloc_kind", "Bad Kind"));
   both_reject(with("holder:@name", "-1"));
   both_reject(with("refcount", "x"));
+  {
+    p::Fields g = f;
+    g.emplace_back("fd_source", std::string(600, 'a'));
+    both_reject(g);
+  }
   both_reject(without("name"));
   both_reject(without("alloc_bytes"));
   p::Fields twice = f;

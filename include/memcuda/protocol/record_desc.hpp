@@ -42,7 +42,7 @@ inline constexpr std::string_view desc = "desc";
 //   the 17 kDescFields values in this order (an empty element: field absent)
 //   the number of extra pairs n, then n elements key, value: every other
 //     field encode_record wrote that does not change (fields added after
-//     version 1, e.g. by a new allocation kind)
+//     version 1, such as fd_source of a cuda_vmm_fd allocation)
 //   epoch, then generation (appended by the create_many script, which is
 //     the one that knows it)
 // A reader of version 1 that meets another version does not use the desc
@@ -339,6 +339,12 @@ class RecordReader {
         bad(f::alloc_kind, "is " + shown(v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
       t.alloc_kind = std::string(v);
     }
+    if (has(kFdSource)) {
+      std::string_view v = v_[kFdSource];
+      if (v.size() > 512 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+        bad(f::fd_source, "is " + shown(v) + ", expected printable text of at most 512 bytes");
+      t.fd_source = std::string(v);
+    }
     return t;
   }
 
@@ -347,7 +353,7 @@ class RecordReader {
   enum : int {
     kName, kDtype, kShape, kCtime, kNode, kDevice, kDeviceUuid, kBytes, kBackend, kIpcHandle, kOffset,
     kAllocBytes, kAllocId, kAllocKind, kRefcount, kState, kGeneration, kEpoch, kOwner, kOwnerPid, kCreateId,
-    kEventHandle, kEventVersion, kCount
+    kEventHandle, kEventVersion, kFdSource, kCount
   };
   static constexpr std::array<std::string_view, kCount> kNames = {
       record_field::name,        record_field::dtype,        record_field::shape,      record_field::ctime,
@@ -355,7 +361,8 @@ class RecordReader {
       record_field::backend,     record_field::ipc_handle,   record_field::offset,     record_field::alloc_bytes,
       record_field::alloc_id,    record_field::alloc_kind,   record_field::refcount,   record_field::state,
       record_field::generation,  record_field::epoch,        record_field::owner,      record_field::owner_pid,
-      record_field::create_id,   record_field::event_handle, record_field::event_version};
+      record_field::create_id,   record_field::event_handle, record_field::event_version,
+      record_field::fd_source};
 
   static int index_of(std::string_view k) noexcept {
     for (int i = 0; i < kCount; ++i)
