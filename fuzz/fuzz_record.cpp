@@ -29,59 +29,13 @@
 #include <string_view>
 
 #include "fuzz_support.hpp"
+#include "hash_lines.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/protocol.hpp"
 
 namespace {
 
 namespace p = memcuda::protocol;
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-std::string unescape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      if (s[i + 1] == '\\') {
-        out += '\\';
-        ++i;
-        continue;
-      }
-      if (s[i + 1] == 'x' && i + 3 < s.size()) {
-        int hi = hex_digit(s[i + 2]);
-        int lo = hex_digit(s[i + 3]);
-        if (hi >= 0 && lo >= 0) {
-          out += static_cast<char>(hi * 16 + lo);
-          i += 3;
-          continue;
-        }
-      }
-    }
-    out += s[i];
-  }
-  return out;
-}
-
-p::Fields parse_fields(std::string_view in) {
-  p::Fields fields;
-  while (!in.empty()) {
-    std::size_t nl = in.find('\n');
-    std::string_view line = in.substr(0, nl);
-    in = nl == std::string_view::npos ? std::string_view{} : in.substr(nl + 1);
-    std::size_t eq = line.find('=');
-    if (eq == std::string_view::npos)
-      fields.emplace_back(unescape(line), std::string());
-    else
-      fields.emplace_back(unescape(line.substr(0, eq)), unescape(line.substr(eq + 1)));
-  }
-  return fields;
-}
 
 // nullopt when rejected, with the reason in *why.
 std::optional<memcuda::TensorInfo> decode(const p::Fields& fields, const char* what,
@@ -132,7 +86,7 @@ std::string dump(const p::Fields& fields) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  p::Fields fields = parse_fields(memcuda_fuzz::as_text(data, size));
+  p::Fields fields = memcuda_fuzz::parse_fields(memcuda_fuzz::as_text(data, size));
   std::optional<memcuda::TensorInfo> t = decode(fields, "decode_record");
 
   p::Fields reversed(fields.rbegin(), fields.rend());

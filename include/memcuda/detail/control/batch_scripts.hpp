@@ -19,14 +19,24 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 //       'prefix' | 'pattern'), prefix or pattern, then (mode 'names') per
 //       name: name, dtype ('' = any)
 // -> {'notleader', token} | {{name, status, ...}, ...} where each entry is
-//    {name, 'ok', HGETALL...} | {name, 'notfound'} | {name, 'lost', HGETALL
-//    of the marker} | {name, 'state', s} | {name, 'dtype', d} | {name, 'node', n}
+//    {name, 'desc', desc, generation, epoch, refcount, event_handle | nil,
+//    event_version | nil} (the record's desc field, record_desc.hpp, is of a
+//    version this script knows and ends with the record's own epoch and
+//    generation)
+//    | {name, 'ok', HGETALL...} (no usable desc: a record of a
+//    single create, or republished) | {name, 'notfound'} | {name, 'lost',
+//    HGETALL of the marker} | {name, 'state', s} | {name, 'dtype', d}
+//    | {name, 'node', n}
+// One HMGET of 8 small fields instead of an HGETALL of ~23 per name: the
+// HGETALL and its nested reply were most of a 291-name batch's time in
+// Redis (docs/protocol.md, "The desc field").
 inline constexpr const char* kAcquireMany = R"lua(
 if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[3] then
   return {'notleader', tostring(redis.call('GET', KEYS[1]))}
 end
 local function take(name, tkey, lkey, dtype)
-  local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node')
+  local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node', 'desc', 'generation', 'epoch', 'event_handle',
+                      'event_version')
   if not f[1] then
     if redis.call('EXISTS', lkey) == 1 then return {name, 'lost', redis.call('HGETALL', lkey)} end
     return {name, 'notfound'}
@@ -34,8 +44,21 @@ local function take(name, tkey, lkey, dtype)
   if f[1] ~= 'ready' then return {name, 'state', f[1]} end
   if dtype ~= '' and f[2] ~= dtype then return {name, 'dtype', f[2]} end
   if f[3] ~= ARGV[2] then return {name, 'node', f[3]} end
-  redis.call('HINCRBY', tkey, 'refcount', 1)
+  local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
   redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1)
+  -- The desc, when of version M1 and ending with this epoch's and this
+  -- generation's elements ('<len>:' epoch '<len>:' generation): checked
+  -- with string.byte and plain finds, which make no string (the client
+  -- checks both exactly again).
+  local d, g, e = f[4], f[5], f[6]
+  if d and g and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49 then
+    local gs = #d - #g + 1
+    local es = gs - 1 - #tostring(#g) - #e
+    if es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, g, gs, true) == gs
+       and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es then
+      return {name, 'desc', d, g, e, rc, f[7] or false, f[8] or false}
+    end
+  end
   return {name, 'ok', redis.call('HGETALL', tkey)}
 end
 local out = {}
@@ -64,7 +87,8 @@ return out
 // generations are consecutive.
 // KEYS: names, leader, generation counter, then per entry: tensor, waiters, lost marker
 // ARGV: token, n, then per entry: name, create_id, ready channel, holder,
-//       persistent (0|1), field count k, then k field/value pairs
+//       persistent (0|1), desc body (record_desc.hpp; the script appends
+//       the generation element), field count k, then k field/value pairs
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'notleader', token}
 inline constexpr const char* kCreateMany = R"lua(
@@ -75,7 +99,7 @@ local at = {}
 local p = 3
 for i = 1, n do
   at[i] = p
-  p = p + 6 + 2 * tonumber(ARGV[p + 5])
+  p = p + 7 + 2 * tonumber(ARGV[p + 6])
 end
 local replays = 0
 for i = 1, n do
@@ -116,15 +140,19 @@ for i = 1, n do
   local gen = string.format('%.0f', base + i - 1)
   local t = KEYS[1 + 3 * i]
   redis.call('DEL', KEYS[3 + 3 * i])
-  local k = tonumber(ARGV[a + 5])
-  if k > 0 then redis.call('HSET', t, unpack(ARGV, a + 6, a + 5 + 2 * k)) end
-  redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'holder:' .. ARGV[a + 3], 1)
+  local k = tonumber(ARGV[a + 6])
+  local desc = ARGV[a + 5] .. #gen .. ':' .. gen
+  -- the whole record in one HSET (as create: each redis.call costs a
+  -- dispatch), unpack last so that it expands fully
   local rc = 1
   if ARGV[a + 4] == '1' then
     rc = 2
-    redis.call('HSET', t, 'holder:@name', 1)
+    redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
+               'holder:@name', 1, 'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
+  else
+    redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
+               'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
   end
-  redis.call('HSET', t, 'refcount', rc)
   redis.call('SADD', KEYS[1], ARGV[a])
   redis.call('PUBLISH', ARGV[a + 2], gen)
   for _, l in ipairs(redis.call('SMEMBERS', KEYS[2 + 3 * i])) do

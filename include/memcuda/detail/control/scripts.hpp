@@ -227,7 +227,7 @@ if f[1] ~= ARGV[3] or tonumber(f[2] or '0') <= 0 then return {'gone'} end
 -- as text: Lua would print a number this large as 1.79e+15
 local gen = string.format('%.0f', redis.call('INCR', KEYS[3]))
 redis.call('HSET', key, unpack(ARGV, 5))
-redis.call('HDEL', key, 'event_handle')
+redis.call('HDEL', key, 'event_handle', 'desc')  -- desc described the old placement
 redis.call('HSET', key, 'generation', gen, 'event_version', 0,
            'migrated_from', (f[3] and (f[3] .. ' ') or '') .. ARGV[2])
 redis.call('SET', ARGV[4] .. 'memcuda:moved:' .. ARGV[2], gen)
@@ -282,6 +282,7 @@ if redis.call('EXISTS', r) == 1 then return {'present'} end
 local named = redis.call('EXISTS', KEYS[1]) == 0
 local key = r
 if named then key = KEYS[1] end
+redis.call('HDEL', key, 'desc')  -- a fresh key here; kept so the fields stay the only truth
 redis.call('HSET', key, unpack(ARGV, 6))
 local rc = 0
 if named and ARGV[3] == '1' then

@@ -22,6 +22,7 @@
 #include "memcuda/batch.hpp"
 #include "memcuda/detail/registry/batch_allocator.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -120,20 +121,17 @@ class BatchClient {
       redis::ReplyView e = r[i];
       std::string name(e[0].str());
       const std::string st(e[1].str());
-      if (st != "ok") {
+      if (st != "ok" && st != "desc") {
         out.errors.emplace(name, refusal(e, name, dtype));
         continue;
       }
       // The reference is taken: from here it ends in a handle or is given back.
-      protocol::Fields f = fields_from_reply(e[2]);
-      std::uint64_t gen = 0;
-      for (const auto& [fk, fv] : f)
-        if (fk == "generation") gen = std::strtoull(fv.c_str(), nullptr, 10);
       // Any failure stays this name's: the other names' references must
       // still end in handles (bad_alloc included).
+      std::uint64_t gen = 0;
       TensorInfo t;
       try {
-        t = protocol::decode_record(f);
+        t = decode_taken(e, st, gen);
       } catch (const std::exception& ex) {
         c_.client.release_now(name, gen);  // a corrupt record: give the reference back
         out.errors.emplace(name, current_error(ex));
@@ -224,6 +222,37 @@ class BatchClient {
                            const std::vector<std::string>& args) {
     std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
     return s.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+  }
+
+  // Decodes the record of a name the acquire script took, straight from the
+  // reply (no copy of the fields, no map): its desc and the fields that
+  // change, or its HGETALL. Sets `gen` first, so that a record that does
+  // not decode can still be given back.
+  static TensorInfo decode_taken(redis::ReplyView e, std::string_view st, std::uint64_t& gen) {
+    if (st == "desc") {
+      protocol::LiveFields live;
+      live.generation = e[3].str();
+      gen = protocol::detail::parse_decimal<std::uint64_t>(live.generation).value_or(0);
+      live.epoch = e[4].str();
+      live.refcount = e[5].integer();
+      if (!e[6].is_nil()) live.event_handle = e[6].str();
+      if (!e[7].is_nil()) live.event_version = e[7].str();
+      return protocol::decode_desc(e[2].str(), live);
+    }
+    return decode_hash(e[2], &gen);
+  }
+
+  // A record from its HGETALL reply, read in place (`gen`, when given, is
+  // set from the generation field before anything can throw on decoding).
+  static TensorInfo decode_hash(redis::ReplyView h, std::uint64_t* gen = nullptr) {
+    protocol::RecordReader rr;
+    for (std::size_t j = 0; j + 1 < h.size(); j += 2) {
+      const std::string_view k = h[j].str(), v = h[j + 1].str();
+      if (gen && k == protocol::record_field::generation)
+        *gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
+      rr.add(k, v);
+    }
+    return rr.finish();
   }
 
   template <class E>
@@ -337,7 +366,7 @@ class BatchClient {
         i_taken_over = false;
         const std::string& name = cmd.tensors[i].name;
         if (rs[i].size() == 0) throw NotFound("tensor '" + name + "' vanished right after its creation");
-        TensorInfo t = protocol::decode_record(fields_from_reply(rs[i].view()));
+        TensorInfo t = decode_hash(rs[i].view());
         if (t.generation != gens[i]) throw StaleHandle("tensor '" + name + "' was replaced right after its creation");
         i_taken_over = true;  // adopt(), then its handle, gives the reference back if anything throws
         out.emplace(name, SharedTensor<void>(adopt(std::move(t))));
