@@ -319,7 +319,7 @@ TEST_CASE("concurrent first opens of one allocation share one mapping", "[redis]
 
 #if MEMCUDA_HAS_CUDA()
 
-TEST_CASE("cuda: a packed batch is one IPC open for another process; a batch get across allocations",
+TEST_CASE("cuda: a packed batch is one IPC open for another process, and a batch get across allocations",
           "[gpu][batch][packing]") {
   MEMCUDA_REQUIRE_GPU();
   test::RedisServer srv;

@@ -126,7 +126,7 @@ bool standbys_synced(redis::Connection& c, const std::string& except_session) {
 
 }  // namespace
 
-TEST_CASE("vmm: a tensor created by one process reads byte-identical in another; the record says cuda_vmm_fd",
+TEST_CASE("vmm: a tensor created by one process reads byte-identical in another, and the record says cuda_vmm_fd",
           "[gpu][vmm]") {
   MEMCUDA_REQUIRE_VMM();
   test::RedisServer srv;

@@ -205,7 +205,7 @@ TEST_CASE("model version: a woken waiter takes the version from the push, with n
   CHECK(raw.command({"EXISTS", "memcuda:model_waiters:push/"}).integer() == 0);
 }
 
-TEST_CASE("model version: what a waiter is pushed decides its outcome; a bare version is read from the record",
+TEST_CASE("model version: what a waiter is pushed decides its outcome, and a bare version is read from the record",
           "[redis][model]") {
   test::RedisServer srv;
   TensorRegistry reg(model_opts(srv));

@@ -278,7 +278,7 @@ std::vector<float> read_floats(const SharedTensor<void>& t) {
 
 }  // namespace
 
-TEST_CASE("desc: create_many writes it, create does not; a batch get uses it only when current",
+TEST_CASE("desc: create_many writes it, create does not, and a batch get uses it only when current",
           "[redis][batch][desc]") {
   test::RedisServer srv;
   TensorRegistry leader(desc_opts(srv, true));
@@ -341,7 +341,7 @@ TEST_CASE("desc: create_many writes it, create does not; a batch get uses it onl
   CHECK(reader.get_many({"d/b"}).tensors.at("d/b").info().ctime_ms == b.ctime_ms);
 }
 
-TEST_CASE("desc: a malformed desc is that name's ProtocolError; its reference is given back", "[redis][batch][desc]") {
+TEST_CASE("desc: a malformed desc is that name's ProtocolError, and its reference is given back", "[redis][batch][desc]") {
   test::RedisServer srv;
   TensorRegistry leader(desc_opts(srv, true));
   REQUIRE(leader.is_leader());
