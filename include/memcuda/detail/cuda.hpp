@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 #include "memcuda/config.hpp"
 #include "memcuda/error.hpp"
@@ -114,6 +115,20 @@ class DeviceGuard {
  private:
   int prev_ = -1;
 };
+
+// Copies n bytes between device (or host) pointers on a stream of its own
+// and returns when the copy is complete: migration copies neither wait for
+// nor delay the user's work on the legacy default stream. `device` is the
+// destination's ordinal (-1: host, copied from device 0's context).
+inline void copy_synchronously(void* dst, const void* src, std::uint64_t n, int device) {
+    DeviceGuard g(device < 0 ? 0 : device);
+    cudaStream_t s{};
+    MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaError_t st = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
+    if (st == cudaSuccess) st = cudaStreamSynchronize(s);
+    MEMCUDA_CUDA_LOG(cudaStreamDestroy(s));
+    if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
+}
 
 inline std::string format_uuid(const cudaUUID_t& u) {
   // nvidia-smi's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx

@@ -92,16 +92,9 @@ class CudaBackend final : public Backend {
 
   void deallocate(const Allocation& a) noexcept override { a.upstream->deallocate(a.base, a.size, a.device); }
 
-  // On a stream of its own, so it neither waits for nor delays the user's
-  // work on the legacy default stream; synchronous to the caller.
+  // Synchronous, on a stream of its own (cuda.hpp).
   void copy(void* dst, const void* src, std::uint64_t n, int device) override {
-    DeviceGuard g(device < 0 ? 0 : device);
-    cudaStream_t s{};
-    MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaError_t st = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
-    if (st == cudaSuccess) st = cudaStreamSynchronize(s);
-    MEMCUDA_CUDA_LOG(cudaStreamDestroy(s));
-    if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
+    copy_synchronously(dst, src, n, device);
   }
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {

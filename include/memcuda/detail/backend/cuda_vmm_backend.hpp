@@ -318,15 +318,9 @@ class CudaVmmBackend final : public Backend {
     return a;
   }
 
-  // On a stream of its own, synchronous to the caller (as the legacy backend).
+  // Synchronous, on a stream of its own (cuda.hpp).
   void copy(void* dst, const void* src, std::uint64_t n, int device) override {
-    DeviceGuard g(device < 0 ? 0 : device);
-    cudaStream_t s{};
-    MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaError_t st = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
-    if (st == cudaSuccess) st = cudaStreamSynchronize(s);
-    MEMCUDA_CUDA_LOG(cudaStreamDestroy(s));
-    if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
+    copy_synchronously(dst, src, n, device);
   }
 
  private:
