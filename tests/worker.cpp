@@ -2,7 +2,7 @@
 // stdin/stdout, one command per line, one reply line each ("OK ..." or
 // "ERR <code> <message>").
 //
-//   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--backend host|cuda]
+//   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--session-ttl MS] [--backend host|cuda]
 //   commands: create|createp NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
 //             | fill NAME VALUE | sum NAME | leader | info NAME | gc | trim | stats
 //             | pattern NAME SEED (a distinct value per element) | digest NAME (FNV-1a of its bytes, its pointer)
@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
     else if (a == "--ns") o.name_space = next();
     else if (a == "--no-control") o.control_thread = false;
     else if (a == "--ttl") o.lease_ttl = std::chrono::milliseconds(std::stoll(next()));
+    else if (a == "--session-ttl") o.session_ttl = std::chrono::milliseconds(std::stoll(next()));
     else if (a == "--timeout") o.request_timeout = std::chrono::milliseconds(std::stoll(next()));
     else if (a == "--backend") backend = backend_from_string(next());
     else if (a == "--linger") o.release_linger = std::chrono::milliseconds(std::stoll(next()));

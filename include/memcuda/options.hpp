@@ -107,14 +107,16 @@ struct RegistryOptions {
 
   // Allocator-of-record lease. The leader renews every ttl/3; followers
   // campaign every ttl/3, so a dead leader is replaced within about
-  // ttl + ttl/3.
+  // ttl + ttl/3. A killed leader of this node and pid namespace is replaced
+  // sooner, within about 50 ms: its followers watch its pid (lease.hpp).
   std::chrono::milliseconds lease_ttl{1500};
 
   // Every registry keeps a session key alive in Redis (refreshed by its
   // thread every session_ttl/3, also when control_thread is off). When a
-  // process dies, its key expires and the allocator of record drops the
-  // references it held, checking every gc_interval: a killed process's
-  // tensors are reclaimed within about session_ttl + gc_interval.
+  // process dies, the allocator of record drops the references it held,
+  // checking every gc_interval: within about gc_interval when the session
+  // names a process of this node and pid namespace that is gone, else once
+  // its key has expired (about session_ttl + gc_interval).
   std::chrono::milliseconds session_ttl{2000};
   std::chrono::milliseconds gc_interval{500};
 

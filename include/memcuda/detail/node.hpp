@@ -37,6 +37,19 @@ inline const std::string& node_id() {
   return id;
 }
 
+// This process's pid namespace as the kernel names it ("pid:[4026531836]"),
+// or empty when /proc cannot say. With the node id it tells whether a pid
+// another process wrote means the same process here (namespace inodes are
+// unique while the namespace lives, and the node id changes with a reboot).
+inline const std::string& pid_namespace_id() {
+  static const std::string id = [] {
+    char buf[64] = {};
+    ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+  }();
+  return id;
+}
+
 inline std::int64_t now_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();

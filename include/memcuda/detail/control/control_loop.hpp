@@ -75,7 +75,9 @@ class ControlLoop {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_tick) {
           if (campaign) {
-            if (!core_->is_leader()) core_->lease.try_acquire(conn_);
+            // A new allocator of record takes over its dead predecessor's
+            // tensors in its first GC round: run it now, not a gc_interval on.
+            if (!core_->is_leader() && core_->lease.try_acquire(conn_)) next_gc = now;
             if (core_->is_leader()) {
               core_->alloc.trim_and_announce(conn_, false);
               core_->alloc.publish_pool_stats(conn_);
@@ -101,7 +103,12 @@ class ControlLoop {
           auto until = std::min(next_tick, next_gc);
           serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
         } else {
-          read_inbox(std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now), st);
+          // A follower watching the holder's pid wakes every kWatchPeriod:
+          // a proven death is a campaign now, not at the lease's expiry.
+          const bool watch = campaign && core_->lease.watching();
+          auto until = watch ? std::min(next_tick, now + Lease::kWatchPeriod) : next_tick;
+          read_inbox(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
+          if (watch && core_->lease.break_if_holder_dead(conn_)) next_tick = std::chrono::steady_clock::now();
         }
         failures_ = 0;
       } catch (const AuthError& e) {

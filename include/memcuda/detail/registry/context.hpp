@@ -6,6 +6,10 @@
 
 #include "memcuda/config.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -65,6 +69,30 @@ inline Backend& backend_for(const TensorInfo& t) {
 #endif
   }
   return backend_for(t.backend);
+}
+
+// The pid a session value names, when it means the same process here: the
+// session is of this node and this pid namespace (and not this process).
+// 0 otherwise (another node or namespace, an older writer without "pidns",
+// a value that does not decode): then only its key's expiry says it died.
+inline pid_t judgeable_pid(std::string_view session_value, const std::string& node) {
+  protocol::SessionInfo s;
+  try {
+    s = protocol::decode_session(session_value);
+  } catch (const ProtocolError&) {
+    return 0;
+  }
+  if (s.node != node || s.pid_ns.empty() || s.pid_ns != pid_namespace_id() || s.pid == ::getpid()) return 0;
+  return static_cast<pid_t>(s.pid);
+}
+
+// Whether a session's process is provably gone although its key has not
+// expired yet: its pid is judgeable here and no process has it (ESRCH; the
+// process kept its pid while it lived, so a reused pid can only make a dead
+// one look alive, never the reverse).
+inline bool session_proves_death(std::string_view session_value, const std::string& node) {
+  const pid_t pid = judgeable_pid(session_value, node);
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 // The requested cuda allocation kind: the option, else MEMCUDA_CUDA_ALLOCATION,
@@ -177,10 +205,13 @@ class Context {
 
   // Whether a tensor's owner session is alive: its session key exists, or
   // (no key: Redis lost it, or the process was stopped past its TTL) its
-  // process still runs, so its memory is still good.
+  // process still runs, so its memory is still good. A key that still
+  // exists yet names a process of this node and pid namespace that no
+  // longer exists (kill(2): ESRCH) is a dead owner whose key has not
+  // expired yet: proven dead, so a takeover need not wait session_ttl.
   bool owner_alive(redis::Connection& c, const std::string& owner, std::int64_t pid) const {
     if (owner.empty()) return false;
-    if (c.command({"EXISTS", keys.session(owner)}).integer() == 1) return true;
+    if (auto v = c.command({"GET", keys.session(owner)}); !v.is_nil()) return !session_proves_death(v.str(), node);
     return pid > 0 && pid <= 0x7fffffff && HolderId::process_alive(static_cast<pid_t>(pid));
   }
 

@@ -4,15 +4,31 @@
 // allocator of record checks the token, so a deposed leader cannot act on
 // a stale view. Campaigning, renewing and releasing run only on the
 // registry's own threads, each on its own connection (passed in).
+//
+// A lease ends by expiry (up to lease_ttl after the holder's last renewal)
+// or sooner when its death is proven: a follower whose campaign fails notes
+// the holder's pid when the holder's session says it is a process of this
+// node and pid namespace, checks it with kill(pid, 0) every kWatchPeriod
+// (no Redis), and on ESRCH deletes the lease if it still holds exactly that
+// token, then campaigns at once. ESRCH is proof: the holder kept its pid
+// while it lived, so no process with that pid means it died. A live pid
+// proves nothing (it may have been reused): then expiry decides, as it does
+// for a holder on another node, in another pid namespace, or stopped.
 #pragma once
 
 #include "memcuda/config.hpp"
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "memcuda/detail/node.hpp"
 #include "memcuda/detail/registry/context.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -38,8 +54,15 @@ class Lease {
     if (r[0].integer() != 1) {
       // {0, our own token}: we won it in an earlier campaign whose requeue
       // threw before we marked it held. Ours: finish taking it.
-      std::lock_guard lk(mu_);
-      if (token_.empty() || token != token_) return false;
+      bool ours;
+      {
+        std::lock_guard lk(mu_);
+        ours = !token_.empty() && token == token_;
+      }
+      if (!ours) {
+        watch(c, token);
+        return false;
+      }
     }
     std::uint64_t epoch = std::stoull(token.substr(0, token.find(' ')));
     {
@@ -75,6 +98,41 @@ class Lease {
     if (leader_.exchange(false)) log(LogLevel::warn, "no longer allocator of record: " + why);
   }
 
+  // How often a follower checks the watched holder's pid (a kill(2), no
+  // Redis): a proven death is acted on within about this long.
+  static constexpr std::chrono::milliseconds kWatchPeriod{50};
+
+  // Whether a holder's pid is being watched (the control loop then wakes
+  // every kWatchPeriod to call break_if_holder_dead).
+  bool watching() const {
+    std::lock_guard lk(mu_);
+    return watched_pid_ > 0;
+  }
+
+  // When the watched holder's process is gone, deletes its lease if it is
+  // still that token's and returns true: campaign now. One attempt per
+  // holder; false when nothing is proven (no pid watched, or it runs).
+  bool break_if_holder_dead(redis::Connection& c) {
+    std::string token;
+    pid_t pid;
+    {
+      std::lock_guard lk(mu_);
+      token = watched_token_;
+      pid = watched_pid_;
+    }
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return false;
+    {
+      std::lock_guard lk(mu_);
+      if (watched_token_ == token) watched_pid_ = 0;
+    }
+    // Compare-and-delete, the script a holder releases with: a lease taken
+    // since (another token) is left alone.
+    if (ctx_.scripts.lease_release.eval(c, {ctx_.keys.leader()}, {token}).integer() == 1)
+      log(LogLevel::info, "the allocator of record (lease " + token + ", pid " + std::to_string(pid) +
+                              ") is gone: broke its lease, campaigning now");
+    return true;
+  }
+
   // A script answered 'notleader': the lease moved on. Throws NotLeader.
   [[noreturn]] void lost(const std::string& what, std::string_view now_held_by = {}) {
     lose("lease taken over" + (now_held_by.empty() ? std::string() : " (now " + std::string(now_held_by) + ")"));
@@ -90,11 +148,32 @@ class Lease {
   }
 
  private:
+  // After a lost campaign: notes who holds the lease, and its pid when that
+  // pid can be judged here (same node, same pid namespace). Reads the
+  // holder's session once per token.
+  void watch(redis::Connection& c, const std::string& token) {
+    {
+      std::lock_guard lk(mu_);
+      if (token == watched_token_) return;
+      watched_token_ = token;
+      watched_pid_ = 0;
+    }
+    const auto sp = token.find(' ');
+    if (sp == std::string::npos) return;
+    auto v = c.command({"GET", ctx_.keys.session(std::string_view(token).substr(sp + 1))});
+    if (v.is_nil()) return;
+    const pid_t pid = judgeable_pid(v.str(), ctx_.node);  // 0: not ours to judge, expiry decides
+    std::lock_guard lk(mu_);
+    if (watched_token_ == token) watched_pid_ = pid;
+  }
+
   Context& ctx_;
   std::atomic<bool> leader_{false};
-  mutable std::mutex mu_;  // leaf: guards token_ and epoch_
+  mutable std::mutex mu_;  // leaf: guards token_, epoch_ and the watched holder
   std::string token_;
   std::uint64_t epoch_ = 0;
+  std::string watched_token_;  // the holder seen at the last lost campaign
+  pid_t watched_pid_ = 0;      // its pid when it can be judged here, else 0
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

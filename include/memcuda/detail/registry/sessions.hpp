@@ -46,7 +46,8 @@ class Sessions {
 
   // The session value (protocol/session.hpp).
   std::string session_value() const {
-    return protocol::encode_session({::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread});
+    return protocol::encode_session(
+        {::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread, pid_namespace_id()});
   }
 
   // Announces (and refreshes) this registry's session: a key that expires
@@ -69,14 +70,15 @@ class Sessions {
     auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
     if (members.size() == 0) return 0;
     std::vector<redis::Command> ex;
-    for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"EXISTS", ctx_.keys.session(members[i].str())});
+    for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"GET", ctx_.keys.session(members[i].str())});
     std::uint64_t n = 0;
-    for (auto& r : c.pipeline(ex)) n += r.integer() == 1;
+    for (auto& r : c.pipeline(ex)) n += !r.is_nil() && !session_proves_death(r.str(), ctx_.node);
     return n;
   }
 
-  // Drops every reference held by a dead session or a dead JSON client
-  // ("pid:<n>", a process of this node), frees what that releases, and
+  // Drops every reference held by a dead session (its key expired, or it
+  // names a process of this node that is gone: session_proves_death) or a
+  // dead JSON client ("pid:<n>", a process of this node), frees what that releases, and
   // prunes the session index. Safe from any process (the scripts are
   // atomic); the allocator of record runs it every gc_interval with its
   // lease token, so a deposed leader cannot act on stale views.
@@ -136,10 +138,13 @@ class Sessions {
         else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
       }
       if (!sess.empty()) {
+        // Alive: its key exists and does not prove its process gone (a
+        // killed process of this node is dead before its key expires).
         std::vector<redis::Command> ex;
-        for (const auto& h : sess) ex.push_back({"EXISTS", keys.session(h)});
+        for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
         auto r = c.pipeline(ex);
-        for (std::size_t i = 0; i < sess.size(); ++i) alive[sess[i]] = r[i].integer() == 1;
+        for (std::size_t i = 0; i < sess.size(); ++i)
+          alive[sess[i]] = !r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node);
       }
       std::set<std::string> dead;
       for (const auto& ref : refs) {
@@ -163,12 +168,14 @@ class Sessions {
     for (std::size_t i = 0; i < members.size(); ++i) all.emplace_back(members[i].str());
     if (!all.empty()) {
       std::vector<redis::Command> ex;
-      for (const auto& m : all) ex.push_back({"EXISTS", keys.session(m)});
+      for (const auto& m : all) ex.push_back({"GET", keys.session(m)});
       auto r = c.pipeline(ex);
       std::vector<std::string> gone, live;
-      for (std::size_t i = 0; i < all.size(); ++i) (r[i].integer() == 0 ? gone : live).push_back(all[i]);
+      for (std::size_t i = 0; i < all.size(); ++i)
+        (r[i].is_nil() || session_proves_death(r[i].str(), ctx_.node) ? gone : live).push_back(all[i]);
       for (const auto& g : gone) {
-        c.command({"SREM", keys.sessions(), g});
+        // A key left by a process proven gone goes now rather than at expiry.
+        c.pipeline({{"DEL", keys.session(g)}, {"SREM", keys.sessions(), g}});
         // Its standby progress marker (standby.hpp) goes with it.
         c.command({"DEL", keys.own_prefix() + "standby:" + g});
         ++rep.sessions_pruned;
