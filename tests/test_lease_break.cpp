@@ -1,17 +1,21 @@
 // A follower that can prove the allocator of record is dead takes over at
 // once instead of waiting for the lease to expire (lease.hpp), and a
 // takeover adopts a dead owner's tensors while its session key still exists
-// (Context::owner_alive). The proof is kill(pid, 0) == ESRCH for a session of
-// this node and pid namespace; nothing else may end a lease early. Real
+// (Context::owner_alive). The proof is a session of this node and pid
+// namespace whose process has ended (no such pid, or a zombie); nothing else
+// may end a lease early. Real
 // processes (memcuda_test_worker) against a real redis-server; the lease and
 // session TTLs are 30 s, so a takeover within the tests' bounds can only come
 // from the proof, never from expiry.
+#include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <thread>
@@ -143,6 +147,55 @@ TEST_CASE("lease break: only a session of this node and pid namespace whose pid 
   const pid_t gone = dead_pid();
   CHECK(session_proves_death(session_value(gone, node, ns), node));
   CHECK(judgeable_pid(session_value(gone, node, ns), node) == gone);
+  // A zombie (exited, not yet reaped) has ended too; once reaped its pid is free.
+  {
+    pid_t z = ::fork();
+    if (z == 0) ::_exit(0);
+    REQUIRE(z > 0);
+    bool zombie = false;
+    for (int i = 0; i < 200 && !zombie; ++i) {  // until the child has exited (a bound, not a timing)
+      zombie = detail::process_ended(z);
+      if (!zombie) std::this_thread::sleep_for(5ms);
+    }
+    CHECK(zombie);
+    CHECK(::kill(z, 0) == 0);  // its pid is still taken: ESRCH alone would not have said so
+    CHECK(session_proves_death(session_value(z, node, ns), node));
+    int st = 0;
+    ::waitpid(z, &st, 0);
+  }
+  // A process whose main thread called pthread_exit shows state Z too, yet
+  // lives on in its other threads: not ended.
+  {
+    pid_t m = ::fork();
+    if (m == 0) {
+      pthread_t t;
+      ::pthread_create(&t, nullptr, [](void*) -> void* { ::sleep(30); return nullptr; }, nullptr);
+      // The main thread alone ends, as pthread_exit would, without unwinding
+      // through the test framework of this forked copy.
+      ::syscall(SYS_exit, 0);
+    }
+    REQUIRE(m > 0);
+    bool leader_gone = false;  // until its main thread has exited (a bound, not a timing)
+    for (int i = 0; i < 200 && !leader_gone; ++i) {
+      char path[40];
+      std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(m));
+      std::string stat;
+      if (FILE* f = std::fopen(path, "r")) {
+        char buf[512] = {};
+        stat.assign(buf, std::fread(buf, 1, sizeof buf - 1, f));
+        std::fclose(f);
+      }
+      auto close = stat.rfind(')');
+      leader_gone = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+      if (!leader_gone) std::this_thread::sleep_for(5ms);
+    }
+    CHECK(leader_gone);
+    CHECK_FALSE(detail::process_ended(m));
+    CHECK_FALSE(session_proves_death(session_value(m, node, ns), node));
+    ::kill(m, SIGKILL);
+    int st = 0;
+    ::waitpid(m, &st, 0);
+  }
   // A live process (our parent) is never judged dead.
   CHECK_FALSE(session_proves_death(session_value(::getppid(), node, ns), node));
   // Nor a pid of another node, another pid namespace, or a writer that did

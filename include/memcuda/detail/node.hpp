@@ -4,13 +4,17 @@
 #include "memcuda/config.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -48,6 +52,36 @@ inline const std::string& pid_namespace_id() {
     return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
   }();
   return id;
+}
+
+// Whether the process `pid` (of this pid namespace) has provably ended: no
+// process has the pid (ESRCH), or it is a zombie, dead but not yet reaped by
+// its parent. A zombie keeps its pid, so neither answer can be about a
+// reused pid; anything else (it runs, is stopped, or /proc cannot say) is
+// not proof. The zombie test reads /proc/<pid>/status and wants state Z
+// with at most one thread: a process whose main thread called pthread_exit
+// also shows Z, but with its other threads still counted, and it lives.
+inline bool process_ended(pid_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  char path[40];
+  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[2048];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char* state = std::strstr(buf, "\nState:");
+  const char* threads = std::strstr(buf, "\nThreads:");
+  if (!state || !threads) return false;
+  state += 7;
+  while (*state == ' ' || *state == '\t') ++state;
+  threads += 9;
+  while (*threads == ' ' || *threads == '\t') ++threads;
+  const long nthreads = std::strtol(threads, nullptr, 10);
+  return (*state == 'Z' || *state == 'X') && nthreads <= 1;
 }
 
 inline std::int64_t now_ms() {

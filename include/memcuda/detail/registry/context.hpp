@@ -87,12 +87,12 @@ inline pid_t judgeable_pid(std::string_view session_value, const std::string& no
 }
 
 // Whether a session's process is provably gone although its key has not
-// expired yet: its pid is judgeable here and no process has it (ESRCH; the
-// process kept its pid while it lived, so a reused pid can only make a dead
-// one look alive, never the reverse).
+// expired yet: its pid is judgeable here and that process has ended
+// (process_ended: no process has the pid, or it is a zombie; the process
+// kept its pid while it lived, so a reused pid can only make a dead one
+// look alive, never the reverse).
 inline bool session_proves_death(std::string_view session_value, const std::string& node) {
-  const pid_t pid = judgeable_pid(session_value, node);
-  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+  return process_ended(judgeable_pid(session_value, node));
 }
 
 // The requested cuda allocation kind: the option, else MEMCUDA_CUDA_ALLOCATION,

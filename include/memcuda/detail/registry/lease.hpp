@@ -8,12 +8,13 @@
 // A lease ends by expiry (up to lease_ttl after the holder's last renewal)
 // or sooner when its death is proven: a follower whose campaign fails notes
 // the holder's pid when the holder's session says it is a process of this
-// node and pid namespace, checks it with kill(pid, 0) every kWatchPeriod
-// (no Redis), and on ESRCH deletes the lease if it still holds exactly that
-// token, then campaigns at once. ESRCH is proof: the holder kept its pid
-// while it lived, so no process with that pid means it died. A live pid
-// proves nothing (it may have been reused): then expiry decides, as it does
-// for a holder on another node, in another pid namespace, or stopped.
+// node and pid namespace, checks it every kWatchPeriod (no Redis), and when
+// it has ended (process_ended: ESRCH, or a zombie not yet reaped) deletes
+// the lease if it still holds exactly that token, then campaigns at once.
+// That is proof: the holder kept its pid while it lived, so no process with
+// that pid, or a zombie with it, means it died. A live pid proves nothing
+// (it may have been reused): then expiry decides, as it does for a holder on
+// another node, in another pid namespace, or stopped.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -120,7 +121,7 @@ class Lease {
       token = watched_token_;
       pid = watched_pid_;
     }
-    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return false;
+    if (!process_ended(pid)) return false;
     {
       std::lock_guard lk(mu_);
       if (watched_token_ == token) watched_pid_ = 0;
@@ -161,7 +162,11 @@ class Lease {
     const auto sp = token.find(' ');
     if (sp == std::string::npos) return;
     auto v = c.command({"GET", ctx_.keys.session(std::string_view(token).substr(sp + 1))});
-    if (v.is_nil()) return;
+    if (v.is_nil()) {  // not registered (yet): read it again at the next lost campaign
+      std::lock_guard lk(mu_);
+      if (watched_token_ == token) watched_token_.clear();
+      return;
+    }
     const pid_t pid = judgeable_pid(v.str(), ctx_.node);  // 0: not ours to judge, expiry decides
     std::lock_guard lk(mu_);
     if (watched_token_ == token) watched_pid_ = pid;
