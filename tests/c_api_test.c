@@ -396,6 +396,84 @@ static void test_dlpack(memcuda_registry* r) {
   CHECK(refcount_of(r, "c.dl") == -1);
 }
 
+/* The calls over many handles: fields of a batch in one call (equal to what
+ * the accessors say), one stream order, one DLPack span per allocation that
+ * holds every covered reference until its deleter runs. */
+static void test_batch_views(memcuda_registry* r) {
+  int64_t s2[2] = {3, 5};
+  int64_t s1[1] = {7};
+  memcuda_tensor_spec specs[3];
+  memcuda_tensor* made[3] = {NULL, NULL, NULL};
+  memcuda_tensor_fields f[3];
+  DLManagedTensor* m = NULL;
+  size_t i, j, same = 0;
+  for (i = 0; i < 3; ++i) {
+    memcuda_tensor_spec_init(&specs[i]);
+    specs[i].options.persistent = 1;
+  }
+  specs[0].name = "c.v.a"; specs[0].dtype = MEMCUDA_DTYPE_BF16; specs[0].ndim = 2; specs[0].shape = s2;
+  specs[1].name = "c.v.b"; specs[1].dtype = MEMCUDA_DTYPE_F32; specs[1].ndim = 1; specs[1].shape = s1;
+  specs[2].name = "c.v.c"; specs[2].dtype = MEMCUDA_DTYPE_U8; specs[2].ndim = 0; specs[2].shape = NULL;
+  CHECK_OK(memcuda_create_many(r, specs, 3, made));
+  if (!made[0] || !made[1] || !made[2]) return;
+
+  CHECK(memcuda_tensors_fields((const memcuda_tensor* const*)made, 3, f, sizeof f[0] - 1) ==
+        MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(memcuda_tensors_fields((const memcuda_tensor* const*)made, 3, f, sizeof f[0]));
+  for (i = 0; i < 3; ++i) {
+    CHECK(f[i].struct_size == sizeof(memcuda_tensor_fields));
+    CHECK(strcmp(f[i].name, memcuda_tensor_name(made[i])) == 0);
+    CHECK(f[i].data == memcuda_tensor_data(made[i]));
+    CHECK(f[i].dtype == memcuda_tensor_dtype(made[i]) && f[i].ndim == memcuda_tensor_ndim(made[i]));
+    CHECK(f[i].bytes == memcuda_tensor_bytes(made[i]) && f[i].generation == memcuda_tensor_generation(made[i]));
+    CHECK(f[i].backend == MEMCUDA_BACKEND_HOST && f[i].device == -1 && f[i].has_event == 0);
+    CHECK((char*)f[i].alloc_base + f[i].offset == (char*)f[i].data);
+    CHECK(f[i].offset + f[i].bytes <= f[i].alloc_bytes);
+    for (j = 0; j < (size_t)f[i].ndim; ++j) CHECK(f[i].shape[j] == memcuda_tensor_shape(made[i])[j]);
+  }
+  {
+    memcuda_tensor* with_null[2];
+    with_null[0] = made[0];
+    with_null[1] = NULL;
+    CHECK(memcuda_tensors_fields((const memcuda_tensor* const*)with_null, 2, f, sizeof f[0]) ==
+          MEMCUDA_ERR_INVALID_ARGUMENT);
+    CHECK_OK(memcuda_tensors_fields((const memcuda_tensor* const*)made, 3, f, sizeof f[0]));
+  }
+  CHECK_OK(memcuda_tensors_wait_opened((const memcuda_tensor* const*)made, 3, NULL)); /* host: no event */
+  CHECK(memcuda_tensors_to_dlpack_span(NULL, 0, &m) == MEMCUDA_ERR_INVALID_ARGUMENT && m == NULL);
+
+  /* A span of tensor 0 alone, and of whichever others share its allocation. */
+  {
+    const memcuda_tensor* group[3];
+    group[0] = made[0];
+    same = 1;
+    for (i = 1; i < 3; ++i)
+      if (f[i].alloc_base == f[0].alloc_base) group[same++] = made[i];
+    CHECK_OK(memcuda_tensors_to_dlpack_span(group, same, &m));
+    if (!m) return;
+    CHECK(m->dl_tensor.ndim == 1 && m->dl_tensor.dtype.code == kDLUInt && m->dl_tensor.dtype.bits == 8);
+    CHECK(m->dl_tensor.device.device_type == kDLCPU);
+    for (i = 0; i < same; ++i) {
+      memcuda_tensor_fields g;
+      CHECK_OK(memcuda_tensors_fields(&group[i], 1, &g, sizeof g));
+      CHECK((char*)g.data >= (char*)m->dl_tensor.data);
+      CHECK((char*)g.data + g.bytes <= (char*)m->dl_tensor.data + m->dl_tensor.shape[0]);
+    }
+    if (same < 3) { /* tensors of two allocations make no span */
+      DLManagedTensor* bad = NULL;
+      CHECK(memcuda_tensors_to_dlpack_span((const memcuda_tensor* const*)made, 3, &bad) ==
+            MEMCUDA_ERR_INVALID_ARGUMENT && bad == NULL);
+    }
+  }
+  for (i = 0; i < 3; ++i) memcuda_tensor_release(made[i]);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.v.a") == 2); /* the name's and the span's */
+  CHECK(refcount_of(r, "c.v.c") == (same == 3 ? 2 : 1));
+  m->deleter(m);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.v.a") == 1 && refcount_of(r, "c.v.b") == 1 && refcount_of(r, "c.v.c") == 1);
+}
+
 int main(void) {
   memcuda_registry* leader;
   memcuda_registry* client;
@@ -413,6 +491,7 @@ int main(void) {
   test_batch(leader);
   test_versions(leader, client);
   test_dlpack(leader);
+  test_batch_views(leader);
   memcuda_registry_close(client);
   memcuda_registry_close(leader);
   memcuda_registry_close(NULL);

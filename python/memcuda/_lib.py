@@ -94,6 +94,26 @@ class GcReportC(ctypes.Structure):
         "tensors_lost")]
 
 
+class TensorFieldsC(ctypes.Structure):
+    """memcuda_tensor_fields: a handle's fields, many handles per call."""
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("name", c_char_p),
+        ("data", c_void_p),
+        ("dtype", c_int),
+        ("ndim", c_int),
+        ("shape", P(c_int64)),
+        ("backend", c_int),
+        ("device", c_int),
+        ("bytes", c_uint64),
+        ("generation", c_uint64),
+        ("alloc_base", c_void_p),
+        ("offset", c_uint64),
+        ("alloc_bytes", c_uint64),
+        ("has_event", c_int),
+    ]
+
+
 # DLPack 0.6 (the layout every DLPack consumer of the unversioned
 # "dltensor" capsule reads).
 class DLDevice(ctypes.Structure):
@@ -184,6 +204,9 @@ _SIGNATURES = [
     ("memcuda_tensor_copy_from_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
     ("memcuda_tensor_copy_to_host", c_int, [c_void_p, c_void_p, c_uint64, c_uint64]),
     ("memcuda_tensor_to_dlpack", c_int, [c_void_p, P(P(DLManagedTensor))]),
+    ("memcuda_tensors_fields", c_int, [P(c_void_p), c_size_t, P(TensorFieldsC), c_size_t]),
+    ("memcuda_tensors_wait_opened", c_int, [P(c_void_p), c_size_t, c_void_p]),
+    ("memcuda_tensors_to_dlpack_span", c_int, [P(c_void_p), c_size_t, P(P(DLManagedTensor))]),
 ]
 
 

@@ -8,6 +8,8 @@ from .errors import InvalidArgument
 
 # In the order of memcuda::DType (the values of the C ABI's MEMCUDA_DTYPE_*).
 NAMES = ("bool", "u8", "i8", "i16", "i32", "i64", "u16", "u32", "u64", "f16", "bf16", "f32", "f64")
+# Bytes per element (memcuda_dtype_itemsize, without a C call).
+ITEMSIZE = (1, 1, 1, 2, 4, 8, 2, 4, 8, 2, 2, 4, 8)
 # __array_interface__ / __cuda_array_interface__ type strings (bf16 has none).
 TYPESTR = ("|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", None, "<f4", "<f8")
 # NumPy names (NumPy has no bfloat16).

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from . import dtypes
 from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
-from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
+from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr, torch_views
 
 _close_lock = threading.Lock()  # two threads closing one registry close it once
 Device = Union[None, int, str, Any]  # None, a CUDA ordinal, "cuda:1", "cpu"/"host", a torch.device
@@ -434,21 +434,26 @@ class Registry:
         """Opens every tensor named ``prefix*`` in one Redis round trip
         (``get_prefix``); keys without the prefix.
 
-        framework: None (memcuda Tensors), "torch" (torch.from_dlpack of each,
+        framework: None (memcuda Tensors), "torch" (zero-copy torch tensors,
         CUDA ones ordered on torch's current stream after the publish each
         record carried: no further round trip) or "numpy" (host tensors).
-        Zero copy either way."""
+        Zero copy either way.
+
+        With "torch", the tensors of one allocation (a packed dict is one) are
+        views of ONE DLPack import (``tensor.torch_views``): they hold the
+        references of all of them together, released when the last of those
+        views is gone."""
         if framework not in (None, "torch", "numpy"):
             raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
+        got = self.get_prefix(prefix)
+        if framework == "torch":
+            # One DLPack import per allocation (a packed dict: one), ordered
+            # by the batch's records: no round trip per tensor.
+            views = torch_views(list(got.values()))
+            return {name[len(prefix):]: v for name, v in zip(got, views)}
         out: Dict[str, Any] = {}
-        for name, t in self.get_prefix(prefix).items():
-            key = name[len(prefix):]
-            if framework is None:
-                out[key] = t
-            elif framework == "torch":
-                out[key] = t.torch(newest=False)  # ordered by the batch's records: no round trip per tensor
-            else:
-                out[key] = t.numpy()
+        for name, t in got.items():
+            out[name[len(prefix):]] = t if framework is None else t.numpy()
         return out
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from . import dtypes
-from ._lib import DLManagedTensor, TensorInfoC, lib
+from ._lib import DLManagedTensor, TensorFieldsC, TensorInfoC, lib
 from .errors import InvalidArgument, MemcudaError, check
 
 BACKENDS = ("cuda", "host")
@@ -104,6 +104,13 @@ _DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
 def _to_capsule(handle: int) -> Any:
     out = ctypes.POINTER(DLManagedTensor)()
     check(lib.memcuda_tensor_to_dlpack(handle, ctypes.byref(out)))
+    return _capsule_of(out)
+
+
+def _capsule_of(out: Any) -> Any:
+    """A "dltensor" capsule owning a DLManagedTensor the library made (its
+    deleter runs when the consumer is done, or when the capsule is collected
+    unconsumed)."""
     addr = ctypes.cast(out, ctypes.c_void_p).value
     try:
         return _PyCapsule_New(addr, _DLTENSOR, _DESTRUCTOR_ADDR)
@@ -123,32 +130,44 @@ class Tensor:
     """
 
     __slots__ = ("_h", "_pid", "_name", "_dtype", "_shape", "_backend", "_device", "_gen", "_ptr", "_bytes",
-                 "__weakref__")
+                 "_base", "_has_event", "__weakref__")
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, fields: Optional[TensorFieldsC] = None) -> None:
+        """Owns `handle` (a memcuda_tensor*). `fields`: its memcuda_tensor_fields
+        when the caller read a batch's at once (one C call for many handles)."""
         self._h: Optional[int] = handle
         self._pid = os.getpid()
-        self._name = lib.memcuda_tensor_name(handle).decode()
-        self._dtype = lib.memcuda_tensor_dtype(handle)
-        nd = lib.memcuda_tensor_ndim(handle)
-        sp = lib.memcuda_tensor_shape(handle)
-        self._shape = tuple(int(sp[i]) for i in range(nd))
-        self._backend = lib.memcuda_tensor_backend(handle)
-        self._device = lib.memcuda_tensor_device(handle)
-        self._gen = int(lib.memcuda_tensor_generation(handle))
-        self._ptr = lib.memcuda_tensor_data(handle) or 0
-        self._bytes = int(lib.memcuda_tensor_bytes(handle))
+        if fields is None:
+            fields = TensorFieldsC()
+            arr = (ctypes.c_void_p * 1)(handle)
+            check(lib.memcuda_tensors_fields(arr, 1, ctypes.byref(fields), ctypes.sizeof(TensorFieldsC)))
+        f = fields
+        self._name = f.name.decode()
+        self._dtype = f.dtype
+        self._shape = tuple(f.shape[:f.ndim])
+        self._backend = f.backend
+        self._device = f.device
+        self._gen = f.generation
+        self._ptr = f.data or 0
+        self._bytes = f.bytes
+        self._base = f.alloc_base or 0  # equal bases (and device): one allocation
+        self._has_event = bool(f.has_event)
 
     @staticmethod
     def adopt_all(handles: Any) -> "list[Tensor]":
-        """Tensors owning the C handles of one batch call. If wrapping one fails
-        (an interrupt, no memory), the handles not yet owned are released, so
-        a batch never leaks a reference."""
+        """Tensors owning the C handles of one batch call, their fields read in
+        one C call. If wrapping one fails (an interrupt, no memory), the handles
+        not yet owned are released, so a batch never leaks a reference."""
         handles = list(handles)
         out = []
         try:
-            for h in handles:
-                out.append(Tensor(h))
+            n = len(handles)
+            if n:
+                arr = (ctypes.c_void_p * n)(*handles)
+                fields = (TensorFieldsC * n)()
+                check(lib.memcuda_tensors_fields(arr, n, fields, ctypes.sizeof(TensorFieldsC)))
+                for h, f in zip(handles, fields):
+                    out.append(Tensor(h, f))
         except BaseException:
             for h in handles[len(out):]:
                 lib.memcuda_tensor_release(h)
@@ -347,3 +366,58 @@ class Tensor:
         s = torch.cuda.current_stream(self._device).cuda_stream
         self.wait_opened(s or 1)  # 1: cudaStreamLegacy, torch's default stream
         return torch.utils.dlpack.from_dlpack(self.__dlpack__(stream=-1))
+
+
+# torch dtypes of the views cut from a span, by MEMCUDA_DTYPE_* code: bool
+# as uint8, as the per-tensor DLPack export gives it (DLPack 0.6 has no bool).
+_SPAN_TORCH = ("uint8",) + dtypes.TORCH[1:]
+
+
+def torch_views(tensors: "list[Tensor]") -> "list[Any]":
+    """Zero-copy torch tensors of `tensors`, in order, with ONE DLPack import
+    per allocation (a packed batch: one for the whole batch) and one
+    ``as_strided`` view per tensor, instead of one export and import each.
+    CUDA ones are ordered on torch's current stream of their device after the
+    publish each record carried (``wait_opened``, one wait per distinct event).
+
+    The views of one allocation share one DLPack export that holds a share of
+    every one of those tensors: their references are released when the last
+    of those views is gone (not each with its own view)."""
+    import torch
+    import torch.utils.dlpack
+    out: "list[Any]" = [None] * len(tensors)
+    groups: "dict[tuple, list[int]]" = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t._backend, t._device, t._base), []).append(i)
+    for (backend, device, _), idx in groups.items():
+        members = [tensors[i] for i in idx]
+        arr = (ctypes.c_void_p * len(members))(*(t._handle() for t in members))
+        if backend == 0 and any(t._has_event for t in members):
+            s = torch.cuda.current_stream(device).cuda_stream
+            check(lib.memcuda_tensors_wait_opened(arr, len(members), s or 1))  # 1: cudaStreamLegacy
+        m = ctypes.POINTER(DLManagedTensor)()
+        check(lib.memcuda_tensors_to_dlpack_span(arr, len(members), ctypes.byref(m)))
+        start = m.contents.dl_tensor.data or 0
+        flat = torch.utils.dlpack.from_dlpack(_capsule_of(m))  # uint8, the span's bytes
+        typed: "dict[int, Any]" = {}
+        for i in idx:
+            t = tensors[i]
+            size = dtypes.ITEMSIZE[t._dtype]
+            off = t._ptr - start
+            base = typed.get(t._dtype)
+            if base is None:
+                dt = getattr(torch, _SPAN_TORCH[t._dtype], None)
+                if dt is None:
+                    raise InvalidArgument(f"torch {torch.__version__} has no {_SPAN_TORCH[t._dtype]} dtype "
+                                          f"(tensor '{t._name}')")
+                base = flat[:flat.numel() - flat.numel() % size].view(dt)
+                typed[t._dtype] = base
+            if off % size:  # not aligned to its element within the span: a view of its own bytes
+                out[i] = flat[off:off + t._bytes].view(base.dtype).view(t._shape)
+                continue
+            strides, acc = [], 1
+            for d in reversed(t._shape):
+                strides.append(acc)
+                acc *= max(d, 1)
+            out[i] = base.as_strided(t._shape, tuple(reversed(strides)), off // size)
+    return out

@@ -175,6 +175,29 @@ def test_state_dict_to_four_python_processes(greg, redis_url, namespace):
     assert len(keep) == 8
 
 
+def test_packed_state_dict_views_on_cuda(greg):
+    """A packed (>= 64 MiB) mixed-dtype dict comes back as views of one DLPack
+    import per allocation: same device memory, same values, bool as uint8."""
+    sd = {"w": torch.randn(4096, 4096, device="cuda").to(torch.bfloat16),  # 32 MiB
+          "u": torch.randn(2048, 4096, device="cuda"),                      # 32 MiB
+          "n": torch.arange(5, device="cuda", dtype=torch.int64),
+          "m": torch.tensor([True, False], device="cuda"),
+          "s": torch.tensor(3.5, device="cuda", dtype=torch.float16)}
+    made = greg.put_state_dict("g.pk/", sd, persistent=True)
+    torch.cuda.synchronize()
+    assert len({made[k]._base for k in sd}) == 1  # one allocation
+    ptrs = {k: made[k].data_ptr for k in sd}
+    got = greg.get_state_dict("g.pk/", framework="torch")
+    for k, v in sd.items():
+        want = v.to(torch.uint8) if v.dtype == torch.bool else v
+        assert got[k].is_cuda and got[k].dtype == want.dtype and got[k].shape == want.shape, k
+        assert got[k].data_ptr() == ptrs[k], k
+        assert torch.equal(got[k], want), k
+    del got, made
+    for k in sd:
+        greg.remove("g.pk/" + k)
+
+
 def test_cupy_reads_the_same_tensor(greg):
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     src = torch.arange(100, dtype=torch.float32, device="cuda")

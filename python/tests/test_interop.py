@@ -84,6 +84,51 @@ def test_torch_state_dict(reg):
     assert len(handles) == len(sd)
 
 
+@needs_torch
+def test_torch_state_dict_is_one_import_per_allocation(reg):
+    # 68 MiB in all: create_many packs the batch into one allocation
+    # (PoolOptions::pack_batches_min_bytes, 64 MiB), so every view below is
+    # cut from one DLPack import (tensor.torch_views).
+    sd = {"a": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+          "b": torch.tensor([True, False, True]),
+          "c": torch.tensor(7, dtype=torch.int64),
+          "d": torch.linspace(0, 1, 5).to(torch.bfloat16),
+          "e": torch.full((2, 3), 1.5, dtype=torch.float16),
+          "empty": torch.zeros((0, 4), dtype=torch.float32),
+          "big": torch.arange(17 * 2**20, dtype=torch.int32)}
+    made = reg.put_state_dict("v.", sd, persistent=True)
+    bases = {made[k]._base for k in sd}
+    assert len(bases) == 1  # packed: one allocation
+    ptrs = {k: made[k].data_ptr for k in sd}
+    del made
+    gc.collect()
+    reg.flush()
+    assert all(reg.info("v." + k).refcount == 1 for k in sd)  # the names' own
+
+    got = reg.get_state_dict("v.", framework="torch")
+    assert sorted(got) == sorted(sd)
+    for k, v in sd.items():
+        want = v.to(torch.uint8) if v.dtype == torch.bool else v  # bool travels as uint8 (DLPack 0.6)
+        assert got[k].dtype == want.dtype and got[k].shape == want.shape, k
+        assert torch.equal(got[k], want), k
+        assert got[k].is_contiguous() and (got[k].numel() == 0 or got[k].data_ptr() == ptrs[k]), k  # zero copy
+    got["a"][1, 2] = -1  # a view writes the shared memory
+    assert reg.get("v.a").numpy()[1, 2] == -1
+    reg.flush()
+    assert all(reg.info("v." + k).refcount == 2 for k in sd)  # one reference each, held by the views together
+    keep = got["c"]
+    del got
+    gc.collect()
+    reg.flush()
+    assert reg.info("v.a").refcount == 2  # one view alive keeps the whole import (documented)
+    del keep
+    gc.collect()
+    reg.flush()
+    assert all(reg.info("v." + k).refcount == 1 for k in sd)
+    for k in sd:
+        reg.remove("v." + k)
+
+
 def test_dlpack_rejects_copy_and_other_devices(reg):
     t = reg.create("i.dl", (2,), "f32")
     assert t.__dlpack_device__() == (1, 0)

@@ -375,6 +375,48 @@ MEMCUDA_C_EXPORT int memcuda_tensor_copy_to_host(const memcuda_tensor* t, void* 
 struct DLManagedTensor;
 MEMCUDA_C_EXPORT int memcuda_tensor_to_dlpack(const memcuda_tensor* t, struct DLManagedTensor** out);
 
+/* ---- many handles at once (src/c_api/batch_views.cpp) -----------------------
+ * For bindings whose per-call cost dominates a model's open (ctypes: about
+ * ten accessor calls a tensor): the fields of a whole batch in one call, one
+ * stream order for a batch, and one DLPack tensor over a packed batch. */
+
+/* A handle's fields, as its accessors answer them. Pointers stay valid while
+ * the handle lives. */
+typedef struct memcuda_tensor_fields {
+  uint32_t struct_size;  /* set by the library: sizeof(memcuda_tensor_fields) */
+  const char* name;
+  void* data;            /* as memcuda_tensor_data */
+  int dtype;
+  int ndim;
+  const int64_t* shape;  /* ndim dimensions */
+  int backend;           /* MEMCUDA_BACKEND_CUDA or _HOST */
+  int device;            /* this process's CUDA ordinal; -1 host */
+  uint64_t bytes;
+  uint64_t generation;
+  void* alloc_base;      /* start of the mapped allocation holding the tensor: equal
+                            values (and device) mean one allocation, e.g. a packed batch */
+  uint64_t offset;       /* data - alloc_base, in bytes */
+  uint64_t alloc_bytes;  /* size of that allocation */
+  int has_event;         /* the record carried a published event (memcuda_tensor_wait_opened orders on it) */
+} memcuda_tensor_fields;
+
+/* Fills out[0..count) with the fields of ts[0..count). fields_size:
+ * sizeof(memcuda_tensor_fields) as the caller knows it (INVALID_ARGUMENT
+ * when header and library differ). A NULL handle fails the whole call. */
+MEMCUDA_C_EXPORT int memcuda_tensors_fields(const memcuda_tensor* const* ts, size_t count, memcuda_tensor_fields* out,
+                                            size_t fields_size);
+/* memcuda_tensor_wait_opened for each of ts[0..count), one wait per
+ * distinct event (a batch published with one event orders `stream` once). */
+MEMCUDA_C_EXPORT int memcuda_tensors_wait_opened(const memcuda_tensor* const* ts, size_t count, void* stream);
+/* One DLPack tensor (1-D, uint8) viewing the bytes from the lowest data
+ * pointer of ts[0..count) to the end of the highest tensor, which must all
+ * lie in one allocation of one device (same alloc_base: INVALID_ARGUMENT
+ * otherwise). It holds a share of every one of them until its deleter runs:
+ * views a framework cuts from it keep the whole batch's references alive
+ * (dropped, queued, when the last view goes). Ownership passes to the caller. */
+MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const* ts, size_t count,
+                                                    struct DLManagedTensor** out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
