@@ -375,6 +375,15 @@ void emit(const json::object& o) {
   std::fflush(stdout);
 }
 
+// Microseconds Redis has spent in EVALSHA since its start (INFO commandstats).
+std::int64_t script_usec(redis::Connection& c) {
+  const std::string info(c.command({"INFO", "commandstats"}).str());
+  const auto at = info.find("cmdstat_evalsha:");
+  if (at == std::string::npos) return 0;
+  const auto u = info.find("usec=", at);
+  return u == std::string::npos ? 0 : std::stoll(info.substr(u + 5));
+}
+
 // A fresh consumer: everything but the opens made first, then the clock.
 int child_open(const ChildArgs& c) {
   const auto specs = state_dict_specs(c.scale);
@@ -384,6 +393,11 @@ int child_open(const ChildArgs& c) {
   // Untimed: the connection up and one round trip made, nothing mapped
   // (info reads the record only).
   reg.info(full_name(c.prefix, specs.front()));
+  // Redis's own time in scripts during the open (INFO commandstats, read
+  // untimed on a connection of its own): the part of open_ns that is the
+  // server's, the rest is the round trip, the client's decoding and mapping.
+  redis::Connection stats_conn(c.options().redis);
+  const std::int64_t script_us0 = script_usec(stats_conn);
   const auto before = reg.stats().process;
   const auto t0 = mb::now_ns();
   auto ts = open_all(reg, c.prefix, specs);
@@ -393,6 +407,7 @@ int child_open(const ChildArgs& c) {
   const auto after = reg.stats().process;
   emit({{"ns", t2 - t0},
         {"open_ns", t1 - t0},
+        {"script_us", script_usec(stats_conn) - script_us0},
         {"wrong", count_wrong(values)},
         {"import_opens", after.import_opens - before.import_opens}});
   for (auto& t : ts) t.release();
@@ -600,7 +615,7 @@ class ModelBench {
     const std::string prefix = "model";
     auto model = publish_all(reg, prefix, specs_);
     fill_all(cfg_.backend, model);
-    std::vector<double> v, open_only;
+    std::vector<double> v, open_only, script;
     std::int64_t opens = -1;
     std::uint64_t wrong = 0;
     for (int rep = 0; rep < cfg_.warmup + cfg_.reps; ++rep) {
@@ -615,6 +630,7 @@ class ModelBench {
       if (rep >= cfg_.warmup) {
         v.push_back(ms(out->at("ns").to_number<std::int64_t>()));
         open_only.push_back(ms(out->at("open_ns").to_number<std::int64_t>()));
+        script.push_back(out->at("script_us").to_number<double>() / 1000.0);
       }
     }
     if (wrong) {
@@ -623,8 +639,10 @@ class ModelBench {
     }
     if (!v.empty()) {
       std::sort(open_only.begin(), open_only.end());
+      std::sort(script.begin(), script.end());
       rows_.row("memcuda_open_fresh", v,
                 extra_ + " open_ms=" + mb::fmt(open_only[open_only.size() / 2], 3) +
+                    " redis_script_ms=" + mb::fmt(script[script.size() / 2], 3) +
                     " import_opens=" + std::to_string(opens) + " wrong=" + std::to_string(wrong));
     }
     pool_ratio(reg);

@@ -10,11 +10,15 @@ Rows (p50 and p99 over --repeat fresh consumers, each after --warmup ones):
                         (torch imported, CUDA context made, Registry open:
                         untimed) gets the go, calls
                         Registry.get_state_dict(prefix, framework="torch")
-                        (one get_prefix: one Redis round trip, then
-                        torch.from_dlpack of each) and touches every tensor.
+                        (one get_prefix: one Redis round trip, then one
+                        DLPack import per allocation, a packed dict's one,
+                        and a view per tensor) and touches every tensor.
   torch_queue_handoff   benchmarks/baselines/torch_model_handoff.py: the dict
                         on a torch.multiprocessing Queue.
   torch_reduce_pickle   the same script: reduce_tensor of each, pickled.
+With MEMCUDA_BENCH_WARM_TOUCH=1 every consumer of every row runs the touch
+once on tensors of its own before the clock (model_common.warm_touch), so
+torch's first launch of those kernels in a new process counts in no row.
 Every row runs from the producer's stamp to the consumer's stamp after it
 read element 0 of every tensor (model_common.touch_all: a copy kernel per
 tensor into one buffer, one synchronising copy to the host) and checked the
@@ -53,6 +57,7 @@ def memcuda_consumer(args):
     dev = bc.torch_device(torch, args.device)
     if dev.type == "cuda":
         torch.zeros(1, device=dev).item()
+    mc.warm_touch(torch, dev)  # MEMCUDA_BENCH_WARM_TOUCH=1: as every baseline consumer
     reg = memcuda.Registry(args.url, args.ns, control_thread=False)
     names = [n for n, _ in mc.state_dict_shapes(divisor(args.scale))]
 
