@@ -9,6 +9,7 @@
 //             | meminfo (cuda) | exit
 //             | publishver PREFIX | version PREFIX | waitver PREFIX AFTER TIMEOUT_MS [NAME]
 //             | waitver-gpu PREFIX AFTER TIMEOUT_MS NAME | sumheld-nowait NAME (test kernels)
+//             | opensd PREFIX (open_state_dict, held) | closesd PREFIX
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -19,6 +20,7 @@
 
 #include "memcuda/memcuda.hpp"
 #include "memcuda/model.hpp"
+#include "memcuda/state_dict.hpp"
 
 #if defined(MEMCUDA_TEST_KERNELS)
 extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
   }
   std::cout << "READY leader=" << reg->is_leader() << " pid=" << ::getpid() << std::endl;
   std::multimap<std::string, SharedTensor<float>> held;
+  std::map<std::string, StateDict> dicts;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -125,6 +128,17 @@ int main(int argc, char** argv) {
         auto t = reg->get<float>(name);
         out << "OK gen=" << t.generation() << " refcount=" << reg->info(name).refcount << " sum=" << checksum(t);
         held.emplace(name, std::move(t));
+      } else if (cmd == "opensd") {
+        auto sd = open_state_dict(*reg, name);
+        double total = 0;
+        for (auto& [k, t] : sd)
+          if (t.dtype() == DType::f32) total += checksum(SharedTensor<float>(t.handle()));
+        out << "OK count=" << sd.size() << " sum=" << total;
+        dicts[name] = std::move(sd);
+      } else if (cmd == "closesd") {
+        dicts.erase(name);
+        reg->flush();
+        out << "OK";
       } else if (cmd == "getany") {
         auto t = reg->get<void>(name);
         out << "OK gen=" << t.generation() << " dtype=" << to_string(t.dtype());

@@ -35,6 +35,11 @@ class ExportedEvent;  // detail/ipc_event.hpp (CUDA)
 class TensorHandle {
  public:
   TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep);
+  // A handle of a state dict opened through its record (state_dicts.hpp):
+  // the reference is `dict`'s, shared with the open's other handles, and
+  // goes with the last of them (no per-name release).
+  TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep,
+               std::shared_ptr<void> dict);
   ~TensorHandle();
   TensorHandle(const TensorHandle&) = delete;
   TensorHandle& operator=(const TensorHandle&) = delete;
@@ -60,6 +65,7 @@ class TensorHandle {
   TensorInfo info_;
   void* data_;
   std::shared_ptr<void> keep_;
+  std::shared_ptr<void> dict_;  // set: the reference is a state-dict record's
   int local_device_ = -1;
 #if MEMCUDA_HAS_CUDA()
   std::mutex event_mu_;

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "memcuda/detail/registry/state_dicts.hpp"
+#include "memcuda/detail/registry_access.hpp"
 #include "memcuda/detail/state_dict/copy.hpp"
 #include "memcuda/tensor_registry.hpp"
 
@@ -46,6 +48,11 @@ using StateDict = std::map<std::string, SharedTensor<void>>;
 // host-to-device on `stream`, memcpy on the host backend) and waits for the
 // copies, so other processes see the data once this returns. A failed copy
 // removes what the batch created and rethrows.
+//
+// Persistent (opts.create.persistent) dicts whose entries are every name
+// under the prefix also get a state-dict record (one more script): a
+// consumer's open_state_dict then takes ONE reference for the whole dict in
+// one O(1) script (docs/design.md, "One reference per model").
 inline StateDict publish_state_dict(TensorRegistry& reg, std::string_view prefix,
                                     const std::vector<StateDictEntry>& entries, const PublishOptions& opts = {}) {
   std::vector<TensorSpec> specs;
@@ -71,15 +78,50 @@ inline StateDict publish_state_dict(TensorRegistry& reg, std::string_view prefix
     }
     throw;
   }
+  if (opts.create.persistent) {
+    std::vector<std::pair<std::string, std::uint64_t>> members;
+    for (const auto& [n, t] : made) members.emplace_back(n, t.generation());
+    (void)detail::DictClient(detail::RegistryAccess::shared_core(reg)).link(prefix, members);
+  }
   for (auto& [n, t] : made) out.emplace(n.substr(prefix.size()), std::move(t));
   return out;
+}
+
+// Links a state-dict record over tensors already published under `prefix`
+// (what publish_state_dict does for a persistent dict): for a dict made
+// another way, e.g. created with create_many, filled, and each tensor's
+// writes published. They must be exactly the names under the prefix, each
+// persistent and still of the generation held; the events published so far
+// go into the record (a later publish on a member unlinks it). Returns
+// false, changing nothing, when that does not hold: opens then go name by
+// name.
+inline bool link_state_dict(TensorRegistry& reg, std::string_view prefix,
+                            const std::vector<SharedTensor<void>>& tensors) {
+  std::vector<std::pair<std::string, std::uint64_t>> members;
+  members.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (!t) throw InvalidArgument("link_state_dict of an empty SharedTensor");
+    members.emplace_back(t.name(), t.generation());
+  }
+  return detail::DictClient(detail::RegistryAccess::shared_core(reg)).link(prefix, members);
 }
 
 // Every tensor whose name starts with `prefix`, taken in one round trip,
 // keyed by the rest of its name. Strict: when one cannot be opened, every
 // reference is given back and its error thrown. An empty map when no name
 // has the prefix.
+//
+// Where a state-dict record is linked at the prefix (a persistent
+// publish_state_dict, unchanged since), the open is one O(1) script and the
+// handles share ONE reference of this process, released when the last of
+// them goes; otherwise one reference per tensor (get_prefix). Either way the
+// names are exactly get_prefix's.
 inline StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix) {
+  if (auto linked = detail::DictClient(detail::RegistryAccess::shared_core(reg)).open(prefix)) {
+    StateDict out;
+    for (auto& [n, t] : *linked) out.emplace(n.substr(prefix.size()), std::move(t));
+    return out;
+  }
   auto all = reg.get_prefix(prefix);
   auto taken = std::move(all).take_all();
   StateDict out;

@@ -12,6 +12,11 @@ struct RegistryAccess {
   // The core for a call that talks to Redis: like the registry's own calls,
   // rethrows an error of its thread and sends this process's queued releases first.
   static Core& core(TensorRegistry& r) { return r.core(); }
+  // The same, shared: for what outlives the call (handles).
+  static std::shared_ptr<Core> shared_core(TensorRegistry& r) {
+    (void)r.core();
+    return r.core_;
+  }
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -21,7 +21,15 @@ TensorHandle::TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* da
 #endif
 }
 
-TensorHandle::~TensorHandle() { Core::release_later(std::move(core_), info_.name, info_.generation); }
+TensorHandle::TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep,
+                           std::shared_ptr<void> dict)
+    : TensorHandle(std::move(core), std::move(info), data, std::move(keep)) {
+  dict_ = std::move(dict);
+}
+
+TensorHandle::~TensorHandle() {
+  if (!dict_) Core::release_later(std::move(core_), info_.name, info_.generation);
+}
 
 bool TensorHandle::is_current() const {
   auto g = core_->client.current_generation(info_.name);

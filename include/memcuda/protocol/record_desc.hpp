@@ -190,7 +190,9 @@ class RecordReader {
     }
     const int i = index_of(k);
     if (i < 0) {
-      if (k != f::desc) unknown_.emplace_back(k, v);
+      // desc, and the id of a state dict linked over the record (read by
+      // scripts only), are not TensorInfo's
+      if (k != f::desc && k != "dict") unknown_.emplace_back(k, v);
       return;
     }
     set(i, v);

@@ -7,6 +7,10 @@
 
 #include "memcuda/config.hpp"
 
+#include <string>
+
+#include "memcuda/detail/control/dict_scripts.hpp"
+
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 
 // Takes one reference of a holder to each of many tensors, atomically. Each
@@ -91,7 +95,7 @@ return out
 //       the generation element), field count k, then k field/value pairs
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'notleader', token}
-inline constexpr const char* kCreateMany = R"lua(
+inline constexpr auto kCreateMany = join(kUnlinkDictFn, R"lua(
 local lead = redis.call('GET', KEYS[2])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 local n = tonumber(ARGV[2])
@@ -134,6 +138,11 @@ if base == 1 then  -- a fresh Redis: start above every generation of an earlier 
   base = tonumber(t[1]) * 1000000 + tonumber(t[2])
   redis.call('SET', KEYS[3], string.format('%.0f', base + n - 1))
 end
+-- new names under a linked state dict: the dict no longer says get_prefix's names
+local kp = string.sub(KEYS[1], 1, #KEYS[1] - 13)
+if redis.call('SCARD', kp .. 'memcuda:dicts') > 0 then
+  for i = 1, n do unlink_dicts_over(kp, ARGV[at[i]]) end
+end
 local out = {'ok'}
 for i = 1, n do
   local a = at[i]
@@ -164,7 +173,7 @@ for i = 1, n do
   out[#out + 1] = rc
 end
 return out
-)lua";
+)lua");
 
 // Unlinks many names at once, each as kRemove does (the name's own
 // reference of a persistent tensor is dropped; the memory goes with the
@@ -174,10 +183,11 @@ return out
 //       'names') the names
 // -> {{name, 'ok', generation, refcount} | {name, 'free', generation}
 //     | {name, 'queued', generation} | {name, 'notfound'}, ...}
-inline constexpr const char* kRemoveMany = R"lua(
+inline constexpr auto kRemoveMany = join(kUnlinkDictFn, R"lua(
 local function rm(name, tkey)
   if redis.call('EXISTS', tkey) == 0 then return {name, 'notfound'} end
-  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner')
+  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner', 'dict')
+  unlink_dict(ARGV[1], f[4])
   local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]
   local pc = tonumber(redis.call('HGET', tkey, 'holder:@name') or '0')
   if pc > 0 then
@@ -212,6 +222,6 @@ for _, n in ipairs(names) do
   if m then out[#out + 1] = rm(n, ARGV[1] .. 'memcuda:tensor:' .. n) end
 end
 return out
-)lua";
+)lua");
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

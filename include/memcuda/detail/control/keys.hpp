@@ -73,6 +73,14 @@ class Keys {
   std::string model_wait_list(std::string_view sid, std::uint64_t seq) const {
     return reply(sid) + ":model_wait:" + std::to_string(seq);
   }
+  // State-dict records (dict_scripts.hpp): one record per published dict,
+  // the link naming a prefix's current record, the set of linked prefixes
+  // and the set of every record's id (linked or still held).
+  std::string dict(std::uint64_t id) const { return prefix_ + "memcuda:dict:" + std::to_string(id); }
+  std::string dict_link(std::string_view prefix) const {
+    return prefix_ + "memcuda:dictlink:" + std::string(prefix);
+  }
+  std::string dict_ids() const { return prefix_ + "memcuda:dict_ids"; }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
   // SCAN pattern of every unlinked-but-held record.

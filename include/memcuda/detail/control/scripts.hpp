@@ -9,6 +9,7 @@
 #include "memcuda/config.hpp"
 
 #include "memcuda/detail/control/batch_scripts.hpp"
+#include "memcuda/detail/control/dict_scripts.hpp"
 #include "memcuda/redis/connection.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
@@ -50,7 +51,7 @@ return 0
 // ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
 //    already done) | {'exists', generation} | {'notleader', current token}
-inline constexpr const char* kCreate = R"lua(
+inline constexpr auto kCreate = join(kUnlinkDictFn, R"lua(
 local lead = redis.call('GET', KEYS[3])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -60,6 +61,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   return {'exists', g}
 end
+-- a new name under a linked state dict: the dict no longer says get_prefix's names
+unlink_dicts_over(string.sub(KEYS[2], 1, #KEYS[2] - 13), ARGV[2])
 local gen = redis.call('INCR', KEYS[4])
 if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
   local t = redis.call('TIME')
@@ -91,7 +94,7 @@ if #waiting > 0 then
   redis.call('DEL', KEYS[5])
 end
 return {'ok', gen, rc}
-)lua";
+)lua");
 
 // Takes a reference (the get fast path; also the leader's JSON get).
 // KEYS: tensor, leader, lost marker of the name
@@ -173,9 +176,10 @@ return {'queued', gen}
 // releases.
 // KEYS: tensor, names, lifecycle   ARGV: key prefix, caller session
 // -> {'ok', generation, refcount} | {'free', generation} | {'queued', generation} | {'notfound'}
-inline constexpr const char* kRemove = R"lua(
+inline constexpr auto kRemove = join(kUnlinkDictFn, R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'notfound'} end
-local f = redis.call('HMGET', KEYS[1], 'generation', 'name', 'owner')
+local f = redis.call('HMGET', KEYS[1], 'generation', 'name', 'owner', 'dict')
+unlink_dict(ARGV[1], f[4])
 local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]
 local pc = tonumber(redis.call('HGET', KEYS[1], 'holder:@name') or '0')
 if pc > 0 then
@@ -196,13 +200,13 @@ if f[3] == ARGV[2] then
 end
 redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(f[2]) .. ',"generation":' .. f[1] .. '}')
 return {'queued', f[1]}
-)lua";
+)lua");
 
 // The start of the scripts that act on a dead allocator's tensor (fenced;
 // KEYS[1] tensor, KEYS[2] leader; ARGV[1] token, ARGV[2] generation,
 // ARGV[4] key prefix): finds the record of that generation, named or
 // unlinked, as `key` (and `linked`), or answers 'gone'.
-inline constexpr const char* kDeadOwnerRecord = R"lua(
+inline constexpr char kDeadOwnerRecord[] = R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'notleader', tostring(redis.call('GET', KEYS[2]))} end
 local key = KEYS[1]
 local linked = true
@@ -221,9 +225,10 @@ end
 // ARGV: token, old generation, dead owner, key prefix, field, value, ...
 // -> {'ok', new generation} | {'gone'} (released, removed or migrated
 //    meanwhile) | {'notleader', t}
-inline const std::string kMigrate = std::string(kDeadOwnerRecord) + R"lua(
-local f = redis.call('HMGET', key, 'owner', 'refcount', 'migrated_from')
+inline constexpr auto kMigrate = join(kUnlinkDictFn, kDeadOwnerRecord, R"lua(
+local f = redis.call('HMGET', key, 'owner', 'refcount', 'migrated_from', 'dict')
 if f[1] ~= ARGV[3] or tonumber(f[2] or '0') <= 0 then return {'gone'} end
+unlink_dict(ARGV[4], f[4])  -- its desc described the old placement
 -- as text: Lua would print a number this large as 1.79e+15
 local gen = string.format('%.0f', redis.call('INCR', KEYS[3]))
 redis.call('HSET', key, unpack(ARGV, 5))
@@ -233,7 +238,7 @@ redis.call('HSET', key, 'generation', gen, 'event_version', 0,
 redis.call('SET', ARGV[4] .. 'memcuda:moved:' .. ARGV[2], gen)
 if not linked then redis.call('RENAME', key, ARGV[4] .. 'memcuda:removed:' .. gen) end
 return {'ok', gen}
-)lua";
+)lua");
 
 // Gives up a tensor of a dead allocator of record that no live process can
 // copy: the record goes, the name is free again, and a marker (kept
@@ -242,16 +247,27 @@ return {'ok', gen}
 // KEYS: tensor, leader, names, lost marker of the name
 // ARGV: token, generation, dead owner, key prefix, marker ttl ms, now ms, force ('1'|'0')
 // -> {'lost', 1 named | 0 unlinked} | {'held', session} | {'gone'} | {'notleader', t}
-inline const std::string kMarkLost = std::string(kDeadOwnerRecord) + R"lua(
+inline constexpr auto kMarkLost = join(kUnlinkDictFn, kDeadOwnerRecord, R"lua(
 if redis.call('HGET', key, 'owner') ~= ARGV[3] then return {'gone'} end
 if ARGV[7] ~= '1' then
-  local all = redis.call('HKEYS', key)
-  for _, k in ipairs(all) do
+  local function live(k)
     local h = string.match(k, '^holder:(%d+%-%x+)$')
-    if h and redis.call('EXISTS', ARGV[4] .. 'memcuda:session:' .. h) == 1 then return {'held', h} end
+    if h and redis.call('EXISTS', ARGV[4] .. 'memcuda:session:' .. h) == 1 then return h end
+  end
+  for _, k in ipairs(redis.call('HKEYS', key)) do
+    local h = live(k)
+    if h then return {'held', h} end
+    local d = string.match(k, '^holder:@dict:(%d+)$')  -- held through a state dict's record
+    if d then
+      for _, dk in ipairs(redis.call('HKEYS', ARGV[4] .. 'memcuda:dict:' .. d)) do
+        h = live(dk)
+        if h then return {'held', h} end
+      end
+    end
   end
 end
-local m = redis.call('HMGET', key, 'name', 'owner_pid', 'epoch', 'migrated_from')
+local m = redis.call('HMGET', key, 'name', 'owner_pid', 'epoch', 'migrated_from', 'dict')
+unlink_dict(ARGV[4], m[5])
 if m[4] then
   for g in string.gmatch(m[4], '%d+') do redis.call('DEL', ARGV[4] .. 'memcuda:moved:' .. g) end
 end
@@ -265,7 +281,7 @@ if linked then
   return {'lost', 1}
 end
 return {'lost', 0}
-)lua";
+)lua");
 
 // Writes back a record its owner still has after Redis lost its data: under
 // the name when the name is free, else as unlinked. Holders re-register
@@ -323,13 +339,16 @@ return {'ok', redis.call('HGET', key, 'refcount')}
 )lua";
 
 // Publishes a producer's interprocess event for one generation.
-// KEYS: tensor   ARGV: generation, event handle (raw bytes)
+// A state dict linked over the tensor is unlinked: its record carries the
+// events of its link time.
+// KEYS: tensor   ARGV: generation, event handle (raw bytes), key prefix
 // -> new event_version, or -1 when the name no longer has that generation
-inline constexpr const char* kPublish = R"lua(
+inline constexpr auto kPublish = join(kUnlinkDictFn, R"lua(
 if redis.call('HGET', KEYS[1], 'generation') ~= ARGV[1] then return -1 end
+unlink_dict(ARGV[3], redis.call('HGET', KEYS[1], 'dict'))
 redis.call('HSET', KEYS[1], 'event_handle', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
-)lua";
+)lua");
 
 // Publishes a new version of a model (a name prefix): bumps the version,
 // stores the producer's event and identity, wakes every waiter (one push
@@ -414,6 +433,11 @@ struct Scripts {
   redis::Script acquire_many{kAcquireMany};
   redis::Script create_many{kCreateMany};
   redis::Script remove_many{kRemoveMany};
+  // state-dict records (dict_scripts.hpp)
+  redis::Script dict_link{kDictLink};
+  redis::Script dict_acquire{kDictAcquire};
+  redis::Script dict_release{kDictRelease};
+  redis::Script dict_reregister{kDictReregister};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

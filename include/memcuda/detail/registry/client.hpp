@@ -229,7 +229,7 @@ class Client {
   // event version. Throws StaleHandle when the name moved on.
   std::uint64_t publish_event(const std::string& name, std::uint64_t gen, const std::string& handle) {
     auto c = ctx_.pool.acquire();
-    auto v = ctx_.scripts.publish.eval(*c, {ctx_.keys.tensor(name)}, {gen, handle}).integer();
+    auto v = ctx_.scripts.publish.eval(*c, {ctx_.keys.tensor(name)}, {gen, handle, ctx_.keys.prefix()}).integer();
     if (v < 0)
       throw StaleHandle("cannot publish '" + name + "' generation " + std::to_string(gen) +
                         ": the name was removed or re-created");

@@ -7,6 +7,7 @@
 //   Allocator    pools and owned allocations: create, free,
 //                release, trim, pool statistics                allocator.hpp
 //   Holds        references this process holds                 holds.hpp
+//   DictHolds    its references to state-dict records          dict_holds.hpp
 //   Client       get, create, remove, info, list, wait         client.hpp
 //   Executor     a lifecycle command, as the allocator of record executor.hpp
 //   Sessions     heartbeat value, garbage collection           sessions.hpp
@@ -41,7 +42,7 @@
 // event path holds TensorHandle::event_mu_ and, inside it, EventCache::mu_
 // across CUDA event calls (shared_tensor.hpp, ipc_event.hpp).
 //   Context::fatal_mu_, Lease::mu_, Allocator::pools_mu_,
-//   Allocator::owned_mu_, Holds::mu_, Client::cache_mu_, Migration::mu_
+//   Allocator::owned_mu_, Holds::mu_, DictHolds::mu_, Client::cache_mu_, Migration::mu_
 //   (a second migration round waits on its condition variable, not under
 //   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
 //   ProcessCache's mutex (its maps; held across the open, see above),
@@ -64,6 +65,7 @@
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/client.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/dict_holds.hpp"
 #include "memcuda/detail/registry/executor.hpp"
 #include "memcuda/detail/registry/holds.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
@@ -99,11 +101,12 @@ class Core {
   Lease lease{ctx};
   Allocator alloc{ctx, lease};
   Holds holds;
+  DictHolds dicts;
   Client client{ctx, lease, alloc, holds};
   Executor executor{ctx, lease, alloc, client};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
-  Recovery recovery{ctx, alloc, holds};
+  Recovery recovery{ctx, alloc, holds, dicts};
   RefCache refs{ctx.keys.prefix()};
   Invalidation invalidation{ctx, refs};
   // Last: its thread stops (~Standby) before the members it uses go.

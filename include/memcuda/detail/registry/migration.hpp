@@ -332,10 +332,21 @@ class Migration {
     const std::string& session = ctx_.session;
     // Live registry sessions that hold it, this process first.
     std::vector<std::string> live;
-    for (const auto& [h, n] : t.holders)
-      if (n > 0 && HolderId::is_session_id(h) &&
+    auto consider = [&](const std::string& h) {
+      if (HolderId::is_session_id(h) && std::find(live.begin(), live.end(), h) == live.end() &&
           (h == session || c.command({"EXISTS", ctx_.keys.session(h)}).integer() == 1))
         live.push_back(h);
+    };
+    for (const auto& [h, n] : t.holders) {
+      if (n <= 0) continue;
+      if (h.starts_with("@dict:")) {  // held through a state dict's record: its holders map it
+        auto f = c.command({"HKEYS", ctx_.keys.own_prefix() + "dict:" + h.substr(6)});
+        for (std::size_t i = 0; i < f.size(); ++i)
+          if (f[i].str().starts_with("holder:")) consider(std::string(f[i].str().substr(7)));
+        continue;
+      }
+      consider(h);
+    }
     std::stable_partition(live.begin(), live.end(), [&](const std::string& h) { return h == session; });
     const std::string dead_owner = t.owner;
     for (const auto& h : live) {

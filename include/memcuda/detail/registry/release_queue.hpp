@@ -69,6 +69,18 @@ class ReleaseQueue {
   // I/O; wakes the sending thread only when it sleeps.
   void push(std::shared_ptr<void> keep, Context& ctx, Allocator& alloc, std::string name,
             std::uint64_t gen) noexcept {
+    push_item(std::move(keep), ctx, alloc, std::move(name), gen, 0);
+  }
+
+  // Queues the release of one of `ctx.session`'s references to the
+  // state-dict record `dict_id` (state_dicts.hpp), in order with the rest.
+  void push_dict(std::shared_ptr<void> keep, Context& ctx, Allocator& alloc, std::uint64_t dict_id) noexcept {
+    push_item(std::move(keep), ctx, alloc, std::string(), 0, dict_id);
+  }
+
+ private:
+  void push_item(std::shared_ptr<void> keep, Context& ctx, Allocator& alloc, std::string name, std::uint64_t gen,
+                 std::uint64_t dict_id) noexcept {
     bool wake = false;
     try {
       std::lock_guard lk(mu_);
@@ -78,7 +90,7 @@ class ReleaseQueue {
         log(LogLevel::info, "release of '" + name + "' dropped at exit: the garbage collector drops it");
         return;
       }
-      q_.push_back({std::move(keep), &ctx, &alloc, std::move(name), gen, last_seq_ + 1});
+      q_.push_back({std::move(keep), &ctx, &alloc, std::move(name), gen, last_seq_ + 1, dict_id});
       queued_.store(++last_seq_, std::memory_order_release);
       if (!worker_.joinable()) worker_ = std::jthread([this] { run(); });
       wake = std::exchange(worker_sleeps_, false);
@@ -89,6 +101,7 @@ class ReleaseQueue {
     if (wake) cv_.notify_one();
   }
 
+ public:
   using Clock = std::chrono::steady_clock;
   using TimerFn = Clock::time_point (*)(Clock::time_point now) noexcept;
 
@@ -158,6 +171,7 @@ class ReleaseQueue {
     std::string name;
     std::uint64_t gen;
     std::uint64_t seq;  // order of push(), from 1
+    std::uint64_t dict_id = 0;  // not 0: a state-dict record's reference (name, gen unused)
   };
 
   // What the worker may use while it runs ~Core (the last release of a
@@ -291,9 +305,16 @@ class ReleaseQueue {
     const std::string names = k.names(), lifecycle = k.lifecycle(), leader = k.leader(), prefix = k.prefix();
     std::vector<redis::Command> cmds;
     cmds.reserve(items.size());
-    for (const auto& it : items)
+    const std::string& dict_sha = ctx.scripts.dict_release.sha();
+    for (const auto& it : items) {
+      if (it.dict_id) {
+        cmds.push_back({"EVALSHA", dict_sha, "1", k.dict(it.dict_id), ctx.session, "", prefix,
+                        std::to_string(it.dict_id)});
+        continue;
+      }
       cmds.push_back({"EVALSHA", sha, "4", k.tensor(it.name), names, lifecycle, leader, std::to_string(it.gen),
                       ctx.session, prefix, ctx.session, "", ""});
+    }
     std::vector<std::exception_ptr> errors;
     std::vector<redis::Reply> replies;
     try {
@@ -316,16 +337,27 @@ class ReleaseQueue {
           } catch (const ReplyError& e) {
             if (e.prefix() != "NOSCRIPT") throw;
             // Not loaded yet (a fresh Redis): one at a time, which loads it.
-            it.alloc->release(c, it.name, it.gen, ctx.session, "");
+            if (it.dict_id) release_dict(c, ctx, it.dict_id);
+            else it.alloc->release(c, it.name, it.gen, ctx.session, "");
             continue;
           }
         }
-        it.alloc->release_outcome(c, replies[i], it.name, it.gen, ctx.session);
+        // A dict reference has nothing to free here: the garbage collector
+        // drops the pins of a record its last reference deleted.
+        if (!it.dict_id) it.alloc->release_outcome(c, replies[i], it.name, it.gen, ctx.session);
       } catch (const std::exception& e) {
         log(LogLevel::warn, "release of '" + it.name + "': " + e.what());
       }
     }
     return true;
+  }
+
+  static void release_dict(redis::Connection& c, Context& ctx, std::uint64_t id) {
+    const std::string rk = ctx.keys.dict(id);
+    redis::Arg kv[] = {rk};
+    const std::string ids = std::to_string(id);
+    redis::Arg av[] = {ctx.session, "", ctx.keys.prefix(), ids};
+    (void)ctx.scripts.dict_release.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
   }
 
   static constexpr std::size_t kMaxBatch = 512;

@@ -85,6 +85,9 @@ class Sessions {
   GcReport collect(redis::Connection& c, const std::string& token) {
     GcReport rep;
     const Keys& keys = ctx_.keys;
+    // State-dict records first: a dead holder's last reference to an
+    // unlinked record deletes it, and the pass below then drops its pins.
+    collect_dicts(c, rep);
     std::vector<std::string> names = record_keys(c, keys);
     if (!names.empty()) {
       std::vector<redis::Command> cmds, hk;
@@ -131,11 +134,19 @@ class Sessions {
           alive.emplace(h, true);
         }
       }
-      std::vector<std::string> sess;
+      std::vector<std::string> sess, dicts;
       for (auto& [h, a] : alive) {
         HolderId id(h);
         if (id.is_session()) sess.push_back(h);
         else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
+        else if (h.starts_with(kDictHolder)) dicts.push_back(h);
+      }
+      if (!dicts.empty()) {
+        // A state dict's pins live as long as its record.
+        std::vector<redis::Command> ex;
+        for (const auto& h : dicts) ex.push_back({"EXISTS", keys.own_prefix() + "dict:" + h.substr(kDictHolder.size())});
+        auto r = c.pipeline(ex);
+        for (std::size_t i = 0; i < dicts.size(); ++i) alive[dicts[i]] = r[i].integer() == 1;
       }
       if (!sess.empty()) {
         // Alive: its key exists and does not prove its process gone (a
@@ -190,6 +201,59 @@ class Sessions {
   }
 
  private:
+  static constexpr std::string_view kDictHolder = "@dict:";
+
+  // Drops the references dead holders have to state-dict records, and
+  // forgets the ids of records that are gone.
+  void collect_dicts(redis::Connection& c, GcReport& rep) {
+    const Keys& keys = ctx_.keys;
+    auto ids = c.command({"SMEMBERS", keys.dict_ids()});
+    if (ids.size() == 0) return;
+    std::vector<std::string> rks, idv;
+    std::vector<redis::Command> hk;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      idv.emplace_back(ids[i].str());
+      rks.push_back(keys.own_prefix() + "dict:" + idv.back());
+      hk.push_back({"HKEYS", rks.back()});
+    }
+    auto fields = c.pipeline(hk);
+    std::map<std::string, bool> alive;
+    std::vector<std::pair<std::size_t, std::string>> refs;  // record index, holder
+    for (std::size_t i = 0; i < rks.size(); ++i) {
+      if (fields[i].size() == 0) {
+        c.command({"SREM", keys.dict_ids(), idv[i]});
+        continue;
+      }
+      for (std::size_t j = 0; j < fields[i].size(); ++j) {
+        std::string f(fields[i][j].str());
+        if (!f.starts_with("holder:")) continue;
+        refs.emplace_back(i, f.substr(7));
+        alive.emplace(f.substr(7), true);
+      }
+    }
+    std::vector<std::string> sess;
+    for (auto& [h, a] : alive) {
+      HolderId id(h);
+      if (id.is_session()) sess.push_back(h);
+      else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
+    }
+    if (!sess.empty()) {
+      std::vector<redis::Command> ex;
+      for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
+      auto r = c.pipeline(ex);
+      for (std::size_t i = 0; i < sess.size(); ++i)
+        alive[sess[i]] = !r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node);
+    }
+    for (const auto& [i, h] : refs) {
+      if (alive[h]) continue;
+      auto res = ctx_.scripts.dict_release.eval(c, {rks[i]}, {h, "all", keys.prefix(), idv[i]});
+      if (res[0].str() == "ok") {
+        ++rep.references_dropped;
+        log(LogLevel::info, "gc: dropped the references of dead holder " + h + " to state dict record " + idv[i]);
+      }
+    }
+  }
+
   std::string removed_or_named(redis::Connection& c, const std::string& name, std::uint64_t gen) {
     auto g = c.command({"HGET", ctx_.keys.tensor(name), "generation"});
     if (!g.is_nil() && reply_u64(g.view()) == gen) return ctx_.keys.tensor(name);

@@ -1,0 +1,144 @@
+// State-dict records: one reference per opened model instead of one per
+// tensor (docs/design.md, "One reference per model"; the scripts and the
+// record's rules are in control/dict_scripts.hpp).
+//
+// publish_state_dict links a record over a dict it has just published
+// (link()); open_state_dict opens through it (open()): one O(1) script
+// returns every member's desc, this process maps them and makes handles
+// that share ONE reference, released when the last of them goes. Where no
+// record is linked (never published as a dict, or changed since) open()
+// answers nullopt and the caller opens per name.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <charconv>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/protocol/record_desc.hpp"
+#include "memcuda/shared_tensor.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// What the handles of one open share: the reference, released when the
+// last handle goes (queued, no I/O on the caller's thread).
+class DictShare {
+ public:
+  DictShare(std::shared_ptr<Core> core, std::shared_ptr<DictRef> ref) : core_(std::move(core)), ref_(std::move(ref)) {}
+  DictShare(const DictShare&) = delete;
+  DictShare& operator=(const DictShare&) = delete;
+  ~DictShare() {
+    if (ref_->per_name.load()) {  // recovery turned it into one reference per member
+      for (const auto& [name, gen] : ref_->members) Core::release_later(core_, name, gen);
+      return;
+    }
+    Core& c = *core_;
+    ReleaseQueue::instance().push_dict(std::move(core_), c.ctx, c.alloc, ref_->id);
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<DictRef> ref_;
+};
+
+class DictClient {
+ public:
+  explicit DictClient(std::shared_ptr<Core> core) : core_(std::move(core)), ctx_(core_->ctx) {}
+
+  // Links a record over the dict just published under `prefix`: `members`
+  // (full names and generations) must be exactly the names under it, all
+  // persistent. False (nothing changed) when the script refuses, e.g. a
+  // name under the prefix that is not a member: opens then go per name.
+  bool link(std::string_view prefix, const std::vector<std::pair<std::string, std::uint64_t>>& members) {
+    const auto& k = ctx_.keys;
+    std::vector<std::string> keys{k.dict_link(prefix)};
+    std::vector<std::string> args{k.prefix(), std::string(prefix), ctx_.node, k.generation(), k.names()};
+    for (const auto& [name, gen] : members) {
+      keys.push_back(k.tensor(name));
+      args.push_back(name);
+      args.push_back(std::to_string(gen));
+    }
+    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
+    auto c = ctx_.pool.acquire();
+    auto r = ctx_.scripts.dict_link.eval(*c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+    if (r[0].str() == "ok") return true;
+    log(LogLevel::debug, "state dict '" + std::string(prefix) + "' not linked (" + std::string(r[0].str()) +
+                             "): it is opened name by name");
+    return false;
+  }
+
+  // Every member of the record linked at `prefix`, under one reference of
+  // this process, by full name; nullopt when none is linked (or it is of
+  // another node). Strict: a member that cannot be mapped throws, and the
+  // reference goes with the handles already made.
+  std::optional<std::map<std::string, SharedTensor<void>>> open(std::string_view prefix) {
+    const auto& k = ctx_.keys;
+    redis::Reply r;
+    {
+      auto c = ctx_.pool.acquire();
+      r = ctx_.scripts.dict_acquire.eval(*c, {k.dict_link(prefix)}, {k.prefix(), ctx_.session, ctx_.node});
+    }
+    if (r[0].str() != "ok") return std::nullopt;
+    auto ref = std::make_shared<DictRef>();
+    ref->id = protocol::detail::parse_decimal<std::uint64_t>(r[1].str()).value_or(0);
+    std::shared_ptr<void> share;
+    try {
+      share = std::make_shared<DictShare>(core_, ref);
+    } catch (...) {  // no handle can hold it: give it back now
+      ReleaseQueue::instance().push_dict(core_, ctx_, core_->alloc, ref->id);
+      throw;
+    }
+    // From here the reference is `share`'s: it goes when `share` and every
+    // handle made below are gone, whatever throws.
+    std::map<std::string, SharedTensor<void>> out;
+    std::string_view blob = r[2].str();
+    while (!blob.empty()) {
+      const std::string_view name = field(blob), desc = field(blob), gen = field(blob), epoch = field(blob),
+                             evh = field(blob), evv = field(blob);
+      protocol::LiveFields live;
+      live.generation = gen;
+      live.epoch = epoch;
+      if (!evh.empty()) live.event_handle = evh;
+      if (!evv.empty()) live.event_version = evv;
+      TensorInfo t = protocol::decode_desc(desc, live);
+      if (t.name != name) throw InternalError("state dict record of '" + std::string(prefix) + "' is inconsistent");
+      ref->members.emplace_back(t.name, t.generation);
+      if (t.node != ctx_.node)
+        throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
+      auto [base, keep] =
+          ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
+      void* p = static_cast<char*>(base) + t.offset;
+      std::string n = t.name;
+      out.emplace(std::move(n), SharedTensor<void>(std::make_shared<TensorHandle>(core_, std::move(t), p,
+                                                                                  std::move(keep), share)));
+    }
+    core_->dicts.add(ref);  // members known: recovery can stand in for them
+    return out;
+  }
+
+ private:
+  // The next "<len>:<bytes>" element of a record's blob.
+  static std::string_view field(std::string_view& blob) {
+    const auto colon = blob.find(':');
+    std::size_t len = 0;
+    if (colon == std::string_view::npos ||
+        std::from_chars(blob.data(), blob.data() + colon, len).ptr != blob.data() + colon ||
+        len > blob.size() - colon - 1)
+      throw ProtocolError(ProtocolErrc::bad_record, "a state dict record's blob is malformed");
+    const std::string_view v = blob.substr(colon + 1, len);
+    blob.remove_prefix(colon + 1 + len);
+    return v;
+  }
+
+  std::shared_ptr<Core> core_;
+  Context& ctx_;
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
