@@ -474,6 +474,73 @@ static void test_batch_views(memcuda_registry* r) {
   CHECK(refcount_of(r, "c.v.a") == 1 && refcount_of(r, "c.v.b") == 1 && refcount_of(r, "c.v.c") == 1);
 }
 
+/* A state-dict record: linked over a persistent dict, opened under one
+ * reference (members' refcounts do not move), unlinked by a remove (opens
+ * go name by name again), and its pins dropped by GC once unheld. */
+static void test_state_dict_record(memcuda_registry* r) {
+  int64_t s1[1] = {4};
+  memcuda_tensor_spec specs[3];
+  memcuda_tensor* made[3] = {NULL, NULL, NULL};
+  memcuda_tensor** arr = NULL;
+  size_t n = 0, i;
+  int linked = -1;
+  memcuda_gc_report rep;
+  const char* names[3] = {"c.sd/a", "c.sd/b", "c.sd/c"};
+  for (i = 0; i < 3; ++i) {
+    memcuda_tensor_spec_init(&specs[i]);
+    specs[i].options.persistent = 1;
+    specs[i].name = names[i];
+    specs[i].dtype = MEMCUDA_DTYPE_F32;
+    specs[i].ndim = 1;
+    specs[i].shape = s1;
+  }
+  CHECK_OK(memcuda_create_many(r, specs, 3, made));
+  if (!made[0] || !made[1] || !made[2]) return;
+  for (i = 0; i < 3; ++i) ((float*)memcuda_tensor_data(made[i]))[0] = (float)(i + 1);
+  CHECK_OK(memcuda_link_state_dict(r, "c.sd/", (const memcuda_tensor* const*)made, 2, &linked));
+  CHECK(linked == 0); /* c.sd/c is under the prefix too: refused */
+  CHECK_OK(memcuda_link_state_dict(r, "c.sd/", (const memcuda_tensor* const*)made, 3, &linked));
+  CHECK(linked == 1);
+  for (i = 0; i < 3; ++i) memcuda_tensor_release(made[i]);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.sd/a") == 2); /* its name's and the record's pin */
+
+  CHECK_OK(memcuda_open_state_dict(r, "c.sd/", &arr, &n));
+  CHECK(n == 3 && arr != NULL);
+  if (n != 3 || !arr) return;
+  CHECK(strcmp(memcuda_tensor_name(arr[2]), "c.sd/c") == 0);
+  CHECK(((float*)memcuda_tensor_data(arr[1]))[0] == 2.0f);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.sd/a") == 2); /* one reference for the dict, on its record */
+
+  /* A remove unlinks the record: the open handles stay good, a new open
+   * goes name by name, GC drops the pins once nobody holds the record. */
+  CHECK_OK(memcuda_remove(r, "c.sd/a"));
+  CHECK(((float*)memcuda_tensor_data(arr[0]))[0] == 1.0f);
+  {
+    memcuda_tensor** arr2 = NULL;
+    size_t n2 = 0;
+    CHECK_OK(memcuda_open_state_dict(r, "c.sd/", &arr2, &n2));
+    CHECK(n2 == 2);
+    CHECK_OK(memcuda_flush(r, -1));
+    CHECK(refcount_of(r, "c.sd/b") == 3); /* name, pin, and this open's own */
+    for (i = 0; i < n2; ++i) memcuda_tensor_release(arr2[i]);
+    memcuda_free_tensor_array(arr2);
+  }
+  memset(&rep, 0, sizeof rep);
+  rep.struct_size = sizeof rep;
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK_OK(memcuda_collect_garbage(r, &rep));
+  CHECK(refcount_of(r, "c.sd/b") == 2); /* still held through the record */
+  for (i = 0; i < n; ++i) memcuda_tensor_release(arr[i]);
+  memcuda_free_tensor_array(arr);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK_OK(memcuda_collect_garbage(r, &rep)); /* the record is gone: its pins go */
+  CHECK(refcount_of(r, "c.sd/b") == 1 && refcount_of(r, "c.sd/c") == 1);
+  CHECK_OK(memcuda_remove(r, "c.sd/b"));
+  CHECK_OK(memcuda_remove(r, "c.sd/c"));
+}
+
 int main(void) {
   memcuda_registry* leader;
   memcuda_registry* client;
@@ -492,6 +559,7 @@ int main(void) {
   test_versions(leader, client);
   test_dlpack(leader);
   test_batch_views(leader);
+  test_state_dict_record(leader);
   memcuda_registry_close(client);
   memcuda_registry_close(leader);
   memcuda_registry_close(NULL);

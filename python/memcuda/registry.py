@@ -395,7 +395,25 @@ class Registry:
                 except MemcudaError:
                     pass
             raise
-        return {e[0]: out[e[0]] for e in entries}
+        result = {e[0]: out[e[0]] for e in entries}
+        if result and (persistent or update):
+            # get_state_dict then opens it with one O(1) script and one
+            # reference, when this holds (else refused: name by name).
+            self.link_state_dict(prefix, result.values())
+        return result
+
+    def link_state_dict(self, prefix: str, tensors: Iterable[Tensor]) -> bool:
+        """Links a state-dict record over `tensors`, a dict already published
+        under `prefix` (``put_state_dict(..., persistent=True)`` does it): they
+        must be exactly the names under the prefix, each persistent and still
+        current; the events published so far are recorded. ``get_state_dict``
+        then takes one reference for the whole dict with one O(1) script.
+        Returns False, changing nothing, when that does not hold."""
+        ts = list(tensors)
+        arr = (ctypes.c_void_p * len(ts))(*(t._handle() for t in ts))
+        linked = ctypes.c_int(0)
+        check(lib.memcuda_link_state_dict(self._handle(), prefix.encode(), arr, len(ts), ctypes.byref(linked)))
+        return bool(linked.value)
 
     # ---- model versions: in-place weight sync (C++: memcuda/model.hpp) ---------
     def publish_version(self, prefix: str, stream: Stream = None, backend: Optional[str] = None,
@@ -432,7 +450,11 @@ class Registry:
 
     def get_state_dict(self, prefix: str, framework: Optional[str] = None) -> Dict[str, Any]:
         """Opens every tensor named ``prefix*`` in one Redis round trip
-        (``get_prefix``); keys without the prefix.
+        (``get_prefix``'s names); keys without the prefix. Where the dict was
+        put with ``put_state_dict(..., persistent=True)`` (and is unchanged
+        since), the open is one O(1) script and this process holds ONE
+        reference for the whole dict, released when the last of its tensors
+        and views is gone.
 
         framework: None (memcuda Tensors), "torch" (zero-copy torch tensors,
         CUDA ones ordered on torch's current stream after the publish each
@@ -445,7 +467,14 @@ class Registry:
         views is gone."""
         if framework not in (None, "torch", "numpy"):
             raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
-        got = self.get_prefix(prefix)
+        arr = ctypes.POINTER(ctypes.c_void_p)()
+        n = ctypes.c_size_t()
+        check(lib.memcuda_open_state_dict(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
+        try:
+            tensors = Tensor.adopt_all(arr[:n.value])
+        finally:
+            lib.memcuda_free_tensor_array(arr)
+        got = {t.name: t for t in tensors}
         if framework == "torch":
             # One DLPack import per allocation (a packed dict: one), ordered
             # by the batch's records: no round trip per tensor.

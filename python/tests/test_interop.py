@@ -103,7 +103,8 @@ def test_torch_state_dict_is_one_import_per_allocation(reg):
     del made
     gc.collect()
     reg.flush()
-    assert all(reg.info("v." + k).refcount == 1 for k in sd)  # the names' own
+    # The name's reference, and the pin of the state-dict record put_state_dict linked.
+    assert all(reg.info("v." + k).refcount == 2 for k in sd)
 
     got = reg.get_state_dict("v.", framework="torch")
     assert sorted(got) == sorted(sd)
@@ -115,18 +116,30 @@ def test_torch_state_dict_is_one_import_per_allocation(reg):
     got["a"][1, 2] = -1  # a view writes the shared memory
     assert reg.get("v.a").numpy()[1, 2] == -1
     reg.flush()
-    assert all(reg.info("v." + k).refcount == 2 for k in sd)  # one reference each, held by the views together
+    assert all(reg.info("v." + k).refcount == 2 for k in sd)  # one reference, on the record: members unmoved
+    del got
+    gc.collect()
+
+    # A remove unlinks the record: the next open goes name by name (a
+    # reference per tensor), its views still hold them together.
+    reg.remove("v.empty")
+    got = reg.get_state_dict("v.", framework="torch")
+    assert sorted(got) == sorted(k for k in sd if k != "empty")
+    reg.flush()
+    assert reg.info("v.a").refcount == 3  # name, the old record's pin (until GC), this open's
     keep = got["c"]
     del got
     gc.collect()
     reg.flush()
-    assert reg.info("v.a").refcount == 2  # one view alive keeps the whole import (documented)
+    assert reg.info("v.a").refcount == 3  # one view alive keeps the whole import (documented)
     del keep
     gc.collect()
     reg.flush()
-    assert all(reg.info("v." + k).refcount == 1 for k in sd)
+    reg.collect_garbage()  # nobody holds the unlinked record: its pins go
+    assert all(reg.info("v." + k).refcount == 1 for k in sd if k != "empty")
     for k in sd:
-        reg.remove("v." + k)
+        if k != "empty":
+            reg.remove("v." + k)
 
 
 def test_dlpack_rejects_copy_and_other_devices(reg):

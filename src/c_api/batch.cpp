@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "c_api_internal.hpp"
+#include "memcuda/state_dict.hpp"
 
 using memcuda_c::guarded;
 
@@ -74,6 +75,36 @@ int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor
 }
 
 void memcuda_free_tensor_array(memcuda_tensor** arr) { std::free(arr); }
+
+int memcuda_open_state_dict(memcuda_registry* reg, const char* prefix, memcuda_tensor*** out, size_t* count) {
+  return guarded([&] {
+    if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
+    *out = nullptr;
+    *count = 0;
+    auto sd = memcuda::open_state_dict(memcuda_c::registry(reg), prefix ? prefix : "");
+    if (sd.empty()) return;
+    Handles made;
+    made.reserve(sd.size());
+    for (auto& [key, t] : sd) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));  // name order
+    auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
+    if (!arr) throw std::bad_alloc();
+    for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
+    *out = arr;
+    *count = made.size();
+  });
+}
+
+int memcuda_link_state_dict(memcuda_registry* reg, const char* prefix, const memcuda_tensor* const* ts, size_t count,
+                            int* linked) {
+  return guarded([&] {
+    if (count > 0 && !ts) throw memcuda::InvalidArgument("tensors is NULL");
+    std::vector<memcuda::SharedTensor<void>> v;
+    v.reserve(count);
+    for (size_t i = 0; i < count; ++i) v.push_back(memcuda_c::tensor(ts[i]));
+    const bool ok = memcuda::link_state_dict(memcuda_c::registry(reg), prefix ? prefix : "", v);
+    if (linked) *linked = ok ? 1 : 0;
+  });
+}
 
 void memcuda_tensor_spec_init(memcuda_tensor_spec* spec) {
   if (!spec) return;

@@ -194,6 +194,20 @@ MEMCUDA_C_EXPORT int memcuda_get_many(memcuda_registry* reg, const char* const* 
  * and message are those of the first refused name in name order. */
 MEMCUDA_C_EXPORT int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor*** out,
                                         size_t* count);
+/* memcuda_get_prefix's names and contract, for a state dict: where a
+ * state-dict record is linked at the prefix (memcuda_link_state_dict, or a
+ * persistent publish_state_dict in C++), one O(1) script opens all of them
+ * and the handles share ONE reference of this process, released when the
+ * last of them (and of their DLPack views) goes; otherwise as get_prefix. */
+MEMCUDA_C_EXPORT int memcuda_open_state_dict(memcuda_registry* reg, const char* prefix, memcuda_tensor*** out,
+                                             size_t* count);
+/* Links a state-dict record over ts[0..count): they must be exactly the
+ * names under `prefix`, each persistent and still of its generation (the
+ * events published so far are recorded; a later publish on one unlinks
+ * it). *linked (may be NULL) = 1 when linked, 0 when refused (nothing
+ * changed: opens then go name by name). */
+MEMCUDA_C_EXPORT int memcuda_link_state_dict(memcuda_registry* reg, const char* prefix, const memcuda_tensor* const* ts,
+                                             size_t count, int* linked);
 /* Frees an array of memcuda_get_prefix (not the handles in it); NULL is a no-op. */
 MEMCUDA_C_EXPORT void memcuda_free_tensor_array(memcuda_tensor** arr);
 
