@@ -54,6 +54,7 @@
 #include "bench_common.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/model.hpp"
+#include "memcuda/state_dict.hpp"
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -384,8 +385,20 @@ std::int64_t script_usec(redis::Connection& c) {
   return u == std::string::npos ? 0 : std::stoll(info.substr(u + 5));
 }
 
+// The whole dict through its state-dict record (one reference), in
+// `specs` order; what open_fresh_dict measures.
+std::vector<SharedTensor<void>> open_dict(TensorRegistry& reg, const std::string& prefix,
+                                          const std::vector<ModelTensor>& specs) {
+  auto sd = open_state_dict(reg, prefix + "/");
+  std::vector<SharedTensor<void>> out;
+  out.reserve(specs.size());
+  for (const auto& s : specs) out.push_back(std::move(sd.at(s.name)));
+  return out;
+}
+
 // A fresh consumer: everything but the opens made first, then the clock.
-int child_open(const ChildArgs& c) {
+// `dict`: open_state_dict (through the record) instead of a batch get.
+int child_open(const ChildArgs& c, bool dict) {
   const auto specs = state_dict_specs(c.scale);
   init_device(c.backend, c.device);
   TensorRegistry reg(c.options());
@@ -400,7 +413,7 @@ int child_open(const ChildArgs& c) {
   const std::int64_t script_us0 = script_usec(stats_conn);
   const auto before = reg.stats().process;
   const auto t0 = mb::now_ns();
-  auto ts = open_all(reg, c.prefix, specs);
+  auto ts = dict ? open_dict(reg, c.prefix, specs) : open_all(reg, c.prefix, specs);
   const auto t1 = mb::now_ns();
   auto values = toucher.touch(ts);
   const auto t2 = mb::now_ns();
@@ -475,7 +488,8 @@ int child_update(const ChildArgs& c) {
 int run_child(const mb::Args& args) {
   ChildArgs c(args);
   if (c.role == "update") return child_update(c);
-  if (c.role == "open") return child_open(c);
+  if (c.role == "open") return child_open(c, false);
+  if (c.role == "open-dict") return child_open(c, true);
   if (c.role == "publish") return child_publish(c);
   std::cerr << "unknown child role '" << c.role << "'\n";
   return 2;
@@ -615,14 +629,26 @@ class ModelBench {
     const std::string prefix = "model";
     auto model = publish_all(reg, prefix, specs_);
     fill_all(cfg_.backend, model);
+    fresh_rows(prefix, "open", "memcuda_open_fresh");
+    if (!g_per_tensor) {
+      // The same dict with a state-dict record linked over it: each fresh
+      // consumer takes one reference for the whole dict.
+      if (link_state_dict(reg, prefix + "/", model)) fresh_rows(prefix, "open-dict", "memcuda_open_fresh_dict");
+      else rows_.skip("memcuda_open_fresh_dict", "the state-dict record was not linked");
+    }
+    pool_ratio(reg);
+    unpublish_all(reg, prefix, specs_, model);
+  }
+
+  void fresh_rows(const std::string& prefix, const std::string& role, const std::string& row) {
     std::vector<double> v, open_only, script;
     std::int64_t opens = -1;
     std::uint64_t wrong = 0;
     for (int rep = 0; rep < cfg_.warmup + cfg_.reps; ++rep) {
-      auto out = run_child("open", prefix);
+      auto out = run_child(role, prefix);
       if (!out) {
         rows_.failed = true;
-        rows_.skip("memcuda_open_fresh", "the consumer child failed (see stderr)");
+        rows_.skip(row, "the consumer child failed (see stderr)");
         break;
       }
       wrong += out->at("wrong").to_number<std::uint64_t>();
@@ -640,13 +666,11 @@ class ModelBench {
     if (!v.empty()) {
       std::sort(open_only.begin(), open_only.end());
       std::sort(script.begin(), script.end());
-      rows_.row("memcuda_open_fresh", v,
+      rows_.row(row, v,
                 extra_ + " open_ms=" + mb::fmt(open_only[open_only.size() / 2], 3) +
                     " redis_script_ms=" + mb::fmt(script[script.size() / 2], 3) +
                     " import_opens=" + std::to_string(opens) + " wrong=" + std::to_string(wrong));
     }
-    pool_ratio(reg);
-    unpublish_all(reg, prefix, specs_, model);
   }
 
   // With the model live, after the publish runs' churn.
@@ -801,7 +825,7 @@ class ModelBench {
 };
 
 const char* kRowNames[] = {"memcuda_publish_leader", "memcuda_publish_other", "memcuda_open_fresh",
-                           "memcuda_pool_ratio", "memcuda_inplace_update"};
+                           "memcuda_open_fresh_dict", "memcuda_pool_ratio", "memcuda_inplace_update"};
 
 int skip_all(const std::string& why) {
   Rows r;

@@ -6,13 +6,16 @@ benchmark 2; goal: at least 10x faster than PyTorch).
 
 Rows (p50 and p99 over --repeat fresh consumers, each after --warmup ones):
   memcuda_state_dict_fresh  the producer published the dict with one
-                        put_state_dict-style create_many; a fresh consumer
-                        (torch imported, CUDA context made, Registry open:
-                        untimed) gets the go, calls
+                        persistent create_many and linked a state-dict
+                        record over it (what put_state_dict(persistent=True)
+                        does); a fresh consumer (torch imported, CUDA context
+                        made, Registry open: untimed) gets the go, calls
                         Registry.get_state_dict(prefix, framework="torch")
-                        (one get_prefix: one Redis round trip, then one
-                        DLPack import per allocation, a packed dict's one,
-                        and a view per tensor) and touches every tensor.
+                        (one O(1) script and ONE reference for the dict, then
+                        one DLPack import per allocation, a packed dict's
+                        one, and a view per tensor) and touches every tensor.
+  memcuda_state_dict_fresh_per_name  the same before the record is linked:
+                        one batch script taking a reference per tensor.
   torch_queue_handoff   benchmarks/baselines/torch_model_handoff.py: the dict
                         on a torch.multiprocessing Queue.
   torch_reduce_pickle   the same script: reduce_tensor of each, pickled.
@@ -40,7 +43,7 @@ import bench_common as bc  # noqa: E402
 from bench_common import mc  # noqa: E402
 
 PREFIX = "llama/"
-ROWS = ("memcuda_state_dict_fresh", "torch_queue_handoff", "torch_reduce_pickle")
+ROWS = ("memcuda_state_dict_fresh", "memcuda_state_dict_fresh_per_name", "torch_queue_handoff", "torch_reduce_pickle")
 
 
 def divisor(fraction):
@@ -74,9 +77,9 @@ def memcuda_consumer(args):
 
 
 def publish(reg, torch, shapes, dev):
-    """The dict in the registry (one create_many), element 0 of tensor i set
-    to touch_value(i). Returns the creator's handles (they keep it alive)."""
-    made = reg.create_many([(PREFIX + n, shape, "bf16") for n, shape in shapes])
+    """The dict in the registry (one create_many, persistent), element 0 of
+    tensor i set to touch_value(i). Returns the creator's handles."""
+    made = reg.create_many([(PREFIX + n, shape, "bf16") for n, shape in shapes], persistent=True)
     for i, t in enumerate(made):
         torch.from_dlpack(t).view(-1)[0] = mc.touch_value(i)
     if dev.type == "cuda":
@@ -85,10 +88,17 @@ def publish(reg, torch, shapes, dev):
 
 
 def bench_memcuda(rows, args, torch, memcuda, dev, url, ns, shapes, nbytes):
+    """Fresh consumers of the dict opened name by name (a reference per
+    tensor), then, once a state-dict record is linked over it, through the
+    record (one reference): the second is what put_state_dict(persistent=
+    True) gives every consumer."""
     reg = memcuda.Registry(url, ns, default_backend="cuda" if dev.type == "cuda" else "host")
     made = publish(reg, torch, shapes, dev)
-    samples, inside, wrong = [], [], 0
-    try:
+    wrong = 0
+
+    def consumers(row):
+        nonlocal wrong
+        samples, inside = [], []
         for rep in range(args.warmup + args.repeat):
             con = bc.Consumer(os.path.abspath(__file__), "--url", url, "--ns", ns, "--device", args.device,
                               "--scale", repr(args.scale))
@@ -101,11 +111,20 @@ def bench_memcuda(rows, args, torch, memcuda, dev, url, ns, shapes, nbytes):
             if rep >= args.warmup:
                 samples.append(mc.ms(int(t1) - t0))
                 inside.append(mc.ms(int(ins)))
+        rows.add(row, samples, consumer_ms=f"{bc.percentile(inside, 0.5):.3f}", tensors=len(shapes), bytes=nbytes,
+                 wrong=wrong)
+
+    try:
+        consumers("memcuda_state_dict_fresh_per_name")
+        if not reg.link_state_dict(PREFIX, made):
+            raise SystemExit("bench_state_dict: the state-dict record was not linked")
+        consumers("memcuda_state_dict_fresh")
     finally:
+        names = [t.name for t in made]
         del made
+        for n in names:
+            reg.remove(n)
         reg.close()
-    rows.add("memcuda_state_dict_fresh", samples, consumer_ms=f"{bc.percentile(inside, 0.5):.3f}",
-             tensors=len(shapes), bytes=nbytes, wrong=wrong)
     return wrong
 
 
@@ -154,7 +173,8 @@ def main():
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     wrong += bench_torch(rows, args, torch, dev, shapes, nbytes)
-    rows.print({"memcuda_state_dict_fresh": ["torch_queue_handoff", "torch_reduce_pickle"]})
+    rows.print({"memcuda_state_dict_fresh": ["torch_queue_handoff", "torch_reduce_pickle"],
+                "memcuda_state_dict_fresh_per_name": ["torch_queue_handoff", "torch_reduce_pickle"]})
     if wrong:
         rows.log(f"{wrong} wrong value(s) or failed row(s)")
     return 1 if wrong else 0
