@@ -113,6 +113,7 @@ TEST_CASE("state dict record: a remove, a create under the prefix or a publish u
   SECTION("a create under the prefix: get_prefix would name it, so the record no longer says the dict") {
     publish(leader, "m/", data).clear();
     REQUIRE(!linked_id(c, "m/").empty());
+    auto held = open_state_dict(consumer, "m/");  // keeps the record (and its pins) past the unlink
     CreateOptions co;
     co.persistent = true;
     (void)leader.create<float>("m/extra", {2}, co);
@@ -120,7 +121,7 @@ TEST_CASE("state dict record: a remove, a create under the prefix or a publish u
     auto sd = open_state_dict(consumer, "m/");
     CHECK(sd.size() == 4);  // per name: the new one included
     consumer.flush();
-    CHECK(leader.info("m/w").refcount == 3);  // name, pin (until GC), this open's
+    CHECK(leader.info("m/w").refcount == 3);  // name, the held record's pin, this open's
   }
   SECTION("a remove: held opens stay valid, a new open goes per name, GC drops the pins once unheld") {
     publish(leader, "m/", data).clear();
