@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/protocol/dict_blob.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/state_dict.hpp"
 #include "support/process.hpp"
@@ -198,4 +199,19 @@ TEST_CASE("state dict record: a killed holder's reference is collected, then the
   w.wait();
   CHECK(eventually([&] { return record_refcount(c, id) == -1; }));  // GC dropped it, the record went
   CHECK(eventually([&] { return c.command({"KEYS", "memcuda:removed:*"}).size() == 0; }));  // then the pins
+}
+
+TEST_CASE("state dict record: the blob parser takes the canonical form only", "[protocol][state_dict]") {
+  using protocol::DictBlobEntry;
+  const std::vector<DictBlobEntry> two{{"m/a", "M1desc", "17", "3", "", ""}, {"m/b", "", "18", "3", "h", "2"}};
+  const std::string blob = protocol::encode_dict_blob(two);
+  CHECK(blob == "3:m/a6:M1desc2:171:30:0:3:m/b0:2:181:31:h1:2");
+  CHECK(protocol::parse_dict_blob(blob) == two);
+  CHECK(protocol::parse_dict_blob("").empty());
+  for (const std::string bad : {blob.substr(0, blob.size() - 1), std::string("03:m/a") + blob.substr(5),
+                                std::string("3:m/a"), std::string("x:"), std::string(":"),
+                                std::string("99999999999:x"), blob + "1:z"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(protocol::parse_dict_blob(bad), ProtocolError);
+  }
 }

@@ -12,7 +12,6 @@
 
 #include "memcuda/config.hpp"
 
-#include <charconv>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/protocol/dict_blob.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
 
@@ -98,17 +98,16 @@ class DictClient {
     // From here the reference is `share`'s: it goes when `share` and every
     // handle made below are gone, whatever throws.
     std::map<std::string, SharedTensor<void>> out;
-    std::string_view blob = r[2].str();
-    while (!blob.empty()) {
-      const std::string_view name = field(blob), desc = field(blob), gen = field(blob), epoch = field(blob),
-                             evh = field(blob), evv = field(blob);
+    for (const auto& m : protocol::parse_dict_blob(r[2].str())) {
       protocol::LiveFields live;
-      live.generation = gen;
-      live.epoch = epoch;
-      if (!evh.empty()) live.event_handle = evh;
-      if (!evv.empty()) live.event_version = evv;
-      TensorInfo t = protocol::decode_desc(desc, live);
-      if (t.name != name) throw InternalError("state dict record of '" + std::string(prefix) + "' is inconsistent");
+      live.generation = m.generation;
+      live.epoch = m.epoch;
+      if (!m.event_handle.empty()) live.event_handle = m.event_handle;
+      if (!m.event_version.empty()) live.event_version = m.event_version;
+      TensorInfo t = protocol::decode_desc(m.desc, live);
+      if (t.name != m.name)
+        throw ProtocolError(ProtocolErrc::bad_record, "state dict record of '" + std::string(prefix) +
+                                                          "': a member's name differs from its desc's");
       ref->members.emplace_back(t.name, t.generation);
       if (t.node != ctx_.node)
         throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
@@ -124,19 +123,6 @@ class DictClient {
   }
 
  private:
-  // The next "<len>:<bytes>" element of a record's blob.
-  static std::string_view field(std::string_view& blob) {
-    const auto colon = blob.find(':');
-    std::size_t len = 0;
-    if (colon == std::string_view::npos ||
-        std::from_chars(blob.data(), blob.data() + colon, len).ptr != blob.data() + colon ||
-        len > blob.size() - colon - 1)
-      throw ProtocolError(ProtocolErrc::bad_record, "a state dict record's blob is malformed");
-    const std::string_view v = blob.substr(colon + 1, len);
-    blob.remove_prefix(colon + 1 + len);
-    return v;
-  }
-
   std::shared_ptr<Core> core_;
   Context& ctx_;
 };
