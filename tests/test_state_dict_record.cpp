@@ -64,14 +64,21 @@ bool eventually(const std::function<bool()>& f, std::chrono::milliseconds within
   return f();
 }
 
+// A redis-server, a raw connection to it, the allocator of record and a
+// consumer registry, and the data a published dict is filled from.
+struct World {
+  test::RedisServer srv;
+  redis::Connection c{srv.options()};
+  TensorRegistry leader{opts(srv)};
+  TensorRegistry consumer{opts(srv, false)};
+  std::vector<float> data;
+};
+
 }  // namespace
 
 TEST_CASE("state dict record: one reference for the whole dict, members' refcounts unmoved", "[redis][state_dict]") {
-  test::RedisServer srv;
-  redis::Connection c(srv.options());
-  TensorRegistry leader(opts(srv));
-  TensorRegistry consumer(opts(srv, false));
-  std::vector<float> data;
+  World w;
+  auto& [srv, c, leader, consumer, data] = w;
   publish(leader, "m/", data).clear();
   leader.flush();
   const std::string id = linked_id(c, "m/");
@@ -105,11 +112,8 @@ TEST_CASE("state dict record: one reference for the whole dict, members' refcoun
 }
 
 TEST_CASE("state dict record: a remove, a create under the prefix or a publish unlinks it", "[redis][state_dict]") {
-  test::RedisServer srv;
-  redis::Connection c(srv.options());
-  TensorRegistry leader(opts(srv));
-  TensorRegistry consumer(opts(srv, false));
-  std::vector<float> data;
+  World w;
+  auto& [srv, c, leader, consumer, data] = w;
 
   SECTION("a create under the prefix: get_prefix would name it, so the record no longer says the dict") {
     publish(leader, "m/", data).clear();

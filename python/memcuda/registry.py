@@ -213,9 +213,13 @@ class Registry:
         """Opens every tensor whose name starts with `prefix`, in one Redis round
         trip: {full name: Tensor}, sorted by name ({} when none). All or nothing,
         like ``get_many`` (the first refused name in name order is raised)."""
+        return self._by_name(lib.memcuda_get_prefix, prefix)
+
+    def _by_name(self, fn: Any, prefix: str) -> Dict[str, Tensor]:
+        """{full name: Tensor} of a C call answering a name-ordered array of handles."""
         arr = ctypes.POINTER(ctypes.c_void_p)()
         n = ctypes.c_size_t()
-        check(lib.memcuda_get_prefix(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
+        check(fn(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
         try:
             tensors = Tensor.adopt_all(arr[:n.value])
         finally:
@@ -467,14 +471,7 @@ class Registry:
         views is gone."""
         if framework not in (None, "torch", "numpy"):
             raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
-        arr = ctypes.POINTER(ctypes.c_void_p)()
-        n = ctypes.c_size_t()
-        check(lib.memcuda_open_state_dict(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
-        try:
-            tensors = Tensor.adopt_all(arr[:n.value])
-        finally:
-            lib.memcuda_free_tensor_array(arr)
-        got = {t.name: t for t in tensors}
+        got = self._by_name(lib.memcuda_open_state_dict, prefix)
         if framework == "torch":
             # One DLPack import per allocation (a packed dict: one), ordered
             # by the batch's records: no round trip per tensor.

@@ -21,6 +21,24 @@ namespace {
 
 using Handles = std::vector<std::unique_ptr<memcuda_tensor>>;
 
+// The handles of a name-ordered map as a malloc'd array (so that
+// memcuda_free_tensor_array is a plain free of one block); every handle is
+// made before any is handed out. Empty: NULL and 0.
+template <class Map>
+void to_array(Map&& taken, memcuda_tensor*** out, size_t* count) {
+  *out = nullptr;
+  *count = 0;
+  if (taken.empty()) return;
+  Handles made;
+  made.reserve(taken.size());
+  for (auto& [name, t] : taken) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));
+  auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
+  if (!arr) throw std::bad_alloc();
+  for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
+  *out = arr;
+  *count = made.size();
+}
+
 // The strict form of a batch get whose names were given in `order`: throws
 // the error of the first refused name in that order (what a get of that name
 // alone throws); the result's references go with it.
@@ -60,17 +78,7 @@ int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor
     if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
     *out = nullptr;
     *count = 0;
-    auto taken = memcuda_c::registry(reg).get_prefix(prefix ? prefix : "").take_all();
-    if (taken.empty()) return;
-    Handles made;
-    made.reserve(taken.size());
-    for (auto& [name, t] : taken) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));  // name order
-    // malloc'd so that memcuda_free_tensor_array is a plain free of one block.
-    auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
-    if (!arr) throw std::bad_alloc();
-    for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
-    *out = arr;
-    *count = made.size();
+    to_array(memcuda_c::registry(reg).get_prefix(prefix ? prefix : "").take_all(), out, count);
   });
 }
 
@@ -81,16 +89,7 @@ int memcuda_open_state_dict(memcuda_registry* reg, const char* prefix, memcuda_t
     if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
     *out = nullptr;
     *count = 0;
-    auto sd = memcuda::open_state_dict(memcuda_c::registry(reg), prefix ? prefix : "");
-    if (sd.empty()) return;
-    Handles made;
-    made.reserve(sd.size());
-    for (auto& [key, t] : sd) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));  // name order
-    auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
-    if (!arr) throw std::bad_alloc();
-    for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
-    *out = arr;
-    *count = made.size();
+    to_array(memcuda::open_state_dict(memcuda_c::registry(reg), prefix ? prefix : ""), out, count);
   });
 }
 

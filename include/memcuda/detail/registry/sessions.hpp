@@ -134,29 +134,7 @@ class Sessions {
           alive.emplace(h, true);
         }
       }
-      std::vector<std::string> sess, dicts;
-      for (auto& [h, a] : alive) {
-        HolderId id(h);
-        if (id.is_session()) sess.push_back(h);
-        else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
-        else if (h.starts_with(kDictHolder)) dicts.push_back(h);
-      }
-      if (!dicts.empty()) {
-        // A state dict's pins live as long as its record.
-        std::vector<redis::Command> ex;
-        for (const auto& h : dicts) ex.push_back({"EXISTS", keys.own_prefix() + "dict:" + h.substr(kDictHolder.size())});
-        auto r = c.pipeline(ex);
-        for (std::size_t i = 0; i < dicts.size(); ++i) alive[dicts[i]] = r[i].integer() == 1;
-      }
-      if (!sess.empty()) {
-        // Alive: its key exists and does not prove its process gone (a
-        // killed process of this node is dead before its key expires).
-        std::vector<redis::Command> ex;
-        for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
-        auto r = c.pipeline(ex);
-        for (std::size_t i = 0; i < sess.size(); ++i)
-          alive[sess[i]] = !r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node);
-      }
+      judge(c, alive);
       std::set<std::string> dead;
       for (const auto& ref : refs) {
         if (alive[ref.holder]) continue;
@@ -203,6 +181,30 @@ class Sessions {
  private:
   static constexpr std::string_view kDictHolder = "@dict:";
 
+  // Sets alive[h] for every holder h of `alive` (all true on entry): a
+  // registry session is alive while its key exists and does not prove its
+  // process gone (a killed process of this node is dead before its key
+  // expires); "pid:<n>" while process n exists; a state dict's pin
+  // "@dict:<id>" while its record exists; other holders ("@name") always.
+  void judge(redis::Connection& c, std::map<std::string, bool>& alive) {
+    const Keys& keys = ctx_.keys;
+    std::vector<std::string> sess, dicts;
+    for (auto& [h, a] : alive) {
+      HolderId id(h);
+      if (id.is_session()) sess.push_back(h);
+      else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
+      else if (h.starts_with(kDictHolder)) dicts.push_back(h);
+    }
+    std::vector<redis::Command> ex;
+    for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
+    for (const auto& h : dicts) ex.push_back({"EXISTS", keys.own_prefix() + "dict:" + h.substr(kDictHolder.size())});
+    if (ex.empty()) return;
+    auto r = c.pipeline(ex);
+    for (std::size_t i = 0; i < sess.size(); ++i)
+      alive[sess[i]] = !r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node);
+    for (std::size_t i = 0; i < dicts.size(); ++i) alive[dicts[i]] = r[sess.size() + i].integer() == 1;
+  }
+
   // Drops the references dead holders have to state-dict records, and
   // forgets the ids of records that are gone.
   void collect_dicts(redis::Connection& c, GcReport& rep) {
@@ -231,19 +233,7 @@ class Sessions {
         alive.emplace(f.substr(7), true);
       }
     }
-    std::vector<std::string> sess;
-    for (auto& [h, a] : alive) {
-      HolderId id(h);
-      if (id.is_session()) sess.push_back(h);
-      else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
-    }
-    if (!sess.empty()) {
-      std::vector<redis::Command> ex;
-      for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
-      auto r = c.pipeline(ex);
-      for (std::size_t i = 0; i < sess.size(); ++i)
-        alive[sess[i]] = !r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node);
-    }
+    judge(c, alive);
     for (const auto& [i, h] : refs) {
       if (alive[h]) continue;
       auto res = ctx_.scripts.dict_release.eval(c, {rks[i]}, {h, "all", keys.prefix(), idv[i]});
