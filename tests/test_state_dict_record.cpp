@@ -219,3 +219,35 @@ TEST_CASE("state dict record: the blob parser takes the canonical form only", "[
     CHECK_THROWS_AS(protocol::parse_dict_blob(bad), ProtocolError);
   }
 }
+
+// Redis restarts empty while a process holds a dict through its record: the
+// record is gone, so the holder's recovery registers one reference per
+// member instead (DictRef::per_name), and its handles then release them one
+// by one: nothing is freed under it, nothing leaks after.
+TEST_CASE("state dict record: after Redis lost its data a holder re-registers per member", "[redis][state_dict][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry leader(opts(srv));
+  std::vector<float> data;
+  publish(leader, "m/", data).clear();
+  test::Child w({test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--no-control",
+                 "--session-ttl", "600", "--backend", "host"});
+  REQUIRE(w.read_line(10s).value_or("").rfind("READY", 0) == 0);
+  REQUIRE(w.ask("opensd m/").rfind("OK count=3", 0) == 0);
+
+  srv.kill(SIGKILL);
+  srv.start();
+  auto c = srv.connect();
+  auto refcount = [&](const std::string& name) {
+    auto r = c.command({"HGET", "memcuda:tensor:" + name, "refcount"});
+    return r.is_nil() ? -1 : std::stoll(std::string(r.str()));
+  };
+  // republished by the leader (its name's reference), re-registered by the holder
+  CHECK(eventually([&] { return refcount("m/w") == 2 && refcount("m/b") == 2 && refcount("m/n") == 2; }, 15s));
+  CHECK(linked_id(c, "m/").empty());  // the record went with the data
+
+  (void)leader.remove_prefix("m/");
+  CHECK(w.ask("closesd m/") == "OK");  // per-member releases
+  CHECK(eventually([&] { return c.command({"KEYS", "memcuda:removed:*"}).size() == 0; }));
+  CHECK(c.command({"SCARD", "memcuda:names"}).integer() == 0);
+  CHECK(w.ask("exit") == "OK");
+}
