@@ -180,6 +180,8 @@ TEST_CASE("state dict record: refused when the members are not every name under 
   CHECK(link_state_dict(leader, "m/", all));
   CHECK_FALSE(link_state_dict(leader, "x/", all));  // not under that prefix
   CHECK_THROWS_AS(link_state_dict(leader, "m/", {SharedTensor<void>()}), InvalidArgument);
+  std::vector<SharedTensor<void>> twice{pub.at("w"), pub.at("w"), pub.at("b")};  // as many as the names, one twice
+  CHECK_THROWS_AS(link_state_dict(leader, "m/", twice), InvalidArgument);
 }
 
 TEST_CASE("state dict record: a killed holder's reference is collected, then the memory goes", "[redis][state_dict][multiprocess]") {

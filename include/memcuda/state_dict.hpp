@@ -94,7 +94,7 @@ inline StateDict publish_state_dict(TensorRegistry& reg, std::string_view prefix
 // persistent and still of the generation held; the events published so far
 // go into the record (a later publish on a member unlinks it). Returns
 // false, changing nothing, when that does not hold: opens then go name by
-// name.
+// name. InvalidArgument for an empty handle or a name given twice.
 inline bool link_state_dict(TensorRegistry& reg, std::string_view prefix,
                             const std::vector<SharedTensor<void>>& tensors) {
   std::vector<std::pair<std::string, std::uint64_t>> members;

@@ -87,7 +87,7 @@ end
 )lua";
 
 // Links the state dict published under a prefix: its members must be
-// exactly the names under the prefix, each ready, persistent (held by its
+// exactly the names under the prefix (each once), each ready, persistent (held by its
 // name), of the generation given and with a usable desc; then a new record
 // gets their descs (and the events published so far), each member one pin,
 // and the prefix's link (an older record of the prefix is unlinked).
@@ -104,11 +104,12 @@ for _, nm in ipairs(redis.call('SMEMBERS', ARGV[5])) do
   if string.sub(nm, 1, #pre) == pre then under = under + 1 end
 end
 if under ~= n then return {'mismatch', under} end
-local parts, olds = {}, {}
+local parts, olds, seen = {}, {}, {}
 local function put(s) parts[#parts + 1] = #s .. ':' .. s end
 for i = 1, n do
   local name, gen = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
-  if string.sub(name, 1, #pre) ~= pre then return {'mismatch', under} end
+  if string.sub(name, 1, #pre) ~= pre or seen[name] then return {'mismatch', under} end
+  seen[name] = true
   local f = redis.call('HMGET', KEYS[1 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
                       'holder:@name', 'dict')
   if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -57,6 +58,9 @@ class DictClient {
   // persistent. False (nothing changed) when the script refuses, e.g. a
   // name under the prefix that is not a member: opens then go per name.
   bool link(std::string_view prefix, const std::vector<std::pair<std::string, std::uint64_t>>& members) {
+    std::set<std::string_view> seen;
+    for (const auto& [name, gen] : members)
+      if (!seen.insert(name).second) throw InvalidArgument("link_state_dict names '" + name + "' twice");
     const auto& k = ctx_.keys;
     std::vector<std::string> keys{k.dict_link(prefix)};
     std::vector<std::string> args{k.prefix(), std::string(prefix), ctx_.node, k.generation(), k.names()};
