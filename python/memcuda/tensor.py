@@ -404,6 +404,12 @@ def torch_views(tensors: "list[Tensor]") -> "list[Any]":
             t = tensors[i]
             size = dtypes.ITEMSIZE[t._dtype]
             off = t._ptr - start
+            if off % size:
+                # Views are cut per dtype from the span's start: a tensor not
+                # a whole number of its elements from there (never, with the
+                # pool's 256-byte alignment) gets an export of its own.
+                out[i] = t.torch(newest=False)
+                continue
             base = typed.get(t._dtype)
             if base is None:
                 dt = getattr(torch, _SPAN_TORCH[t._dtype], None)
@@ -412,9 +418,6 @@ def torch_views(tensors: "list[Tensor]") -> "list[Any]":
                                           f"(tensor '{t._name}')")
                 base = flat[:flat.numel() - flat.numel() % size].view(dt)
                 typed[t._dtype] = base
-            if off % size:  # not aligned to its element within the span: a view of its own bytes
-                out[i] = flat[off:off + t._bytes].view(base.dtype).view(t._shape)
-                continue
             strides, acc = [], 1
             for d in reversed(t._shape):
                 strides.append(acc)

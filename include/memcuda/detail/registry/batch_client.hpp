@@ -17,6 +17,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "memcuda/batch.hpp"
@@ -299,12 +300,7 @@ class BatchClient {
     void* p = nullptr;
     std::shared_ptr<void> keep;
     try {
-      if (t.node != ctx_.node)
-        throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
-      auto [base, kp] =
-          ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
-      p = static_cast<char*>(base) + t.offset;
-      keep = std::move(kp);
+      std::tie(p, keep) = c_.client.map(t);
     } catch (...) {
       c_.client.release_now(t.name, t.generation);
       throw;

@@ -328,6 +328,16 @@ class Client {
     return l;
   }
 
+  // Maps a tensor's allocation into this process (or finds our own): the
+  // tensor's address and what keeps the mapping. Unavailable on another node.
+  std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
+    if (t.node != ctx_.node)
+      throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
+    auto [base, keep] =
+        ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
+    return {static_cast<char*>(base) + t.offset, std::move(keep)};
+  }
+
  private:
   // Maps a tensor whose reference this process has just taken and records
   // the reference; gives it back when the mapping fails.
@@ -340,15 +350,6 @@ class Client {
       release_now(t.name, t.generation);
       throw;
     }
-  }
-
-  // Maps a tensor's allocation into this process (or finds our own).
-  std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
-    if (t.node != ctx_.node)
-      throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
-    auto [base, keep] =
-        ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
-    return {static_cast<char*>(base) + t.offset, std::move(keep)};
   }
 
   Context& ctx_;

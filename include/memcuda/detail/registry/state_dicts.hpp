@@ -113,11 +113,7 @@ class DictClient {
         throw ProtocolError(ProtocolErrc::bad_record, "state dict record of '" + std::string(prefix) +
                                                           "': a member's name differs from its desc's");
       ref->members.emplace_back(t.name, t.generation);
-      if (t.node != ctx_.node)
-        throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
-      auto [base, keep] =
-          ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
-      void* p = static_cast<char*>(base) + t.offset;
+      auto [p, keep] = core_->client.map(t);
       std::string n = t.name;
       out.emplace(std::move(n), SharedTensor<void>(std::make_shared<TensorHandle>(core_, std::move(t), p,
                                                                                   std::move(keep), share)));
