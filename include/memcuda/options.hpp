@@ -110,6 +110,11 @@ struct RegistryOptions {
   // ttl + ttl/3. A killed leader of this node and pid namespace is replaced
   // sooner, within about 50 ms: its followers watch its pid (lease.hpp).
   std::chrono::milliseconds lease_ttl{1500};
+  // A leader whose control loop has not completed a pass for this long (a
+  // call stuck in the driver, a pass failing on every try) stops renewing
+  // its lease and gives it up, so a standby takes over; it campaigns again
+  // once its loop runs. Zero: never.
+  std::chrono::milliseconds serve_stall_timeout{30000};
 
   // Every registry keeps a session key alive in Redis (refreshed by its
   // thread every session_ttl/3, also when control_thread is off). When a

@@ -36,6 +36,12 @@ struct Allocation {
   // records', and a successor leader may adopt it instead of us).
   std::shared_ptr<std::atomic<bool>> adopted_committed;
   bool adopted() const noexcept { return adopted_committed != nullptr; }
+  // Set (true) when a stopping allocator of record hands its allocations to
+  // a standby (Allocator::retain_for_handover): deallocate() then only
+  // unmaps, and the standby adopts the object as after a crash. Null for
+  // kinds whose memory cannot outlive its exporter.
+  std::shared_ptr<std::atomic<bool>> retained;
+  bool is_retained() const noexcept { return retained && retained->load(); }
   // cuda_vmm_fd: the exported fd as this process serves it (FdService), and
   // its text form for the records' "fd_source". Empty for other kinds.
   std::shared_ptr<ServedFd> served;

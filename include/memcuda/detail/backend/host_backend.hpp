@@ -66,14 +66,17 @@ class HostBackend final : public Backend {
       throw_errno("mmap of " + std::to_string(a.size) + " bytes");
     }
     a.base = p;
+    a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
 
-  // An adopted object is unlinked only once a record was republished
+  // A retained object (a graceful stop handed it to a standby) is only
+  // unmapped: the standby adopts it by name. An adopted object is unlinked only once a record was republished
   // pointing at it (Allocation::adopted_committed): before that its name
   // still belongs to the dead owner's records.
   void deallocate(const Allocation& a) noexcept override {
     if (a.base) ::munmap(a.base, a.size);
+    if (a.is_retained()) return;
     if (!a.adopted() || a.adopted_committed->load()) ::shm_unlink(a.handle.c_str());
   }
 
@@ -99,6 +102,7 @@ class HostBackend final : public Backend {
     a.handle = t.ipc_handle;
     a.base = map_object(t);
     a.adopted_committed = std::make_shared<std::atomic<bool>>(false);
+    a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
 

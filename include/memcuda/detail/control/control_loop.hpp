@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stop_token>
@@ -77,23 +78,27 @@ class ControlLoop {
           if (campaign) {
             // A new allocator of record takes over its dead predecessor's
             // tensors in its first GC round: run it now, not a gc_interval on.
-            if (!core_->is_leader() && core_->lease.try_acquire(conn_)) next_gc = now;
+            if (!core_->is_leader() && !stalled() && core_->lease.try_acquire(conn_)) next_gc = now;
             if (core_->is_leader()) {
-              core_->alloc.trim_and_announce(conn_, false);
-              core_->alloc.publish_pool_stats(conn_);
+              task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
+              task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
             }
           }
           next_tick = now + period;
         }
         if (core_->is_leader() && now >= next_gc) {
-          core_->gc_round(conn_);
+          const auto token = core_->lease.current().first;
+          task("garbage collection", [&] { core_->sessions.collect(conn_, token); });
+          task("migration", [&] { core_->migration.round(conn_, token); });
           next_gc = now + opts.gc_interval;
         }
         if (recover_.load() && now >= next_recover) {
           // Redis lost our session (data loss or a long stop): put back what
           // this process owns and holds; retried until every reference found
           // its record, for at most kRecoverWindow.
-          if (core_->recovery.run(conn_) || now >= recover_until_.load()) recover_.store(false);
+          bool done = false;
+          task("recovery", [&] { done = core_->recovery.run(conn_); });
+          if (done || now >= recover_until_.load()) recover_.store(false);
           next_recover = now + period;
         }
         // A command taken under a lease we no longer hold is the next
@@ -111,12 +116,31 @@ class ControlLoop {
           if (watch && core_->lease.break_if_holder_dead(conn_)) next_tick = std::chrono::steady_clock::now();
         }
         failures_ = 0;
+        if (auth_failing_) {
+          log(LogLevel::info, "control thread: Redis accepts our credentials again");
+          auth_failing_ = false;
+          last_auth_error_.clear();
+        }
+        last_pass_ = std::chrono::steady_clock::now();
       } catch (const AuthError& e) {
-        // Credentials no longer work (e.g. Redis restarted with another
-        // password): retrying cannot help; tell the user's next call.
+        // Credentials no longer work (a password rotation, an ACL change):
+        // nothing this process owns is given up for it. The lease lapses
+        // (it cannot be renewed) and the loop keeps trying with backoff, so
+        // a password restored, or rotated into the password file, is picked
+        // up and this process serves or campaigns again. Logged once per
+        // distinct error.
+        if (st.stop_requested()) break;
         core_->lease.lose(e.what());
-        core_->ctx.set_fatal(std::current_exception());
-        return;
+        if (e.what() != last_auth_error_) {
+          log(LogLevel::error, std::string("control thread: Redis refuses our credentials (retrying; rotate them "
+                                           "through the password file, docs/operations.md): ") + e.what());
+          last_auth_error_ = e.what();
+        }
+        auth_failing_ = true;
+        sweep_ = true;
+        last_pass_ = std::chrono::steady_clock::now();  // not a stall: nothing to serve without Redis
+        failures_ = std::min(failures_ + 1, 5);
+        backoff(st, std::min(period * (1 << failures_), std::chrono::milliseconds(5000)));
       } catch (const std::exception& e) {
         if (st.stop_requested()) break;
         sweep_ = true;  // the next pass as leader requeues what a lost reply stranded
@@ -124,8 +148,7 @@ class ControlLoop {
           log(LogLevel::warn, std::string("control thread: ") + e.what());
         // Redis away: a leader that cannot renew loses its lease by expiry
         // anyway; back off before trying again.
-        std::unique_lock lk(mu_);
-        cv_.wait_for(lk, st, std::min(period, std::chrono::milliseconds(200)), [] { return false; });
+        backoff(st, std::min(period, std::chrono::milliseconds(200)));
       }
     }
     beat.request_stop();
@@ -137,6 +160,7 @@ class ControlLoop {
     // the garbage collector drops what is left once the session is gone).
     (void)ReleaseQueue::instance().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
     try {
+      if (core_->is_leader()) hand_over();
       core_->lease.release(conn_);
       core_->sessions.end(conn_);
     } catch (const std::exception& e) {
@@ -145,10 +169,86 @@ class ControlLoop {
   }
 
  private:
+  // One periodic task of the loop. Its failure is its own: logged (three
+  // times, then every 100th) and the loop goes on serving. A lost link
+  // (ConnectionError, TimeoutError) still ends the pass: the loop backs off
+  // and sweeps its processing list.
+  template <class F>
+  void task(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const ConnectionError&) {
+      throw;
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const std::exception& e) {
+      auto& n = task_failures_[what];
+      if (++n <= 3 || n % 100 == 0)
+        log(LogLevel::warn, std::string("control thread: ") + what + " failed (" + std::to_string(n) +
+                                " time(s); serving goes on): " + e.what());
+    }
+  }
+
+  void backoff(std::stop_token& st, std::chrono::milliseconds d) {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, st, d, [] { return false; });
+  }
+
+  // Whether the loop has completed no pass for serve_stall_timeout. Such a
+  // leader gives its lease up (heartbeat) and does not campaign again until
+  // a pass completes.
+  bool stalled() const {
+    const auto limit = core_->ctx.opts.serve_stall_timeout;
+    return limit.count() > 0 && std::chrono::steady_clock::now() - last_pass_.load() > limit;
+  }
+
+  // A graceful stop of the allocator of record. With a standby (another
+  // live session that may lead), what this process allocated is handed
+  // over: objects that outlive it (host shm) are kept, not unlinked, and
+  // cuMem allocations stay alive in the standbys' fds; the standby adopts
+  // them in place once this session is gone, as after a crash, so nothing
+  // is lost. Without one, the tensors go with this process, and it says so.
+  void hand_over() {
+    auto& c = conn_;
+    const auto owned = core_->alloc.owned_summary();
+    if (owned.tensors == 0) return;
+    const std::size_t standbys = core_->sessions.standbys(c);
+    if (standbys == 0) {
+      log(LogLevel::warn, "stopping the allocator of record with no standby: its " + std::to_string(owned.tensors) +
+                              " tensor(s), " + std::to_string(owned.persistent) +
+                              " persistent, are freed with it (start a second `memcuda serve` first to keep them)");
+      return;
+    }
+    wait_for_standbys(c);
+    const std::size_t kept = core_->alloc.retain_for_handover();
+    log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) in " + std::to_string(kept) +
+                            " allocation(s) over to " + std::to_string(standbys) + " standby(s)");
+    if (owned.legacy_ipc)
+      log(LogLevel::warn, std::to_string(owned.legacy_ipc) +
+                              " tensor(s) are legacy CUDA IPC allocations, whose memory dies with this process: "
+                              "only those another live process maps are copied (use cuda_allocation=vmm)");
+  }
+
+  // cuda_vmm_fd: a standby adopts only what it holds the fd of. Waits (at
+  // most kHandoverWait) until every standby's progress marker has caught up
+  // with the allocations Hash.
+  void wait_for_standbys(redis::Connection& c) {
+    const auto deadline = std::chrono::steady_clock::now() + kHandoverWait;
+    while (!core_->sessions.standbys_synced(c)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        log(LogLevel::warn, "handing over: a standby has not fetched every allocation's fd yet; "
+                            "allocations it lacks are copied from live holders or lost");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
   void heartbeat(std::stop_token st, std::chrono::milliseconds period) {
     std::mutex m;
     std::condition_variable_any cv;
     int failures = 0;
+    bool gave_up = false;
     while (!st.stop_requested()) {
       try {
         if (!core_->sessions.refresh(beat_conn_)) {
@@ -156,7 +256,22 @@ class ControlLoop {
           core_->refs.flush();  // GC may have dropped what we held: no cached get until re-registered
           recover_.store(true);
         }
-        if (core_->is_leader()) core_->lease.renew(beat_conn_);
+        if (core_->is_leader()) {
+          if (stalled()) {
+            // The loop cannot serve: hand the lease to a standby rather than
+            // keep renewing for a leader that answers nobody.
+            if (!gave_up)
+              log(LogLevel::error, "control thread: no pass completed in " +
+                                       std::to_string(core_->ctx.opts.serve_stall_timeout.count()) +
+                                       " ms; giving up the allocator-of-record lease");
+            gave_up = true;
+            core_->lease.release(beat_conn_);
+          } else {
+            core_->lease.renew(beat_conn_);
+          }
+        } else if (gave_up && !stalled()) {
+          gave_up = false;
+        }
         failures = 0;
       } catch (const std::exception& e) {
         if (++failures <= 3 || failures % 50 == 0) log(LogLevel::warn, std::string("heartbeat: ") + e.what());
@@ -307,6 +422,12 @@ class ControlLoop {
   std::condition_variable_any cv_;
   std::atomic<bool> blocked_{false};
   int failures_ = 0;
+  bool auth_failing_ = false;     // this thread's only
+  std::string last_auth_error_;   // this thread's only: logged once per change
+  std::map<std::string, std::uint64_t> task_failures_;  // this thread's only
+  // When the loop last completed a pass (the heartbeat reads it: stall watch).
+  std::atomic<std::chrono::steady_clock::time_point> last_pass_{std::chrono::steady_clock::now()};
+  static constexpr auto kHandoverWait = std::chrono::milliseconds(2000);
   static constexpr auto kRecoverWindow = std::chrono::milliseconds(Sessions::kRepublishGraceMs);
   std::atomic<bool> recover_{false};
   std::atomic<std::chrono::steady_clock::time_point> recover_until_{};

@@ -326,6 +326,9 @@ class Allocator {
   // ---- the pools ----
 
   DevicePool& pool_for(BackendKind kind, int device) {
+    // A device this process cannot use gets no pool: a pool once made lives
+    // as long as the allocator, and its statistics are read every tick.
+    check_device(kind, device);
     std::lock_guard lk(pools_mu_);
     auto& p = pools_[{kind, device}];
     if (!p) p = std::make_unique<DevicePool>(ctx_.backend(kind), device, ctx_.session, ctx_.opts.pool, next_alloc_id_);
@@ -342,10 +345,42 @@ class Allocator {
     return v;
   }
 
+  // One pool whose statistics cannot be read (its device went away) is
+  // left out and logged; the others are still reported.
   std::vector<PoolStats> pool_stats() {
     std::vector<PoolStats> v;
-    for (DevicePool* p : pools()) v.push_back(p->stats());
+    for (DevicePool* p : pools()) {
+      try {
+        v.push_back(p->stats());
+      } catch (const std::exception& e) {
+        log_limited(stats_failures_, std::string("pool statistics: ") + e.what());
+      }
+    }
     return v;
+  }
+
+  // A graceful stop with a standby: every allocation is kept for it to
+  // adopt (see DevicePool::retain_for_handover). Returns the count.
+  std::size_t retain_for_handover() {
+    std::size_t n = 0;
+    for (DevicePool* p : pools()) n += p->retain_for_handover();
+    return n;
+  }
+
+  // What this process owns now: tensors, of them persistent, and by backend
+  // kind whether their memory can outlive it (host shm, cuMem) or not.
+  struct OwnedSummary {
+    std::size_t tensors = 0, persistent = 0, legacy_ipc = 0;
+  };
+  OwnedSummary owned_summary() const {
+    OwnedSummary s;
+    std::lock_guard lk(owned_mu_);
+    for (const auto& [g, o] : owned_) {
+      ++s.tensors;
+      s.persistent += o.persistent;
+      s.legacy_ipc += o.info.alloc_kind == alloc_kind::cuda_ipc;
+    }
+    return s;
   }
 
   void reset_peaks() {
@@ -400,6 +435,24 @@ class Allocator {
   }
 
  private:
+  // Throws before a pool is made for a device this process cannot use:
+  // Unavailable for the cuda backend without CUDA, InvalidArgument for an
+  // ordinal it does not see.
+  static void check_device(BackendKind kind, int device) {
+    if (kind != BackendKind::cuda) return;
+#if MEMCUDA_HAS_CUDA()
+    (void)device_uuid(device);
+#else
+    (void)device;
+    throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+  }
+
+  static void log_limited(std::atomic<std::uint64_t>& n, const std::string& what) {
+    const auto k = ++n;
+    if (k <= 3 || k % 100 == 0) log(LogLevel::warn, what + (k > 3 ? " (" + std::to_string(k) + " times)" : ""));
+  }
+
   void park(const std::string& create_id, Owned o) {
     std::lock_guard lk(owned_mu_);
     if (create_id.empty()) {
@@ -434,6 +487,7 @@ class Allocator {
   std::vector<Owned> unresolved_;
   std::atomic<std::uint64_t> next_alloc_id_{1};
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
+  std::atomic<std::uint64_t> stats_failures_{0};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

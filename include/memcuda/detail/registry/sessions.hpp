@@ -17,6 +17,8 @@
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/detail/registry/quarantine.hpp"
+#include "memcuda/detail/registry/standby.hpp"
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/stats.hpp"
 
@@ -66,13 +68,56 @@ class Sessions {
     c.pipeline({{"DEL", ctx_.keys.session(ctx_.session)}, {"SREM", ctx_.keys.sessions(), ctx_.session}});
   }
 
+  // Live sessions of this node, other than this one, that may become the
+  // allocator of record (they run the control thread): the standbys a
+  // stopping leader hands over to.
+  std::vector<std::string> standby_sessions(redis::Connection& c) {
+    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
+    std::vector<std::string> ids;
+    std::vector<redis::Command> ex;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      std::string id(members[i].str());
+      if (id == ctx_.session) continue;
+      ex.push_back({"GET", ctx_.keys.session(id)});
+      ids.push_back(std::move(id));
+    }
+    std::vector<std::string> out;
+    if (ex.empty()) return out;
+    std::vector<std::exception_ptr> errs;
+    auto r = c.pipeline(ex, &errs);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (r[i].is_error() || r[i].is_nil() || session_proves_death(r[i].str(), ctx_.node)) continue;
+      try {
+        auto s = protocol::decode_session(r[i].str());
+        if (s.allocator_capable && s.node == ctx_.node) out.push_back(ids[i]);
+      } catch (const std::exception&) {  // unreadable: not a standby we can count on
+      }
+    }
+    return out;
+  }
+  std::size_t standbys(redis::Connection& c) { return standby_sessions(c).size(); }
+
+  // Whether every standby holds the fd of every cuda_vmm_fd allocation:
+  // its progress marker names the allocations Hash's current version (no
+  // Hash: nothing to hold).
+  bool standbys_synced(redis::Connection& c) {
+    auto v = c.command({"GET", standby::version_key(ctx_.keys)});
+    if (v.is_nil()) return true;
+    for (const auto& id : standby_sessions(c)) {
+      auto m = c.command({"GET", standby::synced_key(ctx_.keys, id)});
+      if (m.is_nil() || m.str() != v.str()) return false;
+    }
+    return true;
+  }
+
   std::uint64_t live(redis::Connection& c) {
     auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
     if (members.size() == 0) return 0;
     std::vector<redis::Command> ex;
     for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"GET", ctx_.keys.session(members[i].str())});
     std::uint64_t n = 0;
-    for (auto& r : c.pipeline(ex)) n += !r.is_nil() && !session_proves_death(r.str(), ctx_.node);
+    std::vector<std::exception_ptr> errs;
+    for (auto& r : c.pipeline(ex, &errs)) n += !r.is_error() && !r.is_nil() && !session_proves_death(r.str(), ctx_.node);
     return n;
   }
 
@@ -93,8 +138,11 @@ class Sessions {
       std::vector<redis::Command> cmds, hk;
       for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation", "refcount", "republished"});
       for (const auto& k : names) hk.push_back({"HKEYS", k});
-      auto ids = c.pipeline(cmds);
-      auto fields = c.pipeline(hk);
+      // One bad key must not fail the round for all: an error reply (a key
+      // of the wrong type) is that record's alone.
+      std::vector<std::exception_ptr> e1, e2;
+      auto ids = c.pipeline(cmds, &e1);
+      auto fields = c.pipeline(hk, &e2);
       struct Ref {
         std::string name;
         std::uint64_t gen;
@@ -103,14 +151,28 @@ class Sessions {
       std::vector<Ref> refs;
       std::map<std::string, bool> alive;
       for (std::size_t i = 0; i < names.size(); ++i) {
+        if (ids[i].is_error() || fields[i].is_error()) {
+          quarantine_wrong_type(c, names[i], rep);
+          continue;
+        }
         if (ids[i][0].is_nil() || ids[i][1].is_nil()) continue;
+        std::uint64_t gen = 0;
+        try {
+          gen = reply_u64(ids[i][1]);
+          if (!ids[i][2].is_nil() && reply_int(ids[i][2]) < 0) throw InvalidArgument("negative refcount");
+          if (!ids[i][3].is_nil()) (void)reply_int(ids[i][3]);
+        } catch (const std::exception& e) {
+          if (quarantine::move(c, keys, names[i], name_of(names[i]), "gen:" + std::string(ids[i][1].str()),
+                               std::string("unreadable record fields: ") + e.what()))
+            ++rep.records_quarantined;
+          continue;
+        }
         // A record republished after Redis lost its data that no holder
         // re-registered (they died meanwhile) has no reference to release:
         // once the holders' re-registration window has passed, free it.
         if (!ids[i][3].is_nil() && !ids[i][2].is_nil() && reply_int(ids[i][2]) == 0 &&
             now_ms() - reply_int(ids[i][3]) > kRepublishGraceMs + ctx_.opts.session_ttl.count()) {
           std::string name(ids[i][0].str());
-          std::uint64_t gen = reply_u64(ids[i][1]);
           try {
             if (names[i] == keys.tensor(name)) {
               auto r = ctx_.scripts.remove.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle()},
@@ -121,6 +183,8 @@ class Sessions {
             }
             ++rep.tensors_freed;
             log(LogLevel::info, "gc: freed '" + name + "': republished after a Redis restart, nobody re-registered");
+          } catch (const ConnectionError&) {
+            throw;
           } catch (const std::exception& e) {
             log(LogLevel::warn, "gc: freeing unclaimed '" + name + "': " + e.what());
           }
@@ -130,7 +194,7 @@ class Sessions {
           std::string f(fields[i][j].str());
           if (!f.starts_with("holder:")) continue;
           std::string h = f.substr(7);
-          refs.push_back({std::string(ids[i][0].str()), reply_u64(ids[i][1]), h});
+          refs.push_back({std::string(ids[i][0].str()), gen, h});
           alive.emplace(h, true);
         }
       }
@@ -148,6 +212,15 @@ class Sessions {
                                   " to '" + ref.name + "'");
         } catch (const NotFound&) {
         } catch (const InvalidArgument&) {  // released meanwhile
+        } catch (const ConnectionError&) {
+          throw;
+        } catch (const TimeoutError&) {
+          throw;
+        } catch (const NotLeader&) {
+          throw;
+        } catch (const std::exception& e) {  // this record's trouble, not the round's
+          log(LogLevel::warn, "gc: dropping dead holder " + ref.holder + "'s reference to '" + ref.name +
+                                  "': " + e.what());
         }
       }
       rep.dead_holders = dead.size();
@@ -158,10 +231,13 @@ class Sessions {
     if (!all.empty()) {
       std::vector<redis::Command> ex;
       for (const auto& m : all) ex.push_back({"GET", keys.session(m)});
-      auto r = c.pipeline(ex);
+      std::vector<std::exception_ptr> errs;
+      auto r = c.pipeline(ex, &errs);
       std::vector<std::string> gone, live;
-      for (std::size_t i = 0; i < all.size(); ++i)
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (r[i].is_error()) continue;  // not a session value: not ours to judge
         (r[i].is_nil() || session_proves_death(r[i].str(), ctx_.node) ? gone : live).push_back(all[i]);
+      }
       for (const auto& g : gone) {
         // A key left by a process proven gone goes now rather than at expiry.
         c.pipeline({{"DEL", keys.session(g)}, {"SREM", keys.sessions(), g}});
@@ -199,10 +275,13 @@ class Sessions {
     for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
     for (const auto& h : dicts) ex.push_back({"EXISTS", keys.own_prefix() + "dict:" + h.substr(kDictHolder.size())});
     if (ex.empty()) return;
-    auto r = c.pipeline(ex);
+    std::vector<std::exception_ptr> errs;
+    auto r = c.pipeline(ex, &errs);
+    // A key that cannot be read (wrong type) proves nothing: alive.
     for (std::size_t i = 0; i < sess.size(); ++i)
-      alive[sess[i]] = !r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node);
-    for (std::size_t i = 0; i < dicts.size(); ++i) alive[dicts[i]] = r[sess.size() + i].integer() == 1;
+      alive[sess[i]] = r[i].is_error() || (!r[i].is_nil() && !session_proves_death(r[i].str(), ctx_.node));
+    for (std::size_t i = 0; i < dicts.size(); ++i)
+      alive[dicts[i]] = r[sess.size() + i].is_error() || r[sess.size() + i].integer() == 1;
   }
 
   // Drops the references dead holders have to state-dict records, and
@@ -218,10 +297,12 @@ class Sessions {
       rks.push_back(keys.own_prefix() + "dict:" + idv.back());
       hk.push_back({"HKEYS", rks.back()});
     }
-    auto fields = c.pipeline(hk);
+    std::vector<std::exception_ptr> errs;
+    auto fields = c.pipeline(hk, &errs);
     std::map<std::string, bool> alive;
     std::vector<std::pair<std::size_t, std::string>> refs;  // record index, holder
     for (std::size_t i = 0; i < rks.size(); ++i) {
+      if (fields[i].is_error()) continue;  // not a dict record: left alone
       if (fields[i].size() == 0) {
         c.command({"SREM", keys.dict_ids(), idv[i]});
         continue;
@@ -242,6 +323,21 @@ class Sessions {
         log(LogLevel::info, "gc: dropped the references of dead holder " + h + " to state dict record " + idv[i]);
       }
     }
+  }
+
+  // The name a record key is listed under ("" for an unlinked record).
+  std::string name_of(const std::string& record_key) const {
+    const std::string tp = ctx_.keys.tensor_prefix();
+    return record_key.starts_with(tp) ? record_key.substr(tp.size()) : std::string();
+  }
+
+  void quarantine_wrong_type(redis::Connection& c, const std::string& record_key, GcReport& rep) {
+    auto t = c.command({"TYPE", record_key});
+    const std::string type(t.str());
+    if (type == "hash" || type == "none") return;  // changed meanwhile
+    if (quarantine::move(c, ctx_.keys, record_key, name_of(record_key), "type:" + type,
+                         "a " + type + " where a tensor record (a hash) belongs"))
+      ++rep.records_quarantined;
   }
 
   std::string removed_or_named(redis::Connection& c, const std::string& name, std::uint64_t gen) {
