@@ -72,6 +72,14 @@ constexpr CommandDoc kDocs[] = {
     {"gc", "gc", "memcuda gc", "collect garbage now: drop references of dead processes, report what was reclaimed",
      "Dead holders are expired registry sessions and JSON client pids that no longer exist on\n"
      "this machine. The allocator of record also does this every gc_interval on its own.\n"},
+    {"quarantine", "quarantine [clear ID...|--all]", "memcuda quarantine [clear ID... | clear --all]",
+     "list malformed records the allocator of record moved aside, or delete them",
+     "A key of the wrong Redis type under a tensor's name, or a record whose fields do not\n"
+     "parse, is moved aside by the allocator of record's garbage collection (its data kept,\n"
+     "unchanged) so that it breaks nothing else. Without operands: the quarantined records,\n"
+     "their ids and why. `clear ID...` deletes them for good; exit code 2 when an id was not\n"
+     "quarantined.\n"
+     "  --all   with clear: every quarantined record\n"},
     {"leader", "leader", "memcuda leader", "who holds the allocator-of-record lease",
      "Exit code 3 when nobody does (start one with `memcuda serve`).\n"},
     {"stats", "stats [--prometheus]", "memcuda stats [--prometheus]",
@@ -114,6 +122,7 @@ const std::map<std::string, std::vector<OptionSpec>, std::less<>>& command_optio
       {"get-many", {{"--prefix", true}, {"--glob", true}}},
       {"create-many", create_options},
       {"gc", {}},
+      {"quarantine", {{"--all", false}}},
       {"leader", {}},
       {"stats", {{"--prometheus", false}}},
       {"serve", {{"--backend", true}, {"--lease-ttl", true}}},
@@ -429,10 +438,12 @@ int cmd_gc(Context& c) {
     print_json(json::object{{"dead_holders", r.dead_holders},
                             {"references_dropped", r.references_dropped},
                             {"tensors_freed", r.tensors_freed},
-                            {"sessions_pruned", r.sessions_pruned}});
+                            {"sessions_pruned", r.sessions_pruned},
+                            {"records_quarantined", r.records_quarantined}});
   } else {
     std::cout << "dead holders " << r.dead_holders << ", references dropped " << r.references_dropped
-              << ", tensors freed " << r.tensors_freed << ", stale sessions pruned " << r.sessions_pruned << "\n";
+              << ", tensors freed " << r.tensors_freed << ", stale sessions pruned " << r.sessions_pruned
+              << ", malformed records quarantined " << r.records_quarantined << "\n";
   }
   return kOk;
 }
@@ -648,10 +659,11 @@ int cmd_serve(Context& c) {
     LeaderInfo l;
     try {
       l = reg->stats().leader;
-    } catch (const AuthError&) {
-      throw;  // credentials no longer accepted: serving cannot go on
     } catch (const RedisError&) {
-      l = {};  // Redis is away for now; the control thread keeps trying
+      // Redis is away, or refuses our credentials for now (a password
+      // rotation): the control thread keeps trying, and this process keeps
+      // what it owns.
+      l = {};
     }
     if (c.json) {
       json::object ev{{"event", leader ? "leader" : "follower"}};
@@ -812,6 +824,7 @@ int cmd_cat(Context& c) {
 }
 
 #include "cli/batch_commands.hpp"
+#include "cli/quarantine_command.hpp"
 
 // ---- main -----------------------------------------------------------------
 
@@ -821,6 +834,7 @@ int dispatch(Context& c) {
   if (cmd == "info") return cmd_info(c);
   if (cmd == "rm") return cmd_rm(c);
   if (cmd == "gc") return cmd_gc(c);
+  if (cmd == "quarantine") return cmd_quarantine(c);
   if (cmd == "leader") return cmd_leader(c);
   if (cmd == "stats") return cmd_stats(c);
   if (cmd == "serve") return cmd_serve(c);
@@ -880,6 +894,9 @@ int run(const std::vector<std::string>& argv) {
       c.url_origin = env && *env ? std::string(redis::kUrlEnv) : "the default";
       c.redis = redis::options_from_env();
     }
+    // The password file applies whichever way the address came (a secret
+    // kept out of the URL, hence out of `ps`).
+    if (const char* pf = std::getenv(redis::kPasswordFileEnv); pf && *pf) c.redis.password_file = pf;
     c.name_space = c.args.get("--namespace").value_or("");
     return dispatch(c);
   } catch (...) {

@@ -75,6 +75,19 @@ struct GcReport {
   // process held them.
   std::uint64_t tensors_migrated = 0;
   std::uint64_t tensors_lost = 0;
+  // Malformed records moved aside (a key of the wrong Redis type under a
+  // listed name, fields that do not parse): TensorRegistry::quarantined().
+  std::uint64_t records_quarantined = 0;
+};
+
+// A malformed record the allocator of record moved aside so that it stops
+// breaking listings, garbage collection and creates of its name. Its data
+// is kept, unchanged, under `key` until cleared (`memcuda quarantine`).
+struct QuarantinedRecord {
+  std::string id;      // what clear_quarantined() takes: "tensor:<name>" or "removed:<generation>"
+  std::string key;     // the Redis key that holds the record's data now
+  std::string reason;  // why it was moved
+  std::int64_t since_ms = 0;  // Unix time in ms it was moved
 };
 
 struct RegistryStats {
@@ -85,6 +98,8 @@ struct RegistryStats {
   std::uint64_t bytes = 0;
   std::vector<DeviceUsage> per_device;
   std::uint64_t queue_length = 0;  // commands waiting in tensor_lifecycle
+  std::uint64_t quarantined = 0;   // malformed records moved aside (TensorRegistry::quarantined)
+  std::uint64_t unreadable = 0;    // listed names whose record could not be read (skipped)
   ProcessStats process;
 };
 

@@ -121,6 +121,13 @@ class TensorRegistry {
   // record does this every gc_interval on its own.
   GcReport collect_garbage();
 
+  // Malformed records the allocator of record moved aside (a key of the
+  // wrong Redis type under a listed name, fields that do not parse), and
+  // deleting one for good by its id (false: no such record). Their data is
+  // kept unchanged until cleared; `memcuda quarantine` does the same.
+  std::vector<QuarantinedRecord> quarantined();
+  bool clear_quarantined(std::string_view id);
+
   // Returns the allocator of record's empty slabs to the driver now (in
   // this process, when it is the leader; the control thread also does it
   // on its own). Returns the bytes released.

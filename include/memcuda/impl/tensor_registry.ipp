@@ -43,6 +43,17 @@ SharedTensor<void> TensorRegistry::create_any(std::string_view name, DType dtype
 }
 
 GcReport TensorRegistry::collect_garbage() { return core().collect_garbage_now(); }
+std::vector<QuarantinedRecord> TensorRegistry::quarantined() {
+  auto& c = core();
+  auto conn = c.ctx.pool.acquire();
+  return detail::quarantine::list(*conn, c.ctx.keys);
+}
+bool TensorRegistry::clear_quarantined(std::string_view id) {
+  if (id.empty()) throw InvalidArgument("clear_quarantined: empty id");
+  auto& c = core();
+  auto conn = c.ctx.pool.acquire();
+  return detail::quarantine::clear(*conn, c.ctx.keys, id);
+}
 std::uint64_t TensorRegistry::trim() { return core().trim_now(); }
 void TensorRegistry::reset_peak() { core().alloc.reset_peaks(); }
 void TensorRegistry::remove(std::string_view name) {

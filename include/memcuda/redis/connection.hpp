@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <fstream>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -514,9 +515,9 @@ class Connection {
     adopt(std::move(c));
     set_timeout(opts_.command_timeout, "connect");
     if (opts_.transport == Options::Transport::tcp) redisEnableKeepAlive(ctx_.get());
-    if (!opts_.password.empty()) {
-      Reply r = opts_.user.empty() ? handshake({"AUTH", opts_.password})
-                                   : handshake({"AUTH", opts_.user, opts_.password});
+    const std::string password = opts_.password_file.empty() ? opts_.password : read_password_file();
+    if (!password.empty()) {
+      Reply r = opts_.user.empty() ? handshake({"AUTH", password}) : handshake({"AUTH", opts_.user, password});
       if (r.is_error()) {
         auto err = reply_error("AUTH", r.view().str());
         drop();
@@ -532,6 +533,22 @@ class Connection {
         std::rethrow_exception(err);
       }
     }
+  }
+
+  // The first line of Options::password_file, read now (a rotated secret
+  // counts from the next connect). An unreadable file is an AuthError:
+  // waiting does not fix it, and the message names the file.
+  std::string read_password_file() {
+    std::ifstream in(opts_.password_file);
+    std::string line;
+    if (!in || !std::getline(in, line)) {
+      const int e = errno;
+      drop();
+      throw AuthError("cannot read the Redis password file " + opts_.password_file + ": " +
+                      (e ? std::strerror(e) : "empty file"));
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return line;
   }
 
   // One command during connect; error replies come back as replies.

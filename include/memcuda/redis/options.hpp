@@ -42,6 +42,11 @@ struct Options {
   std::string path;      // unix socket path (Transport::unix_socket)
   std::string user;      // ACL user; empty means the default user
   std::string password;  // empty: no AUTH
+  // A file holding the password (its first line), read at every connect,
+  // so a rotated secret (a Kubernetes Secret volume, a vault agent's file)
+  // is picked up at the next reconnect without a restart. Overrides
+  // `password`; MEMCUDA_REDIS_PASSWORD_FILE sets it (options_from_env).
+  std::string password_file;
   int db = 0;
 
   // Bounds one connect(2) (must be > 0).
@@ -91,7 +96,8 @@ struct Options {
       if (port < 1 || port > 65535) bad("port " + std::to_string(port) + " is out of range [1, 65535]");
     }
     if (db < 0 || db > kMaxDb) bad("db " + std::to_string(db) + " is out of range [0, 65535]");
-    if (!user.empty() && password.empty()) bad("ACL user '" + user + "' given without a password");
+    if (!user.empty() && password.empty() && password_file.empty())
+      bad("ACL user '" + user + "' given without a password");
     if (connect_timeout.count() <= 0) bad("connect_timeout must be positive");
     if (command_timeout.count() < 0) bad("command_timeout must not be negative (zero: none)");
     if (reconnect_timeout.count() < 0) bad("reconnect_timeout must not be negative");
@@ -356,15 +362,23 @@ inline Options parse_url(std::string_view url) {
 
 // Options from MEMCUDA_REDIS_URL when set and non-empty, else the default URL.
 // A malformed variable throws InvalidArgument naming the variable.
+inline constexpr const char* kPasswordFileEnv = "MEMCUDA_REDIS_PASSWORD_FILE";
+
 inline Options options_from_env() {
   const char* env = std::getenv(kUrlEnv);
-  if (!env || !*env) return parse_url(kDefaultUrl);
-  try {
-    return parse_url(env);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(std::string(kUrlEnv) + ": " + e.what() +
-                          "; fix or unset the variable (default " + std::string(kDefaultUrl) + ")");
+  Options o;
+  if (!env || !*env) {
+    o = parse_url(kDefaultUrl);
+  } else {
+    try {
+      o = parse_url(env);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string(kUrlEnv) + ": " + e.what() +
+                            "; fix or unset the variable (default " + std::string(kDefaultUrl) + ")");
+    }
   }
+  if (const char* f = std::getenv(kPasswordFileEnv); f && *f) o.password_file = f;
+  return o;
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

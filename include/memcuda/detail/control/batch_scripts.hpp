@@ -30,7 +30,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 //    | {name, 'ok', HGETALL...} (no usable desc: a record of a
 //    single create, or republished) | {name, 'notfound'} | {name, 'lost',
 //    HGETALL of the marker} | {name, 'state', s} | {name, 'dtype', d}
-//    | {name, 'node', n}
+//    | {name, 'node', n} | {name, 'corrupt', what} (no reference taken)
 // One HMGET of 8 small fields instead of an HGETALL of ~23 per name: the
 // HGETALL and its nested reply were most of a 291-name batch's time in
 // Redis (docs/protocol.md, "The desc field").
@@ -40,7 +40,7 @@ if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[3] then
 end
 local function take(name, tkey, lkey, dtype)
   local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node', 'desc', 'generation', 'epoch', 'event_handle',
-                      'event_version')
+                      'event_version', 'refcount')
   if not f[1] then
     if redis.call('EXISTS', lkey) == 1 then return {name, 'lost', redis.call('HGETALL', lkey)} end
     return {name, 'notfound'}
@@ -48,6 +48,10 @@ local function take(name, tkey, lkey, dtype)
   if f[1] ~= 'ready' then return {name, 'state', f[1]} end
   if dtype ~= '' and f[2] ~= dtype then return {name, 'dtype', f[2]} end
   if f[3] ~= ARGV[2] then return {name, 'node', f[3]} end
+  local n = tonumber(f[9])
+  if not tonumber(f[5]) or (f[9] and (not n or n < 0)) then
+    return {name, 'corrupt', 'generation ' .. tostring(f[5]) .. ', refcount ' .. tostring(f[9])}
+  end
   local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
   redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1)
   -- The desc, when of version M1 and ending with this epoch's and this

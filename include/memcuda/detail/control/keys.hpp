@@ -91,6 +91,17 @@ class Keys {
   std::string removed_prefix() const { return prefix_ + "memcuda:removed:"; }
   std::string moved_prefix() const { return prefix_ + "memcuda:moved:"; }
   std::string lost_prefix() const { return prefix_ + "memcuda:lost:"; }
+  // Where a malformed record is moved aside (detail/registry/quarantine.hpp):
+  // `record_key` is one of this namespace's record keys (tensor(), removed()),
+  // kept under its own suffix ("tensor:X", "removed:42"); and the Hash that
+  // indexes them (that suffix -> why).
+  std::string quarantine(std::string_view record_key) const {
+    std::string_view k = record_key;
+    const std::string own = own_prefix();
+    if (k.starts_with(own)) k.remove_prefix(own.size());
+    return own + "quarantine:" + std::string(k);
+  }
+  std::string quarantined() const { return prefix_ + "memcuda:quarantined"; }
   // The prefix every key of the registry itself starts with.
   std::string own_prefix() const { return prefix_ + "memcuda:"; }
 

@@ -103,12 +103,13 @@ return {'ok', gen, rc}
 // -> {'ok', HGETALL...} | {'same', refcount} (the cached record is current:
 //    same generation and event version, nothing else changes after creation)
 //    | {'notfound'} | {'lost', HGETALL of the marker} | {'state', s} | {'dtype', d}
-//    | {'node', n} | {'notleader', token}
+//    | {'node', n} | {'notleader', token} | {'corrupt', what} (no reference
+//    taken: the generation or refcount field does not parse, or is negative)
 inline constexpr const char* kAcquire = R"lua(
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
   return {'notleader', tostring(redis.call('GET', KEYS[2]))}
 end
-local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node', 'generation', 'event_version')
+local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node', 'generation', 'event_version', 'refcount')
 if not f[1] then
   if redis.call('EXISTS', KEYS[3]) == 1 then return {'lost', redis.call('HGETALL', KEYS[3])} end
   return {'notfound'}
@@ -116,6 +117,10 @@ end
 if f[1] ~= 'ready' then return {'state', f[1]} end
 if ARGV[2] ~= '' and f[2] ~= ARGV[2] then return {'dtype', f[2]} end
 if f[3] ~= ARGV[3] then return {'node', f[3]} end
+local n = tonumber(f[6])
+if not tonumber(f[4]) or (f[6] and (not n or n < 0)) then
+  return {'corrupt', 'generation ' .. tostring(f[4]) .. ', refcount ' .. tostring(f[6])}
+end
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
 redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1)
 if ARGV[5] ~= '' and f[4] == ARGV[5] and f[5] == ARGV[6] then return {'same', rc} end

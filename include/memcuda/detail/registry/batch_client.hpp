@@ -290,6 +290,7 @@ class BatchClient {
         return error_of(Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it"));
       return error_of(NotFound("tensor '" + name + "' is not ready (state " + std::string(e[2].str()) + ")"));
     }
+    if (st == "corrupt") return error_of(corrupt_record(name, e[2].str()));
     return error_of(InternalError("the acquire_many script returned '" + st + "' for '" + name +
                                   "', a status this version of mem-cuda does not know"));
   }

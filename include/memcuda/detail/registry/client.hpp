@@ -71,7 +71,7 @@ class Client {
       t = std::move(*cached);
       t.refcount = reply_int(r[1]);
     } else {
-      t = check_acquire(r, std::string(name), dtype);
+      t = checked(r, std::string(name), dtype, ctx_.session);
       TensorInfo keep = t;
       keep.holders.clear();  // changes all the time; reg.info() has the truth
       std::lock_guard lk(cache_mu_);
@@ -81,10 +81,35 @@ class Client {
     return adopt_reference(std::move(t));
   }
 
+  // check_acquire, and when the script took a reference to a record that
+  // does not decode, `holder`'s reference given back before the error is
+  // thrown (else it would be held until the holder ends).
+  TensorInfo checked(const redis::Reply& r, const std::string& name, std::optional<DType> dtype,
+                     const std::string& holder) {
+    try {
+      return check_acquire(r, name, dtype);
+    } catch (const ProtocolError&) {
+      if (script_status(r) != "ok") throw;
+      std::uint64_t gen = 0;
+      for (auto& [f, v] : fields_from_reply(r[1]))
+        if (f == "generation") gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
+      if (gen) {
+        try {
+          auto c = ctx_.pool.acquire();
+          alloc_.release(*c, name, gen, holder, "");
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, "giving back the reference to corrupt record '" + name + "': " + e.what());
+        }
+      }
+      throw;
+    }
+  }
+
   // The outcome of an acquire script run for `name` (leader or client).
   TensorInfo check_acquire(const redis::Reply& r, const std::string& name, std::optional<DType> dtype) {
     const std::string st = script_status(r);
     if (st == "ok") return protocol::decode_record(fields_from_reply(r[1]));
+    if (st == "corrupt") throw corrupt_record(name, r[1].str());
     if (st == "notfound") throw NotFound("no tensor named '" + name + "'");
     if (st == "dtype")
       throw TypeMismatch("tensor '" + name + "' holds " + std::string(r[1].str()) + ", not " +
@@ -260,7 +285,8 @@ class Client {
     return protocol::decode_record(fields_from_reply(r.view()));
   }
 
-  std::vector<TensorInfo> list(std::string_view pattern) {
+  // `unreadable`, when given, counts the records skipped as unreadable.
+  std::vector<TensorInfo> list(std::string_view pattern, std::uint64_t* unreadable = nullptr) {
     auto c = ctx_.pool.acquire();
     auto names = c->command({"SMEMBERS", ctx_.keys.names()});
     std::vector<std::string> selected;
@@ -273,13 +299,22 @@ class Client {
     for (const auto& n : selected) cmds.push_back({"HGETALL", ctx_.keys.tensor(n)});
     std::vector<TensorInfo> out;
     if (cmds.empty()) return out;
-    auto replies = c->pipeline(cmds);
-    for (auto& r : replies) {
+    // A record that cannot be read (a key of the wrong type, fields that do
+    // not parse) is skipped and counted, never the listing's failure; the
+    // allocator of record's GC quarantines it.
+    std::vector<std::exception_ptr> errs;
+    auto replies = c->pipeline(cmds, &errs);
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      auto& r = replies[i];
+      if (r.is_error()) {
+        note_unreadable(selected[i], r.view().str(), unreadable);
+        continue;
+      }
       if (r.size() == 0) continue;  // removed meanwhile
       try {
         out.push_back(protocol::decode_record(fields_from_reply(r.view())));
-      } catch (const ProtocolError& e) {
-        log(LogLevel::warn, std::string("skipping a corrupt record: ") + e.what());
+      } catch (const std::exception& e) {
+        note_unreadable(selected[i], e.what(), unreadable);
       }
     }
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -350,6 +385,11 @@ class Client {
       release_now(t.name, t.generation);
       throw;
     }
+  }
+
+  static void note_unreadable(const std::string& name, std::string_view why, std::uint64_t* n) {
+    if (n) ++*n;
+    log(LogLevel::warn, "listing: skipping the unreadable record of '" + name + "': " + std::string(why));
   }
 
   Context& ctx_;

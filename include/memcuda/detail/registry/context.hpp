@@ -151,6 +151,14 @@ inline std::string script_status(const redis::Reply& r) {
 
 // A status the code does not know: a bug or a script of another version,
 // never a lost lease (only 'notleader' says that).
+// A record the acquire scripts refused to take a reference to: its
+// generation or refcount does not parse or is negative.
+inline ProtocolError corrupt_record(const std::string& name, std::string_view what) {
+  return ProtocolError(ProtocolErrc::bad_record, "the record of '" + name + "' is corrupt (" + std::string(what) +
+                                                     "): no reference taken; the allocator of record quarantines "
+                                                     "it (`memcuda quarantine`)");
+}
+
 [[noreturn]] inline void unexpected_status(std::string_view script, std::string_view status) {
   throw InternalError("the " + std::string(script) + " script returned '" + std::string(status) +
                       "', a status this version of mem-cuda does not know");

@@ -134,13 +134,6 @@ class Core {
   // queued: two atomic loads.
   void see_own_releases() { (void)ReleaseQueue::instance().flush(ctx.opts.request_timeout); }
 
-  // One garbage-collection round of the allocator of record (its thread).
-  void gc_round(redis::Connection& c) {
-    auto token = lease.current().first;
-    sessions.collect(c, token);
-    migration.round(c, token);
-  }
-
   GcReport collect_garbage_now() {
     auto c = ctx.pool.acquire();
     auto [token, epoch] = lease.current();
@@ -168,7 +161,7 @@ class Core {
 
   RegistryStats stats() {
     RegistryStats s;
-    auto all = client.list("*");
+    auto all = client.list("*", &s.unreadable);
     std::map<std::pair<int, int>, DeviceUsage> per;
     for (const auto& t : all) {
       ++s.tensors;
@@ -185,6 +178,7 @@ class Core {
       auto c = ctx.pool.acquire();
       s.leader = client.read_leader(*c);
       s.queue_length = static_cast<std::uint64_t>(c->command({"LLEN", ctx.keys.lifecycle()}).integer());
+      s.quarantined = static_cast<std::uint64_t>(c->command({"HLEN", ctx.keys.quarantined()}).integer());
       s.sessions = sessions.live(*c);
       if (is_leader()) {
         s.pools = alloc.pool_stats();
@@ -245,7 +239,5 @@ class Core {
 
 };
 
-// The old name of the core (tools and tests of earlier versions).
-using RegistryCore = Core;
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

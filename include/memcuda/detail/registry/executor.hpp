@@ -44,14 +44,16 @@ class Executor {
         break;
       }
       case protocol::Op::get: {
+        refuse_session_holder(cmd);
         auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name)},
                                            {holder_of(cmd), "", ctx_.node, token, "", ""});
-        auto t = client_.check_acquire(r, cmd.name, std::nullopt);
+        auto t = client_.checked(r, cmd.name, std::nullopt, holder_of(cmd));
         rep.generation = t.generation;
         rep.refcount = t.refcount;
         break;
       }
       case protocol::Op::del: {
+        refuse_session_holder(cmd);
         std::uint64_t gen = cmd.generation.value_or(0);
         if (!gen) {
           auto g = c.command({"HGET", k.tensor(cmd.name), "generation"});
@@ -69,16 +71,38 @@ class Executor {
           rep.tensors->push_back({cmd.tensors[i].name, made[i].generation, made[i].refcount});
         break;
       }
-      case protocol::Op::free:
-        alloc_.free_unlinked(c, cmd.generation.value_or(0));
+      case protocol::Op::free: {
+        // Sent by the release that dropped a tensor's last reference, which
+        // left its record unlinked with refcount 0. Anything else (a live
+        // tensor's generation) would free memory in use: refused.
+        const std::uint64_t gen = cmd.generation.value_or(0);
+        auto rc = c.command({"HGET", k.removed(gen), "refcount"});
+        if (rc.is_nil() || rc.str() != "0")
+          throw InvalidArgument("free of generation " + std::to_string(gen) +
+                                ": no unlinked tensor of that generation without references (free is sent by "
+                                "the release that dropped a tensor's last reference; use delete to release)");
+        alloc_.free_unlinked(c, gen);
         rep.generation = cmd.generation;
         break;
+      }
     }
     if (MEMCUDA_FAULT("executor.after_execute")) throw ConnectionError("fault point executor.after_execute");
     return rep;
   }
 
  private:
+  // A registry session's references belong to its process: only it drops
+  // them (its release queue), and it takes them with its own scripts, never
+  // through this list. A JSON command naming a session as its holder could
+  // drop a live process's reference and free memory it still uses.
+  static void refuse_session_holder(const protocol::Command& cmd) {
+    if (cmd.holder && HolderId::is_session_id(*cmd.holder))
+      throw InvalidArgument("holder '" + *cmd.holder + "' is a registry session: a JSON " +
+                            std::string(to_string(cmd.op)) +
+                            " cannot take or drop a registry's references (use your own holder: your pid, "
+                            "\"pid\": N, or a name of your own)");
+  }
+
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;

@@ -108,14 +108,20 @@ class Migration {
     if (!rkeys.empty()) {
       std::vector<redis::Command> cmds;
       for (const auto& k : rkeys) cmds.push_back({"HMGET", k, "owner", "owner_pid", "node", "state", "ipc_handle"});
-      auto rs = c.pipeline(cmds);
+      std::vector<std::exception_ptr> errs;  // a key of the wrong type is GC's to quarantine, not the round's end
+      auto rs = c.pipeline(cmds, &errs);
       for (std::size_t i = 0; i < rkeys.size(); ++i) {
+        if (rs[i].is_error()) continue;
         if (!rs[i][4].is_nil()) seen.insert(std::string(rs[i][4].str()));
         if (rs[i][0].is_nil() || rs[i][2].is_nil() || rs[i][3].is_nil()) continue;
         std::string owner(rs[i][0].str());
         if (owner == ctx_.session || rs[i][2].str() != ctx_.node) continue;
         if (!dead.count(owner)) {
-          std::int64_t pid = rs[i][1].is_nil() ? 0 : reply_int(rs[i][1]);
+          std::int64_t pid = 0;
+          try {
+            if (!rs[i][1].is_nil()) pid = reply_int(rs[i][1]);
+          } catch (const std::exception&) {  // unreadable: judged by the session alone
+          }
           dead[owner] = !ctx_.owner_alive(c, owner, pid);
         }
         if (!dead[owner]) continue;
