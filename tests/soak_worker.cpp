@@ -141,7 +141,9 @@ class Soak {
 local n, where = 0, {}
 for _, pat in ipairs({'memcuda:tensor:*', 'memcuda:removed:*'}) do
   for _, k in ipairs(redis.call('KEYS', pat)) do
-    local v = tonumber(redis.call('HGET', k, 'holder:' .. ARGV[1]) or '0')
+    -- a key of another type (a fault a test injected) holds no reference
+    local v = 0
+    if redis.call('TYPE', k)['ok'] == 'hash' then v = tonumber(redis.call('HGET', k, 'holder:' .. ARGV[1]) or '0') or 0 end
     if v > 0 then
       n = n + v
       table.insert(where, k .. ' (generation ' .. tostring(redis.call('HGET', k, 'generation')) .. ') x' .. v)

@@ -388,4 +388,47 @@ TEST_CASE("vmm: cuMem backend", "[gpu][vmm]") {
   MEMCUDA_SKIP("built without the CUDA toolkit (MEMCUDA_CUDA=OFF or not found)");
 }
 
+// A graceful stop (the registry destroyed, as at SIGTERM of `memcuda serve`)
+// of the allocator of record with a standby: the standby already holds every
+// fd (the stop waits for it), adopts every allocation in place once the
+// stopped session is gone, and a reader sees every byte; nothing is copied.
+TEST_CASE("vmm: a graceful stop of the allocator of record with a standby hands over: nothing lost, nothing copied",
+          "[gpu][vmm]") {
+  MEMCUDA_REQUIRE_VMM();
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto a = worker(srv, "vmm");
+  REQUIRE(ready(*a));
+  auto s = worker(srv, "vmm");
+  CHECK_FALSE(ready(*s));
+  std::map<std::string, std::string> digest;
+  std::uint64_t seed = 11;
+  for (const std::string& spec : {"g_small 1000", "g_big 50000000"}) {
+    const std::string name = spec.substr(0, spec.find(' '));
+    REQUIRE(starts_with(a->ask("createp " + spec + " 0", 30s), "OK"));
+    REQUIRE(a->ask("pattern " + name + " " + std::to_string(seed++), 30s) == "OK");
+    digest[name] = field(a->ask("digest " + name, 30s), "fnv");
+    REQUIRE(a->ask("release " + name) == "OK");
+  }
+  REQUIRE(a->ask("exit", 30s) == "OK");
+  CHECK(a->wait() == 0);
+  const std::string s_pid = std::to_string(s->pid());
+  REQUIRE(eventually([&] { return s->ask("leader") == "OK leader=1"; }));
+  REQUIRE(eventually([&] {
+    for (const auto& [n, d] : digest)
+      if (hget(c, "memcuda:tensor:" + n, "owner_pid") != s_pid) return false;
+    return true;
+  }));
+  auto d = worker(srv, "vmm", {"--no-control"});
+  CHECK_FALSE(ready(*d));
+  for (const auto& [n, dg] : digest) {
+    INFO(n);
+    CHECK(c.command({"EXISTS", "memcuda:lost:" + n}).integer() == 0);
+    REQUIRE(starts_with(d->ask("get " + n, 30s), "OK"));
+    CHECK(field(d->ask("digest " + n, 30s), "fnv") == dg);
+    REQUIRE(d->ask("release " + n) == "OK");
+  }
+  CHECK(field(s->ask("stats"), "copied_bytes") == "0");
+}
+
 #endif

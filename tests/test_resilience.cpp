@@ -27,9 +27,12 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/detail/fault.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "support/gpu.hpp"
 #include "support/process.hpp"
+#include "support/skip.hpp"
 #include "support/redis_server.hpp"
 
 using namespace memcuda;
@@ -366,4 +369,47 @@ TEST_CASE("a password rotation through the password file loses nothing, and lead
       return false;
     }
   }));
+}
+
+TEST_CASE("a leader whose control loop stalls gives its lease up and a standby serves", "[redis][resilience]") {
+  test::RedisServer srv;
+  auto ao = opts_for(srv, true);
+  ao.serve_stall_timeout = 300ms;
+  TensorRegistry a(ao);
+  REQUIRE(a.is_leader());
+  TensorRegistry b(opts_for(srv, true));
+  REQUIRE_FALSE(b.is_leader());
+  struct Disarm {
+    ~Disarm() { detail::fault::disarm("control.stall"); }
+  } disarm;
+  detail::fault::arm("control.stall", 1);  // a's next pass sleeps 1 s: no pass completes for 3x the bound
+  REQUIRE(eventually([&] { return b.is_leader(); }, 5s));
+  CHECK_FALSE(a.is_leader());
+  TensorRegistry client(opts_for(srv, false));
+  auto t = client.create<float>("served", {4});
+  CHECK(t.info().owner == b.session_id());
+}
+
+TEST_CASE("cuda: a create for a device the allocator of record cannot use is refused, and cuda creates go on",
+          "[gpu][resilience]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  auto o = opts_for(srv, true);
+  o.default_backend = BackendKind::cuda;
+  TensorRegistry leader(o);
+  REQUIRE(leader.is_leader());
+  auto c = srv.connect();
+  auto bad = ask(c, {{"op", "create"}, {"name", "g"}, {"dtype", "float32"}, {"shape", boost::json::array{4}},
+                     {"backend", "cuda"}, {"device", 99}});
+  CHECK(status_of(bad) == "error");
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(200ms);
+    auto ok = ask(c, {{"op", "create"}, {"name", "d" + std::to_string(i)}, {"dtype", "float32"},
+                      {"shape", boost::json::array{4}}, {"backend", "cuda"}, {"device", 0}, {"pid", ::getpid()}},
+                  30s);
+    CHECK(status_of(ok) == "ok");
+  }
+  auto s = leader.stats();
+  CHECK(s.tensors == 3);
+  for (const auto& p : s.pools) CHECK(p.device == 0);
 }

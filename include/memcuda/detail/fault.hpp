@@ -16,6 +16,8 @@
 //   executor.after_execute execute ran, then the link dropped before the reply
 //   script.unknown_status  the next script status the registry checks reads
 //                          as a status it does not know
+//   control.stall          the leader's control loop sleeps 3 x serve_stall_timeout
+//                          (at least 1 s) in one pass, as a call stuck in the driver
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -73,6 +73,10 @@ class ControlLoop {
     auto next_recover = std::chrono::steady_clock::now();
     while (!st.stop_requested()) {
       try {
+        // A leader's loop stuck in a call (a driver that hangs): the
+        // heartbeat must give the lease up (tests/test_resilience.cpp).
+        if (core_->is_leader() && MEMCUDA_FAULT("control.stall"))
+          std::this_thread::sleep_for(std::max(3 * opts.serve_stall_timeout, std::chrono::milliseconds(1000)));
         auto now = std::chrono::steady_clock::now();
         if (now >= next_tick) {
           if (campaign) {
@@ -221,8 +225,9 @@ class ControlLoop {
     }
     wait_for_standbys(c);
     const std::size_t kept = core_->alloc.retain_for_handover();
-    log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) in " + std::to_string(kept) +
-                            " allocation(s) over to " + std::to_string(standbys) + " standby(s)");
+    log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) over to " +
+                            std::to_string(standbys) + " standby(s) (" + std::to_string(kept) +
+                            " shared-memory object(s) kept for adoption; cuMem memory lives on in their fds)");
     if (owned.legacy_ipc)
       log(LogLevel::warn, std::to_string(owned.legacy_ipc) +
                               " tensor(s) are legacy CUDA IPC allocations, whose memory dies with this process: "

@@ -68,9 +68,11 @@ class Sessions {
     c.pipeline({{"DEL", ctx_.keys.session(ctx_.session)}, {"SREM", ctx_.keys.sessions(), ctx_.session}});
   }
 
-  // Live sessions of this node, other than this one, that may become the
+  // Live sessions of this node, of other processes, that may become the
   // allocator of record (they run the control thread): the standbys a
-  // stopping leader hands over to.
+  // stopping leader hands over to. Another registry of this same process
+  // is none: it would judge this process alive until it exits, and then
+  // die with it.
   std::vector<std::string> standby_sessions(redis::Connection& c) {
     auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
     std::vector<std::string> ids;
@@ -89,7 +91,8 @@ class Sessions {
       if (r[i].is_error() || r[i].is_nil() || session_proves_death(r[i].str(), ctx_.node)) continue;
       try {
         auto s = protocol::decode_session(r[i].str());
-        if (s.allocator_capable && s.node == ctx_.node) out.push_back(ids[i]);
+        const bool same_process = s.pid == ::getpid() && s.pid_ns == pid_namespace_id();
+        if (s.allocator_capable && s.node == ctx_.node && !same_process) out.push_back(ids[i]);
       } catch (const std::exception&) {  // unreadable: not a standby we can count on
       }
     }
