@@ -973,3 +973,29 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   b->kill(SIGINT);
   CHECK(b->wait() == 0);
 }
+
+TEST_CASE("memcuda quarantine: lists a malformed record moved aside, clears it, stats count it", "[cli][redis]") {
+  test::RedisServer srv;
+  TensorRegistry reg(host_opts(srv, true));
+  REQUIRE(reg.is_leader());
+  auto c = srv.connect();
+  auto r = memcuda_cli(at(srv, {"quarantine"}));
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "no quarantined records"));
+  c.command({"SET", "memcuda:tensor:X", "junk"});
+  c.command({"SADD", "memcuda:names", "X"});
+  CHECK(memcuda_cli(at(srv, {"gc"})).code == 0);  // GC from any process quarantines
+  r = memcuda_cli(at(srv, {"quarantine"}));
+  INFO(r);
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "tensor:X\ta string where a tensor record (a hash) belongs"));
+  auto j = parse_json(memcuda_cli(at(srv, {"stats", "--json"})));
+  CHECK(j.at("quarantined").as_int64() == 1);
+  CHECK(memcuda_cli(at(srv, {"ls"})).code == 0);
+  CHECK(memcuda_cli(at(srv, {"quarantine", "clear"})).code == 1);  // usage
+  r = memcuda_cli(at(srv, {"quarantine", "clear", "tensor:X"}));
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "cleared tensor:X"));
+  CHECK(c.command({"EXISTS", "memcuda:quarantine:tensor:X"}).integer() == 0);
+  CHECK(memcuda_cli(at(srv, {"quarantine", "clear", "tensor:X"})).code == 2);  // not quarantined
+}

@@ -536,6 +536,7 @@ std::string prometheus_text(const RegistryStats& s) {
   w.family("memcuda_leader_epoch", "gauge", "Epoch of the allocator-of-record lease (counts takeovers).",
            s.leader.present ? std::vector<pm::Sample>{{{}, s.leader.epoch}} : std::vector<pm::Sample>{});
   w.gauge("memcuda_queue_length", "Lifecycle commands waiting for the allocator of record.", s.queue_length);
+  w.gauge("memcuda_quarantined_records", "Malformed records moved aside (memcuda quarantine).", s.quarantined);
   w.gauge("memcuda_sessions", "Live registry sessions.", s.sessions);
   return w.text();
 }
@@ -577,7 +578,9 @@ int cmd_stats(Context& c) {
                             {"leader", leader_json(s.leader)},
                             {"pools", pools},
                             {"sessions", s.sessions},
-                            {"queue_length", s.queue_length}});
+                            {"queue_length", s.queue_length},
+                            {"quarantined", s.quarantined},
+                            {"unreadable", s.unreadable}});
     return kOk;
   }
   std::cout << "tensors: " << s.tensors << ", " << human_bytes(s.bytes) << "\n";
@@ -610,6 +613,9 @@ int cmd_stats(Context& c) {
   }
   std::cout << "sessions: " << s.sessions << "\n";
   std::cout << "queue length: " << s.queue_length << "\n";
+  if (s.quarantined || s.unreadable)
+    std::cout << "malformed records: " << s.quarantined << " quarantined (`memcuda quarantine`), " << s.unreadable
+              << " unreadable and skipped\n";
   return kOk;
 }
 
