@@ -50,12 +50,15 @@ return 0
 // KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker
 // ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
-//    already done) | {'exists', generation} | {'notleader', current token}
-inline constexpr auto kCreate = join(kUnlinkDictFn, R"lua(
+//    already done) | {'exists', generation} | {'stray', key type} (the key is
+//    not a record of ours: no generation field, or not a Hash; left as it is)
+//    | {'notleader', current token}
+inline constexpr auto kCreate = join(kUnlinkDictFn, kStrayFn, R"lua(
 local lead = redis.call('GET', KEYS[3])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local g = redis.call('HGET', KEYS[1], 'generation')
+  local g, ty = record_generation(KEYS[1])
+  if not g then return {'stray', ty} end
   if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'create_id') == ARGV[3] then
     return {'replay', g, redis.call('HGET', KEYS[1], 'refcount')}
   end
@@ -176,8 +179,11 @@ return {'queued', gen}
 // releases.
 // KEYS: tensor, names, lifecycle   ARGV: key prefix, caller session
 // -> {'ok', generation, refcount} | {'free', generation} | {'queued', generation} | {'notfound'}
-inline constexpr auto kRemove = join(kUnlinkDictFn, R"lua(
+//    | {'stray', key type} (not a record of ours: left as it is)
+inline constexpr auto kRemove = join(kUnlinkDictFn, kStrayFn, R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'notfound'} end
+local rg, ty = record_generation(KEYS[1])
+if not rg then return {'stray', ty} end
 local f = redis.call('HMGET', KEYS[1], 'generation', 'name', 'owner', 'dict')
 unlink_dict(ARGV[1], f[4])
 local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]

@@ -207,8 +207,9 @@ class BatchClient {
       redis::ReplyView e = r[i];
       std::string name(e[0].str());
       const std::string st(e[1].str());
-      if (st == "notfound") {
-        out.errors.emplace(name, error_of(NotFound("no tensor named '" + name + "'")));
+      if (st == "notfound" || st == "stray") {
+        std::string why = st == "stray" ? ": " + stray_record(k.tensor(name), e[2].str()) : std::string();
+        out.errors.emplace(name, error_of(NotFound("no tensor named '" + name + "'" + why)));
         continue;
       }
       if (st == "free") c_.alloc.free_unlinked(*c, reply_u64(e[2]), true);

@@ -210,6 +210,7 @@ class Client {
     auto r = ctx_.scripts.remove.eval(*c, {k.tensor(name), k.names(), k.lifecycle()}, {k.prefix(), ctx_.session});
     const std::string st = script_status(r);
     if (st == "notfound") throw NotFound("no tensor named '" + std::string(name) + "'");
+    if (st == "stray") throw NotFound("no tensor named '" + std::string(name) + "': " + stray_record(k.tensor(name), r[1].str()));
     if (st == "free") alloc_.free_unlinked(*c, reply_u64(r[1]), true);
     else if (st != "ok" && st != "queued") unexpected_status("remove", st);
   }
