@@ -506,6 +506,44 @@ TEST_CASE("memcuda rm removes what exists and exits 2 for what is missing", "[cl
   CHECK(memcuda_cli(at(srv, {"rm"})).code == 1);
 }
 
+// Defect: `rm --prefix "$P"` with P unset removed every tensor and exited 0.
+TEST_CASE("memcuda rm --prefix with an empty prefix is refused, --all removes everything", "[cli][redis]") {
+  test::RedisServer srv;
+  TensorRegistry reg(host_opts(srv, true));
+  for (const char* n : {"p/a", "p/b", "other"}) reg.create<float>(n, {1}, persistent()).release();
+
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"rm", "--prefix", ""},
+                                               std::vector<std::string>{"rm", "--prefix="}}) {
+    auto r = memcuda_cli(at(srv, args));
+    INFO(r);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "--prefix is empty"));
+    CHECK(contains(r.err, "--all"));
+    CHECK(reg.list().size() == 3);
+  }
+  // --all goes alone
+  CHECK(memcuda_cli(at(srv, {"rm", "--all", "p/a"})).code == 1);
+  CHECK(memcuda_cli(at(srv, {"rm", "--all", "--prefix", "p/"})).code == 1);
+  CHECK(reg.list().size() == 3);
+  // a prefix that is not empty still works
+  auto r = memcuda_cli(at(srv, {"rm", "--prefix", "p/"}));
+  CHECK(r.code == 0);
+  CHECK(r.out == "removed p/a\nremoved p/b\n");
+  REQUIRE(reg.list().size() == 1);
+  reg.create<float>("p/c", {1}, persistent()).release();
+  r = memcuda_cli(at(srv, {"rm", "--all"}));
+  CHECK(r.code == 0);
+  CHECK(r.out == "removed other\nremoved p/c\n");
+  CHECK(reg.list().empty());
+
+  // the library: an empty prefix is an InvalidArgument, remove_all() says "everything"
+  reg.create<float>("q", {1}, persistent()).release();
+  CHECK_THROWS_AS(reg.remove_prefix(""), InvalidArgument);
+  CHECK(reg.list().size() == 1);
+  CHECK(reg.remove_all().removed == std::vector<std::string>{"q"});
+  CHECK(reg.list().empty());
+}
+
 TEST_CASE("memcuda leader: the lease holder, or exit 3 without one", "[cli][redis]") {
   test::RedisServer srv;
   auto r = memcuda_cli(at(srv, {"leader"}));

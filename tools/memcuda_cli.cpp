@@ -48,10 +48,12 @@ constexpr CommandDoc kDocs[] = {
     {"info", "info NAME", "memcuda info NAME", "every field of one tensor, and its holders",
      "Holders that name a process (a session \"<pid>-<hex>\" or \"pid:<pid>\") are shown with\n"
      "their pid and whether that pid is alive on this machine.\n"},
-    {"rm", "rm NAME... | --prefix P", "memcuda rm NAME... | memcuda rm --prefix P",
+    {"rm", "rm NAME... | --prefix P | --all", "memcuda rm NAME... | memcuda rm --prefix P | memcuda rm --all",
      "remove tensors by name or prefix, in one script (memory goes with the last holder)",
      "Exit code 2 when any name was not found; the others are still removed.\n"
-     "  --prefix P   every tensor whose name starts with P\n"},
+     "  --prefix P   every tensor whose name starts with P (not empty: an unset shell\n"
+     "               variable must not mean every tensor; that is --all)\n"
+     "  --all        every tensor of the registry (namespace)\n"},
     {"get-many", "get-many NAME... | --prefix P | --glob G",
      "memcuda get-many NAME... | memcuda get-many --prefix P | memcuda get-many --glob G",
      "open many tensors in one round trip and report each (references dropped at exit)",
@@ -110,7 +112,7 @@ const std::map<std::string, std::vector<OptionSpec>, std::less<>>& command_optio
   static const std::map<std::string, std::vector<OptionSpec>, std::less<>> m = {
       {"ls", {}},
       {"info", {}},
-      {"rm", {{"--prefix", true}}},
+      {"rm", {{"--prefix", true}, {"--all", false}}},
       {"get-many", {{"--prefix", true}, {"--glob", true}}},
       {"create-many", create_options},
       {"gc", {}},
