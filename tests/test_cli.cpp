@@ -782,7 +782,10 @@ TEST_CASE("memcuda: wrong password exits 5, no Redis exits 4, with what to do", 
   auto r = memcuda_cli({"--url", "redis://:" + wrong + "@127.0.0.1:" + port, "ls"});
   CHECK(r.code == 5);
   CHECK(contains(r.err, "memcuda: ls: Redis at redis://127.0.0.1:" + port + " rejected the credentials"));
-  CHECK(contains(r.err, "--url redis://:PASSWORD@"));
+  // the hint names the environment, not a password in --url (ps shows command lines)
+  CHECK(contains(r.err, "MEMCUDA_REDIS_PASSWORD"));
+  CHECK_FALSE(contains(r.err, ":PASSWORD@"));
+  CHECK_FALSE(contains(r.err, "--url redis://"));
   CHECK_FALSE(contains(r.err, wrong));  // the password is never echoed
   r = memcuda_cli({"--url", "redis://127.0.0.1:" + port, "stats"});
   CHECK(r.code == 5);
@@ -792,6 +795,15 @@ TEST_CASE("memcuda: wrong password exits 5, no Redis exits 4, with what to do", 
   CHECK(parse_json(r).at("error").at("exit_code").as_int64() == 5);
   CHECK(parse_json(r).at("error").at("code").as_string() == "redis_auth");
   CHECK(memcuda_cli({"--url", "redis://:s3cret@127.0.0.1:" + port, "ls"}).code == 0);
+  // the password from the environment, for a URL (given or from MEMCUDA_REDIS_URL) that has none
+  CHECK(memcuda_cli({"--url", "redis://127.0.0.1:" + port, "ls"}, {{redis::kPasswordEnv, "s3cret"}}).code == 0);
+  CHECK(memcuda_cli({"ls"}, {{redis::kUrlEnv, "redis://127.0.0.1:" + port}, {redis::kPasswordEnv, "s3cret"}})
+            .code == 0);
+  r = memcuda_cli({"--url", "redis://127.0.0.1:" + port, "ls"}, {{redis::kPasswordEnv, wrong}});
+  CHECK(r.code == 5);
+  CHECK_FALSE(contains(r.err, wrong));
+  // a password in the URL wins over the variable
+  CHECK(memcuda_cli({"--url", "redis://:s3cret@127.0.0.1:" + port, "ls"}, {{redis::kPasswordEnv, wrong}}).code == 0);
 
   const std::string nobody = std::to_string(test::free_tcp_port());
   r = memcuda_cli({"--url", "redis://127.0.0.1:" + nobody, "ls"});

@@ -145,7 +145,9 @@ constexpr std::string_view kExitCodes =
 constexpr std::string_view kGlobalHelp =
     "global options (every command):\n"
     "  --url URL        Redis: redis://[[user]:password@]host[:port][/db] or unix:///path.sock\n"
-    "                   (default: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379)\n"
+    "                   (default: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379); the password\n"
+    "                   is better in $MEMCUDA_REDIS_PASSWORD (and an ACL user in $MEMCUDA_REDIS_USER):\n"
+    "                   a URL on the command line is visible to every user in ps\n"
     "  --namespace NS   registry namespace (every key prefixed \"NS:\"); default: none\n"
     "  --json           machine-readable output: one JSON document on stdout\n"
     "  --help, -h       help\n"
@@ -875,7 +877,7 @@ int run(const std::vector<std::string>& argv) {
     // way (RegistryOptions reads it to fill its default).
     if (auto url = c.args.get("--url")) {
       ::unsetenv(redis::kUrlEnv);
-      c.redis = redis::parse_url(*url);
+      c.redis = redis::with_password_from_env(redis::parse_url(*url));
       c.url_origin = "--url";
     } else {
       const char* env = std::getenv(redis::kUrlEnv);

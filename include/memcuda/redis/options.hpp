@@ -10,7 +10,10 @@
 // registry is node-local.
 //
 // A URL only fills Options; every field can also be set directly.
-// MEMCUDA_REDIS_URL fills the default (redis://127.0.0.1:6379).
+// MEMCUDA_REDIS_URL fills the default (redis://127.0.0.1:6379), and
+// MEMCUDA_REDIS_PASSWORD (with MEMCUDA_REDIS_USER for an ACL user) the
+// credentials a URL does not carry: a password on a command line is visible
+// to every user in `ps`, one in the environment is not.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -28,6 +31,8 @@ MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 inline constexpr std::string_view kDefaultUrl = "redis://127.0.0.1:6379";
 inline constexpr const char* kUrlEnv = "MEMCUDA_REDIS_URL";
+inline constexpr const char* kPasswordEnv = "MEMCUDA_REDIS_PASSWORD";
+inline constexpr const char* kUserEnv = "MEMCUDA_REDIS_USER";
 // sockaddr_un::sun_path holds 108 bytes with the terminating NUL; hiredis
 // would silently truncate a longer path.
 inline constexpr std::size_t kMaxUnixPath = 107;
@@ -354,13 +359,25 @@ inline Options parse_url(std::string_view url) {
   return o;
 }
 
-// Options from MEMCUDA_REDIS_URL when set and non-empty, else the default URL.
+// `o` with the credentials of MEMCUDA_REDIS_PASSWORD (and MEMCUDA_REDIS_USER,
+// read only with it) when `o` has no password; a password in the URL wins.
+inline Options with_password_from_env(Options o) {
+  if (!o.password.empty()) return o;
+  const char* pw = std::getenv(kPasswordEnv);
+  if (!pw || !*pw) return o;
+  o.password = pw;
+  if (const char* user = std::getenv(kUserEnv); user && *user && o.user.empty()) o.user = user;
+  return o;
+}
+
+// Options from MEMCUDA_REDIS_URL when set and non-empty, else the default
+// URL, with the password of MEMCUDA_REDIS_PASSWORD when the URL has none.
 // A malformed variable throws InvalidArgument naming the variable.
 inline Options options_from_env() {
   const char* env = std::getenv(kUrlEnv);
-  if (!env || !*env) return parse_url(kDefaultUrl);
+  if (!env || !*env) return with_password_from_env(parse_url(kDefaultUrl));
   try {
-    return parse_url(env);
+    return with_password_from_env(parse_url(env));
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(std::string(kUrlEnv) + ": " + e.what() +
                           "; fix or unset the variable (default " + std::string(kDefaultUrl) + ")");
