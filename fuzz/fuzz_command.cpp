@@ -8,6 +8,10 @@
 //    reply_to the error reply make_error_reply builds encodes (encode_reply
 //    does not throw) and decodes back to the same Reply, so the sender always
 //    gets an answer and the consumer is never stopped by a bad command;
+//  - the lenient scan (scan_reply_route), used when the strict parser refuses
+//    the document, finds only a reply_to and id the decoder would accept,
+//    and on any document the strict parser accepts it finds exactly what the
+//    strict reading finds;
 //  - an accepted command: encode_command round-trips to an equal Command and
 //    its text is a fixed point; peek_reply_route agrees with decode_command on
 //    reply_to and id; the success and error replies for it encode and decode.
@@ -26,9 +30,40 @@ namespace {
 namespace p = memcuda::protocol;
 
 // What ControlLoop::reply_malformed does with a command that did not decode.
+// The lenient scan's promises: a route it finds is one decode_command would
+// accept for those fields, and where the strict parser reads the document,
+// the scan reads the same route.
+void check_scan(std::string_view text) {
+  std::optional<p::ReplyRoute> scanned = p::detail::scan_reply_route(text);  // noexcept
+  if (scanned) {
+    const std::string& rt = scanned->reply_to;
+    MEMCUDA_FUZZ_CHECK(!rt.empty() && rt.size() <= p::kMaxReplyToBytes);
+    MEMCUDA_FUZZ_CHECK(p::detail::sanitize_utf8(rt) == rt, "scanned reply_to is not UTF-8");
+    for (char ch : rt)
+      MEMCUDA_FUZZ_CHECK(static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f, "control byte in scanned reply_to");
+    if (scanned->id) MEMCUDA_FUZZ_CHECK(!scanned->id->empty() && scanned->id->size() <= p::kMaxIdBytes);
+  }
+  bool strict_ok = true;
+  try {
+    (void)p::detail::parse_document(text, "command", p::kMaxPeekBytes);
+  } catch (const memcuda::ProtocolError&) {
+    strict_ok = false;
+  } catch (...) {
+    MEMCUDA_FUZZ_UNEXPECTED("parse_document");
+  }
+  if (!strict_ok) return;
+  std::optional<p::ReplyRoute> strict = p::peek_reply_route(text);  // the strict reading here
+  MEMCUDA_FUZZ_CHECK(strict.has_value() == scanned.has_value(), "lenient scan and strict parse disagree on reply_to");
+  if (strict && scanned) {
+    MEMCUDA_FUZZ_CHECK(strict->reply_to == scanned->reply_to);
+    MEMCUDA_FUZZ_CHECK(strict->id == scanned->id && strict->id_is_number == scanned->id_is_number);
+  }
+}
+
 void check_rejected(std::string_view text, const memcuda::ProtocolError& e) {
   MEMCUDA_FUZZ_CHECK(std::string_view(memcuda::to_string(e.errc())) != "unknown");
   MEMCUDA_FUZZ_CHECK(*e.what() != '\0', "empty ProtocolError message");
+  check_scan(text);
   std::optional<p::ReplyRoute> route = p::peek_reply_route(text);  // noexcept
   if (!route) return;
   MEMCUDA_FUZZ_CHECK(!route->reply_to.empty() && route->reply_to.size() <= p::kMaxReplyToBytes);
@@ -56,6 +91,7 @@ void check_accepted(std::string_view text, const p::Command& cmd) {
   MEMCUDA_FUZZ_ROUND_TRIP(cmd, p::encode_command, p::decode_command);
 
   // The route of a valid command is the command's own reply_to and id.
+  check_scan(text);
   std::optional<p::ReplyRoute> route = p::peek_reply_route(text);
   MEMCUDA_FUZZ_CHECK(route.has_value() == cmd.reply_to.has_value());
   if (route) {

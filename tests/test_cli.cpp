@@ -506,6 +506,44 @@ TEST_CASE("memcuda rm removes what exists and exits 2 for what is missing", "[cl
   CHECK(memcuda_cli(at(srv, {"rm"})).code == 1);
 }
 
+// Defect: `rm --prefix "$P"` with P unset removed every tensor and exited 0.
+TEST_CASE("memcuda rm --prefix with an empty prefix is refused, --all removes everything", "[cli][redis]") {
+  test::RedisServer srv;
+  TensorRegistry reg(host_opts(srv, true));
+  for (const char* n : {"p/a", "p/b", "other"}) reg.create<float>(n, {1}, persistent()).release();
+
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"rm", "--prefix", ""},
+                                               std::vector<std::string>{"rm", "--prefix="}}) {
+    auto r = memcuda_cli(at(srv, args));
+    INFO(r);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "--prefix is empty"));
+    CHECK(contains(r.err, "--all"));
+    CHECK(reg.list().size() == 3);
+  }
+  // --all goes alone
+  CHECK(memcuda_cli(at(srv, {"rm", "--all", "p/a"})).code == 1);
+  CHECK(memcuda_cli(at(srv, {"rm", "--all", "--prefix", "p/"})).code == 1);
+  CHECK(reg.list().size() == 3);
+  // a prefix that is not empty still works
+  auto r = memcuda_cli(at(srv, {"rm", "--prefix", "p/"}));
+  CHECK(r.code == 0);
+  CHECK(r.out == "removed p/a\nremoved p/b\n");
+  REQUIRE(reg.list().size() == 1);
+  reg.create<float>("p/c", {1}, persistent()).release();
+  r = memcuda_cli(at(srv, {"rm", "--all"}));
+  CHECK(r.code == 0);
+  CHECK(r.out == "removed other\nremoved p/c\n");
+  CHECK(reg.list().empty());
+
+  // the library: an empty prefix is an InvalidArgument, remove_all() says "everything"
+  reg.create<float>("q", {1}, persistent()).release();
+  CHECK_THROWS_AS(reg.remove_prefix(""), InvalidArgument);
+  CHECK(reg.list().size() == 1);
+  CHECK(reg.remove_all().removed == std::vector<std::string>{"q"});
+  CHECK(reg.list().empty());
+}
+
 TEST_CASE("memcuda leader: the lease holder, or exit 3 without one", "[cli][redis]") {
   test::RedisServer srv;
   auto r = memcuda_cli(at(srv, {"leader"}));
@@ -744,7 +782,10 @@ TEST_CASE("memcuda: wrong password exits 5, no Redis exits 4, with what to do", 
   auto r = memcuda_cli({"--url", "redis://:" + wrong + "@127.0.0.1:" + port, "ls"});
   CHECK(r.code == 5);
   CHECK(contains(r.err, "memcuda: ls: Redis at redis://127.0.0.1:" + port + " rejected the credentials"));
-  CHECK(contains(r.err, "--url redis://:PASSWORD@"));
+  // the hint names the environment, not a password in --url (ps shows command lines)
+  CHECK(contains(r.err, "MEMCUDA_REDIS_PASSWORD"));
+  CHECK_FALSE(contains(r.err, ":PASSWORD@"));
+  CHECK_FALSE(contains(r.err, "--url redis://"));
   CHECK_FALSE(contains(r.err, wrong));  // the password is never echoed
   r = memcuda_cli({"--url", "redis://127.0.0.1:" + port, "stats"});
   CHECK(r.code == 5);
@@ -754,6 +795,15 @@ TEST_CASE("memcuda: wrong password exits 5, no Redis exits 4, with what to do", 
   CHECK(parse_json(r).at("error").at("exit_code").as_int64() == 5);
   CHECK(parse_json(r).at("error").at("code").as_string() == "redis_auth");
   CHECK(memcuda_cli({"--url", "redis://:s3cret@127.0.0.1:" + port, "ls"}).code == 0);
+  // the password from the environment, for a URL (given or from MEMCUDA_REDIS_URL) that has none
+  CHECK(memcuda_cli({"--url", "redis://127.0.0.1:" + port, "ls"}, {{redis::kPasswordEnv, "s3cret"}}).code == 0);
+  CHECK(memcuda_cli({"ls"}, {{redis::kUrlEnv, "redis://127.0.0.1:" + port}, {redis::kPasswordEnv, "s3cret"}})
+            .code == 0);
+  r = memcuda_cli({"--url", "redis://127.0.0.1:" + port, "ls"}, {{redis::kPasswordEnv, wrong}});
+  CHECK(r.code == 5);
+  CHECK_FALSE(contains(r.err, wrong));
+  // a password in the URL wins over the variable
+  CHECK(memcuda_cli({"--url", "redis://:s3cret@127.0.0.1:" + port, "ls"}, {{redis::kPasswordEnv, wrong}}).code == 0);
 
   const std::string nobody = std::to_string(test::free_tcp_port());
   r = memcuda_cli({"--url", "redis://127.0.0.1:" + nobody, "ls"});

@@ -241,7 +241,8 @@ TEST_CASE("malformed commands get error replies and the leader keeps serving", "
     ++errors;
   }
   CHECK(errors == 20);
-  // what is not JSON at all names no reply_to: dropped with a log line
+  // invalid JSON whose top-level reply_to can still be read is answered
+  // (test_reply_route.cpp); what names no reply_to is dropped with a log line
   c.command({"LPUSH", "tensor_lifecycle", R"({"op":"get","name":"a","reply_to":"r"} trailing)"});
   c.command({"LPUSH", "tensor_lifecycle", R"({"op":"get","name":"a","reply_to":"r",)"});
   c.command({"LPUSH", "tensor_lifecycle", "\x01\x02 not json"});
@@ -249,6 +250,12 @@ TEST_CASE("malformed commands get error replies and the leader keeps serving", "
   // and the leader still serves
   c.command({"LPUSH", "tensor_lifecycle",
              R"({"op":"create","name":"fine","dtype":"u8","shape":[4],"backend":"host","reply_to":"r"})"});
+  for (int i = 0; i < 2; ++i) {
+    auto e = c.blocking(5s, {"BLPOP", "r", "5"});
+    REQUIRE_FALSE(e.is_nil());
+    INFO(e[1].str());
+    CHECK(boost::json::parse(e[1].str()).at("error").at("code").as_string() == "protocol_error");
+  }
   auto r = c.blocking(5s, {"BLPOP", "r", "5"});
   REQUIRE_FALSE(r.is_nil());
   CHECK(boost::json::parse(r[1].str()).at("ok").as_bool());

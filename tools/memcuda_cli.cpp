@@ -48,10 +48,12 @@ constexpr CommandDoc kDocs[] = {
     {"info", "info NAME", "memcuda info NAME", "every field of one tensor, and its holders",
      "Holders that name a process (a session \"<pid>-<hex>\" or \"pid:<pid>\") are shown with\n"
      "their pid and whether that pid is alive on this machine.\n"},
-    {"rm", "rm NAME... | --prefix P", "memcuda rm NAME... | memcuda rm --prefix P",
+    {"rm", "rm NAME... | --prefix P | --all", "memcuda rm NAME... | memcuda rm --prefix P | memcuda rm --all",
      "remove tensors by name or prefix, in one script (memory goes with the last holder)",
      "Exit code 2 when any name was not found; the others are still removed.\n"
-     "  --prefix P   every tensor whose name starts with P\n"},
+     "  --prefix P   every tensor whose name starts with P (not empty: an unset shell\n"
+     "               variable must not mean every tensor; that is --all)\n"
+     "  --all        every tensor of the registry (namespace)\n"},
     {"get-many", "get-many NAME... | --prefix P | --glob G",
      "memcuda get-many NAME... | memcuda get-many --prefix P | memcuda get-many --glob G",
      "open many tensors in one round trip and report each (references dropped at exit)",
@@ -118,7 +120,7 @@ const std::map<std::string, std::vector<OptionSpec>, std::less<>>& command_optio
   static const std::map<std::string, std::vector<OptionSpec>, std::less<>> m = {
       {"ls", {}},
       {"info", {}},
-      {"rm", {{"--prefix", true}}},
+      {"rm", {{"--prefix", true}, {"--all", false}}},
       {"get-many", {{"--prefix", true}, {"--glob", true}}},
       {"create-many", create_options},
       {"gc", {}},
@@ -152,7 +154,9 @@ constexpr std::string_view kExitCodes =
 constexpr std::string_view kGlobalHelp =
     "global options (every command):\n"
     "  --url URL        Redis: redis://[[user]:password@]host[:port][/db] or unix:///path.sock\n"
-    "                   (default: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379)\n"
+    "                   (default: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379); the password\n"
+    "                   is better in $MEMCUDA_REDIS_PASSWORD (and an ACL user in $MEMCUDA_REDIS_USER):\n"
+    "                   a URL on the command line is visible to every user in ps\n"
     "  --namespace NS   registry namespace (every key prefixed \"NS:\"); default: none\n"
     "  --json           machine-readable output: one JSON document on stdout\n"
     "  --help, -h       help\n"
@@ -893,16 +897,13 @@ int run(const std::vector<std::string>& argv) {
     // way (RegistryOptions reads it to fill its default).
     if (auto url = c.args.get("--url")) {
       ::unsetenv(redis::kUrlEnv);
-      c.redis = redis::parse_url(*url);
+      c.redis = redis::with_password_from_env(redis::parse_url(*url));
       c.url_origin = "--url";
     } else {
       const char* env = std::getenv(redis::kUrlEnv);
       c.url_origin = env && *env ? std::string(redis::kUrlEnv) : "the default";
       c.redis = redis::options_from_env();
     }
-    // The password file applies whichever way the address came (a secret
-    // kept out of the URL, hence out of `ps`).
-    if (const char* pf = std::getenv(redis::kPasswordFileEnv); pf && *pf) c.redis.password_file = pf;
     c.name_space = c.args.get("--namespace").value_or("");
     return dispatch(c);
   } catch (...) {

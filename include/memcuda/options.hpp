@@ -91,7 +91,7 @@ struct PoolOptions {
 };
 
 struct RegistryOptions {
-  // Where the registry lives. Defaults to MEMCUDA_REDIS_URL, else
+  // Where the registry lives. Defaults to MEMCUDA_REDIS_URL (with MEMCUDA_REDIS_PASSWORD), else
   // redis://127.0.0.1:6379.
   redis::Options redis = redis::options_from_env();
 

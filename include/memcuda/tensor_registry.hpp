@@ -186,7 +186,11 @@ class TensorRegistry {
   std::map<std::string, SharedTensor<void>> create_many(const std::vector<TensorSpec>& specs);
   // Unlinks each name (as remove()); a missing name is in .errors.
   BatchRemoveResult remove_many(const std::vector<std::string>& names);
+  // Every name starting with `prefix`. An empty prefix throws
+  // InvalidArgument (an unset variable must not mean "everything"):
+  // remove_all() says that.
   BatchRemoveResult remove_prefix(std::string_view prefix);
+  BatchRemoveResult remove_all();
   // Drops the handles; their releases are queued and sent as one pipeline.
   template <class Handles> static void release_many(Handles& handles) { handles.clear(); }
 

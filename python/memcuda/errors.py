@@ -74,7 +74,8 @@ class Lost(MemcudaError):
 
 @_code(9)
 class NotLeader(MemcudaError):
-    """No allocator of record answered in time (start one: ``memcuda serve``)."""
+    """No allocator of record answered in time. The message says whether nobody
+    holds the lease (start one: ``memcuda serve``) or its holder did not serve."""
 
 
 @_code(10)

@@ -80,7 +80,9 @@ class Registry:
 
     Args:
         url: ``redis://host:port/db`` or ``unix:///path.sock`` (default:
-            ``$MEMCUDA_REDIS_URL``, else ``redis://127.0.0.1:6379``).
+            ``$MEMCUDA_REDIS_URL``, else ``redis://127.0.0.1:6379``). A URL
+            without a password takes ``$MEMCUDA_REDIS_PASSWORD`` (and
+            ``$MEMCUDA_REDIS_USER``) when set.
         namespace: prefixes every key ("ns:"), isolating registries in one Redis.
         control_thread: host the allocator-of-record role (the process that
             allocates memory for everybody); a pure consumer may switch it off,

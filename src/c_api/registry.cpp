@@ -22,7 +22,7 @@ memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
   memcuda::RegistryOptions o;
   if (!c) return o;
   memcuda_c::check_struct(c, "options");
-  if (c->url && *c->url) o.redis = memcuda::redis::parse_url(c->url);
+  if (c->url && *c->url) o.redis = memcuda::redis::with_password_from_env(memcuda::redis::parse_url(c->url));
   if (c->name_space) o.name_space = c->name_space;
   o.control_thread = c->control_thread != 0;
   switch (c->default_backend) {

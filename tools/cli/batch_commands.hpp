@@ -86,7 +86,8 @@ BatchSelection batch_selection(const Context& c, bool glob_allowed) {
   s.prefix = c.args.get("--prefix");
   if (glob_allowed) s.glob = c.args.get("--glob");
   const int given = !c.args.operands.empty() + s.prefix.has_value() + s.glob.has_value();
-  if (given == 0) throw UsageError(glob_allowed ? "needs NAME..., --prefix P or --glob G" : "needs NAME... or --prefix P");
+  if (given == 0)
+    throw UsageError(glob_allowed ? "needs NAME..., --prefix P or --glob G" : "needs NAME..., --prefix P or --all");
   if (given > 1) throw UsageError("give names, --prefix or --glob, not several");
   for (const auto& n : c.args.operands) validate_name(n);  // nothing happens when one name is malformed
   s.names = c.args.operands;
@@ -125,9 +126,17 @@ int cmd_get_many(Context& c) {
 // ---- rm ---------------------------------------------------------------------
 
 int cmd_rm(Context& c) {
-  BatchSelection sel = batch_selection(c, false);
+  const bool all = c.args.has("--all");
+  if (all && (c.args.has("--prefix") || !c.args.operands.empty()))
+    throw UsageError("--all removes every tensor: give it alone, without names or --prefix");
+  BatchSelection sel;
+  if (!all) sel = batch_selection(c, false);
+  // "--prefix $P" with P unset would otherwise remove everything.
+  if (sel.prefix && sel.prefix->empty())
+    throw UsageError("--prefix is empty, which would remove every tensor (an unset shell variable?); "
+                     "to remove every tensor, say --all");
   TensorRegistry reg(c.registry_options(false));
-  BatchRemoveResult r = sel.prefix ? reg.remove_prefix(*sel.prefix) : reg.remove_many(sel.names);
+  BatchRemoveResult r = all ? reg.remove_all() : sel.prefix ? reg.remove_prefix(*sel.prefix) : reg.remove_many(sel.names);
   json::array removed, missing;
   for (const auto& n : r.removed) {
     removed.emplace_back(n);

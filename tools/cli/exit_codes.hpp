@@ -34,17 +34,19 @@ inline Failure classify_current_exception() {
   } catch (const UsageError& e) {
     return {kUsage, "usage", e.what(), ""};
   } catch (const AuthError& e) {  // before ConnectionError, its base
+    // Not in --url: a command line is visible to every user in ps.
     return {kAuth, e.code(), e.what(),
-            "give the password in the URL: --url redis://:PASSWORD@HOST:PORT (or user:PASSWORD@ for an ACL user), "
-            "or in MEMCUDA_REDIS_URL"};
+            "set the password in the environment: MEMCUDA_REDIS_PASSWORD (and MEMCUDA_REDIS_USER for an ACL "
+            "user), which a URL without a password picks up"};
   } catch (const ConnectionError& e) {
     return {kUnreachable, e.code(), e.what(), ""};
   } catch (const TimeoutError& e) {
     return {kUnreachable, e.code(), e.what(), ""};
   } catch (const NotLeader& e) {
+    // The message says whether nobody holds the lease or its holder is silent.
     return {kUnreachable, e.code(), e.what(),
-            "start an allocator of record with `memcuda serve` (or any program whose TensorRegistry hosts the "
-            "control thread)"};
+            "`memcuda leader` shows who holds the lease; when nobody does, start an allocator of record with "
+            "`memcuda serve` (or any program whose TensorRegistry hosts the control thread)"};
   } catch (const NotFound& e) {
     return {kNotFound, e.code(), e.what(), "`memcuda ls` lists the tensors"};
   } catch (const ProtocolError& e) {

@@ -6,7 +6,8 @@
 // A test arms a point in its own process with fault::arm("name", n) (the
 // next n passes fire; n < 0: every pass until disarmed) or, for a worker
 // process, through the environment: MEMCUDA_FAULTS="name[=n],name2[=n2]",
-// read once at the first check. Unarmed, a check costs one relaxed atomic
+// read once at the first check; "name=die" kills the process (SIGKILL) the
+// first time the point is reached, a crash at exactly that place. Unarmed, a check costs one relaxed atomic
 // load: the points are compiled into every build, so the code a test
 // exercises is the code users run.
 //
@@ -14,6 +15,9 @@
 //   executor.execute       the leader's execute of a lifecycle command throws
 //                          ConnectionError before it runs (Redis dropped the link)
 //   executor.after_execute execute ran, then the link dropped before the reply
+//   control.after_reply    the leader replied to a command and took it off its
+//                          processing list, then the link dropped (or, with
+//                          =die, the leader died) before it went on
 //   script.unknown_status  the next script status the registry checks reads
 //                          as a status it does not know
 //   control.stall          the leader's control loop sleeps 3 x serve_stall_timeout
@@ -22,10 +26,14 @@
 
 #include "memcuda/config.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -35,6 +43,7 @@ struct Registry {
   std::atomic<int> armed{0};  // number of armed points: the unarmed fast path
   std::mutex mu;
   std::map<std::string, long, std::less<>> left;  // passes left to fire; < 0: forever
+  std::set<std::string, std::less<>> die;          // points that kill the process when they fire
 
   static Registry& instance() {
     static Registry r = [] {
@@ -45,7 +54,7 @@ struct Registry {
     return r;
   }
   Registry() = default;
-  Registry(Registry&& o) noexcept : armed(o.armed.load()), left(std::move(o.left)) {}
+  Registry(Registry&& o) noexcept : armed(o.armed.load()), left(std::move(o.left)), die(std::move(o.die)) {}
 
   void parse(std::string_view spec) {
     while (!spec.empty()) {
@@ -55,7 +64,8 @@ struct Registry {
       if (item.empty()) continue;
       long n = 1;
       if (auto eq = item.find('='); eq != std::string_view::npos) {
-        n = std::strtol(std::string(item.substr(eq + 1)).c_str(), nullptr, 10);
+        if (item.substr(eq + 1) == "die") die.insert(std::string(item.substr(0, eq)));
+        else n = std::strtol(std::string(item.substr(eq + 1)).c_str(), nullptr, 10);
         item = item.substr(0, eq);
       }
       left[std::string(item)] = n;
@@ -67,6 +77,7 @@ struct Registry {
     std::lock_guard lk(mu);
     auto it = left.find(name);
     if (it == left.end()) return false;
+    if (die.count(name)) ::kill(::getpid(), SIGKILL);
     if (it->second > 0 && --it->second == 0) {
       left.erase(it);
       armed.fetch_sub(1, std::memory_order_relaxed);

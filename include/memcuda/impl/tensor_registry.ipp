@@ -107,8 +107,17 @@ BatchRemoveResult TensorRegistry::remove_many(const std::vector<std::string>& na
   return r;
 }
 BatchRemoveResult TensorRegistry::remove_prefix(std::string_view prefix) {
+  if (prefix.empty())
+    throw InvalidArgument("remove_prefix: the prefix is empty, which would remove every tensor; "
+                          "call remove_all() to mean that");
   core();
   auto r = detail::BatchClient(core_).remove(detail::Selection::prefix(prefix));
+  for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
+  return r;
+}
+BatchRemoveResult TensorRegistry::remove_all() {
+  core();
+  auto r = detail::BatchClient(core_).remove(detail::Selection::prefix(""));
   for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
   return r;
 }

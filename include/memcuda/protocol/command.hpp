@@ -19,6 +19,7 @@
 #include "memcuda/protocol/batch.hpp"
 #include "memcuda/protocol/json_util.hpp"
 #include "memcuda/protocol/limits.hpp"
+#include "memcuda/protocol/reply_route.hpp"
 #include "memcuda/shape.hpp"
 #include "memcuda/tensor_info.hpp"
 
@@ -76,13 +77,6 @@ struct Command {
   std::vector<CreateEntry> tensors;
 
   friend bool operator==(const Command&, const Command&) = default;
-};
-
-// Where to send the error reply for a command that could not be decoded.
-struct ReplyRoute {
-  std::string reply_to;
-  std::optional<std::string> id;
-  bool id_is_number = false;
 };
 
 namespace detail {
@@ -262,13 +256,19 @@ inline std::string encode_command(const Command& c) {
 
 // Best effort for a command that decode_command rejected: if `text` is a JSON
 // object with a valid "reply_to", returns it (and "id" when that is valid
-// too) so the error reply can still reach the sender. Never throws.
+// too) so the error reply can still reach the sender. A document the strict
+// parser refuses (duplicate key, trailing bytes, raw control byte, invalid
+// UTF-8, too deep, too large, cut short) is scanned leniently for the two
+// fields (reply_route.hpp). Never throws.
 inline std::optional<ReplyRoute> peek_reply_route(std::string_view text) noexcept {
   namespace json = boost::json;
   try {
-    // An oversized command still deserves its error reply: read reply_to
-    // from documents up to kMaxPeekBytes (depth stays bounded).
-    json::value doc = detail::parse_document(text, "command", kMaxPeekBytes);
+    json::value doc;
+    try {
+      doc = detail::parse_document(text, "command", kMaxPeekBytes);
+    } catch (const ProtocolError&) {
+      return detail::scan_reply_route(text);
+    }
     const json::object* o = doc.if_object();
     if (!o) return std::nullopt;
     const json::value* rt = detail::find(*o, "reply_to");

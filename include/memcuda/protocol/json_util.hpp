@@ -152,9 +152,19 @@ inline json::value parse_document(std::string_view text, std::string_view what,
   if (ec == json::error::too_deep)
     fail(ProtocolErrc::bad_json,
          std::string(what) + ": nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  if (ec)
-    fail(ProtocolErrc::bad_json, std::string(what) + ": invalid JSON at byte " + std::to_string(n) +
-                                     " (" + ec.message() + ")");
+  if (ec) {
+    // Name the two faults a hand-written sender makes most: a raw control
+    // byte (a line break pasted into a string) and bytes that are not UTF-8.
+    std::string why = ec.message();
+    if (ec == json::error::syntax && n < text.size()) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      const auto b = static_cast<unsigned char>(text[n]);
+      const std::string hex = std::string("0x") + kHex[b >> 4] + kHex[b & 15];
+      if (b < 0x20) why = "raw control byte " + hex + " (a string must escape control characters, e.g. \\n)";
+      else if (b >= 0x80) why = "invalid UTF-8 (byte " + hex + ")";
+    }
+    fail(ProtocolErrc::bad_json, std::string(what) + ": invalid JSON at byte " + std::to_string(n) + " (" + why + ")");
+  }
   for (std::size_t i = n; i < text.size(); ++i) {
     char c = text[i];
     if (c != ' ' && c != '\t' && c != '\n' && c != '\r')

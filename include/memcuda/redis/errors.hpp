@@ -17,7 +17,10 @@
 #include "memcuda/config.hpp"
 
 #include <hiredis/hiredis.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -91,8 +94,8 @@ inline std::exception_ptr classify_reply(const Options& server, const Failure& f
   if (prefix == "NOAUTH")
     return std::make_exception_ptr(AuthError(
         "Redis at " + server.describe() + " requires a password (" + text +
-            "): give it in the URL (redis://:password@host or redis://user:password@host) "
-            "or in Options::password",
+            "): set MEMCUDA_REDIS_PASSWORD (and MEMCUDA_REDIS_USER for an ACL user) or Options::password; "
+            "a password in the URL works too, but on a command line every user sees it in ps",
         prefix));
   // Any refusal of AUTH is about the credentials (Redis 7 answers a password
   // sent to a server without one with a plain ERR).
@@ -100,7 +103,7 @@ inline std::exception_ptr classify_reply(const Options& server, const Failure& f
     return std::make_exception_ptr(AuthError(
         "Redis at " + server.describe() + " rejected the credentials" +
             (server.user.empty() ? std::string() : " of user '" + server.user + "'") + ": " + text +
-            " (check the password in the URL or Options::password)",
+            " (check MEMCUDA_REDIS_PASSWORD, the URL's password or Options::password)",
         prefix));
   if (prefix == "NOPERM")
     return std::make_exception_ptr(AuthError(
@@ -112,6 +115,47 @@ inline std::exception_ptr classify_reply(const Options& server, const Failure& f
                                                 std::string(f.what) + ": " + text +
                                                 std::string(advice(prefix)) + std::string(f.hint),
                                             prefix));
+}
+
+// The errno of a failed connect: hiredis's errstr is strerror(errno) taken
+// at the failure, more reliable than errno read afterwards (file comment).
+inline int connect_errno(const Failure& f) noexcept {
+  for (int e : {EACCES, EPERM, ENOENT, ENOTDIR, ECONNREFUSED})
+    if (f.text == std::strerror(e)) return e;
+  return f.sys_errno;
+}
+
+// Why connecting to a unix socket failed, in words an operator can act on:
+// a permission problem is not a missing server. Looks at the path (stat) to
+// tell a missing directory, a file that is not a socket and a socket nobody
+// listens on apart.
+inline std::string unix_connect_failure(const std::string& path, int err, std::string_view text) {
+  const std::string why = text.empty() ? std::string(std::strerror(err)) : std::string(text);
+  const std::string dir = path.substr(0, std::max<std::size_t>(path.rfind('/'), 1));
+  struct stat st {};
+  if (err == EACCES || err == EPERM)
+    return "permission denied connecting to the Redis socket " + path + " (" + why + "): this user (uid " +
+           std::to_string(::geteuid()) +
+           ") may not write the socket or search a directory above it; run as a user the socket admits "
+           "(redis.conf unixsocketperm, e.g. 770 with a shared group) or connect over TCP";
+  if (err == ENOENT || err == ENOTDIR) {
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return "no Redis socket at " + path + ": the directory " + dir +
+             " does not exist; start redis-server with `unixsocket " + path + "` or set " + kUrlEnv +
+             " to where it listens";
+    return "no Redis socket at " + path + " (" + why + "): start redis-server with `unixsocket " + path +
+           "` or set " + kUrlEnv + " to where it listens";
+  }
+  if (err == ECONNREFUSED && ::stat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return path + " exists but is not a socket, so no Redis listens there; set " + std::string(kUrlEnv) +
+             " (or --url) to the socket redis.conf names in `unixsocket`";
+    return "no Redis listens on the socket " + path + " (" + why +
+           "): a file left by a server that stopped? start redis-server or set " + kUrlEnv +
+           " to where it listens";
+  }
+  return "no Redis at unix://" + path + " (" + why + "): start redis-server or set " + kUrlEnv +
+         " to where it listens";
 }
 
 inline std::exception_ptr classify_io(const Options& server, const Failure& f) {
@@ -129,6 +173,9 @@ inline std::exception_ptr classify_io(const Options& server, const Failure& f) {
                                                       " ms (connect_timeout): is the address right and the "
                                                       "server up?",
                                                   code, err));
+    if (server.transport == Options::Transport::unix_socket)
+      return std::make_exception_ptr(
+          ConnectionError(unix_connect_failure(server.path, connect_errno(f), f.text), code, err));
     return std::make_exception_ptr(ConnectionError("no Redis at " + at + " (" + why +
                                                        "): start redis-server or set " + kUrlEnv +
                                                        " to where it listens",

@@ -10,7 +10,10 @@
 // registry is node-local.
 //
 // A URL only fills Options; every field can also be set directly.
-// MEMCUDA_REDIS_URL fills the default (redis://127.0.0.1:6379).
+// MEMCUDA_REDIS_URL fills the default (redis://127.0.0.1:6379), and
+// MEMCUDA_REDIS_PASSWORD (with MEMCUDA_REDIS_USER for an ACL user) the
+// credentials a URL does not carry: a password on a command line is visible
+// to every user in `ps`, one in the environment is not.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -28,6 +31,8 @@ MEMCUDA_NAMESPACE_BEGIN namespace redis {
 
 inline constexpr std::string_view kDefaultUrl = "redis://127.0.0.1:6379";
 inline constexpr const char* kUrlEnv = "MEMCUDA_REDIS_URL";
+inline constexpr const char* kPasswordEnv = "MEMCUDA_REDIS_PASSWORD";
+inline constexpr const char* kUserEnv = "MEMCUDA_REDIS_USER";
 // sockaddr_un::sun_path holds 108 bytes with the terminating NUL; hiredis
 // would silently truncate a longer path.
 inline constexpr std::size_t kMaxUnixPath = 107;
@@ -360,25 +365,40 @@ inline Options parse_url(std::string_view url) {
   return o;
 }
 
-// Options from MEMCUDA_REDIS_URL when set and non-empty, else the default URL.
-// A malformed variable throws InvalidArgument naming the variable.
 inline constexpr const char* kPasswordFileEnv = "MEMCUDA_REDIS_PASSWORD_FILE";
 
+// `o` with the credentials of the environment when `o` has no password: the
+// password file of MEMCUDA_REDIS_PASSWORD_FILE (read at every connect, so it
+// can be rotated), else MEMCUDA_REDIS_PASSWORD; MEMCUDA_REDIS_USER, read
+// only with one of them, names the ACL user. A password in the URL wins.
+inline Options with_password_from_env(Options o) {
+  if (!o.password.empty()) return o;
+  const char* file = std::getenv(kPasswordFileEnv);
+  const char* pw = std::getenv(kPasswordEnv);
+  if (file && *file) {
+    o.password_file = file;
+  } else if (pw && *pw) {
+    o.password = pw;
+  } else {
+    return o;
+  }
+  if (const char* user = std::getenv(kUserEnv); user && *user && o.user.empty()) o.user = user;
+  return o;
+}
+
+// Options from MEMCUDA_REDIS_URL when set and non-empty, else the default
+// URL, with the credentials of the environment when the URL has none
+// (with_password_from_env). A malformed variable throws InvalidArgument
+// naming the variable.
 inline Options options_from_env() {
   const char* env = std::getenv(kUrlEnv);
-  Options o;
-  if (!env || !*env) {
-    o = parse_url(kDefaultUrl);
-  } else {
-    try {
-      o = parse_url(env);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(std::string(kUrlEnv) + ": " + e.what() +
-                            "; fix or unset the variable (default " + std::string(kDefaultUrl) + ")");
-    }
+  if (!env || !*env) return with_password_from_env(parse_url(kDefaultUrl));
+  try {
+    return with_password_from_env(parse_url(env));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(kUrlEnv) + ": " + e.what() +
+                          "; fix or unset the variable (default " + std::string(kDefaultUrl) + ")");
   }
-  if (const char* f = std::getenv(kPasswordFileEnv); f && *f) o.password_file = f;
-  return o;
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

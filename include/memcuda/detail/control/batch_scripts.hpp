@@ -13,6 +13,19 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 
+// Prepended to the scripts that find a key under a tensor's name:
+// record_generation(key) -> generation, key type. The generation is false
+// when the key is not a record of ours (not a Hash, or a Hash without a
+// generation, e.g. written by hand): such a stray key is reported, never
+// overwritten or renamed.
+inline constexpr char kStrayFn[] = R"lua(
+local function record_generation(k)
+  local ty = redis.call('TYPE', k)['ok']
+  if ty ~= 'hash' then return false, ty end
+  return redis.call('HGET', k, 'generation'), ty
+end
+)lua";
+
 // Takes one reference of a holder to each of many tensors, atomically. Each
 // name is checked like kAcquire (state, dtype, node); a refused name takes
 // nothing, the others are taken. The names are given, or every linked name
@@ -98,8 +111,9 @@ return out
 //       persistent (0|1), desc body (record_desc.hpp; the script appends
 //       the generation element), field count k, then k field/value pairs
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
-//    | {'exists', entry index (1-based), generation} | {'notleader', token}
-inline constexpr auto kCreateMany = join(kUnlinkDictFn, R"lua(
+//    | {'exists', entry index (1-based), generation} | {'stray', entry index,
+//    key type} (its key is not a record of ours; left as it is) | {'notleader', token}
+inline constexpr auto kCreateMany = join(kUnlinkDictFn, kStrayFn, R"lua(
 local lead = redis.call('GET', KEYS[2])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 local n = tonumber(ARGV[2])
@@ -113,11 +127,13 @@ local replays = 0
 for i = 1, n do
   local t = KEYS[1 + 3 * i]
   if redis.call('EXISTS', t) == 1 then
+    local rg, ty = record_generation(t)
+    if not rg then return {'stray', i, ty} end
     local cid = ARGV[at[i] + 1]
     if cid ~= '' and redis.call('HGET', t, 'create_id') == cid then
       replays = replays + 1
     else
-      return {'exists', i, redis.call('HGET', t, 'generation')}
+      return {'exists', i, rg}
     end
   end
 end
@@ -186,10 +202,13 @@ return out
 // ARGV: key prefix, caller session, mode, prefix or pattern, then (mode
 //       'names') the names
 // -> {{name, 'ok', generation, refcount} | {name, 'free', generation}
-//     | {name, 'queued', generation} | {name, 'notfound'}, ...}
-inline constexpr auto kRemoveMany = join(kUnlinkDictFn, R"lua(
+//     | {name, 'queued', generation} | {name, 'notfound'}
+//     | {name, 'stray', key type} (not a record of ours: left as it is), ...}
+inline constexpr auto kRemoveMany = join(kUnlinkDictFn, kStrayFn, R"lua(
 local function rm(name, tkey)
   if redis.call('EXISTS', tkey) == 0 then return {name, 'notfound'} end
+  local rg, ty = record_generation(tkey)
+  if not rg then return {name, 'stray', ty} end
   local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner', 'dict')
   unlink_dict(ARGV[1], f[4])
   local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]

@@ -359,8 +359,7 @@ class ControlLoop {
   void finish() {
     Pending& p = *pending_;
     if (!p.answer_to) decide(p);
-    if (p.answer_to && !p.answer_to->empty()) send_reply(*p.answer_to, p.answer);
-    conn_.command({"LREM", p.processing, 1, p.raw});
+    send_reply(p);
     pending_.reset();
   }
 
@@ -404,17 +403,24 @@ class ControlLoop {
     if (cmd.reply_to) p.answer = protocol::encode_reply(rep);
   }
 
-  void send_reply(const std::string& to, const std::string& body) {
+  // Replies and takes the command off the processing list in one script
+  // (kFinish): a retry, or a successor re-queuing the list, never answers
+  // it twice.
+  void send_reply(const Pending& p) {
     // reply_to is untrusted: never write into mem-cuda's own keys (other
     // than registries' reply lists) or the lifecycle list itself.
+    const std::string& to = *p.answer_to;
     const auto& k = core_->ctx.keys;
     const std::string own = k.own_prefix();
-    if (to == k.lifecycle() || (to.starts_with(own) && !to.starts_with(own + "reply:"))) {
+    bool deliver = !to.empty();
+    if (deliver && (to == k.lifecycle() || (to.starts_with(own) && !to.starts_with(own + "reply:")))) {
       log(LogLevel::warn, "refusing to reply to '" + to + "': a key of the registry itself");
-      return;
+      deliver = false;
     }
-    if (core_->ctx.scripts.reply.eval(conn_, {to}, {body, "60000"}).integer() == 0)
-      log(LogLevel::warn, "could not reply to '" + to + "': not a list");
+    auto done = core_->ctx.scripts.finish.eval(conn_, {p.processing, deliver ? to : p.processing},
+                                               {p.raw, p.answer, "60000", deliver ? "1" : "0"});
+    if (MEMCUDA_FAULT("control.after_reply")) throw ConnectionError("fault point control.after_reply");
+    if (done.integer() == 0) log(LogLevel::warn, "could not reply to '" + to + "': not a list");
   }
 
   std::shared_ptr<Core> core_;

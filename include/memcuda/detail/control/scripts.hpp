@@ -50,12 +50,15 @@ return 0
 // KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker
 // ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
-//    already done) | {'exists', generation} | {'notleader', current token}
-inline constexpr auto kCreate = join(kUnlinkDictFn, R"lua(
+//    already done) | {'exists', generation} | {'stray', key type} (the key is
+//    not a record of ours: no generation field, or not a Hash; left as it is)
+//    | {'notleader', current token}
+inline constexpr auto kCreate = join(kUnlinkDictFn, kStrayFn, R"lua(
 local lead = redis.call('GET', KEYS[3])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local g = redis.call('HGET', KEYS[1], 'generation')
+  local g, ty = record_generation(KEYS[1])
+  if not g then return {'stray', ty} end
   if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'create_id') == ARGV[3] then
     return {'replay', g, redis.call('HGET', KEYS[1], 'refcount')}
   end
@@ -181,8 +184,11 @@ return {'queued', gen}
 // releases.
 // KEYS: tensor, names, lifecycle   ARGV: key prefix, caller session
 // -> {'ok', generation, refcount} | {'free', generation} | {'queued', generation} | {'notfound'}
-inline constexpr auto kRemove = join(kUnlinkDictFn, R"lua(
+//    | {'stray', key type} (not a record of ours: left as it is)
+inline constexpr auto kRemove = join(kUnlinkDictFn, kStrayFn, R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'notfound'} end
+local rg, ty = record_generation(KEYS[1])
+if not rg then return {'stray', ty} end
 local f = redis.call('HMGET', KEYS[1], 'generation', 'name', 'owner', 'dict')
 unlink_dict(ARGV[1], f[4])
 local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]
@@ -387,16 +393,24 @@ redis.call('DEL', KEYS[2])
 return {'ok', v}
 )lua";
 
-// Delivers a reply to the list a command named in reply_to. Only lists (or
-// absent keys) receive replies, and only a list this script created (or
-// one that already expires) gets the 60 s expiry, so a hostile reply_to
-// cannot make the leader touch or expire any other key.
-// KEYS: reply list   ARGV: body, ttl_ms  -> 1 delivered, 0 refused (not a list)
-inline constexpr const char* kReply = R"lua(
-local t = redis.call('TYPE', KEYS[1])['ok']
+// Finishes a command the leader took: takes it off the leader's processing
+// list and, in the same atomic step, delivers its reply to the list the
+// command named in reply_to. A command no longer there (this leader's retry
+// after the script's own reply was lost, or a successor re-queued the list)
+// is not answered again, so each command taken is answered at most once,
+// and a command answered is never re-queued. Only lists (or absent keys)
+// receive replies, and only a list this script created (or one that already
+// expires) gets the expiry, so a hostile reply_to cannot make the leader
+// touch or expire any other key.
+// KEYS: processing list, reply list   ARGV: command, reply body, ttl_ms, deliver ('1'|'0')
+// -> 1 delivered, 0 refused (not a list), 2 nothing to deliver, -1 finished before
+inline constexpr const char* kFinish = R"lua(
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return -1 end
+if ARGV[4] ~= '1' then return 2 end
+local t = redis.call('TYPE', KEYS[2])['ok']
 if t ~= 'none' and t ~= 'list' then return 0 end
-redis.call('LPUSH', KEYS[1], ARGV[1])
-if t == 'none' or redis.call('PTTL', KEYS[1]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+if t == 'none' or redis.call('PTTL', KEYS[2]) > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1
 )lua";
 
@@ -428,7 +442,7 @@ struct Scripts {
   redis::Script remove{kRemove};
   redis::Script requeue{kRequeue};
   redis::Script publish{kPublish};
-  redis::Script reply{kReply};
+  redis::Script finish{kFinish};
   redis::Script migrate{kMigrate};
   redis::Script mark_lost{kMarkLost};
   redis::Script republish{kRepublish};

@@ -61,7 +61,8 @@ class Allocator {
     bool persistent = false;
   };
 
-  // Allocates, exports and publishes a tensor. Throws AlreadyExists,
+  // Allocates, exports and publishes a tensor. Throws AlreadyExists (also
+  // for a stray key under the name that is not a record of ours),
   // NotLeader (lease lost), InvalidArgument, CudaError, BudgetExceeded,
   // InternalError (a script status this version does not know).
   Created create(redis::Connection& c, const protocol::Command& cmd) {
@@ -193,7 +194,7 @@ class Allocator {
       if (parked) return keep(reply_u64(r[1]));
       return {reply_u64(r[1]), reply_int(r[2]), {}, {}};
     }
-    if (parked && st != "exists") {
+    if (parked && st != "exists" && st != "stray") {
       // Answered with an error (e.g. the lease moved): the record may still
       // be the lost attempt's. Ours then, freed with its last reference.
       auto cur = c.command({"HMGET", tkey, "create_id", "generation"});
@@ -209,6 +210,7 @@ class Allocator {
     if (st == "exists")
       throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
                           "); remove it first or get() it");
+    if (st == "stray") throw AlreadyExists("cannot create '" + cmd.name + "': " + stray_record(tkey, r[1].str()));
     lease_.fail_status("create", st, "creating '" + cmd.name + "'", st == "notleader" ? r[1].str() : "");
   }
 

@@ -180,9 +180,12 @@ class BatchAllocator {
     }
     // Refused: nothing was written by this script. A parked block may
     // still be what a lost attempt published: adopt those, give back the rest.
-    for (auto& s : slots.v) {
+    const std::size_t stray = st == "stray" ? static_cast<std::size_t>(reply_int(r[1])) - 1 : slots.v.size();
+    for (std::size_t i = 0; i < slots.v.size(); ++i) {
+      auto& s = slots.v[i];
       if (!s.parked) continue;
       s.parked = false;  // not the record's: back to the pool
+      if (i == stray) continue;  // not a Hash of ours: nothing of a lost attempt there
       auto cur = c.command({"HMGET", k.tensor(s.info.name), "create_id", "generation"});
       if (cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == s.info.create_id && !cur[1].is_nil()) {
         s.give_back = false;
@@ -197,6 +200,11 @@ class BatchAllocator {
       const std::string name = i < slots.v.size() ? slots.v[i].info.name : "?";
       throw AlreadyExists("tensor '" + name + "' already exists (generation " + std::string(r[2].str()) +
                           "): create_many created none of its " + std::to_string(slots.v.size()) + " tensors");
+    }
+    if (st == "stray") {
+      const std::string name = stray < slots.v.size() ? slots.v[stray].info.name : "?";
+      throw AlreadyExists("cannot create '" + name + "': " + stray_record(k.tensor(name), r[2].str()) +
+                          " (create_many created none of its " + std::to_string(slots.v.size()) + " tensors)");
     }
     A.lease_.fail_status("create_many", st, "creating " + std::to_string(slots.v.size()) + " tensors",
                          st == "notleader" ? r[1].str() : "");

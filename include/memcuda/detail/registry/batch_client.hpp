@@ -23,6 +23,7 @@
 #include "memcuda/batch.hpp"
 #include "memcuda/detail/registry/batch_allocator.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/silent_leader.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
 
@@ -207,8 +208,9 @@ class BatchClient {
       redis::ReplyView e = r[i];
       std::string name(e[0].str());
       const std::string st(e[1].str());
-      if (st == "notfound") {
-        out.errors.emplace(name, error_of(NotFound("no tensor named '" + name + "'")));
+      if (st == "notfound" || st == "stray") {
+        std::string why = st == "stray" ? ": " + stray_record(k.tensor(name), e[2].str()) : std::string();
+        out.errors.emplace(name, error_of(NotFound("no tensor named '" + name + "'" + why)));
         continue;
       }
       if (st == "free") c_.alloc.free_unlinked(*c, reply_u64(e[2]), true);
@@ -448,11 +450,12 @@ class BatchClient {
       if (left.count() <= 0) {
         if (retract_tried)
           throw NotLeader("the allocator of record took a create_many of " + std::to_string(cmd.tensors.size()) +
-                          " tensors but did not reply within " + std::to_string(2 * timeout.count()) + " ms");
+                          " tensors but did not reply within " + std::to_string(2 * timeout.count()) +
+                          " ms: " + silent_leader_reason(*c, ctx_.keys));
         retract_tried = true;
         if (c->command({"LREM", ctx_.keys.lifecycle(), 1, payload}).integer() == 1)
           throw NotLeader("no allocator of record answered a create_many within " + std::to_string(timeout.count()) +
-                          " ms: no process hosts the control thread (start one, e.g. `memcuda serve`)");
+                          " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
         deadline = std::chrono::steady_clock::now() + timeout;
         continue;
       }

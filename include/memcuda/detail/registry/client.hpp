@@ -25,6 +25,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/holds.hpp"
 #include "memcuda/detail/registry/lease.hpp"
+#include "memcuda/detail/registry/silent_leader.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -208,12 +209,13 @@ class Client {
           if (c->command({"LREM", ctx_.keys.lifecycle(), 1, payload}).integer() == 1)
             throw NotLeader("no allocator of record answered '" + std::string(to_string(cmd.op)) + " " + cmd.name +
                             "' within " + std::to_string(timeout.count()) +
-                            " ms: no process hosts the control thread (start one, e.g. `memcuda serve`)");
+                            " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
           deadline = std::chrono::steady_clock::now() + timeout;
           continue;
         }
         throw NotLeader("the allocator of record took '" + std::string(to_string(cmd.op)) + " " + cmd.name +
-                        "' but did not reply within " + std::to_string(2 * timeout.count()) + " ms");
+                        "' but did not reply within " + std::to_string(2 * timeout.count()) +
+                        " ms: " + silent_leader_reason(*c, ctx_.keys));
       }
       auto wait = std::min(left, std::chrono::milliseconds(1000));
       auto r = c->blocking(wait, {"BLPOP", reply_key, seconds_arg(wait)});
@@ -235,6 +237,7 @@ class Client {
     auto r = ctx_.scripts.remove.eval(*c, {k.tensor(name), k.names(), k.lifecycle()}, {k.prefix(), ctx_.session});
     const std::string st = script_status(r);
     if (st == "notfound") throw NotFound("no tensor named '" + std::string(name) + "'");
+    if (st == "stray") throw NotFound("no tensor named '" + std::string(name) + "': " + stray_record(k.tensor(name), r[1].str()));
     if (st == "free") alloc_.free_unlinked(*c, reply_u64(r[1]), true);
     else if (st != "ok" && st != "queued") unexpected_status("remove", st);
   }

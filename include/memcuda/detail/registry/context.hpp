@@ -149,6 +149,17 @@ inline std::string script_status(const redis::Reply& r) {
   return std::string(r[0].str());
 }
 
+// What a script's 'stray' status means: the key under a tensor's name is not
+// a record of ours (a Hash without a generation, e.g. written by hand, or not
+// a Hash at all). It is left as it is; this says what it is and how to clear it.
+inline std::string stray_record(const std::string& key, std::string_view type) {
+  const std::string what = type == "hash" ? std::string("a Hash without a 'generation' field")
+                                          : "a " + std::string(type) + ", not a Hash";
+  return "the key '" + key + "' exists but is not a mem-cuda tensor record (" + what +
+         "); it was left untouched. If nothing of yours is stored there, delete it (redis-cli DEL '" + key +
+         "') and try again";
+}
+
 // A status the code does not know: a bug or a script of another version,
 // never a lost lease (only 'notleader' says that).
 // A record the acquire scripts refused to take a reference to: its
