@@ -158,7 +158,7 @@ class DevicePool {
       id = it->second;
     } else {
       id = next_id_.fetch_add(1);
-      auto exported = std::make_shared<ExportedBlock>(backend_, backend_.adopt(ts.front(), id));
+      auto exported = std::make_shared<ExportedBlock>(backend_, backend_.adopt(ts.front(), id, tag_));
       const std::uint64_t size = exported->allocation().size;
       if (size == 0 || size % opts_.alignment != 0)
         throw Unavailable("allocation " + handle + " of " + std::to_string(size) +
@@ -180,11 +180,12 @@ class DevicePool {
     return out;
   }
 
-  // The handles of the allocations this pool adopted and still holds.
+  // The handles of the allocations this pool adopted and still holds, as
+  // importers open them now (host: the pool's own link names).
   std::vector<std::string> adopted_handles() const {
     std::lock_guard lk(mu_);
     std::vector<std::string> v;
-    for (const auto& [h, id] : adopted_) v.push_back(h);
+    for (const auto& [h, id] : adopted_) v.push_back(slabs_.at(id).exported->allocation().handle);
     return v;
   }
 
@@ -347,7 +348,7 @@ class DevicePool {
       }
       released += blocks_.slab_size(id);
       blocks_.remove_slab(id);
-      if (it->second.adopted) adopted_.erase(it->second.exported->allocation().handle);
+      if (it->second.adopted) std::erase_if(adopted_, [&](const auto& e) { return e.second == id; });
       out.push_back(std::move(it->second.exported));
       slabs_.erase(it);  // memory goes with the last local user of the slab
     }
@@ -378,7 +379,8 @@ class DevicePool {
   mutable std::mutex mu_;
   BlockAllocator blocks_;
   std::unordered_map<std::uint64_t, SlabEntry> slabs_;
-  std::unordered_map<std::string, std::uint64_t> adopted_;  // handle -> slab id of adopted allocations
+  // The dead owner's handle (the records' before adoption) -> slab id of adopted allocations
+  std::unordered_map<std::string, std::uint64_t> adopted_;
   std::atomic<std::uint64_t> adopted_bytes_{0}, copied_bytes_{0};
 };
 

@@ -260,6 +260,7 @@ class Migration {
     const Allocation& a = pb->slab->allocation();
     auto [tok, epoch] = lease_.current();
     TensorInfo n = t;
+    n.ipc_handle = a.handle;  // host: the adopter's own name of the same object
     n.alloc_id = a.alloc_id;
     n.alloc_kind = a.alloc_kind;
     n.fd_source = a.fd_source;
