@@ -959,6 +959,12 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   CHECK(j.at("alloc_kind").as_string() == "host_shm");
   CHECK(j.at("owner_pid").as_int64() == a->pid());
   const std::string handle(j.at("shm_name").as_string());
+  auto inode_of = [](const std::string& shm_name) {
+    struct stat st {};
+    return ::stat(("/dev/shm" + shm_name).c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  const auto inode = inode_of(handle);
+  REQUIRE(inode != 0);
   auto text = memcuda_cli(at(srv, {"info", "w"})).out;
   CHECK(contains(text, "alloc_kind"));
   CHECK(contains(text, "host_shm"));
@@ -1014,11 +1020,14 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   CHECK(contains(text, R"(memcuda_pool_adopted_bytes_total{backend="host",device="-1",uuid=""} 4096)" "\n"));
   CHECK(contains(text, R"(memcuda_pool_copied_bytes_total{backend="host",device="-1",uuid=""} 0)" "\n"));
 
-  // the record now names the standby, and the same shm object: adopted, not copied
+  // the record now names the standby, and the same shm object (under the
+  // standby's own name): adopted, not copied
   j = parse_json(memcuda_cli(at(srv, {"info", "w", "--json"})));
   CHECK(j.at("alloc_kind").as_string() == "host_shm");
   CHECK(j.at("owner_pid").as_int64() == b->pid());
-  CHECK(j.at("shm_name").as_string() == handle);
+  const std::string now(j.at("shm_name").as_string());
+  CHECK(now.rfind("/memcuda." + std::to_string(b->pid()) + "-", 0) == 0);
+  CHECK(inode_of(now) == inode);
 
   b->kill(SIGINT);
   CHECK(b->wait() == 0);

@@ -141,7 +141,9 @@ TEST_CASE("a budget is enforced with a clear error and leaves the registry consi
   CHECK_NOTHROW(reg.create<std::uint8_t>("c", {900 << 10}));
 }
 
-TEST_CASE("MEMCUDA_DEBUG_POISON fills fresh and freed blocks with 0xDD", "[redis][pool]") {
+// A new tensor reads as zeros all the same: poison shows in the padding of
+// its block and in freed blocks.
+TEST_CASE("MEMCUDA_DEBUG_POISON fills freed blocks and block padding with 0xDD", "[redis][pool]") {
   test::RedisServer srv;
   auto o = pool_opts(srv);
   o.pool.poison = true;
@@ -149,7 +151,9 @@ TEST_CASE("MEMCUDA_DEBUG_POISON fills fresh and freed blocks with 0xDD", "[redis
   auto t = reg.create<std::uint8_t>("p", {1000});
   std::vector<std::uint8_t> v(1000);
   t.copy_to_host(v);
-  CHECK(std::all_of(v.begin(), v.end(), [](auto b) { return b == 0xDD; }));
+  CHECK(std::all_of(v.begin(), v.end(), [](auto b) { return b == 0; }));
+  const auto* pad = static_cast<const std::uint8_t*>(t.data()) + 1000;  // up to the 256-byte alignment
+  CHECK(std::all_of(pad, pad + 24, [](auto b) { return b == 0xDD; }));
   std::fill(v.begin(), v.end(), 7);
   t.copy_from_host(v);
   auto* raw = static_cast<std::uint8_t*>(t.data());  // the slab stays mapped by the pool

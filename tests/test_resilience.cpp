@@ -281,8 +281,9 @@ TEST_CASE("SIGTERM of the allocator of record with a standby hands every tensor 
     }
   }
   CHECK(intact == kTensors);
-  // Adopted by the standby, which owns them now.
-  CHECK(client.info("m/0").owner_pid == b->pid());
+  // Adopted by the standby, which owns them now (its first GC round after
+  // the stopped process is gone).
+  CHECK(eventually([&] { return client.info("m/0").owner_pid == b->pid(); }));
 
   // Without a standby, a stop says what goes with it.
   b->kill(SIGTERM);

@@ -427,6 +427,7 @@ void soak(const SoakConfig& cfg) {
   //   memcuda:pool_stats          the leader's published pool statistics (PX 3 x ttl)
   //   memcuda:processing_lists    the Set naming the leader's processing list,
   //                               kept for the next takeover's re-queue
+  //   memcuda:owner_uid           the leader's uid (never expires)
   //   memcuda:reply:<worker>:<n> only with an expiry (<= 60 s): a reply that
   //                               arrived after its requester died or gave up
   //   memcuda:inbox:<session>     only with an expiry (<= 60 s): messages to a
@@ -443,7 +444,7 @@ void soak(const SoakConfig& cfg) {
   // memcuda:waiters:* (the soak never waits), any other session.
   const std::set<std::string> fixed = {"memcuda:leader",      "memcuda:epoch",      "memcuda:generation",
                                        "memcuda:sessions",    "memcuda:pool_stats", "memcuda:processing_lists",
-                                       "memcuda:session:" + reg.session_id()};
+                                       "memcuda:owner_uid",   "memcuda:session:" + reg.session_id()};
   for (const auto& k : all_keys(c)) {
     INFO("key " << k);
     if (fixed.count(k)) continue;

@@ -73,6 +73,12 @@ int shm_objects_of(const std::vector<pid_t>& pids) {
   return n;
 }
 
+// The inode of a shm object (0 when it does not exist).
+ino_t inode_of(const std::string& shm_name) {
+  struct stat st {};
+  return ::stat(("/dev/shm" + shm_name).c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
 // Polls `done` until it holds or `limit` passes (a bound for a slow
 // machine, not an assertion on timing); returns its last value.
 bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 15s) {
@@ -138,6 +144,7 @@ void takeover_adopts(bool holder) {
   auto tensors = sample_tensors();
   std::uint64_t total = 0;
   std::map<std::string, std::string> handle, offset, gen, ptr;
+  std::map<std::string, ino_t> inode;  // of each tensor's shm object: adoption keeps the object
   std::uint64_t seed = 11;
   for (auto& t : tensors) {
     INFO(t.name);
@@ -149,6 +156,7 @@ void takeover_adopts(bool holder) {
     REQUIRE(a->ask("release " + t.name) == "OK");  // only the name holds it now
     const std::string k = "memcuda:tensor:" + t.name;
     handle[t.name] = hget(c, k, "ipc_handle");
+    inode[t.name] = inode_of(handle[t.name]);
     offset[t.name] = hget(c, k, "offset");
     gen[t.name] = hget(c, k, "generation");
     CHECK(hget(c, k, "alloc_kind") == "host_shm");
@@ -186,7 +194,10 @@ void takeover_adopts(bool holder) {
     for (const auto& t : tensors) {
       INFO(t.name);
       const std::string k = "memcuda:tensor:" + t.name;
-      CHECK(hget(c, k, "ipc_handle") == handle[t.name]);  // the same object: adopted, not copied
+      // the same object, adopted (not copied), now under a name of the adopter's
+      const std::string now = hget(c, k, "ipc_handle");
+      CHECK(starts_with(now, "/memcuda." + next_pid + "-"));
+      CHECK(inode_of(now) == inode[t.name]);
       CHECK(hget(c, k, "offset") == offset[t.name]);
       CHECK(hget(c, k, "generation") != gen[t.name]);      // republished under a new generation
       CHECK(hget(c, k, "alloc_kind") == "host_shm");
@@ -238,10 +249,11 @@ void takeover_adopts(bool holder) {
     REQUIRE(h->ask("pattern t_tiny 12") == "OK");
     CHECK(field(d->ask("digest t_tiny"), "fnv") == tensors[1].digest);
   }
-  // the dead owner's objects its records use are adopted; the empty slab
-  // no record uses is unlinked (a round after all its records settled)
-  CHECK(eventually([&] { return shm_objects_of({a_pid}) == 2; }));
-  CHECK(shm_objects_of({a_pid}) == 2);
+  // the dead owner's objects its records used are adopted under the
+  // adopter's names; every name of the dead owner (those, and the empty
+  // slab no record uses) is unlinked a round after all its records settled
+  CHECK(eventually([&] { return shm_objects_of({a_pid}) == 0; }));
+  CHECK(shm_objects_of({s1->pid()}) == 2);
 
   // adoption is repeatable: the adopter dies too, its standby adopts again
   auto s2 = worker(srv);
@@ -476,15 +488,15 @@ TEST_CASE("pool statistics carry adopted and copied bytes, optional on the wire"
   CHECK(old[0].copied_bytes == 0);
 }
 
-// The host backend adopts an object another process created and frees it
-// once: the adopter's mapping sees the creator's bytes; until a record was
-// republished to the adopter, giving it up leaves the object in /dev/shm
-// (its name is still the dead owner's records'); once committed, freeing
-// it unlinks it; and reclaim_owner unlinks the rest of that owner's objects
-// except those kept.
-TEST_CASE("host backend: adopt maps the same object, frees it only once committed", "[takeover]") {
+// The host backend adopts an object another process created: the adopter
+// maps the same object and links it under its own name (records then name
+// it as any allocation of the adopter); freeing the adoption unlinks only
+// that name, the dead owner's name is left to the sweep (reclaim_owner,
+// which unlinks that owner's objects except those kept).
+TEST_CASE("host backend: adopt maps the same object under the adopter's name", "[takeover]") {
   auto& hb = detail::backend_for(BackendKind::host);
-  const std::string tag = std::to_string(::getpid()) + "-adopttest000000";
+  const std::string tag = std::to_string(::getpid()) + "-00000000adad7e57";
+  const std::string me = std::to_string(::getpid()) + "-00000000adad7e58";
   detail::Allocation orig = hb.allocate(4096, -1, 1, tag);
   detail::Allocation spare = hb.allocate(4096, -1, 2, tag);
   std::memset(orig.base, 0x5A, 4096);
@@ -494,27 +506,39 @@ TEST_CASE("host backend: adopt maps the same object, frees it only once committe
   t.ipc_handle = orig.handle;
   t.alloc_bytes = orig.size;
   t.alloc_kind = "host_shm";
+  t.owner = tag;
+  t.alloc_id = 1;
   auto exists = [](const std::string& name) { return std::filesystem::exists("/dev/shm" + name); };
+  auto inode = [](const std::string& name) {
+    struct stat st {};
+    REQUIRE(::stat(("/dev/shm" + name).c_str(), &st) == 0);
+    return st.st_ino;
+  };
 
-  detail::Allocation a = hb.adopt(t, 77);
+  detail::Allocation a = hb.adopt(t, 77, me);
   CHECK(a.alloc_id == 77);
-  CHECK(a.handle == orig.handle);
+  CHECK(a.handle == "/memcuda." + me + ".77");
+  CHECK(inode(a.handle) == inode(orig.handle));  // the same object
   CHECK(a.alloc_kind == "host_shm");
   REQUIRE(a.adopted());
   CHECK(static_cast<unsigned char*>(a.base)[4095] == 0x5A);
-  hb.deallocate(a);  // not committed: unmapped only
+  hb.deallocate(a);  // its own name goes, the dead owner's stays
+  CHECK_FALSE(exists(a.handle));
   CHECK(exists(orig.handle));
 
-  detail::Allocation b = hb.adopt(t, 78);
+  detail::Allocation b = hb.adopt(t, 78, me);
   b.adopted_committed->store(true);
   CHECK(hb.reclaim_owner(tag, {orig.handle}) == 1);  // the spare one, no record uses it
   CHECK_FALSE(exists(spare.handle));
   CHECK(exists(orig.handle));
-  hb.deallocate(b);  // committed: the last owner unlinks it
+  CHECK(hb.reclaim_owner(tag, {}) == 1);  // the dead owner's name: the memory lives on under b's
   CHECK_FALSE(exists(orig.handle));
+  CHECK(static_cast<unsigned char*>(b.base)[0] == 0x5A);
+  hb.deallocate(b);
+  CHECK_FALSE(exists(b.handle));
   ::munmap(orig.base, orig.size);
   ::munmap(spare.base, spare.size);
 
   TensorInfo gone = t;
-  CHECK_THROWS_AS(hb.adopt(gone, 79), Lost);
+  CHECK_THROWS_AS(hb.adopt(gone, 79, me), Lost);
 }

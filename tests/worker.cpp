@@ -3,6 +3,7 @@
 // "ERR <code> <message>").
 //
 //   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--session-ttl MS] [--backend host|cuda]
+//                       [--uid UID] (drop to that user first; root only)
 //   commands: create|createp NAME D0,D1,.. FILL | get NAME | release NAME | remove NAME
 //             | fill NAME VALUE | sum NAME | leader | info NAME | gc | trim | stats
 //             | pattern NAME SEED (a distinct value per element) | digest NAME (FNV-1a of its bytes, its pointer)
@@ -10,6 +11,11 @@
 //             | publishver PREFIX | version PREFIX | waitver PREFIX AFTER TIMEOUT_MS [NAME]
 //             | waitver-gpu PREFIX AFTER TIMEOUT_MS NAME | sumheld-nowait NAME (test kernels)
 //             | opensd PREFIX (open_state_dict, held) | closesd PREFIX
+#include <grp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -90,6 +96,13 @@ int main(int argc, char** argv) {
     else if (a == "--timeout") o.request_timeout = std::chrono::milliseconds(std::stoll(next()));
     else if (a == "--backend") backend = backend_from_string(next());
     else if (a == "--linger") o.release_linger = std::chrono::milliseconds(std::stoll(next()));
+    else if (a == "--uid") {  // runs as that user (and group): a peer of another user; needs root
+      const auto uid = static_cast<uid_t>(std::stoul(next()));
+      if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) {
+        std::cout << "ERR setuid " << std::strerror(errno) << std::endl;
+        return 1;
+      }
+    }
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;

@@ -82,8 +82,9 @@ struct PoolOptions {
   // Where cuda slabs come from (null: cudaMalloc). Must hand out plain
   // cudaMalloc memory: see memory_resource.hpp.
   std::shared_ptr<DeviceMemoryResource> upstream;
-  // Fill fresh and freed blocks with 0xDD to expose reads of uninitialised
-  // or freed memory. Default: MEMCUDA_DEBUG_POISON=1.
+  // Fill freed blocks, and the padding after a new tensor's bytes, with
+  // 0xDD to expose reads of freed memory or past a tensor's end (a new
+  // tensor itself always reads as zeros). Default: MEMCUDA_DEBUG_POISON=1.
   bool poison = [] {
     const char* e = std::getenv("MEMCUDA_DEBUG_POISON");
     return e && *e && *e != '0';

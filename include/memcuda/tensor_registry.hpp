@@ -74,7 +74,7 @@ class TensorRegistry {
   TensorRegistry(const TensorRegistry&) = delete;
   TensorRegistry& operator=(const TensorRegistry&) = delete;
 
-  // Creates the named tensor (zero-filled is NOT guaranteed) and returns a
+  // Creates the named tensor (it reads as zeros) and returns a
   // handle holding the creator's reference (refcount 1, or 2 when
   // persistent). In the allocator of record it allocates directly; in any
   // other process it sends a create command and waits up to
@@ -182,7 +182,8 @@ class TensorRegistry {
   std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names) {
     return get_many(names).take_all();
   }
-  // Creates every tensor, all or nothing (AlreadyExists names the first taken name).
+  // Creates every tensor, all or nothing (AlreadyExists names the first taken
+  // name); each reads as zeros.
   std::map<std::string, SharedTensor<void>> create_many(const std::vector<TensorSpec>& specs);
   // Unlinks each name (as remove()); a missing name is in .errors.
   BatchRemoveResult remove_many(const std::vector<std::string>& names);

@@ -130,6 +130,23 @@ inline void copy_synchronously(void* dst, const void* src, std::uint64_t n, int 
     if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
 }
 
+// Zeroes the (pointer, bytes) ranges of `device`, all on one stream of its
+// own, and returns when they are done: a new tensor reads as zeros before
+// its record is published, whoever maps it and on whatever stream.
+inline void zero_synchronously(const std::vector<std::pair<void*, std::uint64_t>>& ranges, int device) {
+  if (ranges.empty()) return;
+  DeviceGuard g(device < 0 ? 0 : device);
+  cudaStream_t s{};
+  MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaError_t st = cudaSuccess;
+  for (const auto& [p, n] : ranges)
+    if (n && (st = cudaMemsetAsync(p, 0, n, s)) != cudaSuccess) break;
+  const cudaError_t sync = cudaStreamSynchronize(s);
+  if (st == cudaSuccess) st = sync;
+  MEMCUDA_CUDA_LOG(cudaStreamDestroy(s));
+  if (st != cudaSuccess) throw_cuda(st, "cudaMemsetAsync (zeroing a new tensor)");
+}
+
 inline std::string format_uuid(const cudaUUID_t& u) {
   // nvidia-smi's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
   char buf[64];

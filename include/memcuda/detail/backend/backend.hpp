@@ -31,9 +31,10 @@ struct Allocation {
   std::string alloc_kind;   // the records' "alloc_kind" (namespace alloc_kind below)
   DeviceMemoryResource* upstream = nullptr;  // cuda: where the memory came from
   // Set for an allocation adopted from a dead exporter (Backend::adopt):
-  // false until a record was republished pointing at it, and while false
-  // deallocate() only unmaps (the name may still be the dead owner's
-  // records', and a successor leader may adopt it instead of us).
+  // false until a record was republished pointing at it (migration.hpp).
+  // Host adoption gives the object a name of the adopter's own (a link),
+  // which deallocate() unlinks either way; the dead owner's name is left
+  // to the migration's sweep of that owner.
   std::shared_ptr<std::atomic<bool>> adopted_committed;
   bool adopted() const noexcept { return adopted_committed != nullptr; }
   // Set (true) when a stopping allocator of record hands its allocations to
@@ -57,6 +58,16 @@ inline constexpr std::string_view host_shm = "host_shm";    // POSIX shm object,
 inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
 inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd from the owner (fd_source)
 }  // namespace alloc_kind
+
+// The memory a record points at belongs to another user: the object is
+// owned by another uid, or the system refused this process (EACCES, EPERM).
+// A process of that user can serve it, so migration leaves such tensors
+// for a leader that can instead of marking them lost. On the wire it is
+// plain Unavailable.
+class AccessDenied final : public Unavailable {
+ public:
+  using Unavailable::Unavailable;
+};
 
 // An allocation exported by another process, mapped into this one. Unmapped
 // by the destructor. Shared by every tensor of this process that lives in it.
@@ -112,10 +123,12 @@ class Backend {
   // exporter and only a copy through a live mapping saves it (migration.hpp).
   virtual bool can_adopt(const TensorInfo&) const noexcept { return false; }
   // Maps the allocation holding `t` and returns it as one this process now
-  // owns (deallocate() frees it, once committed: see Allocation), under the
-  // new `alloc_id`; `handle` stays what importers open. Throws Lost when it
-  // is gone, Unavailable when it cannot be adopted.
-  virtual Allocation adopt(const TensorInfo& t, std::uint64_t /*alloc_id*/) {
+  // owns (deallocate() frees it: see Allocation), under the new `alloc_id`;
+  // `handle` is what importers open from then on (host: the same object
+  // under this process's own name, `tag` being its session id; vmm: the
+  // same key). Throws Lost when it is gone, AccessDenied when it belongs to
+  // another user, Unavailable or ProtocolError when it cannot be adopted.
+  virtual Allocation adopt(const TensorInfo& t, std::uint64_t /*alloc_id*/, const std::string& /*tag*/) {
     throw Unavailable("tensor '" + t.name + "': its memory cannot be adopted by this backend");
   }
   // Frees what the dead exporter `tag` (its session id) left that no record

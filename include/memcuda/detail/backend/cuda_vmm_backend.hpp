@@ -257,6 +257,8 @@ class CudaVmmBackend final : public Backend {
       if (t.fd_source.empty())
         throw Unavailable(what + ": its record has no fd_source (written by a build without the vmm backend?)");
       ServedSource src = decode_fd_source(t.fd_source);
+      // Only an fd server of the registry's own naming, of the record's owner.
+      check_fd_source(src, t.owner_pid, what);
       try {
         fd = fetch(src.source, src.id).fd;
       } catch (const FdTransferError& e) {
@@ -289,7 +291,7 @@ class CudaVmmBackend final : public Backend {
   // (an imported handle cannot be exported again: the fd itself is passed
   // on). The served entry is published by the session that commits it
   // (ServedFd::retag, migration.hpp).
-  Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id) override {
+  Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id, const std::string& /*tag*/) override {
     check_kind(t);
     const std::string key = vmm_key(t.ipc_handle);
     const std::string what = "adopting " + key + " of tensor '" + t.name + "'";

@@ -40,6 +40,8 @@ class Keys {
   std::string names() const { return prefix_ + "memcuda:names"; }
   std::string leader() const { return prefix_ + "memcuda:leader"; }
   std::string epoch() const { return prefix_ + "memcuda:epoch"; }
+  // The effective uid of the namespace's allocators of record (owner_uid.hpp).
+  std::string owner_uid() const { return prefix_ + "memcuda:owner_uid"; }
   std::string generation() const { return prefix_ + "memcuda:generation"; }
   std::string processing(std::uint64_t epoch) const {
     return prefix_ + "memcuda:processing:" + std::to_string(epoch);

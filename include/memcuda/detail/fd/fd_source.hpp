@@ -86,6 +86,30 @@ inline ServedSource decode_fd_source(std::string_view text) {
   return s;
 }
 
+// The address FdService gives the fd server of process `pid`:
+// "@memcuda-fd-<pid>-<16 hex>" (fd_service.hpp).
+inline bool is_registry_fd_address(std::string_view a, std::int64_t pid) {
+  const std::string head = "@memcuda-fd-" + std::to_string(pid) + "-";
+  if (pid <= 0 || !a.starts_with(head) || a.size() != head.size() + 16) return false;
+  for (char c : a.substr(head.size()))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// A source read from Redis is used only when it names what the registry
+// itself serves: the fd server of the process `owner_pid` (the record's
+// owner) under FdService's naming, and an fd of that same process. Throws
+// ProtocolError(bad_record) otherwise, before anything is connected to or
+// taken from another process.
+inline void check_fd_source(const ServedSource& s, std::int64_t owner_pid, const std::string& what) {
+  if (s.source.pid != owner_pid || !is_registry_fd_address(s.source.address, owner_pid))
+    throw ProtocolError(ProtocolErrc::bad_record,
+                        what + ": its fd source (pid " + std::to_string(s.source.pid) + ", server '" +
+                            s.source.address.substr(0, 80) + "') is not the fd server of its owner (pid " +
+                            std::to_string(owner_pid) + ", '@memcuda-fd-" + std::to_string(owner_pid) +
+                            "-<16 hex>'); refused (a record edited in Redis?)");
+}
+
 // The ipc_handle of a cuda_vmm_fd allocation: "vmm:<owner session>:<alloc
 // id>", NUL-padded to the 64 bytes every cuda record's ipc_handle has (so
 // readers of any version decode the record and fail, if at all, on its

@@ -34,6 +34,9 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 struct PoolBlock {
   std::shared_ptr<ExportedBlock> slab;
   Block block;
+  // In an allocation the OS made for this very call and that it hands out
+  // zeroed (a new shm object): zero() has nothing to do.
+  bool fresh = false;
 };
 
 class DevicePool {
@@ -71,11 +74,31 @@ class DevicePool {
     }
     const std::uint64_t slab = want < threshold_ ? slab_bytes_ : want;
     make_room(slab, bytes, released);
-    add_allocation(slab, want >= threshold_, released);
-    auto b = blocks_.allocate(want);
+    const std::uint64_t id = add_allocation(slab, want >= threshold_, released);
+    auto b = blocks_.allocate_in(id, want);
     if (!b) throw InternalError("a fresh slab of " + std::to_string(slab) + " bytes could not hold " +
                                 std::to_string(want));
-    return finish(*b, bytes);
+    PoolBlock pb = finish(*b, bytes);
+    pb.fresh = os_zeroed();
+    return pb;
+  }
+
+  // Makes each block's first `bytes` (a new tensor's contents) read as
+  // zeros before its record is published: a freed tensor's bytes are never
+  // handed to the next creator. Runs outside the pool's lock; host: memset,
+  // cuda: one stream, waited for. Skips fresh blocks (PoolBlock::fresh).
+  void zero(const std::vector<std::pair<const PoolBlock*, std::uint64_t>>& blocks) {
+    std::vector<std::pair<void*, std::uint64_t>> ranges;
+    for (const auto& [pb, bytes] : blocks)
+      if (!pb->fresh && bytes)
+        ranges.emplace_back(static_cast<char*>(pb->slab->base()) + pb->block.offset, std::min(bytes, pb->block.size));
+    if (backend_.kind() == BackendKind::host) {
+      for (const auto& [p, n] : ranges) std::memset(p, 0, n);
+      return;
+    }
+#if MEMCUDA_HAS_CUDA()
+    zero_synchronously(ranges, device_);
+#endif
   }
 
   // Places a whole batch (block sizes `sizes`, in order) in ONE allocation
@@ -109,6 +132,7 @@ class DevicePool {
     std::vector<std::shared_ptr<ExportedBlock>> released;  // freed after unlocking
     std::lock_guard lk(mu_);
     std::optional<std::uint64_t> id = reusable_dedicated(total);
+    const bool added = !id;
     if (!id) {
       try {
         make_room(size, total, released);
@@ -121,6 +145,7 @@ class DevicePool {
     }
     std::vector<PoolBlock> out;
     out.reserve(sizes.size());
+    const bool fresh = added && os_zeroed();
     std::uint64_t off = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       auto b = blocks_.allocate_at(*id, off, sizes[i] == 0 ? 1 : sizes[i]);
@@ -134,6 +159,7 @@ class DevicePool {
       }
       off += b->size;
       out.push_back(finish(*b, sizes[i]));
+      out.back().fresh = fresh;
     }
     return out;
   }
@@ -158,7 +184,7 @@ class DevicePool {
       id = it->second;
     } else {
       id = next_id_.fetch_add(1);
-      auto exported = std::make_shared<ExportedBlock>(backend_, backend_.adopt(ts.front(), id));
+      auto exported = std::make_shared<ExportedBlock>(backend_, backend_.adopt(ts.front(), id, tag_));
       const std::uint64_t size = exported->allocation().size;
       if (size == 0 || size % opts_.alignment != 0)
         throw Unavailable("allocation " + handle + " of " + std::to_string(size) +
@@ -174,17 +200,18 @@ class DevicePool {
       if (ts[i].ipc_handle != handle) continue;
       if (auto b = blocks_.allocate_at(id, ts[i].offset, ts[i].bytes)) {
         requested_ += ts[i].bytes;
-        out[i] = PoolBlock{slab, *b};
+        out[i] = PoolBlock{slab, *b, false};
       }
     }
     return out;
   }
 
-  // The handles of the allocations this pool adopted and still holds.
+  // The handles of the allocations this pool adopted and still holds, as
+  // importers open them now (host: the pool's own link names).
   std::vector<std::string> adopted_handles() const {
     std::lock_guard lk(mu_);
     std::vector<std::string> v;
-    for (const auto& [h, id] : adopted_) v.push_back(h);
+    for (const auto& [h, id] : adopted_) v.push_back(slabs_.at(id).exported->allocation().handle);
     return v;
   }
 
@@ -312,9 +339,13 @@ class DevicePool {
     return (n + a - 1) / a * a;
   }
 
+  // Whether a slab add_allocation() just made reads as zeros: a new shm
+  // object does (unless poison() filled it); device memory need not.
+  bool os_zeroed() const noexcept { return backend_.kind() == BackendKind::host && !opts_.poison; }
+
   PoolBlock finish(const Block& b, std::uint64_t requested) {
     requested_ += requested;
-    PoolBlock pb{slabs_.at(b.slab_id).exported, b};
+    PoolBlock pb{slabs_.at(b.slab_id).exported, b, false};
     if (opts_.poison) poison(pb.slab->base(), b);
     return pb;
   }
@@ -361,7 +392,7 @@ class DevicePool {
       }
       released += blocks_.slab_size(id);
       blocks_.remove_slab(id);
-      if (it->second.adopted) adopted_.erase(it->second.exported->allocation().handle);
+      if (it->second.adopted) std::erase_if(adopted_, [&](const auto& e) { return e.second == id; });
       out.push_back(std::move(it->second.exported));
       slabs_.erase(it);  // memory goes with the last local user of the slab
     }
@@ -392,7 +423,8 @@ class DevicePool {
   mutable std::mutex mu_;
   BlockAllocator blocks_;
   std::unordered_map<std::uint64_t, SlabEntry> slabs_;
-  std::unordered_map<std::string, std::uint64_t> adopted_;  // handle -> slab id of adopted allocations
+  // The dead owner's handle (the records' before adoption) -> slab id of adopted allocations
+  std::unordered_map<std::string, std::uint64_t> adopted_;
   std::atomic<std::uint64_t> adopted_bytes_{0}, copied_bytes_{0};
 };
 

@@ -97,6 +97,7 @@ class Allocator {
         if (pool) pool->deallocate(*pb);
       }
     } giveback{&pool, &pb};
+    if (!parked) pool.zero({{&pb, bytes}});  // a new tensor reads as zeros (a parked one was zeroed before)
 
     TensorInfo t;
     if (parked) {

@@ -115,6 +115,14 @@ class BatchAllocator {
       }
     }
 
+    // Every new tensor reads as zeros before the script publishes it (one
+    // pass per pool; parked blocks were zeroed by their first attempt).
+    for (const auto& [pool, idx] : groups) {
+      std::vector<std::pair<const PoolBlock*, std::uint64_t>> blocks;
+      for (auto i : idx) blocks.emplace_back(&slots.v[i].pb, bytes[i]);
+      pool->zero(blocks);
+    }
+
     const auto& k = ctx.keys;
     const std::string holder = holder_of(cmd);
     std::vector<std::string> keys{k.names(), k.leader(), k.generation()};

@@ -31,12 +31,13 @@
 
 #include "memcuda/detail/node.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/owner_uid.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Lease {
  public:
-  explicit Lease(Context& ctx) : ctx_(ctx) {}
+  explicit Lease(Context& ctx) : ctx_(ctx), owner_uid_(ctx.keys) {}
 
   bool held() const noexcept { return leader_.load(std::memory_order_acquire); }
 
@@ -49,6 +50,7 @@ class Lease {
   // Campaigns once. On success this process is the allocator of record and
   // commands left by dead leaders are queued again.
   bool try_acquire(redis::Connection& c) {
+    if (!owner_uid_.may_campaign(c)) return false;  // another user's namespace: it could serve none of it
     const auto& k = ctx_.keys;
     auto r = ctx_.scripts.lease_acquire.eval(c, {k.leader(), k.epoch()}, {ctx_.session, ctx_.opts.lease_ttl.count()});
     std::string token(r[1].str());
@@ -71,6 +73,7 @@ class Lease {
       token_ = token;
       epoch_ = epoch;
     }
+    owner_uid_.claim(c);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
     auto n = ctx_.scripts.requeue.eval(c, {k.lifecycle(), k.processing_lists()}, {k.processing(epoch)});
     leader_.store(true, std::memory_order_release);
@@ -173,6 +176,7 @@ class Lease {
   }
 
   Context& ctx_;
+  OwnerUid owner_uid_;
   std::atomic<bool> leader_{false};
   mutable std::mutex mu_;  // leaf: guards token_, epoch_ and the watched holder
   std::string token_;

@@ -150,7 +150,8 @@ class Migration {
       if (owner == ctx_.session || dead.count(owner)) continue;
       dead[owner] = !ctx_.owner_alive(c, owner, 0);
     }
-    for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated)) {
+    std::vector<TensorInfo> denied;  // another user's memory: left for a leader that can open it
+    for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated, denied)) {
       Adopted a = adopt_one(c, token, t);
       if (a == Adopted::migrated) ++migrated;
       if (a == Adopted::lost) ++lost;
@@ -161,8 +162,11 @@ class Migration {
         alloc_.add_orphan(t);
       }
     }
-    // What this process adopted is its own now, though named by its dead
-    // creator: never unlinked as an orphan.
+    for (const auto& t : denied) {
+      still_used.insert(t.ipc_handle);
+      unsettled.insert(t.owner);
+    }
+    // What this process adopted is its own now: never unlinked as an orphan.
     std::set<std::string> keep = still_used;
     for (DevicePool* p : alloc_.pools())
       for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
@@ -200,8 +204,11 @@ class Migration {
   // and each record republished pointing at it. Returns the tensors left
   // for the copy path (not adoptable, or their allocation could not be
   // adopted); counts the adopted ones into `adopted`.
+  // Tensors whose memory belongs to another user (AccessDenied) go to
+  // `denied`: neither copied nor marked lost, their memory never touched.
   std::vector<TensorInfo> adopt_in_place(redis::Connection& c, const std::string& token,
-                                         std::vector<TensorInfo> orphans, std::uint64_t& adopted) {
+                                         std::vector<TensorInfo> orphans, std::uint64_t& adopted,
+                                         std::vector<TensorInfo>& denied) {
     std::vector<TensorInfo> rest;
     std::map<std::pair<BackendKind, std::string>, std::vector<TensorInfo>> groups;
     for (auto& t : orphans) {
@@ -220,6 +227,13 @@ class Migration {
         blocks = pool->adopt(ts);
       } catch (const InternalError&) {
         throw;
+      } catch (const AccessDenied& e) {
+        if (denied_logged_.insert(key.second).second)
+          log(LogLevel::error, "cannot adopt allocation " + handle_for_log(ts.front()) + " of dead allocator " +
+                                   ts.front().owner + ": " + e.what() + "; its " + std::to_string(ts.size()) +
+                                   " tensor(s) are left for an allocator of record that can open it");
+        denied.insert(denied.end(), ts.begin(), ts.end());
+        continue;
       } catch (const std::exception& e) {
         log(LogLevel::warn, "cannot adopt allocation " + handle_for_log(ts.front()) + " of dead allocator " +
                                 ts.front().owner + ": " + e.what() + "; its tensors take the copy path");
@@ -266,6 +280,7 @@ class Migration {
     const Allocation& a = pb->slab->allocation();
     auto [tok, epoch] = lease_.current();
     TensorInfo n = t;
+    n.ipc_handle = a.handle;  // host: the adopter's own name of the same object
     n.alloc_id = a.alloc_id;
     n.alloc_kind = a.alloc_kind;
     n.fd_source = a.fd_source;
@@ -538,6 +553,7 @@ class Migration {
   // Dead owners to sweep at the next round (only the round, one at a time,
   // touches it).
   std::map<std::string, std::set<BackendKind>> sweep_next_;
+  std::set<std::string> denied_logged_;  // handles whose AccessDenied was logged once (only the round touches it)
   std::atomic<std::uint64_t> seq_{0};
 };
 

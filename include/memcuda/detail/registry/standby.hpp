@@ -233,6 +233,8 @@ class Standby {
         if (!e || e->owner == ctx_.session) continue;
         try {
           ServedSource src = decode_fd_source(e->source);
+          // Only the registry's own fd server of the entry's owner process.
+          check_fd_source(src, HolderId::pid_of(e->owner).value_or(0), "allocation " + key);
           FetchOptions fo;
           fo.timeout = std::chrono::milliseconds(500);
           holds.hold(ctx_.session, key, fetch(src.source, src.id, fo).fd);

@@ -1,0 +1,410 @@
+// A record's memory fields are data that anyone who can write Redis
+// controls. The registry opens, adopts and unlinks only what it made
+// itself (host backend, against a real redis-server and real processes):
+//  * a host record's ipc_handle must be the registry's own name for its
+//    owner and alloc_id ("/memcuda.<owner session>.<alloc id>"), and the
+//    object a plain one of this user of the record's size; anything else is
+//    refused with a typed error: ProtocolError(bad_record) for a name the
+//    registry did not give, Unavailable for an object that is not what the
+//    record says (AccessDenied, an Unavailable, for another user's);
+//  * such an object is never unlinked: not by `memcuda rm`, not by the
+//    garbage collector, not by a takeover, which does not adopt it either;
+//  * a cuda_vmm_fd fd source is fetched only from the fd server of the
+//    owner's process under the registry's naming (standby holders here;
+//    opens are the same check, run on a GPU host).
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_server.hpp"
+#include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/lease.hpp"
+#include "memcuda/detail/registry/standby.hpp"
+#include "memcuda/memcuda.hpp"
+#include "memcuda/protocol.hpp"
+#include "support/gpu.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+#include "support/skip.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+
+namespace {
+
+RegistryOptions host_opts(const test::RedisServer& srv, bool control = true) {
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.control_thread = control;
+  o.lease_ttl = 300ms;
+  o.request_timeout = 3s;
+  o.gc_interval = std::chrono::hours(1);  // rounds run when the test asks (collect_garbage)
+  o.default_backend = BackendKind::host;
+  return o;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A shm object of another program: created here, with known bytes, removed
+// by the destructor (whatever the registry did).
+class ForeignObject {
+ public:
+  ForeignObject(std::string name, std::size_t size, unsigned char fill) : name_(std::move(name)), size_(size) {
+    ::shm_unlink(name_.c_str());
+    int fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(size)) == 0);
+    std::vector<unsigned char> bytes(size, fill);
+    REQUIRE(::pwrite(fd, bytes.data(), size, 0) == static_cast<ssize_t>(size));
+    fd_ = fd;
+    fill_ = fill;
+  }
+  ~ForeignObject() {
+    ::close(fd_);
+    ::shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  int fd() const { return fd_; }
+  // Still in /dev/shm under its name, and still holding exactly its bytes.
+  bool intact() const {
+    int fd = ::shm_open(name_.c_str(), O_RDONLY, 0);
+    if (fd < 0) return false;
+    struct stat st {};
+    std::vector<unsigned char> got(size_);
+    const bool ok = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) == size_ &&
+                    ::pread(fd, got.data(), size_, 0) == static_cast<ssize_t>(size_) &&
+                    std::all_of(got.begin(), got.end(), [&](unsigned char b) { return b == fill_; });
+    ::close(fd);
+    return ok;
+  }
+
+ private:
+  std::string name_;
+  std::size_t size_;
+  int fd_ = -1;
+  unsigned char fill_ = 0;
+};
+
+std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
+  auto r = c.command({"HGET", key, f});
+  return r.is_nil() ? std::string() : std::string(r.str());
+}
+
+// A pid that no process has any more (a child that exited and was reaped).
+pid_t dead_pid() {
+  pid_t p = ::fork();
+  REQUIRE(p >= 0);
+  if (p == 0) ::_exit(0);
+  REQUIRE(::waitpid(p, nullptr, 0) == p);
+  return p;
+}
+
+// A ready, persistent host record of a dead allocator of record, written
+// by hand: only its name holds it.
+void write_dead_owner_record(redis::Connection& c, const TensorRegistry& reg, const std::string& name,
+                             const std::string& ipc_handle, std::uint64_t alloc_bytes, std::uint64_t generation) {
+  const pid_t pid = dead_pid();
+  TensorInfo t;
+  t.name = name;
+  t.dtype = DType::f32;
+  t.shape = {4};
+  t.node = reg.node_id();
+  t.bytes = 16;
+  t.backend = BackendKind::host;
+  t.alloc_kind = "host_shm";
+  t.ipc_handle = ipc_handle;
+  t.alloc_bytes = alloc_bytes;
+  t.alloc_id = 1;
+  t.refcount = 1;
+  t.state = TensorState::ready;
+  t.generation = generation;
+  t.epoch = 1;
+  t.owner = std::to_string(pid) + "-00000000deadbeef";
+  t.owner_pid = pid;
+  t.holders["@name"] = 1;
+  redis::Command hset{"HSET", "memcuda:tensor:" + name};
+  for (auto& [k, v] : protocol::encode_record(t)) {
+    hset.push_back(k);
+    hset.push_back(v);
+  }
+  c.command(hset);
+  c.command({"SADD", "memcuda:names", name});
+}
+
+// The memcuda binary: next to the test binary, or in ../tools/.
+std::string cli_path() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  REQUIRE(n > 0);
+  buf[n] = 0;
+  const auto dir = std::filesystem::path(buf).parent_path();
+  for (const auto& cand : {dir / "memcuda", dir / ".." / "tools" / "memcuda"})
+    if (::access(cand.c_str(), X_OK) == 0) return cand.lexically_normal().string();
+  FAIL("the memcuda binary is neither next to " << buf << " nor in ../tools: build the memcuda_cli target");
+  return {};
+}
+
+int run_cli(const test::RedisServer& srv, std::vector<std::string> args) {
+  args.insert(args.begin(), {cli_path(), "--url", srv.unix_url()});
+  test::Child p(args);
+  while (p.read_line(30s)) {
+  }
+  return p.wait();
+}
+
+}  // namespace
+
+TEST_CASE("get refuses a record pointed at a shm object the registry did not make", "[security][redis]") {
+  test::RedisServer srv;
+  auto c = srv.connect();
+  TensorRegistry leader(host_opts(srv));
+  TensorRegistry reader(host_opts(srv, false));
+  const std::string owner = leader.session_id();
+  auto t = leader.create<float>("t", {4});
+  const std::string key = "memcuda:tensor:t";
+  const std::string refcount = hget(c, key, "refcount");
+  // a fresh alloc_id: no mapping of this process is found for it, the
+  // reader opens what the record names
+  auto point_at = [&](const std::string& handle, std::uint64_t alloc_bytes) {
+    c.command({"HSET", key, "ipc_handle", handle, "alloc_bytes", std::to_string(alloc_bytes), "alloc_id", "9001"});
+  };
+
+  SECTION("another program's object: not the registry's name") {
+    ForeignObject foreign("/trust-foreign-" + std::to_string(::getpid()), 4096, 0x5C);
+    point_at(foreign.name(), 4096);
+    try {
+      (void)reader.get<float>("t");
+      FAIL("opened another program's shared memory");
+    } catch (const ProtocolError& e) {
+      CHECK(e.errc() == ProtocolErrc::bad_record);
+      CHECK(contains(e.what(), "/memcuda." + owner + ".9001"));
+    }
+    CHECK(foreign.intact());
+  }
+  SECTION("another owner's name") {
+    ForeignObject other("/memcuda." + std::to_string(::getpid()) + "-00000000000000aa.9001", 4096, 0x5C);
+    point_at(other.name(), 4096);
+    CHECK_THROWS_AS(reader.get<float>("t"), ProtocolError);
+    CHECK(other.intact());
+  }
+  SECTION("the registry's name, but not the size its record says") {
+    ForeignObject odd("/memcuda." + owner + ".9001", 1000, 0x5C);
+    point_at(odd.name(), 4096);
+    try {
+      (void)reader.get<float>("t");
+      FAIL("opened an object of another size than its record's");
+    } catch (const Unavailable& e) {
+      CHECK(contains(e.what(), "1000 bytes"));
+    }
+    CHECK(odd.intact());
+  }
+  SECTION("the registry's name, but another user's object") {
+    if (::geteuid() != 0) MEMCUDA_SKIP("giving a shm object to another user needs root (CI runs the tests as root)");
+    ForeignObject theirs("/memcuda." + owner + ".9001", 4096, 0x5C);
+    REQUIRE(::fchown(theirs.fd(), 65534, 65534) == 0);
+    point_at(theirs.name(), 4096);
+    try {
+      (void)reader.get<float>("t");
+      FAIL("opened another user's object");
+    } catch (const Unavailable& e) {
+      CHECK(dynamic_cast<const detail::AccessDenied*>(&e) != nullptr);
+      CHECK(contains(e.what(), "uid 65534"));
+    }
+    CHECK(theirs.intact());
+  }
+  CHECK(hget(c, key, "refcount") == refcount);  // a refused get keeps no reference
+}
+
+// Records of a dead allocator of record pointed at another program's
+// object: a takeover's round does not adopt it (the tensor is given up:
+// nobody can serve it), `memcuda rm` and the garbage collector leave the
+// object alone. Before, the round adopted the object into the leader's
+// pool and the free unlinked it.
+TEST_CASE("rm, garbage collection and takeover never adopt or unlink a foreign shm object", "[security][redis][takeover]") {
+  test::RedisServer srv;
+  auto c = srv.connect();
+  ForeignObject foreign("/trust-foreign-" + std::to_string(::getpid()), 4096, 0x6D);
+  TensorRegistry leader(host_opts(srv));
+  REQUIRE(leader.is_leader());
+
+  // the takeover round: its dead owner's record is not adopted
+  write_dead_owner_record(c, leader, "adopt_me", foreign.name(), 4096, 1000);
+  auto r = leader.collect_garbage();
+  CHECK(r.tensors_migrated == 0);
+  CHECK(hget(c, "memcuda:tensor:adopt_me", "owner") != leader.session_id());
+  CHECK_THROWS_AS(leader.get<float>("adopt_me"), Lost);
+  leader.collect_garbage();
+  CHECK(foreign.intact());
+  for (const auto& p : leader.stats().pools) CHECK(p.adopted_bytes == 0);
+
+  // a record of the registry's naming whose owner is not the name's: the same
+  ForeignObject named("/memcuda." + leader.session_id() + ".1", 4096, 0x6E);
+  write_dead_owner_record(c, leader, "adopt_named", named.name(), 4096, 1001);
+  r = leader.collect_garbage();
+  CHECK(r.tensors_migrated == 0);
+  leader.collect_garbage();
+  CHECK(named.intact());
+
+  // rm: the free of a dead owner's record reclaims only the registry's own
+  write_dead_owner_record(c, leader, "rm_me", foreign.name(), 4096, 1002);
+  CHECK(run_cli(srv, {"rm", "rm_me"}) == 0);
+  CHECK(c.command({"EXISTS", "memcuda:tensor:rm_me"}).integer() == 0);
+  leader.collect_garbage();
+  leader.collect_garbage();
+  CHECK(foreign.intact());
+}
+
+TEST_CASE("host backend: reclaim leaves objects of other names and other users alone", "[security]") {
+  auto& hb = detail::backend_for(BackendKind::host);
+  const std::string tag = std::to_string(::getpid()) + "-00000000000000bb";
+  ForeignObject odd("/memcuda." + tag + ".7x", 4096, 1);           // not a name allocate() gives
+  ForeignObject notag("/memcuda.x.7", 4096, 1);                     // of no session
+  CHECK(hb.reclaim_owner(tag, {}) == 0);
+  CHECK(hb.reclaim_owner("x", {}) == 0);
+  CHECK(odd.intact());
+  CHECK(notag.intact());
+
+  TensorInfo t;
+  t.name = "o";
+  t.backend = BackendKind::host;
+  t.alloc_kind = "host_shm";
+  t.owner = tag;
+  t.alloc_id = 8;
+  t.alloc_bytes = 4096;
+  t.ipc_handle = odd.name();  // a name that is not the record's
+  hb.reclaim_orphan(t);
+  CHECK(odd.intact());
+  ForeignObject sized("/memcuda." + tag + ".8", 1000, 1);  // the record's name, another size
+  t.ipc_handle = sized.name();
+  hb.reclaim_orphan(t);
+  CHECK(sized.intact());
+  if (::geteuid() == 0) {
+    ForeignObject theirs("/memcuda." + tag + ".9", 4096, 1);  // the record's name, another user's
+    REQUIRE(::fchown(theirs.fd(), 65534, 65534) == 0);
+    t.alloc_id = 9;
+    t.ipc_handle = theirs.name();
+    hb.reclaim_orphan(t);
+    CHECK(theirs.intact());
+    CHECK(hb.reclaim_owner(tag, {odd.name(), sized.name()}) == 0);
+    CHECK(theirs.intact());
+  }
+  // what the registry made for this record goes
+  detail::Allocation mine = hb.allocate(4096, -1, 10, tag);
+  ::munmap(mine.base, mine.size);
+  t.alloc_id = 10;
+  t.ipc_handle = mine.handle;
+  hb.reclaim_orphan(t);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + mine.handle));
+}
+
+// A standby fetches an allocation's fd only from the fd server of the
+// owner's process under the registry's naming: an entry pointed at another
+// server (here one that would serve) is refused before any connection.
+TEST_CASE("standby: an fd source that is not the owner's registry fd server is not fetched", "[security][fd][vmm][redis]") {
+  test::RedisServer srv;
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.name_space = "tr";
+  detail::Context ca(o), cb(o);
+  detail::Lease lb(cb);
+  detail::Standby sb(cb, lb);
+  auto c = srv.connect();
+  const std::string hkey = "tr:memcuda:allocations";
+
+  const std::string addr = "@trust-foreign-fd-" + std::to_string(::getpid());
+  detail::FdServer server(detail::FdServerOptions{addr});
+  detail::UniqueFd mem(::memfd_create("trust", MFD_CLOEXEC));
+  REQUIRE(mem);
+  server.add(1, mem.get());
+  std::jthread serving([&](std::stop_token st) {
+    while (!st.stop_requested() && server.serve_once(100ms) != detail::ServeResult::stopped) {
+    }
+  });
+  const std::string pid = std::to_string(::getpid());
+  const std::vector<std::pair<std::string, std::string>> entries{
+      {"vmm:" + ca.session + ":1", ca.session + " v1;1;" + pid + ";-1;0;0;" + addr},  // another server's name
+      {"vmm:" + ca.session + ":2", ca.session + " v1;1;1;-1;0;0;@memcuda-fd-1-00000000000000ab"},  // another pid
+  };
+  for (const auto& [k, v] : entries) c.command({"HSET", hkey, k, v});
+  c.command({"SET", "tr:memcuda:allocations_version", "by-hand"});
+  auto p = sb.sync_once(c, true);
+  CHECK(p.fetched == 0);
+  CHECK(p.failed == 2);
+  for (const auto& [k, v] : entries) CHECK_FALSE(detail::FdHolds::instance().held(k));
+  CHECK(server.served() == 0);  // nothing was asked of it
+  server.stop();
+  c.command({"DEL", hkey, "tr:memcuda:allocations_version"});
+}
+
+TEST_CASE("fd sources: only the registry's fd server naming of the owner's pid", "[security][fd][vmm]") {
+  detail::ServedSource s;
+  s.id = 1;
+  s.source.pid = 4242;
+  s.source.address = "@memcuda-fd-4242-0123456789abcdef";
+  CHECK_NOTHROW(detail::check_fd_source(s, 4242, "t"));
+  CHECK_THROWS_AS(detail::check_fd_source(s, 4243, "t"), ProtocolError);  // not the record's owner
+  for (const char* bad : {"@memcuda-fd-4243-0123456789abcdef", "@memcuda-fd-4242-0123456789abcde",
+                          "@memcuda-fd-4242-0123456789ABCDEF", "/tmp/memcuda-fd-4242-0123456789abcdef",
+                          "@some-other-program", "@memcuda-fd-4242-0123456789abcdef0"}) {
+    INFO(bad);
+    s.source.address = bad;
+    CHECK_THROWS_AS(detail::check_fd_source(s, 4242, "t"), ProtocolError);
+  }
+}
+
+#if MEMCUDA_HAS_CUDA()
+
+// The open path of cuda_vmm_fd: a record whose fd source names another
+// server, or a process other than its owner, is refused before anything
+// is connected to (a fresh alloc_id: nothing of this process maps it).
+TEST_CASE("cuda vmm: get refuses an fd source that is not the owner's registry fd server", "[gpu][security]") {
+  MEMCUDA_REQUIRE_GPU();
+  if (!detail::vmm_fd_supported(0)) MEMCUDA_SKIP("device 0 does not support cuMem allocations exported as POSIX fds");
+  test::RedisServer srv;
+  auto c = srv.connect();
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.lease_ttl = 400ms;
+  o.default_backend = BackendKind::cuda;
+  o.cuda_allocation = CudaAllocation::vmm;
+  TensorRegistry leader(o);
+  o.control_thread = false;
+  TensorRegistry reader(o);
+  auto t = leader.create<float>("v", {1024});
+  const std::string key = "memcuda:tensor:v";
+  const std::string pid = hget(c, key, "owner_pid");
+  REQUIRE(hget(c, key, "alloc_kind") == "cuda_vmm_fd");
+  const std::string addr = "@trust-foreign-fd-" + std::to_string(::getpid());
+  detail::FdServer server(detail::FdServerOptions{addr});
+  for (const std::string& src : {"v1;1;" + pid + ";-1;0;0;" + addr,
+                                 std::string("v1;1;1;-1;0;0;@memcuda-fd-1-00000000000000ab")}) {
+    INFO(src);
+    c.command({"HSET", key, "fd_source", src, "alloc_id", "9001"});
+    try {
+      (void)reader.get<float>("v");
+      FAIL("fetched an fd from a source that is not the owner's");
+    } catch (const ProtocolError& e) {
+      CHECK(e.errc() == ProtocolErrc::bad_record);
+    }
+  }
+  CHECK(server.served() == 0);
+  CHECK(server.refused() == 0);
+}
+
+#endif  // MEMCUDA_HAS_CUDA()

@@ -1,0 +1,210 @@
+// A namespace's memory belongs to the user its allocators of record run as
+// (host shm objects are 0600). A process of another user that can reach
+// the same Redis must not lead it: it could open none of the tensors, and
+// used to mark every one lost at a takeover and leave the objects behind.
+// Real processes (memcuda_test_worker, one of them dropped to uid 65534)
+// against a real redis-server; they need root to start a peer of another
+// user and are reported skipped otherwise.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memcuda/memcuda.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+#include "support/skip.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kTtlMs = 400;
+constexpr int kOtherUid = 65534;
+
+// Over TCP: the test server's unix socket is root's alone (0700).
+std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv{test::sibling_program("memcuda_test_worker"), "--url", srv.tcp_url(), "--ttl",
+                                std::to_string(kTtlMs), "--backend", "host"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return std::make_unique<test::Child>(argv);
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool contains(const std::string& s, const std::string& p) { return s.find(p) != std::string::npos; }
+
+// Reads the READY line; true when the worker came up as leader.
+bool ready(test::Child& w) {
+  auto l = w.read_line(10s);
+  REQUIRE(l);
+  INFO(*l);
+  REQUIRE(starts_with(*l, "READY"));
+  return contains(*l, "leader=1");
+}
+
+std::string field(const std::string& reply, const std::string& key) {
+  auto p = reply.find(key + "=");
+  if (p == std::string::npos) return {};
+  p += key.size() + 1;
+  return reply.substr(p, reply.find(' ', p) - p);
+}
+
+int shm_objects_of(const std::vector<pid_t>& pids) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string f = e.path().filename().string();
+    for (pid_t p : pids) n += starts_with(f, "memcuda." + std::to_string(p) + "-");
+  }
+  return n;
+}
+
+// Polls `done` until it holds or `limit` passes (a bound for a slow
+// machine, not an assertion on timing); returns its last value.
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 15s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::steady_clock::now() - t0 > limit) return done();
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
+  auto r = c.command({"HGET", key, f});
+  return r.is_nil() ? std::string() : std::string(r.str());
+}
+
+// Persistent tensors made by the leader `a`, each with its own pattern,
+// held by their names only; returns name -> digest.
+std::map<std::string, std::string> make_tensors(test::Child& a) {
+  std::map<std::string, std::string> digest;
+  std::uint64_t seed = 3;
+  for (const auto& [name, dims] : std::vector<std::pair<std::string, std::string>>{{"u_small", "1000"},
+                                                                                  {"u_big", "5000000"}}) {
+    REQUIRE(starts_with(a.ask("createp " + name + " " + dims + " 0", 20s), "OK"));
+    REQUIRE(a.ask("pattern " + name + " " + std::to_string(seed++)) == "OK");
+    digest[name] = field(a.ask("digest " + name), "fnv");
+    REQUIRE(a.ask("release " + name) == "OK");
+  }
+  return digest;
+}
+
+// Nothing of the dead leader `a_pid` was given up: every record still
+// names it, no lost marker, its objects still in /dev/shm.
+void nothing_lost(redis::Connection& c, const std::map<std::string, std::string>& digest, pid_t a_pid) {
+  for (const auto& [name, d] : digest) {
+    INFO(name);
+    CHECK(hget(c, "memcuda:tensor:" + name, "state") == "ready");
+    CHECK(hget(c, "memcuda:tensor:" + name, "owner_pid") == std::to_string(a_pid));
+    CHECK(c.command({"EXISTS", "memcuda:lost:" + name}).integer() == 0);
+  }
+  CHECK(shm_objects_of({a_pid}) == 2);
+}
+
+// A same-user standby `next` takes over: every tensor reads back intact
+// from a new reader; then everything is removed and no object is left.
+void same_user_takes_over(const test::RedisServer& srv, redis::Connection& c, test::Child& next,
+                          const std::map<std::string, std::string>& digest, std::vector<pid_t> pids) {
+  REQUIRE(eventually([&] { return next.ask("leader") == "OK leader=1"; }));
+  REQUIRE(eventually([&] {
+    for (const auto& [name, d] : digest)
+      if (hget(c, "memcuda:tensor:" + name, "owner_pid") != std::to_string(next.pid())) return false;
+    return true;
+  }));
+  auto r = worker(srv, {"--no-control"});
+  CHECK_FALSE(ready(*r));
+  pids.push_back(r->pid());
+  for (const auto& [name, d] : digest) {
+    INFO(name);
+    REQUIRE(starts_with(r->ask("get " + name, 20s), "OK"));
+    CHECK(field(r->ask("digest " + name), "fnv") == d);
+    CHECK(c.command({"EXISTS", "memcuda:lost:" + name}).integer() == 0);
+    REQUIRE(r->ask("release " + name) == "OK");
+    REQUIRE(r->ask("remove " + name) == "OK");
+  }
+  CHECK(eventually([&] { return shm_objects_of(pids) == 0; }));
+  CHECK(r->ask("exit") == "OK");
+}
+
+}  // namespace
+
+TEST_CASE("a standby of another user does not take the lease: nothing lost, a same-user standby takes over",
+          "[security][takeover][multiprocess]") {
+  if (::geteuid() != 0) MEMCUDA_SKIP("a peer of another uid can only be started by root (CI runs the tests as root)");
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto a = worker(srv);
+  REQUIRE(ready(*a));
+  auto digest = make_tensors(*a);
+  CHECK(std::string(c.command({"GET", "memcuda:owner_uid"}).str()) == "0");  // the leader's user
+  auto other = worker(srv, {"--uid", std::to_string(kOtherUid)});
+  CHECK_FALSE(ready(*other));
+  const pid_t a_pid = a->pid();
+
+  a->kill(SIGKILL);
+  a->wait();
+  // The lease goes (broken by nobody, it expires); the other user's
+  // standby campaigns every ttl/3 and must decline each time. Watched for
+  // many of its campaigns.
+  REQUIRE(eventually([&] { return c.command({"EXISTS", "memcuda:leader"}).integer() == 0; }));
+  for (int i = 0; i < 20; ++i) {
+    CHECK(other->ask("leader") == "OK leader=0");
+    std::this_thread::sleep_for(std::chrono::milliseconds(kTtlMs / 4));
+  }
+  CHECK(c.command({"EXISTS", "memcuda:leader"}).integer() == 0);
+  nothing_lost(c, digest, a_pid);
+
+  auto same = worker(srv);
+  ready(*same);  // leader at once or at its next campaign: nobody holds the lease
+  same_user_takes_over(srv, c, *same, digest, {a_pid, same->pid(), other->pid()});
+  CHECK(other->ask("leader") == "OK leader=0");
+  CHECK(other->ask("exit") == "OK");
+  CHECK(same->ask("exit") == "OK");
+}
+
+// Where another user leads anyway (a namespace whose owner key was
+// deleted), the memory it cannot open is not given up: no tensor is marked
+// lost and no object is touched; once the operator hands the namespace
+// back, a leader of the right user adopts every tensor.
+TEST_CASE("a leader of another user marks nothing lost that it cannot open", "[security][takeover][multiprocess]") {
+  if (::geteuid() != 0) MEMCUDA_SKIP("a peer of another uid can only be started by root (CI runs the tests as root)");
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto a = worker(srv);
+  REQUIRE(ready(*a));
+  auto digest = make_tensors(*a);
+  const pid_t a_pid = a->pid();
+  a->kill(SIGKILL);
+  a->wait();
+  c.command({"DEL", "memcuda:owner_uid"});
+
+  auto other = worker(srv, {"--uid", std::to_string(kOtherUid)});
+  ready(*other);
+  REQUIRE(eventually([&] { return other->ask("leader") == "OK leader=1"; }));
+  CHECK(std::string(c.command({"GET", "memcuda:owner_uid"}).str()) == std::to_string(kOtherUid));
+  for (int i = 0; i < 3; ++i) {  // rounds of its own, after the one it ran on taking the lease
+    auto gc = other->ask("gc", 20s);
+    INFO(gc);
+    CHECK(field(gc, "lost") == "0");
+    CHECK(field(gc, "migrated") == "0");
+  }
+  nothing_lost(c, digest, a_pid);
+
+  // the operator stops the other user's process and hands the namespace back
+  other->kill(SIGKILL);
+  other->wait();
+  c.command({"DEL", "memcuda:owner_uid"});
+  auto same = worker(srv);
+  ready(*same);
+  same_user_takes_over(srv, c, *same, digest, {a_pid, same->pid()});
+  CHECK(same->ask("exit") == "OK");
+}
