@@ -236,7 +236,8 @@ TEST_CASE("get refuses a record pointed at a shm object the registry did not mak
 // nobody can serve it), `memcuda rm` and the garbage collector leave the
 // object alone. Before, the round adopted the object into the leader's
 // pool and the free unlinked it.
-TEST_CASE("rm, garbage collection and takeover never adopt or unlink a foreign shm object", "[security][redis][takeover]") {
+TEST_CASE("rm and garbage collection and takeover never adopt or unlink a foreign shm object",
+          "[security][redis][takeover]") {
   test::RedisServer srv;
   auto c = srv.connect();
   ForeignObject foreign("/trust-foreign-" + std::to_string(::getpid()), 4096, 0x6D);
@@ -316,7 +317,8 @@ TEST_CASE("host backend: reclaim leaves objects of other names and other users a
 // A standby fetches an allocation's fd only from the fd server of the
 // owner's process under the registry's naming: an entry pointed at another
 // server (here one that would serve) is refused before any connection.
-TEST_CASE("standby: an fd source that is not the owner's registry fd server is not fetched", "[security][fd][vmm][redis]") {
+TEST_CASE("standby: an fd source that is not the owner's registry fd server is not fetched",
+          "[security][fd][vmm][redis]") {
   test::RedisServer srv;
   RegistryOptions o;
   o.redis = srv.options();

@@ -137,7 +137,7 @@ void same_user_takes_over(const test::RedisServer& srv, redis::Connection& c, te
 
 }  // namespace
 
-TEST_CASE("a standby of another user does not take the lease: nothing lost, a same-user standby takes over",
+TEST_CASE("a standby of another user does not take the lease and loses nothing: a same-user standby takes over",
           "[security][takeover][multiprocess]") {
   if (::geteuid() != 0) MEMCUDA_SKIP("a peer of another uid can only be started by root (CI runs the tests as root)");
   test::RedisServer srv;
