@@ -382,12 +382,6 @@ TEST_CASE("vmm: a tensor on GPU 1 is imported and read by a kernel of a process 
   REQUIRE(a->ask("remove g1") == "OK");
 }
 
-#else
-
-TEST_CASE("vmm: cuMem backend", "[gpu][vmm]") {
-  MEMCUDA_SKIP("built without the CUDA toolkit (MEMCUDA_CUDA=OFF or not found)");
-}
-
 // A graceful stop (the registry destroyed, as at SIGTERM of `memcuda serve`)
 // of the allocator of record with a standby: the standby already holds every
 // fd (the stop waits for it), adopts every allocation in place once the
@@ -429,6 +423,12 @@ TEST_CASE("vmm: a graceful stop of the allocator of record with a standby hands 
     REQUIRE(d->ask("release " + n) == "OK");
   }
   CHECK(field(s->ask("stats"), "copied_bytes") == "0");
+}
+
+#else
+
+TEST_CASE("vmm: cuMem backend", "[gpu][vmm]") {
+  MEMCUDA_SKIP("built without the CUDA toolkit (MEMCUDA_CUDA=OFF or not found)");
 }
 
 #endif
