@@ -154,7 +154,7 @@ inline std::string unix_connect_failure(const std::string& path, int err, std::s
            "): a file left by a server that stopped? start redis-server or set " + kUrlEnv +
            " to where it listens";
   }
-  return "no Redis at unix://" + path + " (" + why + "): start redis-server or set " + kUrlEnv +
+  return "no Redis answers on " + path + " (" + why + "): start redis-server or set " + kUrlEnv +
          " to where it listens";
 }
 
@@ -175,7 +175,8 @@ inline std::exception_ptr classify_io(const Options& server, const Failure& f) {
                                                   code, err));
     if (server.transport == Options::Transport::unix_socket)
       return std::make_exception_ptr(
-          ConnectionError(unix_connect_failure(server.path, connect_errno(f), f.text), code, err));
+          ConnectionError("Redis at " + at + ": " + unix_connect_failure(server.path, connect_errno(f), f.text),
+                          code, err));
     return std::make_exception_ptr(ConnectionError("no Redis at " + at + " (" + why +
                                                        "): start redis-server or set " + kUrlEnv +
                                                        " to where it listens",
