@@ -198,6 +198,19 @@ static void test_list_stats_get_many(memcuda_registry* r) {
   memcuda_free_infos(infos);
   CHECK_OK(memcuda_list(r, "c.none.*", &infos, &n));
   CHECK(n == 0 && infos == NULL);
+  {
+    /* Paging: one name per page, in order, then "" as the next start. */
+    char next[MEMCUDA_MAX_NAME_BYTES + 1];
+    CHECK_OK(memcuda_list_page(r, "c.l.*", NULL, 1, &infos, &n, next));
+    CHECK(n == 1 && strcmp(infos[0].name, "c.l.a") == 0 && strcmp(next, "c.l.a") == 0);
+    memcuda_free_infos(infos);
+    CHECK_OK(memcuda_list_page(r, "c.l.*", "c.l.a", 1, &infos, &n, next));
+    CHECK(n == 1 && strcmp(infos[0].name, "c.l.b") == 0 && strcmp(next, "c.l.b") == 0);
+    memcuda_free_infos(infos);
+    CHECK_OK(memcuda_list_page(r, "c.l.*", "c.l.b", 1, &infos, &n, next));
+    CHECK(n == 0 && infos == NULL && next[0] == 0);
+    CHECK(memcuda_list_page(r, "c.l.*", NULL, 0, &infos, &n, next) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  }
 
   /* All or nothing: a missing name leaves nothing open. */
   CHECK(memcuda_get_many(r, names, 3, got) == MEMCUDA_ERR_NOT_FOUND);

@@ -626,7 +626,11 @@ TEST_CASE("memcuda stats: per device, leader, queue, and Prometheus text with es
     hset.emplace_back(std::move(v));
   }
   c.command(std::span<const redis::Arg>(hset));
-  c.command({"SADD", "memcuda:names", "odd"});
+  c.command({"ZADD", "memcuda:names", "0", "odd"});
+  // Statistics read the counters the scripts keep (memcuda:usage), never the
+  // records: a record written by hand counts where its counters are written.
+  c.command({"HINCRBY", "memcuda:usage", R"(tensors:cuda:1:GPU-"q"\s)", "1"});
+  c.command({"HINCRBY", "memcuda:usage", R"(bytes:cuda:1:GPU-"q"\s)", "3"});
 
   r = memcuda_cli(at(srv, {"stats", "--prometheus"}));
   INFO(r);
@@ -665,7 +669,7 @@ TEST_CASE("memcuda stats: per device, leader, queue, and Prometheus text with es
   CHECK(samples.count("memcuda_sessions") == 1);
 
   // a command waiting in the queue shows in the queue length
-  c.command({"SREM", "memcuda:names", "odd"});
+  c.command({"ZREM", "memcuda:names", "odd"});
   c.command({"DEL", "memcuda:tensor:odd"});
   // nobody serves namespace "idle"
   c.command({"LPUSH", "idle:tensor_lifecycle", R"({"op":"get","name":"x"})"});
@@ -1042,7 +1046,7 @@ TEST_CASE("memcuda quarantine: lists a malformed record moved aside, clears it, 
   CHECK(r.code == 0);
   CHECK(contains(r.out, "no quarantined records"));
   c.command({"SET", "memcuda:tensor:X", "junk"});
-  c.command({"SADD", "memcuda:names", "X"});
+  c.command({"ZADD", "memcuda:names", "0", "X"});
   CHECK(memcuda_cli(at(srv, {"gc"})).code == 0);  // GC from any process quarantines
   r = memcuda_cli(at(srv, {"quarantine"}));
   INFO(r);

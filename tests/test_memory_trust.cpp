@@ -144,7 +144,7 @@ void write_dead_owner_record(redis::Connection& c, const TensorRegistry& reg, co
     hset.push_back(v);
   }
   c.command(hset);
-  c.command({"SADD", "memcuda:names", name});
+  c.command({"ZADD", "memcuda:names", "0", name});
 }
 
 // The memcuda binary: next to the test binary, or in ../tools/.

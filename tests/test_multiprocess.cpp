@@ -649,7 +649,7 @@ TEST_CASE("after a Redis restart that lost its data the registry is rebuilt from
                       << ", wmade: " << field("memcuda:tensor:wmade", "refcount"));
   REQUIRE(rebuilt());
   CHECK(field("memcuda:tensor:p", "holder:@name") == "1");
-  CHECK(c.command({"SCARD", "memcuda:names"}).integer() == 3);
+  CHECK(c.command({"ZCARD", "memcuda:names"}).integer() == 3);
 
   // a new process finds everything; new tensors get generations of their own
   auto x = worker(srv, {"--no-control"});

@@ -115,7 +115,7 @@ local function audit(key, named)
   if named then
     if rc < 1 then table.insert(bad, key .. ': named with refcount ' .. rc) end
     if name == nil or key ~= 'memcuda:tensor:' .. name then table.insert(bad, key .. ': name field ' .. tostring(name)) end
-    if name and redis.call('SISMEMBER', 'memcuda:names', name) == 0 then
+    if name and not redis.call('ZSCORE', 'memcuda:names', name) then
       table.insert(bad, key .. ': not in memcuda:names')
     end
   end
@@ -124,7 +124,7 @@ local named = redis.call('KEYS', 'memcuda:tensor:*')
 local removed = redis.call('KEYS', 'memcuda:removed:*')
 for _, k in ipairs(named) do audit(k, true) end
 for _, k in ipairs(removed) do audit(k, false) end
-for _, n in ipairs(redis.call('SMEMBERS', 'memcuda:names')) do
+for _, n in ipairs(redis.call('ZRANGE', 'memcuda:names', 0, -1)) do
   if redis.call('EXISTS', 'memcuda:tensor:' .. n) == 0 then table.insert(bad, 'memcuda:names has ' .. n .. ' without a Hash') end
 end
 local hl = {}
@@ -428,6 +428,10 @@ void soak(const SoakConfig& cfg) {
   //   memcuda:processing_lists    the Set naming the leader's processing list,
   //                               kept for the next takeover's re-queue
   //   memcuda:owner_uid           the leader's uid (never expires)
+  //   memcuda:owners              the allocators of record (the test process)
+  //   memcuda:usage               the statistics' counters, all 0 at the end
+  // (no memcuda:refs:* nor memcuda:holders: every reference was released,
+  // the killed workers' by the collector through their indexes)
   //   memcuda:reply:<worker>:<n> only with an expiry (<= 60 s): a reply that
   //                               arrived after its requester died or gave up
   //   memcuda:inbox:<session>     only with an expiry (<= 60 s): messages to a
@@ -444,10 +448,19 @@ void soak(const SoakConfig& cfg) {
   // memcuda:waiters:* (the soak never waits), any other session.
   const std::set<std::string> fixed = {"memcuda:leader",      "memcuda:epoch",      "memcuda:generation",
                                        "memcuda:sessions",    "memcuda:pool_stats", "memcuda:processing_lists",
-                                       "memcuda:owner_uid",   "memcuda:session:" + reg.session_id()};
+                                       "memcuda:owner_uid",   "memcuda:owners",
+                                       "memcuda:session:" + reg.session_id()};
   for (const auto& k : all_keys(c)) {
     INFO("key " << k);
     if (fixed.count(k)) continue;
+    if (k == "memcuda:usage") {  // the statistics' counters: every tensor went, so every count is 0
+      auto u = c.command({"HGETALL", k});
+      for (std::size_t i = 0; i + 1 < u.size(); i += 2) {
+        INFO("field " << u[i].str());
+        CHECK(u[i + 1].str() == "0");
+      }
+      continue;
+    }
     if (starts_with(k, "memcuda:reply:") || starts_with(k, "memcuda:inbox:")) {
       std::string owner = k.substr(14);
       owner = owner.substr(0, owner.find(':'));  // reply lists are per request: memcuda:reply:<session>:<seq>
@@ -553,7 +566,7 @@ TEST_CASE("a create whose tensor is removed or replaced before its creator reads
             hset.push_back(v);
           }
           l.command(hset);
-          l.command({"SADD", "memcuda:names", cmd.name});
+          l.command({"ZADD", "memcuda:names", "0", cmd.name});
         }
         protocol::Reply rep;
         rep.id = cmd.id;

@@ -250,6 +250,6 @@ TEST_CASE("state dict record: after Redis lost its data a holder re-registers pe
   (void)leader.remove_prefix("m/");
   CHECK(w.ask("closesd m/") == "OK");  // per-member releases
   CHECK(eventually([&] { return c.command({"KEYS", "memcuda:removed:*"}).size() == 0; }));
-  CHECK(c.command({"SCARD", "memcuda:names"}).integer() == 0);
+  CHECK(c.command({"ZCARD", "memcuda:names"}).integer() == 0);
   CHECK(w.ask("exit") == "OK");
 }

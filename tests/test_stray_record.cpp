@@ -81,7 +81,7 @@ TEST_CASE("create and create_many refuse a stray Hash under the name, naming it 
   CHECK(c.command({"HGETALL", "memcuda:tensor:X"}).size() == 2);
   CHECK(c.command({"HGET", "memcuda:tensor:X", "foo"}).str() == "bar");
   CHECK(c.command({"GET", "memcuda:tensor:S"}).str() == "not a hash");
-  CHECK(c.command({"SCARD", "memcuda:names"}).integer() == 0);
+  CHECK(c.command({"ZCARD", "memcuda:names"}).integer() == 0);
 
   // remove says the same instead of failing inside its script
   try {

@@ -274,7 +274,7 @@ void takeover_adopts(bool holder) {
     if (h) REQUIRE(h->ask("release " + t.name) == "OK");  // an old generation: forwarded
     REQUIRE(e->ask("remove " + t.name) == "OK");
   }
-  CHECK(eventually([&] { return c.command({"SCARD", "memcuda:names"}).integer() == 0; }));
+  CHECK(eventually([&] { return c.command({"ZCARD", "memcuda:names"}).integer() == 0; }));
   // the owner frees each one (a queued free when the last release was not its own)
   CHECK(eventually([&] { return c.command({"KEYS", "memcuda:removed:*"}).size() == 0; }));
   auto left = c.command({"KEYS", "memcuda:removed:*"});

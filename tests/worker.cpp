@@ -11,6 +11,7 @@
 //             | publishver PREFIX | version PREFIX | waitver PREFIX AFTER TIMEOUT_MS [NAME]
 //             | waitver-gpu PREFIX AFTER TIMEOUT_MS NAME | sumheld-nowait NAME (test kernels)
 //             | opensd PREFIX (open_state_dict, held) | closesd PREFIX
+//             | getprefix PREFIX (get_prefix, every tensor held: "OK n=<count>")
 #include <grp.h>
 #include <unistd.h>
 
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
   std::cout << "READY leader=" << reg->is_leader() << " pid=" << ::getpid() << std::endl;
   std::multimap<std::string, SharedTensor<float>> held;
   std::map<std::string, StateDict> dicts;
+  std::vector<SharedTensor<void>> held_many;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -141,6 +143,10 @@ int main(int argc, char** argv) {
         auto t = reg->get<float>(name);
         out << "OK gen=" << t.generation() << " refcount=" << reg->info(name).refcount << " sum=" << checksum(t);
         held.emplace(name, std::move(t));
+      } else if (cmd == "getprefix") {
+        auto got = reg->get_prefix(name);
+        for (auto& [n, t] : got.tensors) held_many.push_back(std::move(t));
+        out << "OK n=" << got.tensors.size() << " errors=" << got.errors.size();
       } else if (cmd == "opensd") {
         auto sd = open_state_dict(*reg, name);
         double total = 0;

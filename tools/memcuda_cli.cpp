@@ -280,18 +280,31 @@ int cmd_ls(Context& c) {
                      " (quote the pattern so the shell does not expand it: memcuda ls 'w*')");
   const std::string pattern = c.args.operands.empty() ? "*" : c.args.operands[0];
   TensorRegistry reg(c.registry_options(false));
-  const auto all = reg.list(pattern);  // sorted by name
+  // A page of records at a time, printed as it comes: memory stays that of
+  // one page whatever the registry holds.
   const auto now = now_ms();
-  std::uint64_t total = 0;
-  for (const auto& t : all) total += t.bytes;
-
+  std::uint64_t total = 0, count = 0;
+  std::string after;
+  auto next_page = [&] {
+    auto page = reg.list_page(pattern, after, 1000);
+    after = std::move(page.next);
+    for (const auto& t : page.tensors) total += t.bytes;
+    count += page.tensors.size();
+    return std::move(page.tensors);
+  };
   if (c.json) {
-    json::array ts;
-    for (const auto& t : all) ts.push_back(tensor_summary_json(t, now));
-    print_json(json::object{{"pattern", pattern}, {"count", all.size()}, {"total_bytes", total}, {"tensors", ts}});
+    std::cout << "{\"pattern\":" << json::serialize(json::value(pattern)) << ",\"tensors\":[";
+    bool first = true;
+    do {
+      for (const auto& t : next_page()) {
+        std::cout << (first ? "" : ",") << json::serialize(tensor_summary_json(t, now));
+        first = false;
+      }
+    } while (!after.empty());
+    std::cout << "],\"count\":" << count << ",\"total_bytes\":" << total << "}\n";
     return kOk;
   }
-  if (!all.empty()) {
+  {
     Table tab({{"NAME"},
                {"BACKEND"},
                {"DTYPE"},
@@ -302,13 +315,16 @@ int cmd_ls(Context& c) {
                {"STATE"},
                {"AGE", true},
                {"NODE"}});
-    for (const auto& t : all)
-      tab.add({t.name, std::string(to_string(t.backend)), std::string(to_string(t.dtype)), shape_to_string(t.shape),
-               device_text(t.backend, t.device), human_bytes(t.bytes), std::to_string(t.refcount),
-               std::string(to_string(t.state)), human_age(now - t.ctime_ms), t.node});
-    std::cout << tab.render();
+    do {
+      auto page = next_page();
+      for (const auto& t : page)
+        tab.add({t.name, std::string(to_string(t.backend)), std::string(to_string(t.dtype)),
+                 shape_to_string(t.shape), device_text(t.backend, t.device), human_bytes(t.bytes),
+                 std::to_string(t.refcount), std::string(to_string(t.state)), human_age(now - t.ctime_ms), t.node});
+      if (!tab.empty()) std::cout << tab.flush();
+    } while (!after.empty());
   }
-  std::cout << all.size() << (all.size() == 1 ? " tensor, " : " tensors, ") << human_bytes(total)
+  std::cout << count << (count == 1 ? " tensor, " : " tensors, ") << human_bytes(total)
             << (pattern == "*" ? "" : " matching '" + pattern + "'") << "\n";
   return kOk;
 }
@@ -477,7 +493,7 @@ std::string leader_line(const LeaderInfo& l) {
 int cmd_leader(Context& c) {
   no_operands(c);
   TensorRegistry reg(c.registry_options(false));
-  const LeaderInfo l = reg.stats().leader;
+  const LeaderInfo l = reg.leader();
   if (c.json) print_json(leader_json(l));
   if (!l.present) {
     if (!c.json) std::cout << "no allocator of record\n";
@@ -583,8 +599,7 @@ int cmd_stats(Context& c) {
                             {"pools", pools},
                             {"sessions", s.sessions},
                             {"queue_length", s.queue_length},
-                            {"quarantined", s.quarantined},
-                            {"unreadable", s.unreadable}});
+                            {"quarantined", s.quarantined}});
     return kOk;
   }
   std::cout << "tensors: " << s.tensors << ", " << human_bytes(s.bytes) << "\n";
@@ -617,9 +632,7 @@ int cmd_stats(Context& c) {
   }
   std::cout << "sessions: " << s.sessions << "\n";
   std::cout << "queue length: " << s.queue_length << "\n";
-  if (s.quarantined || s.unreadable)
-    std::cout << "malformed records: " << s.quarantined << " quarantined (`memcuda quarantine`), " << s.unreadable
-              << " unreadable and skipped\n";
+  if (s.quarantined) std::cout << "malformed records: " << s.quarantined << " quarantined (`memcuda quarantine`)\n";
   return kOk;
 }
 
@@ -668,7 +681,7 @@ int cmd_serve(Context& c) {
   auto announce = [&](bool leader) {
     LeaderInfo l;
     try {
-      l = reg->stats().leader;
+      l = reg->leader();
     } catch (const RedisError&) {
       // Redis is away, or refuses our credentials for now (a password
       // rotation): the control thread keeps trying, and this process keeps
@@ -768,7 +781,7 @@ int cmd_create(Context& c) {
 
   TensorRegistry reg(create_registry_options(c));
   // Fail at once rather than after the request timeout when nobody serves.
-  if (!reg.stats().leader.present)
+  if (!reg.leader().present)
     throw NotLeader("no allocator of record in " + c.where() + ": nobody holds the lease, so nobody would allocate '" +
                     name + "'");
   auto t = reg.create_any(name, *dtype, *shape, co);

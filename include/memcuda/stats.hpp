@@ -99,7 +99,6 @@ struct RegistryStats {
   std::vector<DeviceUsage> per_device;
   std::uint64_t queue_length = 0;  // commands waiting in tensor_lifecycle
   std::uint64_t quarantined = 0;   // malformed records moved aside (TensorRegistry::quarantined)
-  std::uint64_t unreadable = 0;    // listed names whose record could not be read (skipped)
   ProcessStats process;
 };
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/dtype.hpp"
 #include "memcuda/shape.hpp"
@@ -100,6 +101,13 @@ struct TensorInfo {
   std::uint64_t elements() const { return element_count(shape); }
 
   friend bool operator==(const TensorInfo&, const TensorInfo&) = default;
+};
+
+// One page of a listing (TensorRegistry::list_page): records in name order,
+// and the name the next page starts after ("" when this page was the last).
+struct ListPage {
+  std::vector<TensorInfo> tensors;
+  std::string next;
 };
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -146,7 +146,16 @@ class TensorRegistry {
   bool wait(std::string_view name, std::chrono::milliseconds timeout);
 
   // Records of the named tensors matching a glob pattern, sorted by name.
+  // Reads the index a page at a time, and only the names under the glob's
+  // literal prefix ("model/*" reads model/ only); the result is in memory
+  // at once: for a large registry, page with list_page.
   std::vector<TensorInfo> list(std::string_view pattern = "*");
+
+  // One page of list(pattern): at most `limit` names (1..), those after
+  // `after` ("" = from the first), in name order; pass the page's `next`
+  // as `after` until it is "". Bounded memory whatever the registry holds;
+  // a name created or removed meanwhile may or may not appear.
+  ListPage list_page(std::string_view pattern = "*", std::string_view after = {}, std::size_t limit = 1000);
 
   // The current record of one tensor. Throws NotFound, InvalidArgument (a
   // name no tensor can have).

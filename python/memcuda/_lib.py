@@ -184,6 +184,7 @@ _SIGNATURES = [
     ("memcuda_info", c_int, [c_void_p, c_char_p, P(TensorInfoC)]),
     ("memcuda_list", c_int, [c_void_p, c_char_p, P(P(TensorInfoC)), P(c_size_t)]),
     ("memcuda_free_infos", None, [P(TensorInfoC)]),
+    ("memcuda_list_page", c_int, [c_void_p, c_char_p, c_char_p, c_size_t, P(P(TensorInfoC)), P(c_size_t), c_char_p]),
     ("memcuda_stats_init", None, [P(StatsC)]),
     ("memcuda_stats_get", c_int, [c_void_p, P(StatsC)]),
     ("memcuda_collect_garbage", c_int, [c_void_p, P(GcReportC)]),

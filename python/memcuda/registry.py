@@ -5,7 +5,7 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import dtypes
 from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
@@ -315,6 +315,26 @@ class Registry:
         c = new_info_c()
         check(lib.memcuda_info(self._handle(), name.encode(), ctypes.byref(c)))
         return TensorInfo.from_c(c)
+
+    def iter_list(self, pattern: str = "*", page: int = 1000) -> Iterator[TensorInfo]:
+        """The records of list(pattern), read a page at a time: memory stays that of one
+        page whatever the registry holds; only names under the glob's literal prefix are read."""
+        from ._lib import TensorInfoC
+        after = b""
+        while True:
+            arr = ctypes.POINTER(TensorInfoC)()
+            n = ctypes.c_size_t()
+            nxt = ctypes.create_string_buffer(256)
+            check(lib.memcuda_list_page(self._handle(), pattern.encode(), after, page, ctypes.byref(arr),
+                                        ctypes.byref(n), nxt))
+            try:
+                infos = [TensorInfo.from_c(arr[i]) for i in range(n.value)]
+            finally:
+                lib.memcuda_free_infos(arr)
+            yield from infos
+            after = nxt.value
+            if not after:
+                return
 
     def list(self, pattern: str = "*") -> List[TensorInfo]:
         """Records of the tensors whose names match a glob, sorted by name."""

@@ -24,6 +24,13 @@ def test_put_get_same_bytes(reg):
     assert t.numpy()[1, 2, 3] == -7
 
 
+def test_iter_list_pages_in_name_order(reg):
+    ts = [reg.create(f"pg.{i}", (1,), "u8") for i in range(5)]
+    assert [x.name for x in reg.iter_list("pg.*", page=2)] == [f"pg.{i}" for i in range(5)]
+    assert [x.name for x in reg.list("pg.*")] == [f"pg.{i}" for i in range(5)]
+    for t in ts:
+        t.release()
+
 def test_create_defaults_and_info(reg):
     t = reg.create("p.c", (4, 5), "i16", persistent=True)
     i = reg.info("p.c")
@@ -33,6 +40,7 @@ def test_create_defaults_and_info(reg):
     assert reg.wait("p.c", 0.5) is True
     assert reg.wait("p.nothing", 0.05) is False
     assert [x.name for x in reg.list("p.*")] == ["p.c"]
+    assert [x.name for x in reg.iter_list("p.*", page=1)] == ["p.c"]
     s = reg.stats()
     assert s.leader_present and s.leader_is_self and reg.is_leader
     assert s.tensors == 1 and s.creates >= 1

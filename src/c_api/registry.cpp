@@ -6,6 +6,7 @@
 // here, once (the other TUs only include the declarations).
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <vector>
@@ -170,6 +171,29 @@ int memcuda_list(memcuda_registry* reg, const char* pattern, memcuda_tensor_info
     }
     *out = arr;
     *count = all.size();
+  });
+}
+
+int memcuda_list_page(memcuda_registry* reg, const char* pattern, const char* after, size_t limit,
+                      memcuda_tensor_info** out, size_t* count, char* next) {
+  return guarded([&] {
+    if (!out || !count || !next) throw memcuda::InvalidArgument("out, count or next is NULL");
+    *out = nullptr;
+    *count = 0;
+    next[0] = 0;
+    auto page = memcuda_c::registry(reg).list_page(pattern ? pattern : "*", after ? after : "", limit);
+    if (page.next.size() > MEMCUDA_MAX_NAME_BYTES) throw memcuda::InternalError("a name longer than the maximum");
+    if (!page.tensors.empty()) {
+      auto* arr = static_cast<memcuda_tensor_info*>(std::calloc(page.tensors.size(), sizeof(memcuda_tensor_info)));
+      if (!arr) throw std::bad_alloc();
+      for (size_t i = 0; i < page.tensors.size(); ++i) {
+        arr[i].struct_size = sizeof(memcuda_tensor_info);
+        memcuda_c::fill_info(&arr[i], page.tensors[i]);
+      }
+      *out = arr;
+      *count = page.tensors.size();
+    }
+    std::memcpy(next, page.next.c_str(), page.next.size() + 1);
   });
 }
 

@@ -52,7 +52,7 @@ int cmd_create_many(Context& c) {
     specs.back().options = co;
   }
   TensorRegistry reg(create_registry_options(c));
-  if (!reg.stats().leader.present)
+  if (!reg.leader().present)
     throw NotLeader("no allocator of record in " + c.where() + ": nobody holds the lease, so nobody would allocate");
   auto made = reg.create_many(specs);
   json::array out;

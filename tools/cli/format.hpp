@@ -87,8 +87,25 @@ class Table {
 
   std::string render() const {
     std::vector<std::size_t> w(cols_.size());
+    return render_with(w, true);
+  }
+
+  // Renders the rows added since the last flush and forgets them, so that a
+  // long listing is printed a page at a time: the header comes with the
+  // first page, and a column only ever widens (a wider cell of a later page
+  // widens it from there on).
+  std::string flush() {
+    if (widths_.empty()) widths_.resize(cols_.size());
+    std::string out = render_with(widths_, !flushed_);
+    flushed_ = true;
+    rows_.clear();
+    return out;
+  }
+
+ private:
+  std::string render_with(std::vector<std::size_t>& w, bool header) const {
     for (std::size_t c = 0; c < cols_.size(); ++c) {
-      w[c] = cols_[c].title.size();
+      w[c] = std::max(w[c], cols_[c].title.size());
       for (const auto& r : rows_) w[c] = std::max(w[c], r[c].size());
     }
     std::string out;
@@ -103,14 +120,15 @@ class Table {
       while (!l.empty() && l.back() == ' ') l.pop_back();
       out += l + "\n";
     };
-    line([&](std::size_t c) { return cols_[c].title; });
+    if (header) line([&](std::size_t c) { return cols_[c].title; });
     for (const auto& r : rows_) line([&](std::size_t c) { return r[c]; });
     return out;
   }
 
- private:
   std::vector<Column> cols_;
   std::vector<std::vector<std::string>> rows_;
+  std::vector<std::size_t> widths_;  // flush(): the widths so far
+  bool flushed_ = false;
 };
 
 // IEEE binary16 -> binary32, exact (every half is a float): subnormals,

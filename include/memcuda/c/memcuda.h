@@ -293,6 +293,13 @@ MEMCUDA_C_EXPORT int memcuda_info(memcuda_registry* reg, const char* name, memcu
 MEMCUDA_C_EXPORT int memcuda_list(memcuda_registry* reg, const char* pattern, memcuda_tensor_info** out,
                                   size_t* count);
 MEMCUDA_C_EXPORT void memcuda_free_infos(memcuda_tensor_info* infos);
+/* One page of memcuda_list: at most `limit` (1..) records of names after
+ * `after` (NULL or "": from the first), in name order, with memory bounded
+ * by the page whatever the registry holds. `next` (a buffer of at least
+ * MEMCUDA_MAX_NAME_BYTES + 1 bytes) receives where the next page starts:
+ * "" when this page was the last. *out as for memcuda_list. */
+MEMCUDA_C_EXPORT int memcuda_list_page(memcuda_registry* reg, const char* pattern, const char* after, size_t limit,
+                                       memcuda_tensor_info** out, size_t* count, char* next);
 
 typedef struct memcuda_stats {
   uint32_t struct_size;

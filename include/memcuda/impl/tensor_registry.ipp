@@ -64,6 +64,9 @@ bool TensorRegistry::wait(std::string_view name, std::chrono::milliseconds timeo
   return core().client.wait(name, timeout);
 }
 std::vector<TensorInfo> TensorRegistry::list(std::string_view pattern) { return core().client.list(pattern); }
+ListPage TensorRegistry::list_page(std::string_view pattern, std::string_view after, std::size_t limit) {
+  return core().client.list_page(pattern, after, limit);
+}
 
 TensorInfo TensorRegistry::info(std::string_view name) {
   auto i = core().client.info(name);

@@ -69,7 +69,10 @@ struct Command {
   std::optional<std::string> id;            // all ops; echoed in the reply
   bool id_is_number = false;                // id was a JSON integer (id holds its decimal text)
   std::optional<std::string> reply_to;      // all ops; List that receives the reply
-  std::optional<std::uint64_t> generation;  // get, delete (optional), free (required)
+  std::optional<std::uint64_t> generation;  // get, delete (optional), free (this or generations)
+  // free of many (1..kMaxBatchEntries) unlinked tensors at once, sent by a
+  // batch remove; `name` is then optional (and unused).
+  std::vector<std::uint64_t> generations;
   std::optional<std::string> holder;        // all ops
   // create_many (required, 1..kMaxBatchEntries): the tensors, each with
   // the command's device, device_uuid, backend and persistent unless it
@@ -84,7 +87,7 @@ namespace detail {
 inline bool is_command_field(std::string_view k) noexcept {
   static constexpr std::string_view kFields[] = {
       "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
-      "pid", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors"};
+      "pid", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations"};
   for (std::string_view f : kFields)
     if (k == f) return true;
   return false;
@@ -106,7 +109,7 @@ inline Command decode_command(std::string_view text) {
       fail(ProtocolErrc::unknown_field,
            "command: unknown field \"" + memcuda::detail::rules::printable(k) +
                "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
-               "persistent, pid, node, holder, generation, id, reply_to, tensors");
+               "persistent, pid, node, holder, generation, generations, id, reply_to, tensors");
   }
 
   Command c;
@@ -118,7 +121,8 @@ inline Command decode_command(std::string_view text) {
                                        "\"; expected create, get, delete, free or create_many");
   c.op = *parsed_op;
 
-  if (c.op != Op::create_many || detail::find(*o, "name")) {
+  const bool many_frees = c.op == Op::free && detail::find(*o, "generations");
+  if ((c.op != Op::create_many && !many_frees) || detail::find(*o, "name")) {
     std::string_view name = detail::get_string(detail::require(*o, "name", "command"), "name");
     memcuda::detail::rules::validate_name(name, "field \"name\"");
     c.name = std::string(name);
@@ -174,6 +178,19 @@ inline Command decode_command(std::string_view text) {
         c.generation = detail::get_uint(*v, "generation");
       break;
     case Op::free:
+      if (many_frees) {
+        if (detail::find(*o, "generation"))
+          fail(ProtocolErrc::bad_value, "command \"free\": give \"generation\" or \"generations\", not both");
+        const json::value& gv = *detail::find(*o, "generations");
+        const json::array* a = gv.if_array();
+        if (!a) detail::wrong_type("generations", "an array", gv);
+        if (a->empty() || a->size() > kMaxBatchEntries)
+          fail(ProtocolErrc::bad_value, "field \"generations\": " + std::to_string(a->size()) +
+                                            " entries; a free holds 1.." + std::to_string(kMaxBatchEntries));
+        c.generations.reserve(a->size());
+        for (const auto& g : *a) c.generations.push_back(detail::get_uint(g, "generations"));
+        break;
+      }
       c.generation =
           detail::get_uint(detail::require(*o, "generation", "command \"free\""), "generation");
       break;
@@ -222,7 +239,8 @@ inline std::string encode_command(const Command& c) {
   namespace json = boost::json;
   json::object o;
   o["op"] = json::string_view(to_string(c.op).data(), to_string(c.op).size());
-  if (c.op != Op::create_many || !c.name.empty()) o["name"] = json::string_view(c.name.data(), c.name.size());
+  const bool nameless = c.op == Op::create_many || (c.op == Op::free && !c.generations.empty());
+  if (!nameless || !c.name.empty()) o["name"] = json::string_view(c.name.data(), c.name.size());
   if (c.op == Op::create || c.op == Op::create_many) {
     if (c.op == Op::create && c.dtype)
       o["dtype"] = json::string_view(to_string(*c.dtype).data(), to_string(*c.dtype).size());
@@ -247,6 +265,11 @@ inline std::string encode_command(const Command& c) {
   if (c.node) o["node"] = json::string_view(c.node->data(), c.node->size());
   if (c.holder) o["holder"] = json::string_view(c.holder->data(), c.holder->size());
   if (c.op != Op::create && c.generation) o["generation"] = *c.generation;
+  if (c.op == Op::free && !c.generations.empty()) {
+    json::array a;
+    for (auto g : c.generations) a.emplace_back(g);
+    o["generations"] = std::move(a);
+  }
   if (c.id) o["id"] = detail::id_to_json(*c.id, c.id_is_number);
   if (c.reply_to) o["reply_to"] = json::string_view(c.reply_to->data(), c.reply_to->size());
   std::string out = json::serialize(o);

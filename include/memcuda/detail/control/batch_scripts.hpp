@@ -10,6 +10,7 @@
 #include <string>
 
 #include "memcuda/detail/control/dict_scripts.hpp"
+#include "memcuda/detail/control/index_fn.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 
@@ -30,11 +31,13 @@ end
 // name is checked like kAcquire (state, dtype, node); a refused name takes
 // nothing, the others are taken. The names are given, or every linked name
 // starting with a prefix, or matching an anchored Lua pattern (the caller
-// translates a glob), sorted.
-// KEYS: leader, names set, then (mode 'names') per name: tensor, lost marker
+// translates a glob and gives its literal prefix: only names under it are
+// read), sorted.
+// KEYS: leader, names index, then (mode 'names') per name: tensor, lost marker
 // ARGV: holder, node, token ('' = unfenced), key prefix, mode ('names' |
 //       'prefix' | 'pattern'), prefix or pattern, then (mode 'names') per
-//       name: name, dtype ('' = any)
+//       name: name, dtype ('' = any), or (mode 'pattern') the pattern's
+//       literal prefix
 // -> {'notleader', token} | {{name, status, ...}, ...} where each entry is
 //    {name, 'desc', desc, generation, epoch, refcount, event_handle | nil,
 //    event_version | nil} (the record's desc field, record_desc.hpp, is of a
@@ -47,7 +50,7 @@ end
 // One HMGET of 8 small fields instead of an HGETALL of ~23 per name: the
 // HGETALL and its nested reply were most of a 291-name batch's time in
 // Redis (docs/protocol.md, "The desc field").
-inline constexpr const char* kAcquireMany = R"lua(
+inline constexpr auto kAcquireMany = join(kIndexFn, R"lua(
 if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[3] then
   return {'notleader', tostring(redis.call('GET', KEYS[1]))}
 end
@@ -67,6 +70,7 @@ local function take(name, tkey, lkey, dtype)
   end
   local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
   redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1)
+  hold(ARGV[4], ARGV[1], f[5], name)
   -- The desc, when of version M1 and ending with this epoch's and this
   -- generation's elements ('<len>:' epoch '<len>:' generation): checked
   -- with string.byte and plain finds, which make no string (the client
@@ -90,17 +94,15 @@ if ARGV[5] == 'names' then
   end
   return out
 end
-local names = redis.call('SMEMBERS', KEYS[2])
-table.sort(names)
-for _, n in ipairs(names) do
-  local m
-  if ARGV[5] == 'prefix' then m = string.sub(n, 1, #ARGV[6]) == ARGV[6] else m = string.match(n, ARGV[6]) ~= nil end
-  if m then
+local pre = ARGV[6]
+if ARGV[5] == 'pattern' then pre = ARGV[7] or '' end
+for _, n in ipairs(names_under(KEYS[2], pre)) do
+  if ARGV[5] == 'prefix' or string.match(n, ARGV[6]) ~= nil then
     out[#out + 1] = take(n, ARGV[4] .. 'memcuda:tensor:' .. n, ARGV[4] .. 'memcuda:lost:' .. n, '')
   end
 end
 return out
-)lua";
+)lua");
 
 // Publishes many tensors the leader has just allocated, all or nothing:
 // when one name is taken, nothing is written. A retried batch (every name
@@ -113,7 +115,7 @@ return out
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'stray', entry index,
 //    key type} (its key is not a record of ours; left as it is) | {'notleader', token}
-inline constexpr auto kCreateMany = join(kUnlinkDictFn, kStrayFn, R"lua(
+inline constexpr auto kCreateMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
 local lead = redis.call('GET', KEYS[2])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 local n = tonumber(ARGV[2])
@@ -182,7 +184,9 @@ for i = 1, n do
     redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
                'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
   end
-  redis.call('SADD', KEYS[1], ARGV[a])
+  redis.call('ZADD', KEYS[1], 0, ARGV[a])
+  hold(kp, ARGV[a + 3], gen, ARGV[a])
+  count_usage(kp, t, 1)
   redis.call('PUBLISH', ARGV[a + 2], gen)
   for _, l in ipairs(redis.call('SMEMBERS', KEYS[2 + 3 * i])) do
     redis.call('LPUSH', l, gen)
@@ -197,14 +201,17 @@ return out
 
 // Unlinks many names at once, each as kRemove does (the name's own
 // reference of a persistent tensor is dropped; the memory goes with the
-// last holder). The names are given, or selected like kAcquireMany.
+// last holder). The names are given, or selected like kAcquireMany. What
+// another owner must free goes to the allocator of record as one "free"
+// command of many generations.
 // KEYS: names, lifecycle, then (mode 'names') per name: tensor
 // ARGV: key prefix, caller session, mode, prefix or pattern, then (mode
-//       'names') the names
+//       'names') the names, or (mode 'pattern') the pattern's literal prefix
 // -> {{name, 'ok', generation, refcount} | {name, 'free', generation}
 //     | {name, 'queued', generation} | {name, 'notfound'}
 //     | {name, 'stray', key type} (not a record of ours: left as it is), ...}
-inline constexpr auto kRemoveMany = join(kUnlinkDictFn, kStrayFn, R"lua(
+inline constexpr auto kRemoveMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
+local queued = {}
 local function rm(name, tkey)
   if redis.call('EXISTS', tkey) == 0 then return {name, 'notfound'} end
   local rg, ty = record_generation(tkey)
@@ -217,8 +224,9 @@ local function rm(name, tkey)
     redis.call('HDEL', tkey, 'holder:@name')
     redis.call('HINCRBY', tkey, 'refcount', -pc)
   end
+  count_usage(ARGV[1], tkey, -1)
   redis.call('RENAME', tkey, rkey)
-  redis.call('SREM', KEYS[1], f[2])
+  redis.call('ZREM', KEYS[1], f[2])
   local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
   if rc > 0 then return {name, 'ok', f[1], rc} end
   local mf = redis.call('HGET', rkey, 'migrated_from')
@@ -229,21 +237,28 @@ local function rm(name, tkey)
     redis.call('DEL', rkey)
     return {name, 'free', f[1]}
   end
-  redis.call('LPUSH', KEYS[2], '{"op":"free","name":' .. cjson.encode(f[2]) .. ',"generation":' .. f[1] .. '}')
+  queued[#queued + 1] = f[1]
   return {name, 'queued', f[1]}
+end
+local function send_frees()
+  -- one command per 1000 generations (a free holds at most 2048)
+  for i = 1, #queued, 1000 do
+    redis.call('LPUSH', KEYS[2],
+               '{"op":"free","generations":[' .. table.concat(queued, ',', i, math.min(i + 999, #queued)) .. ']}')
+  end
 end
 local out = {}
 if ARGV[3] == 'names' then
   for i = 3, #KEYS do out[#out + 1] = rm(ARGV[2 + i], KEYS[i]) end
+  send_frees()
   return out
 end
-local names = redis.call('SMEMBERS', KEYS[1])
-table.sort(names)
-for _, n in ipairs(names) do
-  local m
-  if ARGV[3] == 'prefix' then m = string.sub(n, 1, #ARGV[4]) == ARGV[4] else m = string.match(n, ARGV[4]) ~= nil end
-  if m then out[#out + 1] = rm(n, ARGV[1] .. 'memcuda:tensor:' .. n) end
+local pre = ARGV[4]
+if ARGV[3] == 'pattern' then pre = ARGV[5] or '' end
+for _, n in ipairs(names_under(KEYS[1], pre)) do
+  if ARGV[3] == 'prefix' or string.match(n, ARGV[4]) ~= nil then out[#out + 1] = rm(n, ARGV[1] .. 'memcuda:tensor:' .. n) end
 end
+send_frees()
 return out
 )lua");
 

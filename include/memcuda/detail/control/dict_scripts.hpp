@@ -20,6 +20,8 @@
 #include <string>
 #include <type_traits>
 
+#include "memcuda/detail/control/index_fn.hpp"
+
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 
 // Script text joined at compile time. The scripts are constants, never
@@ -96,13 +98,10 @@ end
 //       per member: name, generation
 // -> {'ok', id} | {'changed', name} | {'notpersistent', name} | {'nodesc', name}
 //    | {'mismatch', names under the prefix}
-inline constexpr auto kDictLink = join(kUnlinkDictFn, R"lua(
+inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, R"lua(
 local p, pre = ARGV[1], ARGV[2]
 local n = #KEYS - 1
-local under = 0
-for _, nm in ipairs(redis.call('SMEMBERS', ARGV[5])) do
-  if string.sub(nm, 1, #pre) == pre then under = under + 1 end
-end
+local under = redis.call('ZLEXCOUNT', ARGV[5], '[' .. pre, '(' .. pre .. '\255')
 if under ~= n then return {'mismatch', under} end
 local parts, olds, seen = {}, {}, {}
 local function put(s) parts[#parts + 1] = #s .. ':' .. s end
@@ -137,6 +136,7 @@ for i = 1, n do
   redis.call('HSET', KEYS[1 + i], 'dict', id)
   redis.call('HINCRBY', KEYS[1 + i], pin, 1)
   redis.call('HINCRBY', KEYS[1 + i], 'refcount', 1)
+  hold(p, '@dict:' .. id, ARGV[5 + 2 * i], ARGV[4 + 2 * i])
 end
 redis.call('SET', KEYS[1], id)
 redis.call('SADD', p .. 'memcuda:dicts', pre)

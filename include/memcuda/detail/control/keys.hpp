@@ -37,7 +37,19 @@ class Keys {
   std::string lost(std::string_view name) const { return prefix_ + "memcuda:lost:" + std::string(name); }
   // Messages from the allocator of record to one session (migrate, free, forget).
   std::string inbox(std::string_view sid) const { return prefix_ + "memcuda:inbox:" + std::string(sid); }
+  // The index of linked names: a sorted set, every score 0, so that a
+  // prefix is a range (ZRANGEBYLEX) and a listing pages by name.
   std::string names() const { return prefix_ + "memcuda:names"; }
+  // A holder's references ('<generation>:<name>' members) and the set of
+  // holders that have such an index (index_fn.hpp): the garbage collector
+  // reads these, never every record.
+  std::string refs(std::string_view holder) const { return prefix_ + "memcuda:refs:" + std::string(holder); }
+  std::string holders() const { return prefix_ + "memcuda:holders"; }
+  // The allocators of record that own records (a session each): the orphan
+  // scan runs only when one of them is dead.
+  std::string owners() const { return prefix_ + "memcuda:owners"; }
+  // Counts and logical bytes of the named tensors per backend and device.
+  std::string usage() const { return prefix_ + "memcuda:usage"; }
   std::string leader() const { return prefix_ + "memcuda:leader"; }
   std::string epoch() const { return prefix_ + "memcuda:epoch"; }
   // The effective uid of the namespace's allocators of record (owner_uid.hpp).

@@ -10,6 +10,7 @@
 
 #include "memcuda/detail/control/batch_scripts.hpp"
 #include "memcuda/detail/control/dict_scripts.hpp"
+#include "memcuda/detail/control/index_fn.hpp"
 #include "memcuda/redis/connection.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
@@ -53,7 +54,7 @@ return 0
 //    already done) | {'exists', generation} | {'stray', key type} (the key is
 //    not a record of ours: no generation field, or not a Hash; left as it is)
 //    | {'notleader', current token}
-inline constexpr auto kCreate = join(kUnlinkDictFn, kStrayFn, R"lua(
+inline constexpr auto kCreate = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
 local lead = redis.call('GET', KEYS[3])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -65,7 +66,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'exists', g}
 end
 -- a new name under a linked state dict: the dict no longer says get_prefix's names
-unlink_dicts_over(string.sub(KEYS[2], 1, #KEYS[2] - 13), ARGV[2])
+local p = string.sub(KEYS[2], 1, #KEYS[2] - 13)
+unlink_dicts_over(p, ARGV[2])
 local gen = redis.call('INCR', KEYS[4])
 if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
   local t = redis.call('TIME')
@@ -86,7 +88,9 @@ else
   redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
              unpack(ARGV, 7))
 end
-redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+hold(p, ARGV[5], gen, ARGV[2])
+count_usage(p, KEYS[1], 1)
 redis.call('PUBLISH', ARGV[4], gen)
 local waiting = redis.call('SMEMBERS', KEYS[5])
 if #waiting > 0 then
@@ -102,13 +106,14 @@ return {'ok', gen, rc}
 // Takes a reference (the get fast path; also the leader's JSON get).
 // KEYS: tensor, leader, lost marker of the name
 // ARGV: holder, dtype ('' = any), node, token ('' = unfenced),
-//       generation the caller has cached ('' = none), its event_version
+//       generation the caller has cached ('' = none), its event_version,
+//       key prefix, name
 // -> {'ok', HGETALL...} | {'same', refcount} (the cached record is current:
 //    same generation and event version, nothing else changes after creation)
 //    | {'notfound'} | {'lost', HGETALL of the marker} | {'state', s} | {'dtype', d}
 //    | {'node', n} | {'notleader', token} | {'corrupt', what} (no reference
 //    taken: the generation or refcount field does not parse, or is negative)
-inline constexpr const char* kAcquire = R"lua(
+inline constexpr auto kAcquire = join(kIndexFn, R"lua(
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
   return {'notleader', tostring(redis.call('GET', KEYS[2]))}
 end
@@ -126,58 +131,129 @@ if not tonumber(f[4]) or (f[6] and (not n or n < 0)) then
 end
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
 redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1)
+hold(ARGV[7], ARGV[1], f[4], ARGV[8])
 if ARGV[5] ~= '' and f[4] == ARGV[5] and f[5] == ARGV[6] then return {'same', rc} end
 return {'ok', redis.call('HGETALL', KEYS[1])}
-)lua";
+)lua");
 
-// Drops one reference of a holder to one generation of a tensor, wherever
-// its Hash is (still named, or unlinked by remove). A generation that was
-// migrated to a new allocator of record is followed through its
-// memcuda:moved:<gen> forward. The last reference unlinks the name at once,
-// so nobody can take memory about to be freed; the owner frees it, or the
-// allocator of record through a "free" command.
+// release_one(p, names, tkey, gen, name, holder, all, caller): drops one
+// reference (all = every reference) of a holder to one generation of a
+// tensor, wherever its Hash is (still named, or unlinked by remove). A
+// generation that was migrated to a new allocator of record is followed
+// through its memcuda:moved:<gen> forward. The last reference unlinks the
+// name at once, so nobody can take memory about to be freed; the owner frees
+// it, or the allocator of record through a "free" command.
+// -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted,
+//    free now) | {'queued', generation, name} (the caller sends the free)
+//    | {'notfound'} | {'notholder'}; and the references dropped
+inline constexpr auto kReleaseFn = join(kIndexFn, R"lua(
+local function release_one(p, names, tkey, gen0, name, holder, all, caller)
+  local gen = gen0
+  local key, linked
+  for _ = 1, 64 do
+    if redis.call('HGET', tkey, 'generation') == gen then key = tkey; linked = true; break end
+    local r = p .. 'memcuda:removed:' .. gen
+    if redis.call('EXISTS', r) == 1 then key = r; linked = false; break end
+    gen = redis.call('GET', p .. 'memcuda:moved:' .. gen)
+    if not gen then break end
+  end
+  if not key then
+    unhold(p, holder, gen0, name)
+    return {'notfound'}, 0
+  end
+  local h = 'holder:' .. holder
+  local c = tonumber(redis.call('HGET', key, h) or '0')
+  if c <= 0 then
+    unhold(p, holder, gen0, name)
+    return {'notholder'}, 0
+  end
+  local drop = 1
+  if all then drop = c end
+  if c == drop then
+    redis.call('HDEL', key, h)
+    unhold(p, holder, gen0, name)
+  else
+    redis.call('HINCRBY', key, h, -drop)
+  end
+  local rc = redis.call('HINCRBY', key, 'refcount', -drop)
+  if rc > 0 then return {'ok', rc}, drop end
+  local f = redis.call('HMGET', key, 'name', 'owner', 'migrated_from')
+  if f[3] then
+    for g in string.gmatch(f[3], '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
+  end
+  if linked then
+    count_usage(p, key, -1)
+    redis.call('ZREM', names, f[1])
+  end
+  if f[2] == caller then
+    redis.call('DEL', key)  -- the caller owns the memory and frees it now
+    return {'free', gen}, drop
+  end
+  if linked then redis.call('RENAME', key, p .. 'memcuda:removed:' .. gen) end
+  return {'queued', gen, f[1]}, drop
+end
+)lua");
+
+// Drops one reference of a holder to one generation of a tensor
+// (release_one above).
 // KEYS: tensor, names, lifecycle, leader
 // ARGV: generation, holder, key prefix, caller session, token ('' = unfenced),
-//       'all' to drop every reference of the holder (garbage collection)
+//       'all' to drop every reference of the holder, name
 // -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted, free now)
 //    | {'queued', generation} | {'notfound'} | {'notholder'} | {'notleader', t}
-inline constexpr const char* kRelease = R"lua(
+inline constexpr auto kRelease = join(kReleaseFn, R"lua(
 if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
   return {'notleader', tostring(redis.call('GET', KEYS[4]))}
 end
-local gen = ARGV[1]
-local key, linked
-for _ = 1, 64 do
-  if redis.call('HGET', KEYS[1], 'generation') == gen then key = KEYS[1]; linked = true; break end
-  local r = ARGV[3] .. 'memcuda:removed:' .. gen
-  if redis.call('EXISTS', r) == 1 then key = r; linked = false; break end
-  gen = redis.call('GET', ARGV[3] .. 'memcuda:moved:' .. gen)
-  if not gen then return {'notfound'} end
+local r = release_one(ARGV[3], KEYS[2], KEYS[1], ARGV[1], ARGV[7] or '', ARGV[2], ARGV[6] == 'all', ARGV[4])
+if r[1] == 'queued' then
+  -- generations pass 2^47: written as digits, not through cjson's 14-digit numbers
+  redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(r[3]) .. ',"generation":' .. r[2] .. '}')
+  return {'queued', r[2]}
 end
-if not key then return {'notfound'} end
-local rkey = ARGV[3] .. 'memcuda:removed:' .. gen
-local h = 'holder:' .. ARGV[2]
-local c = tonumber(redis.call('HGET', key, h) or '0')
-if c <= 0 then return {'notholder'} end
-local drop = 1
-if ARGV[6] == 'all' then drop = c end
-if c == drop then redis.call('HDEL', key, h) else redis.call('HINCRBY', key, h, -drop) end
-local rc = redis.call('HINCRBY', key, 'refcount', -drop)
-if rc > 0 then return {'ok', rc} end
-local f = redis.call('HMGET', key, 'name', 'owner', 'migrated_from')
-if f[3] then
-  for g in string.gmatch(f[3], '%d+') do redis.call('DEL', ARGV[3] .. 'memcuda:moved:' .. g) end
+return r
+)lua");
+
+// Drops every reference of one dead holder to the records its index names
+// (the garbage collector; fenced). Each member goes from the index as it is
+// handled; the holder leaves memcuda:holders with its last member. What the
+// caller owns comes back to be freed; what another owner has goes to the
+// allocator of record in one "free" command of many generations.
+// KEYS: names, lifecycle, leader, the holder's index, holders set
+// ARGV: token ('' = unfenced), holder, key prefix, caller session, then index members
+//       ('<generation>:<name>')
+// -> {'ok', references dropped, tensors unlinked, generation to free, ...}
+//    | {'notleader', t}
+inline constexpr auto kReleaseHolder = join(kReleaseFn, R"lua(
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  return {'notleader', tostring(redis.call('GET', KEYS[3]))}
 end
-if linked then redis.call('SREM', KEYS[2], f[1]) end
-if f[2] == ARGV[4] then
-  redis.call('DEL', key)  -- the caller owns the memory and frees it now
-  return {'free', gen}
+local p = ARGV[3]
+local out = {'ok', 0, 0}
+local queued = {}
+for i = 5, #ARGV do
+  local m = ARGV[i]
+  local c = string.find(m, ':', 1, true)
+  if c then
+    local gen, name = string.sub(m, 1, c - 1), string.sub(m, c + 1)
+    local r, dropped = release_one(p, KEYS[1], p .. 'memcuda:tensor:' .. name, gen, name, ARGV[2], true, ARGV[4])
+    out[2] = out[2] + dropped
+    if r[1] == 'free' then
+      out[3] = out[3] + 1
+      out[#out + 1] = r[2]
+    elseif r[1] == 'queued' then
+      out[3] = out[3] + 1
+      queued[#queued + 1] = r[2]
+    end
+  end
+  redis.call('SREM', KEYS[4], m)
 end
-if linked then redis.call('RENAME', key, rkey) end
--- generations pass 2^47: written as digits, not through cjson's 14-digit numbers
-redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(f[1]) .. ',"generation":' .. gen .. '}')
-return {'queued', gen}
-)lua";
+if #queued > 0 then
+  redis.call('LPUSH', KEYS[2], '{"op":"free","generations":[' .. table.concat(queued, ',') .. ']}')
+end
+if redis.call('EXISTS', KEYS[4]) == 0 then redis.call('SREM', KEYS[5], ARGV[2]) end
+return out
+)lua");
 
 // Unlinks a name now (a new create may reuse it). A persistent tensor's
 // reference held by the name is dropped; memory goes when the last holder
@@ -185,7 +261,7 @@ return {'queued', gen}
 // KEYS: tensor, names, lifecycle   ARGV: key prefix, caller session
 // -> {'ok', generation, refcount} | {'free', generation} | {'queued', generation} | {'notfound'}
 //    | {'stray', key type} (not a record of ours: left as it is)
-inline constexpr auto kRemove = join(kUnlinkDictFn, kStrayFn, R"lua(
+inline constexpr auto kRemove = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'notfound'} end
 local rg, ty = record_generation(KEYS[1])
 if not rg then return {'stray', ty} end
@@ -197,8 +273,9 @@ if pc > 0 then
   redis.call('HDEL', KEYS[1], 'holder:@name')
   redis.call('HINCRBY', KEYS[1], 'refcount', -pc)
 end
+count_usage(ARGV[1], KEYS[1], -1)
 redis.call('RENAME', KEYS[1], rkey)
-redis.call('SREM', KEYS[2], f[2])
+redis.call('ZREM', KEYS[2], f[2])
 local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
 if rc > 0 then return {'ok', f[1], rc} end
 local mf = redis.call('HGET', rkey, 'migrated_from')
@@ -236,13 +313,15 @@ end
 // ARGV: token, old generation, dead owner, key prefix, field, value, ...
 // -> {'ok', new generation} | {'gone'} (released, removed or migrated
 //    meanwhile) | {'notleader', t}
-inline constexpr auto kMigrate = join(kUnlinkDictFn, kDeadOwnerRecord, R"lua(
+inline constexpr auto kMigrate = join(kUnlinkDictFn, kIndexFn, kDeadOwnerRecord, R"lua(
 local f = redis.call('HMGET', key, 'owner', 'refcount', 'migrated_from', 'dict')
 if f[1] ~= ARGV[3] or tonumber(f[2] or '0') <= 0 then return {'gone'} end
 unlink_dict(ARGV[4], f[4])  -- its desc described the old placement
 -- as text: Lua would print a number this large as 1.79e+15
 local gen = string.format('%.0f', redis.call('INCR', KEYS[3]))
+if linked then count_usage(ARGV[4], key, -1) end
 redis.call('HSET', key, unpack(ARGV, 5))
+if linked then count_usage(ARGV[4], key, 1) end
 redis.call('HDEL', key, 'event_handle', 'desc')  -- desc described the old placement
 redis.call('HSET', key, 'generation', gen, 'event_version', 0,
            'migrated_from', (f[3] and (f[3] .. ' ') or '') .. ARGV[2])
@@ -258,7 +337,7 @@ return {'ok', gen}
 // KEYS: tensor, leader, names, lost marker of the name
 // ARGV: token, generation, dead owner, key prefix, marker ttl ms, now ms, force ('1'|'0')
 // -> {'lost', 1 named | 0 unlinked} | {'held', session} | {'gone'} | {'notleader', t}
-inline constexpr auto kMarkLost = join(kUnlinkDictFn, kDeadOwnerRecord, R"lua(
+inline constexpr auto kMarkLost = join(kUnlinkDictFn, kIndexFn, kDeadOwnerRecord, R"lua(
 if redis.call('HGET', key, 'owner') ~= ARGV[3] then return {'gone'} end
 if ARGV[7] ~= '1' then
   local function live(k)
@@ -282,9 +361,10 @@ unlink_dict(ARGV[4], m[5])
 if m[4] then
   for g in string.gmatch(m[4], '%d+') do redis.call('DEL', ARGV[4] .. 'memcuda:moved:' .. g) end
 end
+if linked then count_usage(ARGV[4], key, -1) end
 redis.call('DEL', key)
 if linked then
-  redis.call('SREM', KEYS[3], m[1])
+  redis.call('ZREM', KEYS[3], m[1])
   redis.call('DEL', KEYS[4])
   redis.call('HSET', KEYS[4], 'generation', ARGV[2], 'owner', ARGV[3], 'owner_pid', m[2] or '0',
              'epoch', m[3] or '0', 'lost_ms', ARGV[6])
@@ -301,7 +381,7 @@ return {'lost', 0}
 // KEYS: tensor, names, generation counter
 // ARGV: generation, key prefix, persistent ('1'|'0'), name, now ms, field, value, ...
 // -> {'named'} | {'unlinked'} | {'present'}
-inline constexpr const char* kRepublish = R"lua(
+inline constexpr auto kRepublish = join(kIndexFn, R"lua(
 local g = ARGV[1]
 if redis.call('HGET', KEYS[1], 'generation') == g then return {'present'} end
 local r = ARGV[2] .. 'memcuda:removed:' .. g
@@ -317,7 +397,10 @@ if named and ARGV[3] == '1' then
   redis.call('HSET', key, 'holder:@name', 1)
 end
 redis.call('HSET', key, 'generation', g, 'state', 'ready', 'refcount', rc, 'republished', ARGV[5])
-if named then redis.call('SADD', KEYS[2], ARGV[4]) end
+if named then
+  redis.call('ZADD', KEYS[2], 0, ARGV[4])
+  count_usage(ARGV[2], key, 1)
+end
 local cur = redis.call('GET', KEYS[3])
 if not cur then
   local t = redis.call('TIME')
@@ -327,14 +410,14 @@ end
 if tonumber(cur) < tonumber(g) then redis.call('SET', KEYS[3], g) end
 if named then return {'named'} end
 return {'unlinked'}
-)lua";
+)lua");
 
 // Sets a holder's reference count on one generation to what the holder
 // knows it holds (re-registration after Redis lost its data, or after this
 // session's key expired). Idempotent.
-// KEYS: tensor   ARGV: generation, holder, count, key prefix
+// KEYS: tensor   ARGV: generation, holder, count, key prefix, name
 // -> {'ok', refcount} | {'absent'}
-inline constexpr const char* kReregister = R"lua(
+inline constexpr auto kReregister = join(kIndexFn, R"lua(
 local key = KEYS[1]
 if redis.call('HGET', key, 'generation') ~= ARGV[1] then
   key = ARGV[4] .. 'memcuda:removed:' .. ARGV[1]
@@ -346,8 +429,9 @@ if d ~= 0 then
   if tonumber(ARGV[3]) == 0 then redis.call('HDEL', key, h) else redis.call('HSET', key, h, ARGV[3]) end
   redis.call('HINCRBY', key, 'refcount', d)
 end
+if tonumber(ARGV[3]) == 0 then unhold(ARGV[4], ARGV[2], ARGV[1], ARGV[5]) else hold(ARGV[4], ARGV[2], ARGV[1], ARGV[5]) end
 return {'ok', redis.call('HGET', key, 'refcount')}
-)lua";
+)lua");
 
 // Publishes a producer's interprocess event for one generation.
 // A state dict linked over the tensor is unlinked: its record carries the
@@ -372,13 +456,9 @@ return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
 // ARGV: prefix, event handle ('' = host), backend, device, device uuid,
 //       node, session, pid, time ms
 // -> {'ok', version} | {'notfound'}
-inline constexpr const char* kPublishVersion = R"lua(
+inline constexpr auto kPublishVersion = join(kIndexFn, R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local found = false
-  for _, n in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-    if string.sub(n, 1, #ARGV[1]) == ARGV[1] then found = true break end
-  end
-  if not found then return {'notfound'} end
+  if #names_under(KEYS[3], ARGV[1], 1) == 0 then return {'notfound'} end
 end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'event_handle', ARGV[2], 'backend', ARGV[3], 'device', ARGV[4],
@@ -391,7 +471,7 @@ for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 redis.call('DEL', KEYS[2])
 return {'ok', v}
-)lua";
+)lua");
 
 // Finishes a command the leader took: takes it off the leader's processing
 // list and, in the same atomic step, delivers its reply to the list the
@@ -448,6 +528,7 @@ struct Scripts {
   redis::Script republish{kRepublish};
   redis::Script reregister{kReregister};
   redis::Script publish_version{kPublishVersion};
+  redis::Script release_holder{kReleaseHolder};
   // batch operations (batch_scripts.hpp)
   redis::Script acquire_many{kAcquireMany};
   redis::Script create_many{kCreateMany};

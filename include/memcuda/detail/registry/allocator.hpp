@@ -228,7 +228,7 @@ class Allocator {
                        const std::string& token, bool all = false) {
     const auto& k = ctx_.keys;
     auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader()},
-                                       {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : ""});
+                                       {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
     return release_outcome(c, r, name, gen, holder);
   }
 
@@ -245,6 +245,12 @@ class Allocator {
     if (st == "notfound") throw NotFound("no tensor '" + name + "' of generation " + std::to_string(gen));
     if (st == "notholder") throw InvalidArgument("'" + holder + "' holds no reference to '" + name + "'");
     lease_.fail_status("release", st, "releasing '" + name + "'");
+  }
+
+  // Whether this process owns the allocation of that generation.
+  bool owns(std::uint64_t generation) {
+    std::lock_guard lk(owned_mu_);
+    return owned_.count(generation) != 0;
   }
 
   // Frees an unlinked tensor whose last reference is gone. Ours: drop the

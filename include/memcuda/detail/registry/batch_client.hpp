@@ -36,9 +36,10 @@ struct Selection {
   std::string mode;  // "names", "prefix" or "pattern" (the scripts' modes)
   std::string arg;   // the prefix, or the glob as an anchored Lua pattern
   std::vector<std::string> names;
+  std::string literal;  // "pattern": the glob's literal prefix (only names under it are read)
 
   static Selection of(const std::vector<std::string>& names) {
-    Selection s{"names", "", {}};
+    Selection s{"names", "", {}, {}};
     std::set<std::string> seen;
     for (const auto& n : names) {
       ::memcuda::validate_name(n);
@@ -46,8 +47,10 @@ struct Selection {
     }
     return s;
   }
-  static Selection prefix(std::string_view p) { return {"prefix", std::string(p), {}}; }
-  static Selection glob(std::string_view g) { return {"pattern", glob_to_lua(g), {}}; }
+  static Selection prefix(std::string_view p) { return {"prefix", std::string(p), {}, {}}; }
+  static Selection glob(std::string_view g) {
+    return {"pattern", glob_to_lua(g), {}, std::string(glob_literal_prefix(g))};
+  }
 
   // A glob over tensor names (`*`, `?`, `[...]`, `[!...]`) as an anchored
   // Lua pattern. Names use only A-Z a-z 0-9 . _ : / -, so anything else is
@@ -107,6 +110,7 @@ class BatchClient {
     const std::string dt = dtype ? std::string(to_string(*dtype)) : std::string();
     std::vector<std::string> keys{k.leader(), k.names()};
     std::vector<std::string> args{ctx_.session, ctx_.node, "", k.prefix(), sel.mode, sel.arg};
+    if (sel.mode == "pattern") args.push_back(sel.literal);
     for (const auto& n : sel.names) {
       keys.push_back(k.tensor(n));
       keys.push_back(k.lost(n));
@@ -192,11 +196,37 @@ class BatchClient {
     return read_and_map(cmd, gens);
   }
 
-  // Unlinks every selected name in one script.
+  // Unlinks every selected name: a prefix a page of names per script (so
+  // that Redis never runs one script over 100k names), names and a glob
+  // in one script.
   BatchRemoveResult remove(const Selection& sel) {
+    if (sel.mode != "prefix") return remove_once(sel);
+    BatchRemoveResult out;
+    std::string after;
+    for (;;) {
+      std::vector<std::string> page;
+      {
+        auto c = ctx_.pool.acquire();
+        page = names_page(*c, ctx_.keys, sel.arg, after, kRemovePage);
+      }
+      if (page.empty()) break;
+      after = page.back();
+      auto part = remove_once(Selection{"names", "", page, {}});
+      for (auto& n : part.removed) out.removed.push_back(std::move(n));
+      for (auto& [n, e] : part.errors) out.errors.emplace(n, std::move(e));
+      if (page.size() < kRemovePage) break;
+    }
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t kRemovePage = 1000;
+
+  BatchRemoveResult remove_once(const Selection& sel) {
     const auto& k = ctx_.keys;
     std::vector<std::string> keys{k.names(), k.lifecycle()};
     std::vector<std::string> args{k.prefix(), ctx_.session, sel.mode, sel.arg};
+    if (sel.mode == "pattern") args.push_back(sel.literal);
     for (const auto& n : sel.names) {
       keys.push_back(k.tensor(n));
       args.push_back(n);
@@ -220,7 +250,6 @@ class BatchClient {
     return out;
   }
 
- private:
   static redis::Reply eval(const redis::Script& s, redis::Connection& c, const std::vector<std::string>& keys,
                            const std::vector<std::string>& args) {
     std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());

@@ -25,6 +25,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/holds.hpp"
 #include "memcuda/detail/registry/lease.hpp"
+#include "memcuda/detail/registry/name_index.hpp"
 #include "memcuda/detail/registry/silent_leader.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -65,7 +66,8 @@ class Client {
       auto c = ctx_.pool.acquire();
       r = ctx_.scripts.acquire.eval(
           *c, {k.tensor(name), k.leader(), k.lost(name)},
-          {ctx_.session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), ctx_.node, "", cgen, cver});
+          {ctx_.session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), ctx_.node, "", cgen, cver,
+           k.prefix(), name});
     }
     TensorInfo t;
     if (cached && r[0].str() == "same") {
@@ -290,18 +292,36 @@ class Client {
 
   // `unreadable`, when given, counts the records skipped as unreadable.
   std::vector<TensorInfo> list(std::string_view pattern, std::uint64_t* unreadable = nullptr) {
-    auto c = ctx_.pool.acquire();
-    auto names = c->command({"SMEMBERS", ctx_.keys.names()});
-    std::vector<std::string> selected;
+    std::vector<TensorInfo> out;
+    std::string after;
+    do {
+      auto page = list_page(pattern, after, kListPage, unreadable);
+      for (auto& t : page.tensors) out.push_back(std::move(t));
+      after = std::move(page.next);
+    } while (!after.empty());
+    return out;
+  }
+
+  // One page of a listing: the records of up to `limit` names under the
+  // glob's literal prefix that sort after `after`, those the glob matches,
+  // in name order; `next` is where the next page starts ("" at the end).
+  // Memory and time are those of one page, whatever the registry holds.
+  static constexpr std::size_t kListPage = 1000;
+  ListPage list_page(std::string_view pattern, std::string_view after, std::size_t limit,
+                     std::uint64_t* unreadable = nullptr) {
+    if (limit == 0) throw InvalidArgument("list: a page of 0 names");
     const std::string pat(pattern.empty() ? "*" : pattern);
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      std::string n(names[i].str());
+    auto c = ctx_.pool.acquire();
+    auto names = names_page(*c, ctx_.keys, glob_literal_prefix(pat), after, limit);
+    ListPage page;
+    if (names.size() == limit) page.next = names.back();
+    std::vector<std::string> selected;
+    for (auto& n : names)
       if (::fnmatch(pat.c_str(), n.c_str(), 0) == 0) selected.push_back(std::move(n));
-    }
     std::vector<redis::Command> cmds;
     for (const auto& n : selected) cmds.push_back({"HGETALL", ctx_.keys.tensor(n)});
-    std::vector<TensorInfo> out;
-    if (cmds.empty()) return out;
+    auto& out = page.tensors;
+    if (cmds.empty()) return page;
     // A record that cannot be read (a key of the wrong type, fields that do
     // not parse) is skipped and counted, never the listing's failure; the
     // allocator of record's GC quarantines it.
@@ -320,8 +340,7 @@ class Client {
         note_unreadable(selected[i], e.what(), unreadable);
       }
     }
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    return out;
+    return page;
   }
 
   // Blocks until `name` is ready or the timeout passes, without polling:

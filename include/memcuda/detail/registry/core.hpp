@@ -159,23 +159,16 @@ class Core {
     return n;
   }
 
+  // Reads counters the scripts keep (memcuda:usage, the name index's
+  // size), never the records: the same few round trips at any size.
   RegistryStats stats() {
     RegistryStats s;
-    auto all = client.list("*", &s.unreadable);
-    std::map<std::pair<int, int>, DeviceUsage> per;
-    for (const auto& t : all) {
-      ++s.tensors;
-      s.bytes += t.bytes;
-      auto& d = per[{static_cast<int>(t.backend), t.device}];
-      d.backend = t.backend;
-      d.device = t.device;
-      d.device_uuid = t.device_uuid;
-      ++d.tensors;
-      d.bytes += t.bytes;
-    }
-    for (auto& [k, v] : per) s.per_device.push_back(v);
     {
       auto c = ctx.pool.acquire();
+      auto u = c->pipeline({{"ZCARD", ctx.keys.names()}, {"HGETALL", ctx.keys.usage()}});
+      s.tensors = static_cast<std::uint64_t>(u[0].integer());
+      s.per_device = decode_usage(u[1].view());
+      for (const auto& d : s.per_device) s.bytes += d.bytes;
       s.leader = client.read_leader(*c);
       s.queue_length = static_cast<std::uint64_t>(c->command({"LLEN", ctx.keys.lifecycle()}).integer());
       s.quarantined = static_cast<std::uint64_t>(c->command({"HLEN", ctx.keys.quarantined()}).integer());
@@ -192,6 +185,33 @@ class Core {
     s.process.import_opens = pc.opens();
     s.process.import_hits = pc.hits();
     return s;
+  }
+
+  // memcuda:usage: "tensors:<backend>:<device>:<uuid>" and "bytes:..." per
+  // device (index_fn.hpp). A field that does not parse is skipped.
+  static std::vector<DeviceUsage> decode_usage(redis::ReplyView r) {
+    std::map<std::string, DeviceUsage> per;
+    for (std::size_t i = 0; i + 1 < r.size(); i += 2) {
+      const std::string_view f = r[i].str();
+      const bool count = f.starts_with("tensors:");
+      if (!count && !f.starts_with("bytes:")) continue;
+      const std::string_view d = f.substr(f.find(':') + 1);
+      const auto c1 = d.find(':'), c2 = d.find(':', c1 == d.npos ? c1 : c1 + 1);
+      if (c2 == d.npos) continue;
+      auto backend = backend_from_string(d.substr(0, c1));
+      auto device = protocol::detail::parse_decimal<std::int64_t>(d.substr(c1 + 1, c2 - c1 - 1));
+      auto value = protocol::detail::parse_decimal<std::int64_t>(r[i + 1].str());
+      if (!backend || !device || !value) continue;
+      auto& u = per[std::string(d)];
+      u.backend = *backend;
+      u.device = static_cast<int>(*device);
+      u.device_uuid = std::string(d.substr(c2 + 1));
+      (count ? u.tensors : u.bytes) = static_cast<std::uint64_t>(std::max<std::int64_t>(*value, 0));
+    }
+    std::vector<DeviceUsage> out;
+    for (auto& [k, u] : per)
+      if (u.tensors) out.push_back(std::move(u));
+    return out;
   }
 
   // Executes one inbox message (the registry's thread of a non-leader).

@@ -46,7 +46,7 @@ class Executor {
       case protocol::Op::get: {
         refuse_session_holder(cmd);
         auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name)},
-                                           {holder_of(cmd), "", ctx_.node, token, "", ""});
+                                           {holder_of(cmd), "", ctx_.node, token, "", "", k.prefix(), cmd.name});
         auto t = client_.checked(r, cmd.name, std::nullopt, holder_of(cmd));
         rep.generation = t.generation;
         rep.refcount = t.refcount;
@@ -75,6 +75,10 @@ class Executor {
         // Sent by the release that dropped a tensor's last reference, which
         // left its record unlinked with refcount 0. Anything else (a live
         // tensor's generation) would free memory in use: refused.
+        if (!cmd.generations.empty()) {
+          free_many(c, cmd.generations);
+          break;
+        }
         const std::uint64_t gen = cmd.generation.value_or(0);
         auto rc = c.command({"HGET", k.removed(gen), "refcount"});
         if (rc.is_nil() || rc.str() != "0")
@@ -91,6 +95,34 @@ class Executor {
   }
 
  private:
+  // A batch remove's frees: each generation as a single free, but read in
+  // one pipeline; one that is not an unlinked record without references is
+  // skipped (logged), never freed.
+  void free_many(redis::Connection& c, const std::vector<std::uint64_t>& gens) {
+    std::vector<redis::Command> rcs;
+    for (auto g : gens) rcs.push_back({"HGET", ctx_.keys.removed(g), "refcount"});
+    std::vector<std::exception_ptr> errs;
+    auto rc = c.pipeline(rcs, &errs);
+    std::uint64_t refused = 0;
+    std::vector<redis::Command> dels;  // the records of what this process owned: one pipeline
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      if (rc[i].is_error() || rc[i].is_nil() || rc[i].str() != "0") {
+        ++refused;
+        continue;
+      }
+      if (alloc_.owns(gens[i])) {
+        alloc_.free_unlinked(c, gens[i], true);
+        dels.push_back({"DEL", ctx_.keys.removed(gens[i])});
+      } else {
+        alloc_.free_unlinked(c, gens[i]);
+      }
+    }
+    if (!dels.empty()) c.pipeline(dels, &errs);
+    if (refused)
+      log(LogLevel::warn, "free: skipped " + std::to_string(refused) + " of " + std::to_string(gens.size()) +
+                              " generation(s) that are not unlinked tensors without references");
+  }
+
   // A registry session's references belong to its process: only it drops
   // them (its release queue), and it takes them with its own scripts, never
   // through this list. A JSON command naming a session as its holder could

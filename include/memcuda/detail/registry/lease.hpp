@@ -31,6 +31,7 @@
 
 #include "memcuda/detail/node.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/name_index.hpp"
 #include "memcuda/detail/registry/owner_uid.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -74,6 +75,11 @@ class Lease {
       epoch_ = epoch;
     }
     owner_uid_.claim(c);
+    // Before it allocates: the orphan scan learns from memcuda:owners whom
+    // to watch (migration.hpp), and an older version's name index becomes
+    // the sorted set every script now reads.
+    c.command({"SADD", k.owners(), ctx_.session});
+    upgrade_name_index(c, k);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
     auto n = ctx_.scripts.requeue.eval(c, {k.lifecycle(), k.processing_lists()}, {k.processing(epoch)});
     leader_.store(true, std::memory_order_release);

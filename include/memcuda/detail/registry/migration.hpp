@@ -98,6 +98,9 @@ class Migration {
   std::pair<std::uint64_t, std::uint64_t> adopt_orphans(redis::Connection& c, const std::string& token) {
     std::uint64_t migrated = 0, lost = 0;
     resolve_parked(c);
+    std::vector<std::string> owners;  // memcuda:owners: every allocator of record that may own records
+    if (!orphans_possible(c, owners)) return {0, 0};
+    scanned_ = true;
     auto rkeys = record_keys(c, ctx_.keys);
     std::set<std::string> still_used;  // ipc handles of dead owners that records still use
     std::set<std::string> seen;        // the ipc handle of every record scanned
@@ -145,10 +148,20 @@ class Migration {
     }
     // Owners of cuda_vmm_fd allocations that no record names any more (empty
     // slabs of a dead leader): their fields go in the sweep below, so that
-    // standbys close those fds.
-    for (const auto& owner : allocation_owners(c, ctx_.keys)) {
+    // standbys close those fds. And dead owners of no record at all: their
+    // sweep takes them off memcuda:owners.
+    for (const auto& owner : allocation_owners(c, ctx_.keys)) owners.push_back(owner);
+    for (const auto& owner : owners) {
       if (owner == ctx_.session || dead.count(owner)) continue;
       dead[owner] = !ctx_.owner_alive(c, owner, 0);
+    }
+    // An owner seen in a record that memcuda:owners lacks (a record of an
+    // older version) is written there, so that its death triggers a scan.
+    if (!dead.empty()) {
+      std::vector<redis::Command> add;
+      for (const auto& [owner, is_dead] : dead) add.push_back({"SADD", ctx_.keys.owners(), owner});
+      std::vector<std::exception_ptr> errs;
+      c.pipeline(add, &errs);
     }
     std::vector<TensorInfo> denied;  // another user's memory: left for a leader that can open it
     for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated, denied)) {
@@ -193,6 +206,7 @@ class Migration {
       if (n)
         log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
                                 " that no record uses");
+      c.command({"SREM", ctx_.keys.owners(), owner});  // settled: no more scans for it
     }
     for (const auto& [owner, is_dead] : dead)
       if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
@@ -499,6 +513,27 @@ class Migration {
     bool persistent;
     bool adopted;  // adopted in place (counted as adopted, not copied, once resolved)
   };
+  // Whether a record may have a dead owner, without reading any record: the
+  // first round of this registry (records of an older version name owners
+  // memcuda:owners lacks), work left from an earlier round, or a dead
+  // session among memcuda:owners and the cuda_vmm_fd allocations' owners.
+  // Fills `owners` with memcuda:owners.
+  bool orphans_possible(redis::Connection& c, std::vector<std::string>& owners) {
+    auto m = c.command({"SMEMBERS", ctx_.keys.owners()});
+    for (std::size_t i = 0; i < m.size(); ++i) owners.emplace_back(m[i].str());
+    bool pending;
+    {
+      std::lock_guard lk(mu_);
+      pending = !parked_.empty();
+    }
+    if (!scanned_ || pending || !sweep_next_.empty()) return true;
+    std::set<std::string> all(owners.begin(), owners.end());
+    for (auto& o : allocation_owners(c, ctx_.keys)) all.insert(std::move(o));
+    for (const auto& o : all)
+      if (o != ctx_.session && !ctx_.owner_alive(c, o, 0)) return true;
+    return false;
+  }
+
   void resolve_parked(redis::Connection& c) {
     std::vector<Parked> todo;
     {
@@ -550,6 +585,7 @@ class Migration {
   bool running_ = false;
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
   std::vector<Parked> parked_;             // guarded by mu_
+  bool scanned_ = false;                   // a full scan ran (only the round touches it)
   // Dead owners to sweep at the next round (only the round, one at a time,
   // touches it).
   std::map<std::string, std::set<BackendKind>> sweep_next_;

@@ -174,10 +174,7 @@ class ModelVersions {
   }
 
   static bool has_tensors(Core& core, redis::Connection& c, std::string_view prefix) {
-    auto names = c.command({"SMEMBERS", core.ctx.keys.names()});
-    for (std::size_t i = 0; i < names.size(); ++i)
-      if (names[i].str().starts_with(prefix)) return true;
-    return false;
+    return !names_page(c, core.ctx.keys, prefix, {}, 1).empty();
   }
 
   static ModelRecord decode(redis::ReplyView r) {

@@ -28,7 +28,7 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::quarantine {
 
-// KEYS: record key, names set, quarantine key, index Hash.
+// KEYS: record key, names index, quarantine key, index Hash, usage Hash.
 // ARGV: name ('' for an unlinked record), id, reason, now ms, what was
 //       seen: 'type:<t>' (a key of Redis type t, not a hash) or
 //       'gen:<g>' (a hash whose generation field read g; 'gen:' for none).
@@ -45,9 +45,18 @@ else
   local g = redis.call('HGET', KEYS[1], 'generation') or ''
   if g ~= string.sub(seen, 5) then return 'changed' end
 end
+if t == 'hash' and ARGV[1] ~= '' then  -- a named record counts in memcuda:usage: no more
+  local f = redis.call('HMGET', KEYS[1], 'backend', 'device', 'device_uuid', 'bytes')
+  local b = tonumber(f[4])
+  if f[1] and b then
+    local d = f[1] .. ':' .. (f[2] or '') .. ':' .. (f[3] or '')
+    redis.call('HINCRBY', KEYS[5], 'tensors:' .. d, -1)
+    if b ~= 0 then redis.call('HINCRBY', KEYS[5], 'bytes:' .. d, string.format('%.0f', -b)) end
+  end
+end
 redis.call('DEL', KEYS[3])
 redis.call('RENAME', KEYS[1], KEYS[3])
-if ARGV[1] ~= '' then redis.call('SREM', KEYS[2], ARGV[1]) end
+if ARGV[1] ~= '' then redis.call('ZREM', KEYS[2], ARGV[1]) end
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[4] .. ' ' .. ARGV[3])
 return 'ok'
 )lua"};
@@ -69,7 +78,8 @@ inline bool move(redis::Connection& c, const Keys& k, const std::string& record_
   const std::string qkey = k.quarantine(record_key), names = k.names(), index = k.quarantined();
   const std::string id = id_of(k, record_key);
   const std::string now = std::to_string(now_ms());
-  redis::Arg keys[] = {record_key, names, qkey, index};
+  const std::string usage = k.usage();
+  redis::Arg keys[] = {record_key, names, qkey, index, usage};
   redis::Arg args[] = {name, id, reason, now, seen};
   auto r = script().eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
   if (r.str() != "ok") return false;

@@ -46,7 +46,7 @@ class Recovery {
     redeclare_dicts(c);
     bool all = true;
     for (const auto& [k, n] : holds_.snapshot()) {
-      auto res = ctx_.scripts.reregister.eval(c, {keys.tensor(k.first)}, {k.second, ctx_.session, n, keys.prefix()});
+      auto res = ctx_.scripts.reregister.eval(c, {keys.tensor(k.first)}, {k.second, ctx_.session, n, keys.prefix(), k.first});
       if (res[0].str() == "absent") all = false;
     }
     if (republished)

@@ -313,7 +313,7 @@ class ReleaseQueue {
         continue;
       }
       cmds.push_back({"EVALSHA", sha, "4", k.tensor(it.name), names, lifecycle, leader, std::to_string(it.gen),
-                      ctx.session, prefix, ctx.session, "", ""});
+                      ctx.session, prefix, ctx.session, "", "", it.name});
     }
     std::vector<std::exception_ptr> errors;
     std::vector<redis::Reply> replies;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/detail/registry/name_index.hpp"
 #include "memcuda/detail/registry/quarantine.hpp"
 #include "memcuda/detail/registry/standby.hpp"
 #include "memcuda/protocol/session.hpp"
@@ -24,11 +26,17 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-// Every record key: the named tensors and the unlinked-but-held ones.
+// Every record key: the named tensors and the unlinked-but-held ones. Reads
+// everything: only for events (a dead allocator of record), never a period.
 inline std::vector<std::string> record_keys(redis::Connection& c, const Keys& keys) {
   std::vector<std::string> out;
-  auto m = c.command({"SMEMBERS", keys.names()});
-  for (std::size_t i = 0; i < m.size(); ++i) out.emplace_back(keys.tensor(m[i].str()));
+  std::string after;
+  for (;;) {
+    auto page = names_page(c, keys, "", after, 10000);
+    for (const auto& n : page) out.emplace_back(keys.tensor(n));
+    if (page.size() < 10000) break;
+    after = page.back();
+  }
   std::string cursor = "0";
   do {
     auto r = c.command({"SCAN", cursor, "MATCH", keys.removed_pattern(), "COUNT", "1000"});
@@ -126,108 +134,22 @@ class Sessions {
 
   // Drops every reference held by a dead session (its key expired, or it
   // names a process of this node that is gone: session_proves_death) or a
-  // dead JSON client ("pid:<n>", a process of this node), frees what that releases, and
-  // prunes the session index. Safe from any process (the scripts are
-  // atomic); the allocator of record runs it every gc_interval with its
-  // lease token, so a deposed leader cannot act on stale views.
+  // dead JSON client ("pid:<n>", a process of this node), frees what that
+  // releases, and prunes the session index. The work is proportional to
+  // what changed: the holders are judged (memcuda:holders), a dead one's
+  // references are read from its own index (memcuda:refs:<holder>), and a
+  // bounded slice of the records is swept per round for what no index
+  // names (sweep()). Safe from any process (the scripts are atomic); the
+  // allocator of record runs it every gc_interval with its lease token, so
+  // a deposed leader cannot act on stale views.
   GcReport collect(redis::Connection& c, const std::string& token) {
     GcReport rep;
     const Keys& keys = ctx_.keys;
     // State-dict records first: a dead holder's last reference to an
-    // unlinked record deletes it, and the pass below then drops its pins.
+    // unlinked record deletes it, and the holders' pass then drops its pins.
     collect_dicts(c, rep);
-    std::vector<std::string> names = record_keys(c, keys);
-    if (!names.empty()) {
-      std::vector<redis::Command> cmds, hk;
-      for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation", "refcount", "republished"});
-      for (const auto& k : names) hk.push_back({"HKEYS", k});
-      // One bad key must not fail the round for all: an error reply (a key
-      // of the wrong type) is that record's alone.
-      std::vector<std::exception_ptr> e1, e2;
-      auto ids = c.pipeline(cmds, &e1);
-      auto fields = c.pipeline(hk, &e2);
-      struct Ref {
-        std::string name;
-        std::uint64_t gen;
-        std::string holder;
-      };
-      std::vector<Ref> refs;
-      std::map<std::string, bool> alive;
-      for (std::size_t i = 0; i < names.size(); ++i) {
-        if (ids[i].is_error() || fields[i].is_error()) {
-          quarantine_wrong_type(c, names[i], rep);
-          continue;
-        }
-        if (ids[i][0].is_nil() || ids[i][1].is_nil()) continue;
-        std::uint64_t gen = 0;
-        try {
-          gen = reply_u64(ids[i][1]);
-          if (!ids[i][2].is_nil() && reply_int(ids[i][2]) < 0) throw InvalidArgument("negative refcount");
-          if (!ids[i][3].is_nil()) (void)reply_int(ids[i][3]);
-        } catch (const std::exception& e) {
-          if (quarantine::move(c, keys, names[i], name_of(names[i]), "gen:" + std::string(ids[i][1].str()),
-                               std::string("unreadable record fields: ") + e.what()))
-            ++rep.records_quarantined;
-          continue;
-        }
-        // A record republished after Redis lost its data that no holder
-        // re-registered (they died meanwhile) has no reference to release:
-        // once the holders' re-registration window has passed, free it.
-        if (!ids[i][3].is_nil() && !ids[i][2].is_nil() && reply_int(ids[i][2]) == 0 &&
-            now_ms() - reply_int(ids[i][3]) > kRepublishGraceMs + ctx_.opts.session_ttl.count()) {
-          std::string name(ids[i][0].str());
-          try {
-            if (names[i] == keys.tensor(name)) {
-              auto r = ctx_.scripts.remove.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle()},
-                                                {keys.prefix(), ctx_.session});
-              if (r[0].str() == "free") alloc_.free_unlinked(c, reply_u64(r[1]), true);
-            } else {
-              alloc_.free_unlinked(c, gen);
-            }
-            ++rep.tensors_freed;
-            log(LogLevel::info, "gc: freed '" + name + "': republished after a Redis restart, nobody re-registered");
-          } catch (const ConnectionError&) {
-            throw;
-          } catch (const std::exception& e) {
-            log(LogLevel::warn, "gc: freeing unclaimed '" + name + "': " + e.what());
-          }
-          continue;
-        }
-        for (std::size_t j = 0; j < fields[i].size(); ++j) {
-          std::string f(fields[i][j].str());
-          if (!f.starts_with("holder:")) continue;
-          std::string h = f.substr(7);
-          refs.push_back({std::string(ids[i][0].str()), gen, h});
-          alive.emplace(h, true);
-        }
-      }
-      judge(c, alive);
-      std::set<std::string> dead;
-      for (const auto& ref : refs) {
-        if (alive[ref.holder]) continue;
-        dead.insert(ref.holder);
-        auto cnt = c.command({"HGET", removed_or_named(c, ref.name, ref.gen), "holder:" + ref.holder});
-        std::int64_t n = cnt.is_nil() ? 0 : reply_int(cnt.view());
-        try {
-          if (alloc_.release(c, ref.name, ref.gen, ref.holder, token, true) == 0) ++rep.tensors_freed;
-          rep.references_dropped += static_cast<std::uint64_t>(n);
-          log(LogLevel::info, "gc: dropped " + std::to_string(n) + " reference(s) of dead holder " + ref.holder +
-                                  " to '" + ref.name + "'");
-        } catch (const NotFound&) {
-        } catch (const InvalidArgument&) {  // released meanwhile
-        } catch (const ConnectionError&) {
-          throw;
-        } catch (const TimeoutError&) {
-          throw;
-        } catch (const NotLeader&) {
-          throw;
-        } catch (const std::exception& e) {  // this record's trouble, not the round's
-          log(LogLevel::warn, "gc: dropping dead holder " + ref.holder + "'s reference to '" + ref.name +
-                                  "': " + e.what());
-        }
-      }
-      rep.dead_holders = dead.size();
-    }
+    collect_holders(c, token, rep);
+    sweep(c, rep);
     auto members = c.command({"SMEMBERS", keys.sessions()});
     std::vector<std::string> all;
     for (std::size_t i = 0; i < members.size(); ++i) all.emplace_back(members[i].str());
@@ -259,6 +181,144 @@ class Sessions {
 
  private:
   static constexpr std::string_view kDictHolder = "@dict:";
+
+  // Judges every holder that has an index of references and drops all the
+  // references of the dead ones, a page of their index at a time (one
+  // script per 1000 references).
+  void collect_holders(redis::Connection& c, const std::string& token, GcReport& rep) {
+    const Keys& keys = ctx_.keys;
+    auto hs = c.command({"SMEMBERS", keys.holders()});
+    if (hs.size() == 0) return;
+    std::map<std::string, bool> alive;
+    for (std::size_t i = 0; i < hs.size(); ++i) alive.emplace(std::string(hs[i].str()), true);
+    judge(c, alive);
+    for (const auto& [h, a] : alive) {
+      if (a) continue;
+      std::uint64_t dropped = 0, unlinked = 0;
+      for (;;) {
+        auto page = c.command({"SRANDMEMBER", keys.refs(h), std::to_string(kHolderPage)});
+        std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders()};
+        std::vector<std::string> args{token, h, keys.prefix(), ctx_.session};
+        for (std::size_t i = 0; i < page.size(); ++i) args.emplace_back(page[i].str());
+        std::vector<redis::Arg> kv(ks.begin(), ks.end()), av(args.begin(), args.end());
+        auto r = ctx_.scripts.release_holder.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+        if (script_status(r) != "ok") lease_fail(r);
+        dropped += static_cast<std::uint64_t>(reply_int(r[1]));
+        unlinked += static_cast<std::uint64_t>(reply_int(r[2]));
+        for (std::size_t i = 3; i < r.size(); ++i) alloc_.free_unlinked(c, reply_u64(r[i]), true);
+        if (page.size() < kHolderPage) break;
+      }
+      ++rep.dead_holders;
+      rep.references_dropped += dropped;
+      rep.tensors_freed += unlinked;
+      if (dropped)
+        log(LogLevel::info, "gc: dropped " + std::to_string(dropped) + " reference(s) of dead holder " + h + " (" +
+                                std::to_string(unlinked) + " tensor(s) freed)");
+    }
+  }
+
+  [[noreturn]] static void lease_fail(const redis::Reply& r) {
+    throw NotLeader("gc: the lease changed hands (now " + std::string(r.size() > 1 ? r[1].str() : "") + ")");
+  }
+
+  // A bounded slice of the records per round (kSweepPage names, then
+  // unlinked records by SCAN): quarantines a key of the wrong type or a
+  // record whose fields do not parse, frees a record republished after a
+  // Redis restart that no holder claimed, and writes any holder's reference
+  // its index lacks (a record of an older version). A whole pass over N
+  // records takes N / kSweepPage rounds.
+  void sweep(redis::Connection& c, GcReport& rep) {
+    const Keys& keys = ctx_.keys;
+    SweepAt at;
+    {
+      std::lock_guard lk(sweep_mu_);
+      at = sweep_at_;
+    }
+    std::vector<std::string> names;
+    if (!at.unlinked) {
+      for (auto& n : names_page(c, keys, "", at.after, kSweepPage)) names.push_back(keys.tensor(n));
+      if (names.size() < kSweepPage) at = SweepAt{{}, true, "0"};
+      else at.after = names.back().substr(keys.tensor_prefix().size());
+    } else {
+      auto r = c.command({"SCAN", at.cursor, "MATCH", keys.removed_pattern(), "COUNT", std::to_string(kSweepPage)});
+      at.cursor = std::string(r[0].str());
+      for (std::size_t i = 0; i < r[1].size(); ++i) names.emplace_back(r[1][i].str());
+      if (at.cursor == "0") at = SweepAt{};
+    }
+    {
+      std::lock_guard lk(sweep_mu_);
+      sweep_at_ = at;
+    }
+    if (names.empty()) return;
+    std::vector<redis::Command> cmds, hk;
+    for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation", "refcount", "republished"});
+    for (const auto& k : names) hk.push_back({"HKEYS", k});
+    // One bad key must not fail the round for all: an error reply (a key
+    // of the wrong type) is that record's alone.
+    std::vector<std::exception_ptr> e1, e2;
+    auto ids = c.pipeline(cmds, &e1);
+    auto fields = c.pipeline(hk, &e2);
+    std::vector<redis::Command> index;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (ids[i].is_error() || fields[i].is_error()) {
+        quarantine_wrong_type(c, names[i], rep);
+        continue;
+      }
+      if (ids[i][0].is_nil() || ids[i][1].is_nil()) continue;
+      try {
+        (void)reply_u64(ids[i][1]);
+        if (!ids[i][2].is_nil() && reply_int(ids[i][2]) < 0) throw InvalidArgument("negative refcount");
+        if (!ids[i][3].is_nil()) (void)reply_int(ids[i][3]);
+      } catch (const std::exception& e) {
+        if (quarantine::move(c, keys, names[i], name_of(names[i]), "gen:" + std::string(ids[i][1].str()),
+                             std::string("unreadable record fields: ") + e.what()))
+          ++rep.records_quarantined;
+        continue;
+      }
+      const std::string name(ids[i][0].str()), gen(ids[i][1].str());
+      if (free_unclaimed(c, names[i], name, gen, ids[i][2], ids[i][3], rep)) continue;
+      for (std::size_t j = 0; j < fields[i].size(); ++j) {
+        std::string_view f = fields[i][j].str();
+        if (!f.starts_with("holder:") || f == "holder:@name") continue;
+        std::string h(f.substr(7));
+        index.push_back({"SADD", keys.refs(h), gen + ":" + name});
+        index.push_back({"SADD", keys.holders(), h});
+      }
+    }
+    if (!index.empty()) {
+      std::vector<std::exception_ptr> errs;
+      c.pipeline(index, &errs);
+    }
+  }
+
+  // A record republished after Redis lost its data that no holder
+  // re-registered (they died meanwhile) has no reference to release: once
+  // the holders' re-registration window has passed, it is freed. True when
+  // the record was such a one.
+  bool free_unclaimed(redis::Connection& c, const std::string& record_key, const std::string& name,
+                      const std::string& gen_text, redis::ReplyView refcount, redis::ReplyView republished,
+                      GcReport& rep) {
+    if (republished.is_nil() || refcount.is_nil() || reply_int(refcount) != 0 ||
+        now_ms() - reply_int(republished) <= kRepublishGraceMs + ctx_.opts.session_ttl.count())
+      return false;
+    const Keys& keys = ctx_.keys;
+    try {
+      if (record_key == keys.tensor(name)) {
+        auto r = ctx_.scripts.remove.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle()},
+                                          {keys.prefix(), ctx_.session});
+        if (r[0].str() == "free") alloc_.free_unlinked(c, reply_u64(r[1]), true);
+      } else {
+        alloc_.free_unlinked(c, std::stoull(gen_text));
+      }
+      ++rep.tensors_freed;
+      log(LogLevel::info, "gc: freed '" + name + "': republished after a Redis restart, nobody re-registered");
+    } catch (const ConnectionError&) {
+      throw;
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, "gc: freeing unclaimed '" + name + "': " + e.what());
+    }
+    return true;
+  }
 
   // Sets alive[h] for every holder h of `alive` (all true on entry): a
   // registry session is alive while its key exists and does not prove its
@@ -343,14 +403,18 @@ class Sessions {
       ++rep.records_quarantined;
   }
 
-  std::string removed_or_named(redis::Connection& c, const std::string& name, std::uint64_t gen) {
-    auto g = c.command({"HGET", ctx_.keys.tensor(name), "generation"});
-    if (!g.is_nil() && reply_u64(g.view()) == gen) return ctx_.keys.tensor(name);
-    return ctx_.keys.removed(gen);
-  }
+  static constexpr std::size_t kHolderPage = 1000;
+  static constexpr std::size_t kSweepPage = 256;
+  struct SweepAt {
+    std::string after;      // the last name swept
+    bool unlinked = false;  // sweeping the unlinked records (by SCAN) now
+    std::string cursor = "0";
+  };
 
   Context& ctx_;
   Allocator& alloc_;
+  std::mutex sweep_mu_;  // guards sweep_at_ only, never held across a Redis call
+  SweepAt sweep_at_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,62 @@
+// Lua functions prepended to the scripts that take, drop or unlink a
+// tensor's references: the indexes that keep every periodic task of the
+// allocator of record proportional to what changed, not to what exists.
+//
+//   memcuda:refs:<holder>  Set of '<generation>:<name>', one member per
+//                          record the holder has references to (a
+//                          generation migrated since is followed through
+//                          its memcuda:moved forward, as a release does)
+//   memcuda:holders        Set of the holders that have such an index, so
+//                          the garbage collector judges holders, not records
+//   memcuda:usage          Hash of the named tensors' counts and logical
+//                          bytes per backend:device:device_uuid, which
+//                          statistics read instead of every record
+//
+// The name's own reference ('@name', a persistent tensor's) is not indexed:
+// it never dies. An index may name a reference already dropped (a record
+// marked lost, a migrated generation): the collector's release answers
+// 'notfound' or 'notholder' and the member goes.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+
+inline constexpr char kIndexFn[] = R"lua(
+-- A generation may arrive as a Lua number (INCR, TIME): written with all
+-- its digits, never as '..' would (1.79e+15).
+local function gen_text(g)
+  if type(g) == 'number' then return string.format('%.0f', g) end
+  return g
+end
+local function hold(p, h, g, n)
+  if h == '@name' then return end
+  redis.call('SADD', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  redis.call('SADD', p .. 'memcuda:holders', h)
+end
+local function unhold(p, h, g, n)
+  if h == '@name' then return end
+  redis.call('SREM', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+end
+local function count_usage(p, key, sign)
+  local f = redis.call('HMGET', key, 'backend', 'device', 'device_uuid', 'bytes')
+  local b = tonumber(f[4])
+  if not f[1] or not b then return end
+  local u = p .. 'memcuda:usage'
+  local d = f[1] .. ':' .. (f[2] or '') .. ':' .. (f[3] or '')
+  redis.call('HINCRBY', u, 'tensors:' .. d, sign)
+  -- never '-0' (a zero-byte tensor): Redis refuses it as an integer
+  if b ~= 0 then redis.call('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
+end
+-- The names of the index (a sorted set, all scores 0) under a literal
+-- prefix: a range read, never the whole index. Byte 255 never occurs in a
+-- name (A-Z a-z 0-9 . _ : / -), so '(' .. pre .. '\255' bounds every name starting with pre.
+local function names_under(names, pre, limit)
+  if limit then
+    return redis.call('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, limit)
+  end
+  return redis.call('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255')
+end
+)lua";
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
