@@ -203,7 +203,16 @@ persistent float32[4] tensors (`t/0000000`...); at each size N:
 
 "timeout": the step passed its cap; "skipped": it no longer fit the budget; "n/a": not run at that
 size. Ratios: baseline / this tree, so above 1 means this tree is faster or smaller (for the
-throughput table: this tree / baseline). Raw JSON: `memcuda_bench_scale --json FILE`.""")
+throughput table: this tree / baseline). Raw JSON: `memcuda_bench_scale --json FILE`.
+
+To run it again (a baseline is the same source built in an older checkout: copy
+`benchmarks/bench_scale*.{cpp,hpp}` there and add the target; its `memcuda_bench_scale` and
+`memcuda` in one folder):
+
+```
+cmake --build build --target memcuda_bench_scale memcuda
+benchmarks/run_scale.sh --sizes 1000,10000,100000 --baseline DIR --baseline-label "baseline SHA"
+```""")
 print("<!-- scale:end -->")
 PY
 py_rc=$?
