@@ -378,15 +378,17 @@ class ScaleBench {
     if (!expect(*w, "READY", end)) return sc::status("timeout", "the worker did not start in time");
     const auto t0 = mb::now_ns();
     w->write("GO\n");
+    std::int64_t gone = 0;
     const auto t1 = sc::poll_until(
         *conn_, cmds, [](const redis::Reply& rep, std::size_t) { return rep.integer() == 0; },
         [&] {
           auto v = sc::pool_in_use(*conn_, ns_);
           return v && *v <= in_use_before;
         },
-        step_end());
+        step_end(), &gone);
     r["status"] = t1 ? "ok" : "timeout";
     if (t1) r["s"] = static_cast<double>(*t1 - t0) / 1e9;
+    if (gone) r["records_gone_s"] = static_cast<double>(gone - t0) / 1e9;
     if (auto d = expect(*w, "DONE ", std::min(end, mb::Clock::now() + seconds(10)))) {
       std::int64_t at = 0;
       std::uint64_t removed = 0;

@@ -82,13 +82,15 @@ inline std::uint64_t settled_in_use(redis::Connection& c, const std::string& ns)
 // Sends cmds[i] for every i not yet done, in pipelines of `chunk`, every
 // `period`, until done(reply, i) held for each (an i that is done is not
 // asked again) and `also()` holds, or until `deadline`. Returns the time
-// (now_ns) of the poll that saw it all, or nullopt at the deadline. Until
+// (now_ns) of the poll that saw it all, or nullopt at the deadline; the time
+// every key was done (before `also()` held) in *keys_done. Until
 // 64 evenly spread probes (the last one among them) are done, only they are
 // asked: 100k commands every 20 ms would load the Redis whose work is timed.
 inline std::optional<std::int64_t> poll_until(redis::Connection& c, const std::vector<redis::Command>& cmds,
                                               const std::function<bool(const redis::Reply&, std::size_t)>& done,
                                               const std::function<bool()>& also, Clock::time_point deadline,
-                                              milliseconds period = milliseconds(20), std::size_t chunk = 10000) {
+                                              std::int64_t* keys_done = nullptr, milliseconds period = milliseconds(20),
+                                              std::size_t chunk = 10000) {
   const std::size_t n = cmds.size();
   std::vector<std::size_t> pending;
   std::vector<bool> probe(n, false);
@@ -114,6 +116,7 @@ inline std::optional<std::int64_t> poll_until(redis::Connection& c, const std::v
     }
     pending.swap(still);
     if (probing && pending.empty()) continue;  // the rest at once, without the pause
+    if (pending.empty() && keys_done && !*keys_done) *keys_done = now_ns();
     if (pending.empty() && (!also || also())) return now_ns();
     if (Clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(period);

@@ -125,7 +125,10 @@ metrics = [("create p50 (ms)", "create", "p50_ms", 2), ("create p99 (ms)", "crea
            ("`memcuda ls` wall (s)", "ls", "wall_s", 3), ("`memcuda ls` max RSS (MiB)", "ls", "max_rss_mib", 1),
            ("list() in a client (s)", "list", "wall_s", 3), ("Redis used_memory per tensor (B)", "memory", "bytes_per_tensor", 0)]
 metrics += [(f"GC of a killed holder of {count(k)} references (s)", ("gc", k), "s", 2) for k in cfg.get("gc_counts", [])]
-metrics.append((f"remove_prefix of {count(cfg.get('rm_count', 0))} until freed (s)", "rm", "s", 2))
+rmc = count(cfg.get('rm_count', 0))
+metrics += [(f"remove_prefix of {rmc}: the call returns (s)", "rm", "remove_call_s", 2),
+            (f"remove_prefix of {rmc}: no record left (s)", "rm", "records_gone_s", 2),
+            (f"remove_prefix of {rmc}: records gone and pool bytes back (s)", "rm", "s", 2)]
 
 def rows_by_n(d):
     return {r["n"]: r for r in d["sizes"]} if d else {}
