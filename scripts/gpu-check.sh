@@ -11,9 +11,9 @@ nvidia-smi -L
 rc=0
 step() { echo "== $*"; }
 step "[gpu] tests, all GPUs"
-memcuda_tests '[gpu]' > "$out/gpu-all.log" 2>&1; r=$?; tail -3 "$out/gpu-all.log"; rc=$((rc | r))
+memcuda_tests --report-skips '[gpu]' > "$out/gpu-all.log" 2>&1; r=$?; tail -3 "$out/gpu-all.log"; rc=$((rc | r))
 step "[gpu] tests, GPU 0 only"
-CUDA_VISIBLE_DEVICES=0 memcuda_tests '[gpu]' > "$out/gpu-one.log" 2>&1; r=$?; tail -3 "$out/gpu-one.log"; rc=$((rc | r))
+CUDA_VISIBLE_DEVICES=0 memcuda_tests --report-skips '[gpu]' > "$out/gpu-one.log" 2>&1; r=$?; tail -3 "$out/gpu-one.log"; rc=$((rc | r))
 
 dir=$(mktemp -d /tmp/memcuda-gpu.XXXXXX)
 redis-server --port 0 --unixsocket "$dir/r.sock" --save '' --appendonly no --daemonize yes --logfile "$dir/log" --dir "$dir"
@@ -26,7 +26,7 @@ redis-cli -s "$dir/r.sock" shutdown nosave >/dev/null 2>&1
 unset MEMCUDA_REDIS_URL
 
 # The newcomer's demo on the cuda path, from the bundle's programs (its own
-# private redis-server); a stray "warn:" line is a failure (issue 15).
+# private redis-server); a stray "warn:" line is a failure.
 step "scripts/demo.sh (cuda, prebuilt programs)"
 MEMCUDA_DEMO_BIN=.gpu/bin scripts/demo.sh > "$out/demo.log" 2>&1; r=$?
 grep -E '^demo:|^\[|refcount|GPU memory' "$out/demo.log" | head -20
