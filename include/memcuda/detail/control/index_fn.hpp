@@ -6,7 +6,8 @@
 //                          record the holder has references to (a
 //                          generation migrated since is followed through
 //                          its memcuda:moved forward, as a release does)
-//   memcuda:holders        Set of the holders that have such an index, so
+//   memcuda:holders        Set of the other holders that have such an index
+//                          (registry sessions are in memcuda:sessions), so
 //                          the garbage collector judges holders, not records
 //   memcuda:usage          Hash of the named tensors' counts and logical
 //                          bytes per backend:device:device_uuid, which
@@ -32,7 +33,10 @@ end
 local function hold(p, h, g, n)
   if h == '@name' then return end
   redis.call('SADD', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
-  redis.call('SADD', p .. 'memcuda:holders', h)
+  -- A registry session ('<pid>-<hex>') is judged through memcuda:sessions,
+  -- which the collector reads too: one call less on every get. Any other
+  -- holder (pid:<n>, @dict:<id>, a JSON client's own name) is listed here.
+  if not string.find(h, '^%d+%-%x+$') then redis.call('SADD', p .. 'memcuda:holders', h) end
 end
 local function unhold(p, h, g, n)
   if h == '@name' then return end
