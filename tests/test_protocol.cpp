@@ -296,6 +296,20 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   CHECK(protocol::encode_command(del).find(R"("op":"delete")") != std::string::npos);
 }
 
+TEST_CASE("a free of many generations round-trips, without a name, up to the batch limit", "[protocol]") {
+  Command f;
+  f.op = Op::free;
+  f.generations = {1, 18446744073709551615ull, 42};
+  const std::string text = protocol::encode_command(f);
+  CHECK(text.find("\"name\"") == std::string::npos);
+  CHECK(protocol::decode_command(text) == f);
+  CHECK(protocol::decode_command(R"({"op":"free","name":"x","generations":[7]})").generations == std::vector<std::uint64_t>{7});
+  std::string many = R"({"op":"free","generations":[)";
+  for (std::size_t i = 0; i <= protocol::kMaxBatchEntries; ++i) many += (i ? ",1" : "1");
+  many += "]}";
+  CHECK_THROWS_AS(protocol::decode_command(many), ProtocolError);
+}
+
 TEST_CASE("decode_command accepts aliases, integer ids and ignores fields of other ops",
           "[protocol]") {
   Command c = protocol::decode_command(
@@ -430,6 +444,12 @@ TEST_CASE("malformed commands fail with the right ProtocolErrc", "[protocol]") {
       {get + R"("pid":-9223372036854775809})", E::bad_value},
       {get + R"("generation":-1})", E::bad_value},
       {R"({"op":"free","name":"x","generation":18446744073709551616})", E::bad_value},
+      {R"({"op":"free","generations":[]})", E::bad_value},
+      {R"({"op":"free","generations":[1],"generation":1})", E::bad_value},
+      {R"({"op":"free","generations":[-1]})", E::bad_value},
+      {R"({"op":"free","generations":"1"})", E::wrong_type},
+      {R"({"op":"free","generations":["1"]})", E::wrong_type},
+      {R"({"op":"free","generations":[1],"name":"a b"})", E::bad_name},
       {get + R"("id":""})", E::bad_value},
       {get + R"("id":-5})", E::bad_value},
       {get + R"("id":")" + std::string(129, 'i') + "\"}", E::bad_value},

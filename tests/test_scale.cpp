@@ -185,3 +185,42 @@ TEST_CASE("a registry of 30k tensors serves as an empty one and collects a kille
   auto again = client.get<float>(name_of(kHeld - 1));
   CHECK(again.size() == 4);
 }
+
+TEST_CASE("a prefix removed by a process that does not own it is freed through batched frees",
+          "[scale][multiprocess]") {
+  constexpr int kTensors = 2500;
+  test::RedisServer srv;
+  TensorRegistry leader(scale_opts(srv, true));
+  REQUIRE(leader.is_leader());
+  TensorRegistry client(scale_opts(srv, false));  // another session: it owns none of them
+  auto admin = srv.connect();
+  auto in_use = [&] {
+    std::uint64_t n = 0;
+    for (const auto& p : leader.stats().pools) n += p.in_use;
+    return n;
+  };
+  const std::uint64_t before = in_use();
+  for (int b = 0; b < kTensors; b += 500) {
+    std::vector<TensorSpec> specs;
+    for (int i = b; i < b + 500; ++i) specs.push_back({"rm/" + std::to_string(i), DType::f32, {64}, {.persistent = true}});
+    (void)leader.create_many(specs);
+  }
+  REQUIRE(in_use() > before);
+  admin.command({"CONFIG", "RESETSTAT"});
+  auto r = client.remove_prefix("rm/");
+  CHECK(r.removed.size() == static_cast<std::size_t>(kTensors));
+  CHECK(r.errors.empty());
+  bool freed = false;
+  for (int i = 0; i < 600 && !freed; ++i) {
+    freed = in_use() == before && admin.command({"LLEN", "tensor_lifecycle"}).integer() == 0;
+    if (!freed) std::this_thread::sleep_for(50ms);
+  }
+  CHECK(freed);
+  CHECK(admin.command({"ZCARD", "memcuda:names"}).integer() == 0);
+  // One free command per 1000 tensors, not one per tensor.
+  auto calls = command_calls(admin);
+  std::cout << "scale: " << kTensors << " tensors removed by a non-owner: " << calls["lpush"]
+            << " LPUSH to the lifecycle list and replies\n";
+  CHECK(calls["lpush"] <= 10);
+  CHECK(leader.stats().tensors == 0);
+}
