@@ -49,7 +49,7 @@ constexpr CommandDoc kDocs[] = {
      "Holders that name a process (a session \"<pid>-<hex>\" or \"pid:<pid>\") are shown with\n"
      "their pid and whether that pid is alive on this machine.\n"},
     {"rm", "rm NAME... | --prefix P | --all", "memcuda rm NAME... | memcuda rm --prefix P | memcuda rm --all",
-     "remove tensors by name or prefix, in one script (memory goes with the last holder)",
+     "remove tensors by name or prefix, 1000 names per script (memory goes with the last holder)",
      "Exit code 2 when any name was not found; the others are still removed.\n"
      "  --prefix P   every tensor whose name starts with P (not empty: an unset shell\n"
      "               variable must not mean every tensor; that is --all)\n"

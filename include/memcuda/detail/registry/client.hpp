@@ -27,6 +27,7 @@
 #include "memcuda/detail/registry/lease.hpp"
 #include "memcuda/detail/registry/name_index.hpp"
 #include "memcuda/detail/registry/silent_leader.hpp"
+#include "memcuda/protocol/record_desc.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -335,7 +336,12 @@ class Client {
       }
       if (r.size() == 0) continue;  // removed meanwhile
       try {
-        out.push_back(protocol::decode_record(fields_from_reply(r.view())));
+        // Straight from the reply's views: no copy of the fields, no map
+        // (what decode_record accepts and refuses, fuzz_desc checks).
+        protocol::RecordReader rr;
+        redis::ReplyView h = r.view();
+        for (std::size_t j = 0; j + 1 < h.size(); j += 2) rr.add(h[j].str(), h[j + 1].str());
+        out.push_back(rr.finish());
       } catch (const std::exception& e) {
         note_unreadable(selected[i], e.what(), unreadable);
       }
