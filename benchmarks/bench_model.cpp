@@ -1,4 +1,4 @@
-// memcuda_bench_model: the mem-cuda side of issue 12's model rows, for a
+// memcuda_bench_model: the mem-cuda side of the model rows, for a
 // Llama-2-7B-shaped bf16 state dict (291 tensors, 13.5 GB; the same list as
 // benchmarks/baselines/model_common.py, whose PyTorch scripts are the
 // baselines benchmarks/run_model.sh runs beside this program):

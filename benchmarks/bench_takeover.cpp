@@ -1,6 +1,6 @@
-// memcuda_bench_takeover: issue 13's takeover rows (deliverable 6), per
+// memcuda_bench_takeover: the takeover rows, per
 // allocation kind (cuda: vmm and legacy ipc; host: shm adoption). Method and
-// extras: docs/benchmarks.md, "Issue 13: takeover after kill -9".
+// extras: docs/benchmarks.md, "Takeover after kill -9".
 //   takeover_<kind>_first_open_us  another process's first get of each tensor
 //                                  (a new mapping), p50 over the tensors
 //   takeover_<kind>_warm_get_us    its gets while it holds them (one Redis

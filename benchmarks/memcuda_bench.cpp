@@ -672,7 +672,7 @@ class Bench {
       if (!cfg_.hot) naive(b, size);
     }
     throughput(reg, b, ns, sizes.front());
-    held_get(reg, b);  // in-process reference sharing (issue 12, deliverable 3)
+    held_get(reg, b);  // in-process reference sharing
     if (!cfg_.hot) pool_run(reg, b);
   }
 

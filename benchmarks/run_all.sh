@@ -10,8 +10,9 @@
 # repository whose HEAD is not ours: pass the commit there, e.g.
 #   MEMCUDA_COMMIT=$(git rev-parse --short HEAD)   (here, before carrying it)
 #
-# Built here, run there: `../shared/gpu/bundle.sh <build dir>` packs the
-# programs into .gpu/; on the GPU host, from the repository root, this script
+# Built here, run there: the programs, the libraries they link and a
+# redis-server are copied into .gpu/ (bin/, lib/, env.sh, which puts them on
+# the paths); on the GPU host, from the repository root, this script
 # sources .gpu/env.sh (programs and redis-server on PATH) unless
 # memcuda_bench is already on PATH. Each program starts its own private
 # redis-server on a unix socket unless MEMCUDA_REDIS_URL is set.
@@ -46,7 +47,7 @@ if [[ -z $commit ]]; then
 fi
 
 if ! command -v memcuda_bench >/dev/null 2>&1; then
-  [[ -f .gpu/env.sh ]] || die "memcuda_bench is not on PATH and there is no .gpu/env.sh (build, then ../shared/gpu/bundle.sh)"
+  [[ -f .gpu/env.sh ]] || die "memcuda_bench is not on PATH and there is no .gpu/env.sh (build, then copy the programs there)"
   # shellcheck disable=SC1091
   source .gpu/env.sh
 fi
@@ -133,7 +134,7 @@ elapsed=$(( $(date +%s) - start ))
   echo
   echo '```'
   echo "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build memcuda_bench bench_bandwidth"
-  echo "../shared/gpu/bundle.sh build      # then, on the GPU host, from the repository root:"
+  echo "# copy the programs, their libraries and a redis-server into .gpu/ (bin/, lib/, env.sh), then on the GPU host:"
   echo "benchmarks/run_all.sh"
   echo '```'
   echo

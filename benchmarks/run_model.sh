@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's model rows, side by side in one run: memcuda_bench_model (the
+# The model rows, side by side in one run: memcuda_bench_model (the
 # mem-cuda side) and the PyTorch baselines (benchmarks/baselines/torch_model_*.py)
 # on the same Llama-2-7B-shaped bf16 state dict (291 tensors, 13.5 GB); prints
 # a Markdown table with the ratios and writes it into docs/benchmarks.md.
@@ -13,8 +13,8 @@
 #
 # Programs: --bin DIR (or MEMCUDA_BENCH_BIN=DIR) runs the prebuilt
 # DIR/memcuda_bench_model, like MEMCUDA_DEMO_BIN for scripts/demo.sh; else
-# memcuda_bench_model on PATH; else .gpu/env.sh is sourced (what
-# ../shared/gpu/bundle.sh packs: `MEMCUDA_BENCH_BIN=.gpu/bin` works too);
+# memcuda_bench_model on PATH; else .gpu/env.sh is sourced (a folder of
+# prebuilt programs: `MEMCUDA_BENCH_BIN=.gpu/bin` works too);
 # else the newest build*/benchmarks/memcuda_bench_model of this tree.
 # redis-server must be on PATH (or MEMCUDA_REDIS_URL set). Python: --python,
 # else $PYTHON, else python3 (the GPU hosts' python3 has torch 2.11); the
@@ -76,7 +76,7 @@ bench=""
 if [[ -n $bin ]]; then
   bench=$bin/memcuda_bench_model
   [[ -x $bench ]] || die "$bench is missing (not built, or --bin/MEMCUDA_BENCH_BIN points elsewhere)"
-  # A bundle's bin/ (../shared/gpu/bundle.sh): its env.sh puts the libraries
+  # A folder of prebuilt programs' bin/: its ../env.sh puts the libraries
   # the programs link and redis-server on the paths.
   # shellcheck disable=SC1091
   [[ -f $bin/../env.sh ]] && source "$bin/../env.sh"
@@ -281,16 +281,16 @@ What each row measures (the state dict: 32 layers of q, k, v, o 4096x4096, gate 
   re-shares the dict (a Queue put per consumer, or one `reduce_tensor` pickle written to 8
   pipes), timed until the last consumer has rebuilt it and read every new value. The
   mem-cuda side (`memcuda_inplace_update`: publish a version, consumers stream-ordered on
-  it) is filled in when the program prints that row (issue 12, deliverable 4).
+  it) is filled in when the program prints that row .
 - `memcuda_pool_ratio`: the allocator of record's pools, reserved / in use, with the state
   dict live after the publish runs' churn (not a time). Meaningless at `--small` (one slab
   for 3 MB).
 
-How to run (programs prebuilt here, carried with `../shared/gpu/bundle.sh`):
+How to run (programs prebuilt here, carried to the GPU host in .gpu/: bin/, lib/, env.sh):
 
 ```
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build memcuda_bench_model
-../shared/gpu/bundle.sh build         # then, on the GPU host, from the repository root:
+# copy the programs, their libraries and a redis-server into .gpu/; on the GPU host:
 benchmarks/run_all.sh                 # rewrites docs/benchmarks.md: run it first
 MEMCUDA_BENCH_BIN=.gpu/bin benchmarks/run_model.sh     # replaces this section
 benchmarks/run_model.sh --small --torch-device cpu     # a quick check without a GPU
@@ -304,7 +304,7 @@ DESC
 }
 section=$(cat <<EOF
 <!-- model-rows:begin -->
-## Model rows (issue 12): a Llama-2-7B-shaped state dict, mem-cuda beside PyTorch
+## Model rows: a Llama-2-7B-shaped state dict, mem-cuda beside PyTorch
 
 $head_text
 

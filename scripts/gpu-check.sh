@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU checks on a GPU host from a .gpu/ bundle (../shared/gpu/bundle.sh):
+# Runs the GPU checks on a GPU host from .gpu/, a folder of programs built
+# elsewhere (bin/, lib/, a redis-server and env.sh, which puts them on the paths):
 # the [gpu] test group on every GPU and on GPU 0 alone, the same under
 # compute-sanitizer memcheck (all processes), and the examples on the cuda
 # backend against a private redis-server. Logs go to $OUT when set.

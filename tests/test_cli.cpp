@@ -943,7 +943,7 @@ TEST_CASE("memcuda gc drops the references of a dead JSON client and reports it"
   CHECK(contains(r.out, "dead holders 0, references dropped 0"));
 }
 
-// Issue 13: what a takeover did is visible from the tool. The allocator of
+// What a takeover did is visible from the tool. The allocator of
 // record (a `memcuda serve`) owns a persistent host tensor that no other
 // process holds, and is killed with SIGKILL; the standby `memcuda serve`
 // adopts the shm object in place. `info` shows the record's alloc_kind

@@ -1,4 +1,4 @@
-// The host-side pieces of the cuMem backend (issue 13) that need no GPU:
+// The host-side pieces of the cuMem backend that need no GPU:
 // the records' fd_source and its text form, the vmm handle, the
 // cuda_allocation option, the process's FdService, and the standby holders'
 // sync through the allocations Hash (detail/registry/standby.hpp) against a

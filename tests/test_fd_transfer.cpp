@@ -1,4 +1,4 @@
-// The fd-transfer layer of issue 13 (include/memcuda/detail/fd/), between real
+// The fd-transfer layer (include/memcuda/detail/fd/), between real
 // processes (memcuda_fd_peer). The fds are memfds: the layer does not care what
 // an fd refers to, and a memfd shows the key property without a GPU: the file
 // lives while any process holds an fd, whoever created it.

@@ -1,4 +1,4 @@
-// The cuMem (VMM) cuda backend with fds (issue 13): records of kind
+// The cuMem (VMM) cuda backend with fds: records of kind
 // cuda_vmm_fd, fds handed between real processes, and standby holders that
 // keep a dead allocator of record's memory alive for an adoption in place.
 // Tagged [gpu]: skipped with a visible reason where no CUDA device (or no
@@ -192,7 +192,7 @@ TEST_CASE("vmm: in one process, create and get resolve to the exporter's own poi
   CHECK(reg.info("x").alloc_kind == "cuda_vmm_fd");
 }
 
-// Milestone 2. The allocator of record `a` creates persistent tensors (two
+// Standby holding. The allocator of record `a` creates persistent tensors (two
 // in one slab, one in a dedicated allocation), writes a distinct pattern
 // into each and drops its own references: only their names hold them, and
 // no other process maps them. A standby `s` is alive and has fetched (not

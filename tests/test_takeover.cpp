@@ -1,4 +1,4 @@
-// Takeover without loss on the host backend (issue 13, deliverable 4): when
+// Takeover without loss on the host backend: when
 // the allocator of record dies, its successor adopts the dead owner's POSIX
 // shm objects in place (no byte copied) and republishes every record, so
 // tensors held by nobody, persistent ones, survive. Real processes

@@ -1,7 +1,7 @@
 """What the model baselines share: the Llama-2-7B-shaped state dict, the
 `row` output format, timing helpers and the exit-77 convention.
 
-The state dict is the one issue 12 measures: 32 layers of (q, k, v, o:
+The state dict is the one the model rows measure: 32 layers of (q, k, v, o:
 4096x4096; gate, up: 11008x4096; down: 4096x11008; two RMS norms: 4096),
 the embedding and the LM head (32000x4096 each) and the final norm (4096):
 291 bf16 tensors, 6,738,415,616 elements, 13,476,831,232 bytes. `scale`

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A Python `Registry.get` against the torch.multiprocessing Queue handoff of
-one tensor, side by side in one run (issue 14, benchmark 1).
+one tensor, side by side in one run.
 
 Rows (p50 and p99 over --repeat iterations, after --warmup):
   memcuda_get_mapped      a consumer process's Registry.get (+ release) of a

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The Llama-2-7B-shaped bf16 state dict (291 tensors, 13.5 GB) opened by a
 FRESH Python process until every tensor is usable, mem-cuda against PyTorch's
-Queue handoff and reduce_tensor + pickle, side by side in one run (issue 14,
-benchmark 2; goal: at least 10x faster than PyTorch).
+Queue handoff and reduce_tensor + pickle, side by side in one run (goal: at
+least 10x faster than PyTorch).
 
 Rows (p50 and p99 over --repeat fresh consumers, each after --warmup ones):
   memcuda_state_dict_fresh  the producer published the dict with one

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's Python benchmarks in one run, each beside its PyTorch baselines:
+# The Python benchmarks in one run, each beside its PyTorch baselines:
 # bench_get.py (a Registry.get against the torch.multiprocessing Queue
 # handoff) and bench_state_dict.py (the 7B-shaped state dict opened by a
 # fresh Python process against the Queue handoff and reduce_tensor + pickle).

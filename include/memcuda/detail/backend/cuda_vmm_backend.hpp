@@ -1,5 +1,5 @@
 // CUDA backend on cuMem (virtual memory management), alloc_kind
-// "cuda_vmm_fd" (docs/design.md, "Allocation kinds"; issue 13).
+// "cuda_vmm_fd" (docs/design.md, "Allocation kinds").
 //
 // allocate: cuMemCreate (pinned device memory, requestedHandleTypes = POSIX
 // fd, size rounded to the allocation granularity), exported ONCE as an fd
@@ -16,7 +16,7 @@
 // than the allocation holds fails), which is also what guards a reused fd
 // number of an anon inode (fd_client.hpp).
 //
-// Facts it relies on (../shared/CUDA-IPC-FACTS.md, measured on H200): the
+// Facts it relies on (measured on H200 hosts): the
 // memory lives while any process holds the fd or a mapping, even after its
 // creator's SIGKILL; an imported handle cannot be exported again (so an
 // adopter serves the fd it holds, never a re-export).

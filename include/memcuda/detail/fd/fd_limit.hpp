@@ -1,6 +1,6 @@
 // The per-process fd limit: raised once, and running out reported as such.
 //
-// Issue 13's standby holders keep one fd per live allocation, so a registry of
+// The cuMem backend's standby holders keep one fd per live allocation, so a registry of
 // a few thousand tensors passes the common soft limit of 1024. The hard limit
 // is usually far higher (systemd and Docker default to 524288 or more), so the
 // soft limit is raised toward it once per process. mem-cuda polls with poll(),

@@ -1,7 +1,7 @@
 // FdServer: hands the fds this process owns to other processes of the same
 // user, node and pid namespace (docs/fd-transfer.md).
 //
-// The owner (the registry's control thread, issue 13) drives it: poll_fd()
+// The owner (the registry's control thread) drives it: poll_fd()
 // goes into the owner's own poll set, or the owner calls serve_once(timeout)
 // in its loop. The server has no thread of its own, so it starts and stops
 // with the owner's thread. wake() and stop() end a waiting serve_once() from

@@ -8,7 +8,7 @@
 //
 // Addresses: "@name" is a Linux abstract socket, anything else a filesystem
 // path. Abstract is what mem-cuda uses: the name vanishes with the last
-// socket, so an allocator killed by SIGKILL (the case issue 13 exists for)
+// socket, so an allocator killed by SIGKILL (the case fd holding exists for)
 // leaves no stale file that would make its successor's bind fail, and it
 // needs no writable runtime directory. Its scope is the network namespace:
 // processes of one container, or containers sharing the host network

@@ -1,6 +1,6 @@
 // UniqueFd: the one owner of a POSIX file descriptor.
 //
-// Issue 13 keeps device memory alive by holding the fd that cuMem exported, so
+// The cuMem backend keeps device memory alive by holding the fd cuMem exported, so
 // an fd leaked or closed twice is memory leaked or freed under a reader. Every
 // fd of the fd-transfer layer is therefore owned by exactly one UniqueFd, and
 // every fd it creates is close-on-exec: a child a user forks and execs must not

@@ -1,4 +1,4 @@
-// Standby holders (issue 13, milestone 2; docs/design.md, "Standby holding").
+// Standby holders (docs/design.md, "Standby holding").
 //
 // Every cuda_vmm_fd allocation's fd source is published in one Hash per
 // namespace, `<ns>:memcuda:allocations` (field: the allocation key
