@@ -3,8 +3,8 @@
 // command counts (redis-cli MONITOR) that do not depend on a loaded machine.
 // Public API only, so the same file builds against an older tree (without
 // TensorRegistry::flush, releases were synchronous there). Not part of the
-// CMake build; docs/benchmarks.md ("Issue 11: the hot paths before and after
-// the split") gives the commands:
+// CMake build; docs/benchmarks.md ("The hot paths before and after the registry core
+// split") gives the commands:
 //
 //   g++ -std=c++20 -O2 -g -I<tree>/include benchmarks/hot_path_count.cpp \
 //       -o hot_path_count -lhiredis -lboost_json -pthread
