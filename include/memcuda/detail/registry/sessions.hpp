@@ -211,7 +211,7 @@ class Sessions {
         for (std::size_t i = 3; i < r.size(); ++i) alloc_.free_unlinked(c, reply_u64(r[i]), true);
         if (page.size() < kHolderPage) break;
       }
-      ++rep.dead_holders;
+      if (dropped) ++rep.dead_holders;  // a holder that held something (dead sessions count in sessions_pruned)
       rep.references_dropped += dropped;
       rep.tensors_freed += unlinked;
       if (dropped)
