@@ -3,8 +3,8 @@
 starts it as it starts its C++ workers; bench_scale_workers.hpp).
 
 A client Registry like the C++ workers': control thread off, no reference
-sharing (MEMCUDA_SHARE_REFERENCES=0, set by the parent: every get is a Redis
-acquire), host backend, 60 s command and request timeouts; namespace --ns,
+sharing (MEMCUDA_SHARE_REFERENCES=0, which the C ABI's options read: every
+get is a Redis acquire), host backend, 60 s command and request timeouts; namespace --ns,
 Redis from MEMCUDA_REDIS_URL. It talks to the parent in lines on stdin/stdout:
 
   probe   says READY <python version> <memcuda version> <libmemcuda_c.so path>
@@ -22,6 +22,7 @@ the parent's clock (std::chrono::steady_clock).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -57,6 +58,7 @@ def main() -> int:
     ap.add_argument("--gets", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
+    os.environ["MEMCUDA_SHARE_REFERENCES"] = "0"  # read when the Registry is opened
     try:
         import memcuda
     except Exception as e:  # ImportError, or OSError from a broken .so
