@@ -11,6 +11,8 @@
 //   create  200 single creates through the allocator of record (ms)
 //   get     2000 gets of random names (each release in Redis before the
 //           next get; µs), beside a Redis PING from this process
+//   py_get  the same loop in a Python client process (the memcuda package;
+//           bench_scale_python.hpp): p50/p99, and p50 / the C++ get's p50
 //   ls      `memcuda ls` of everything: wall time and the CLI's peak RSS
 //   list    list("*") in a worker process: wall time of the call
 //   memory  Redis used_memory after the fill minus before it, / N
@@ -21,7 +23,9 @@
 //           remove_prefix("rm/") in a worker: time until the records are gone
 //           and the pools' bytes in use are back to before the fill
 // Once, at the smallest N: get+release pairs/s from P processes (--procs)
-// over --window seconds, beside Redis PINGs/s from as many processes.
+// over --window seconds, C++ and Python clients, beside Redis PINGs/s from
+// as many processes. --no-python (or no python, package or libmemcuda_c.so:
+// the reason is printed) leaves the Python cells "skipped".
 // Each step stops at --step-timeout (or what is left of --budget) and says
 // "timeout"; one that does not fit the budget says "skipped".
 //
@@ -29,11 +33,12 @@
 //       [--json FILE] [--budget 1800] [--step-timeout 120] [--window 2]
 //       [--gc-counts 10000,100000] [--rm-count 100000] [--cli PATH]
 //       [--label TEXT] [--url URL | --redis-server PATH]
+//       [--python PY | --no-python]
 #include <sys/utsname.h>
 
 #include "bench_scale_config.hpp"
+#include "bench_scale_python.hpp"
 #include "bench_scale_report.hpp"
-#include "bench_scale_workers.hpp"
 
 namespace {
 
@@ -63,6 +68,9 @@ class ScaleBench {
     conn_.emplace(ro);
     reg_.emplace(sc::client_options(redis_.options(), ns_));
     used_empty_ = sc::used_memory(*conn_);
+    py_ = sc::python_client(cfg_.python, cfg_.no_python, redis_.url(), ns_);
+    std::cerr << "memcuda_bench_scale: Python client: "
+              << (py_.skip.empty() ? json::serialize(py_.info) : "skipped (" + py_.skip + ")") << "\n";
     auto sizes = cfg_.sizes;
     std::sort(sizes.begin(), sizes.end());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -89,6 +97,7 @@ class ScaleBench {
             {"cpus", std::thread::hardware_concurrency()},
             {"redis", redis_.origin() + ", " + redis_.transport() + ", redis " + redis_.server_version()},
             {"cli", cfg_.cli},
+            {"python", python_info()},
             {"config",
              {{"sizes", arr(cfg_.sizes)},
               {"procs", arr(cfg_.procs)},
@@ -97,6 +106,8 @@ class ScaleBench {
               {"budget_s", cfg_.budget_s},
               {"step_timeout_s", cfg_.step_timeout_s},
               {"window_s", cfg_.window_s},
+              {"python", cfg_.python},
+              {"no_python", cfg_.no_python},
               {"creates", kCreates},
               {"gets", kGets}}},
             {"create_many_batches_split", split_batches_},
@@ -107,11 +118,12 @@ class ScaleBench {
   std::string tables() const {
     return "### Per registry size\n\n" + sc::size_table(rows_, cfg_.gc_counts, cfg_.rm_count) +
            "\n### Throughput at N = " + std::to_string(*std::min_element(cfg_.sizes.begin(), cfg_.sizes.end())) +
-           "\n\n" +
-           sc::throughput_table(tput_);
+           "\n\n" + sc::throughput_table(tput_) + "\n" + sc::python_line(python_info()) + "\n";
   }
 
  private:
+  json::object python_info() const { return py_.skip.empty() ? py_.info : sc::status("skipped", py_.skip); }
+
   std::int64_t left_ms() const {
     return std::max<std::int64_t>(
         0, std::chrono::duration_cast<milliseconds>(deadline_ - mb::Clock::now()).count());
@@ -121,15 +133,12 @@ class ScaleBench {
     return std::min(deadline_, mb::Clock::now() + seconds(cap_s));
   }
   mb::Clock::time_point step_end() const { return step_end(cfg_.step_timeout_s); }
-  static milliseconds until(mb::Clock::time_point t) {
-    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(t - mb::Clock::now()));
-  }
 
   std::unique_ptr<mb::ChildProcess> serve(const std::string& want) {
     auto c = std::make_unique<mb::ChildProcess>(std::vector<std::string>{
         cfg_.cli, "--url", redis_.url(), "--namespace", ns_, "serve", "--backend", "host"});
     const auto end = mb::Clock::now() + seconds(30);
-    while (auto l = c->read_line(until(end)))
+    while (auto l = c->read_line(sc::until(end)))
       if (l->find(want) != std::string::npos) return c;
     throw std::runtime_error("`memcuda serve` did not say '" + want + "' within 30 s");
   }
@@ -140,17 +149,6 @@ class ScaleBench {
     return std::make_unique<mb::ChildProcess>(argv, std::vector<std::string>{std::string(redis::kUrlEnv) + "=" +
                                                                              redis_.url()});
   }
-  // The rest of the worker's next line, which must start with `prefix`;
-  // nullopt at `end`. A worker that exited instead is an error.
-  static std::optional<std::string> expect(mb::ChildProcess& c, const std::string& prefix,
-                                           mb::Clock::time_point end) {
-    auto l = c.read_line(until(end));
-    if (!l && c.eof()) throw std::runtime_error("a worker exited before it said " + prefix + "(its stderr above)");
-    if (!l) return std::nullopt;
-    if (l->rfind(prefix, 0) != 0) throw std::runtime_error("worker said '" + *l + "', not " + prefix);
-    return l->substr(prefix.size());
-  }
-
   // Runs one step into row[key]: "skipped" when under `need_ms` of the budget
   // is left, "error" (and a failed run) when it throws.
   void step(json::object& row, const char* key, std::int64_t need_ms, const std::function<json::object()>& f) {
@@ -201,7 +199,8 @@ class ScaleBench {
     json::object row{{"n", n}};
     std::cerr << "memcuda_bench_scale: N = " << n << " (" << left_ms() / 1000 << " s of budget left)\n";
     auto skip_all = [&](const char* why) {
-      for (const char* k : {"fill", "memory", "create", "get", "ls", "list", "rm"}) row[k] = sc::status("skipped", why);
+      for (const char* k : {"fill", "memory", "create", "get", "py_get", "ls", "list", "rm"})
+        row[k] = sc::status("skipped", why);
       json::array gcs;
       for (auto k : cfg_.gc_counts) {
         json::object g = sc::status("skipped", why);
@@ -227,6 +226,7 @@ class ScaleBench {
     step(row, "memory", 1000, [&] { return memory(n); });
     step(row, "create", 3000, [&] { return creates(); });
     step(row, "get", 3000, [&] { return gets(n); });
+    step(row, "py_get", 5000, [&] { return sc::python_gets(py_, n, kGets, step_end(), row["get"]); });
     step(row, "ls", 3000, [&] { return ls(); });
     step(row, "list", 3000, [&] { return list(n); });
     json::array gcs;
@@ -308,7 +308,7 @@ class ScaleBench {
   }
 
   json::object ls() {
-    const auto r = sc::run_program({cfg_.cli, "--url", redis_.url(), "--namespace", ns_, "ls"}, until(step_end()));
+    const auto r = sc::run_program({cfg_.cli, "--url", redis_.url(), "--namespace", ns_, "ls"}, sc::until(step_end()));
     if (r.timed_out) return sc::status("timeout");
     if (r.exit_code != 0) return sc::status("error", "memcuda ls exited " + std::to_string(r.exit_code));
     return {{"status", "ok"},
@@ -319,9 +319,9 @@ class ScaleBench {
   json::object list(std::uint64_t n) {
     const auto end = step_end();
     auto w = worker("list");
-    if (!expect(*w, "READY", end)) return sc::status("timeout");
+    if (!sc::expect(*w, "READY", end)) return sc::status("timeout");
     w->write("GO\n");
-    auto done = expect(*w, "DONE ", end);
+    auto done = sc::expect(*w, "DONE ", end);
     if (!done) return sc::status("timeout");
     std::int64_t ns = 0;
     std::uint64_t records = 0;
@@ -347,7 +347,7 @@ class ScaleBench {
       for (auto& r : conn_->pipeline(part)) before.push_back(r.is_nil() ? "" : std::string(r.str()));
     }
     auto w = worker("hold", {"--count", std::to_string(k)});
-    auto ready = expect(*w, "READY ", step_end());
+    auto ready = sc::expect(*w, "READY ", step_end());
     if (!ready) return sc::status("timeout", "the worker did not take its references in time");
     const auto took = conn_->command(cmds.front());
     json::object r{{"refcount_before", before.front()}, {"refcount_held", std::string(took.str())}};
@@ -375,7 +375,7 @@ class ScaleBench {
     for (std::uint64_t i = 0; i < c; ++i) cmds.push_back({"EXISTS", sc::tensor_key(ns_, sc::tensor_name("rm/", i))});
     const auto end = step_end();
     auto w = worker("rm", {"--prefix", "rm/"});
-    if (!expect(*w, "READY", end)) return sc::status("timeout", "the worker did not start in time");
+    if (!sc::expect(*w, "READY", end)) return sc::status("timeout", "the worker did not start in time");
     const auto t0 = mb::now_ns();
     w->write("GO\n");
     std::int64_t gone = 0;
@@ -389,7 +389,7 @@ class ScaleBench {
     r["status"] = t1 ? "ok" : "timeout";
     if (t1) r["s"] = static_cast<double>(*t1 - t0) / 1e9;
     if (gone) r["records_gone_s"] = static_cast<double>(gone - t0) / 1e9;
-    if (auto d = expect(*w, "DONE ", std::min(end, mb::Clock::now() + seconds(10)))) {
+    if (auto d = sc::expect(*w, "DONE ", std::min(end, mb::Clock::now() + seconds(10)))) {
       std::int64_t at = 0;
       std::uint64_t removed = 0;
       std::istringstream(*d) >> at >> removed;
@@ -398,34 +398,20 @@ class ScaleBench {
     return r;
   }
 
-  // P workers of `role`, all READY, then one shared window; total ops / window.
-  std::optional<double> rate(const std::string& role, std::uint64_t p, std::uint64_t n) {
-    std::vector<std::unique_ptr<mb::ChildProcess>> ws;
-    for (std::uint64_t i = 0; i < p; ++i)
-      ws.push_back(worker(role, {"--count", std::to_string(n), "--seed", std::to_string(1000 + i)}));
-    const auto end = step_end();
-    for (auto& w : ws)
-      if (!expect(*w, "READY", end)) return std::nullopt;
-    const auto start = mb::now_ns() + 300'000'000;
-    const auto stop = start + static_cast<std::int64_t>(cfg_.window_s * 1e9);
-    for (auto& w : ws) w->write("GO " + std::to_string(start) + " " + std::to_string(stop) + "\n");
-    std::uint64_t ops = 0;
-    const auto collect = mb::Clock::now() + seconds(30) + milliseconds(static_cast<int>(cfg_.window_s * 1000));
-    for (auto& w : ws) {
-      auto l = expect(*w, "OPS ", collect);
-      if (!l) return std::nullopt;
-      ops += std::stoull(*l);
-    }
-    return static_cast<double>(ops) / cfg_.window_s;
-  }
-
+  // Get+release pairs/s of C++ workers, then PINGs/s, then Python workers.
   void throughput(std::uint64_t n) {
+    auto spawn = [&](const char* role) -> sc::Spawn {
+      return [=, this](std::uint64_t i) {
+        return worker(role, {"--count", std::to_string(n), "--seed", std::to_string(1000 + i)});
+      };
+    };
     for (auto p : cfg_.procs) {
-      json::object r;
+      json::object r, py;
+      const std::int64_t need = 10000 + static_cast<std::int64_t>(p) * 500;
       std::cerr << "memcuda_bench_scale: throughput, " << p << " processes\n";
-      step(r, "throughput", 10000 + static_cast<std::int64_t>(p) * 500, [&] {
-        auto g = rate("tput", p, n);
-        auto q = g ? rate("ping", p, n) : std::nullopt;
+      step(r, "throughput", need, [&] {
+        auto g = sc::rate(spawn("tput"), p, cfg_.window_s, step_end());
+        auto q = g ? sc::rate(spawn("ping"), p, cfg_.window_s, step_end()) : std::nullopt;
         json::object o = sc::status(g && q ? "ok" : "timeout");
         if (g) o["get_release_per_s"] = *g;
         if (q) o["ping_per_s"] = *q;
@@ -433,6 +419,9 @@ class ScaleBench {
         return o;
       });
       json::object flat = r["throughput"].as_object();
+      if (!py_.skip.empty()) py["python"] = sc::status("skipped", py_.skip);
+      else step(py, "python", need, [&] { return sc::python_rate(py_, n, p, cfg_.window_s, step_end(), flat); });
+      flat["python"] = py["python"];
       flat["procs"] = p, flat["n"] = n;
       tput_.push_back(std::move(flat));
     }
@@ -473,6 +462,7 @@ class ScaleBench {
   std::unique_ptr<mb::ChildProcess> serve_a_, serve_b_;
   std::optional<redis::Connection> conn_;
   std::optional<TensorRegistry> reg_;
+  sc::PythonClient py_;
   std::uint64_t used_empty_ = 0, filled_ = 0, split_batches_ = 0;
   json::array rows_, tput_;
   bool stop_growing_ = false, failed_ = false;

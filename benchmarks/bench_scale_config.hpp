@@ -9,7 +9,8 @@ namespace memcuda::bench::scale {
 inline constexpr const char* kUsage =
     "usage: memcuda_bench_scale [--sizes 1000,10000,100000] [--procs 1,16,64] [--json FILE]\n"
     "       [--budget 1800] [--step-timeout 120] [--window 2] [--gc-counts 10000,100000]\n"
-    "       [--rm-count 100000] [--cli PATH] [--label TEXT] [--url URL | --redis-server PATH]\n";
+    "       [--rm-count 100000] [--cli PATH] [--label TEXT] [--url URL | --redis-server PATH]\n"
+    "       [--python PY | --no-python]\n";
 
 struct Config {
   std::vector<std::uint64_t> sizes{1000, 10000, 100000};
@@ -17,6 +18,8 @@ struct Config {
   std::vector<std::uint64_t> gc_counts{10000, 100000};
   std::uint64_t rm_count = 100000;
   std::string json_path, cli, label;
+  std::string python = "python3";  // the Python client's interpreter
+  bool no_python = false;
   int budget_s = 1800, step_timeout_s = 120;
   double window_s = 2;
 };
@@ -54,6 +57,8 @@ inline Config parse_config(const Args& args) {
   if (cfg.window_s <= 0) throw std::invalid_argument("--window must be positive");
   cfg.json_path = args.get_or("--json", "");
   cfg.label = args.get_or("--label", "");
+  cfg.python = args.get_or("--python", "python3");
+  cfg.no_python = args.has("--no-python");
   cfg.cli = find_cli(args);
   return cfg;
 }

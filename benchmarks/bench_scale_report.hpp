@@ -1,6 +1,7 @@
 // memcuda_bench_scale's tables, made from its JSON results (one object per
-// registry size, one per throughput process count), so that what is printed
-// and what is written are the same figures.
+// registry size, one per throughput process count; the Python client's cells
+// from their "py_get" and "python" objects), so that what is printed and
+// what is written are the same figures.
 #pragma once
 
 #include "bench_scale_support.hpp"
@@ -39,9 +40,9 @@ inline const json::value* gc_step(const json::object& row, std::uint64_t k) {
 
 inline std::string size_table(const json::array& rows, const std::vector<std::uint64_t>& gc_counts,
                               std::uint64_t rm_count) {
-  std::vector<std::string> head{"N",          "fill s",       "create p50 / p99 ms", "get p50 / p99 µs",
-                                "PING p50 µs", "get / PING",  "ls wall s",           "ls max RSS MiB",
-                                "list() s",   "Redis B / tensor"};
+  std::vector<std::string> head{"N",          "fill s",     "create p50 / p99 ms", "get p50 / p99 µs",
+                                "PING p50 µs", "get / PING", "Python get p50 / p99 µs", "Python / C++ get p50",
+                                "ls wall s",  "ls max RSS MiB", "list() s", "Redis B / tensor"};
   for (auto k : gc_counts) head.push_back("GC " + count_label(k) + " s");
   head.push_back("rm " + count_label(rm_count) + " s");
   Table t(head, "l");
@@ -53,6 +54,8 @@ inline std::string size_table(const json::array& rows, const std::vector<std::ui
                                  cell(r.if_contains("get"), {{"p50_us", 0}, {"p99_us", 0}}),
                                  cell(r.if_contains("get"), {{"ping_p50_us", 0}}),
                                  cell(r.if_contains("get"), {{"get_over_ping", 1}}),
+                                 cell(r.if_contains("py_get"), {{"p50_us", 0}, {"p99_us", 0}}),
+                                 cell(r.if_contains("py_get"), {{"over_cpp", 2}}),
                                  cell(r.if_contains("ls"), {{"wall_s", 3}}),
                                  cell(r.if_contains("ls"), {{"max_rss_mib", 1}}),
                                  cell(r.if_contains("list"), {{"wall_s", 3}}),
@@ -65,14 +68,27 @@ inline std::string size_table(const json::array& rows, const std::vector<std::ui
 }
 
 inline std::string throughput_table(const json::array& rows) {
-  Table t({"processes", "get+release pairs/s", "PING/s", "pairs / PING"}, "l");
+  Table t({"processes", "get+release pairs/s", "PING/s", "pairs / PING", "Python pairs/s", "Python / C++ pairs"},
+          "l");
   for (const auto& rv : rows) {
     const auto& r = rv.as_object();
     const auto* v = &rv;
+    const auto* py = r.if_contains("python");
     t.add({std::to_string(r.at("procs").to_number<int>()), cell(v, {{"get_release_per_s", 0}}),
-           cell(v, {{"ping_per_s", 0}}), cell(v, {{"ratio", 3}})});
+           cell(v, {{"ping_per_s", 0}}), cell(v, {{"ratio", 3}}), cell(py, {{"get_release_per_s", 0}}),
+           cell(py, {{"over_cpp", 2}})});
   }
   return t.str();
+}
+
+// Which Python client the Python cells measured, or why they are skipped.
+inline std::string python_line(const json::object& info) {
+  if (const auto* st = info.if_contains("status"))
+    return "Python client: " + std::string(st->as_string()) + " (" +
+           std::string(info.contains("why") ? info.at("why").as_string() : "") + ")\n";
+  auto str = [&](const char* k) { return std::string(info.at(k).as_string()); };
+  return "Python client: " + str("python") + " (Python " + str("version") + "), memcuda " + str("memcuda") + ", " +
+         str("library") + "\n";
 }
 
 }  // namespace memcuda::bench::scale

@@ -11,6 +11,8 @@
 //           first --count (each release in Redis before the next get), from
 //           start to end; says OPS <pairs done by end>
 //   ping    the same with a Redis PING per op
+// The parent's side of the lines (expect, rate) is here too: the Python
+// workers (bench_scale_python.hpp) speak the same lines.
 #pragma once
 
 #include <random>
@@ -113,6 +115,47 @@ inline int worker_rate(const std::string& role, const std::string& ns, std::size
   say("OPS " + std::to_string(ops));
   return 0;
 }
+
+// ---- the parent's side ---------------------------------------------------------
+
+inline milliseconds until(Clock::time_point t) {
+  return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(t - Clock::now()));
+}
+
+// The rest of the worker's next line, which must start with `prefix`;
+// nullopt at `end`. A worker that exited instead is an error.
+inline std::optional<std::string> expect(ChildProcess& c, const std::string& prefix, Clock::time_point end) {
+  auto l = c.read_line(until(end));
+  if (!l && c.eof()) throw std::runtime_error("a worker exited before it said " + prefix + "(its stderr above)");
+  if (!l) return std::nullopt;
+  if (l->rfind(prefix, 0) != 0) throw std::runtime_error("worker said '" + *l + "', not " + prefix);
+  return l->substr(prefix.size());
+}
+
+// Worker i of a rate (tput or ping, C++ or Python).
+using Spawn = std::function<std::unique_ptr<ChildProcess>(std::uint64_t i)>;
+
+// P workers, all READY by `end`, then one shared window of `window_s` from
+// 300 ms on; total ops / window. nullopt when a worker was not READY in time.
+inline std::optional<double> rate(const Spawn& spawn, std::uint64_t p, double window_s, Clock::time_point end) {
+  std::vector<std::unique_ptr<ChildProcess>> ws;
+  for (std::uint64_t i = 0; i < p; ++i) ws.push_back(spawn(i));
+  for (auto& w : ws)
+    if (!expect(*w, "READY", end)) return std::nullopt;
+  const auto start = now_ns() + 300'000'000;
+  const auto stop = start + static_cast<std::int64_t>(window_s * 1e9);
+  for (auto& w : ws) w->write("GO " + std::to_string(start) + " " + std::to_string(stop) + "\n");
+  std::uint64_t ops = 0;
+  const auto collect = Clock::now() + std::chrono::seconds(30) + milliseconds(static_cast<int>(window_s * 1000));
+  for (auto& w : ws) {
+    auto l = expect(*w, "OPS ", collect);
+    if (!l) return std::nullopt;
+    ops += std::stoull(*l);
+  }
+  return static_cast<double>(ops) / window_s;
+}
+
+// ---- the worker's side -----------------------------------------------------------
 
 inline int run_worker(const Args& a) {
   const std::string role = a.get_or("--child", "");

@@ -6,7 +6,8 @@
 #
 #   benchmarks/run_scale.sh [--sizes 1000,10000,100000] [--procs 1,16,64]
 #       [--budget 1800] [--bin DIR] [--baseline DIR] [--baseline-label TEXT]
-#       [--commit SHA] [--doc FILE | --no-doc] [-- extra memcuda_bench_scale flags]
+#       [--commit SHA] [--doc FILE | --no-doc] [--python PY | --no-python]
+#       [-- extra memcuda_bench_scale flags]
 #
 # Programs: --bin DIR runs DIR/memcuda_bench_scale with the CLI DIR/memcuda;
 # else build/benchmarks/memcuda_bench_scale of this tree (which finds
@@ -16,6 +17,10 @@
 # must be on PATH (each run starts a private one) or MEMCUDA_REDIS_URL set.
 # --budget S is each program's budget (it skips what no longer fits and
 # prints "timeout" for a step past its cap, so a slow tree still finishes).
+# The Python client's rows (benchmarks/python/scale_worker.py with --python,
+# default python3; libmemcuda_c.so from $MEMCUDA_LIBRARY or beside the
+# program: build the target memcuda_c) are this tree's alone: the baseline
+# runs with --no-python, since its workers would load this tree's package.
 # Output: the section on stdout; JSON, tables and logs in $OUT (or a
 # temporary folder). Exit 1 when a program failed (its rows say where).
 set -uo pipefail
@@ -26,7 +31,7 @@ die() { say "error: $*"; exit 2; }
 
 sizes=1000,10000,100000 procs=1,16,64 budget=1800 bin="" baseline="" base_label="" doc=docs/benchmarks.md
 commit=${MEMCUDA_COMMIT:-}
-extra=()
+extra=() py=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sizes) sizes=${2:?--sizes needs a list}; shift 2 ;;
@@ -38,8 +43,10 @@ while [[ $# -gt 0 ]]; do
     --commit) commit=${2:?}; shift 2 ;;
     --doc) doc=${2:?}; shift 2 ;;
     --no-doc) doc=""; shift ;;
+    --python) py=(--python "${2:?--python needs an interpreter}"); shift 2 ;;
+    --no-python) py=(--no-python); shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -89,8 +96,8 @@ run_one() {  # run_one NAME LABEL PROGRAM ARGS...
     rc=1
   fi
 }
-run_one this "this tree ($commit)" "$prog" ${cli[@]+"${cli[@]}"}
-[[ -n $baseline ]] && run_one baseline "$base_label" "$baseline/memcuda_bench_scale" --cli "$baseline/memcuda"
+run_one this "this tree ($commit)" "$prog" ${cli[@]+"${cli[@]}"} ${py[@]+"${py[@]}"}
+[[ -n $baseline ]] && run_one baseline "$base_label" "$baseline/memcuda_bench_scale" --cli "$baseline/memcuda" --no-python
 elapsed=$(( $(date +%s) - start ))
 
 python3 - "$out" "$commit" "$base_label" "$elapsed" > "$out/scale.md" <<'PY'
@@ -122,6 +129,8 @@ cfg = (this or base or {}).get("config", {})
 metrics = [("create p50 (ms)", "create", "p50_ms", 2), ("create p99 (ms)", "create", "p99_ms", 2),
            ("get p50 (µs)", "get", "p50_us", 0), ("get p99 (µs)", "get", "p99_us", 0),
            ("Redis PING p50, same client (µs)", "get", "ping_p50_us", 0), ("get p50 / PING p50", "get", "get_over_ping", 1),
+           ("Python get p50 (µs)", "py_get", "p50_us", 0), ("Python get p99 (µs)", "py_get", "p99_us", 0),
+           ("Python get p50 / C++ get p50", "py_get", "over_cpp", 2),
            ("`memcuda ls` wall (s)", "ls", "wall_s", 3), ("`memcuda ls` max RSS (MiB)", "ls", "max_rss_mib", 1),
            ("list() in a client (s)", "list", "wall_s", 3), ("Redis used_memory per tensor (B)", "memory", "bytes_per_tensor", 0)]
 metrics += [(f"GC of a killed holder of {count(k)} references (s)", ("gc", k), "s", 2) for k in cfg.get("gc_counts", [])]
@@ -146,25 +155,34 @@ for n in sorted(set(t_rows) | set(b_rows)):
         if kk == "rm" and n < cfg.get("rm_count", 0): continue
         cells = [str(n), label, fmt(tv, prec) if tv is not None else ts]
         if base:
-            bv, bs = val(step(b_rows.get(n), kk, k), field)
+            bstep = step(b_rows.get(n), kk, k)
+            bv, bs = val(bstep, field)
+            if kk == "py_get" and (bstep is None or bstep.get("status") == "skipped"): bs = "-"  # no Python run
             cells.append(fmt(bv, prec) if bv is not None else bs)
-            cells.append(fmt(bv / tv, 2) if tv and bv is not None else "-")
+            cells.append(fmt(bv / tv, 2) if tv and bv is not None and field != "over_cpp" else "-")
         lines.append("| " + " | ".join(cells) + " |")
 table = "\n".join(lines)
 
 def tput(d):
     return {r["procs"]: r for r in d.get("throughput", [])} if d else {}
 tt, bt = tput(this), tput(base)
-tl = ["| processes | this: get+release pairs/s | this: PING/s | this: pairs / PING" +
-      (" | baseline: pairs/s | baseline: PING/s | pairs/s this / baseline |" if base else " |")]
-tl.append("| ---: | ---: | ---: | ---:" + (" | ---: | ---: | ---: |" if base else " |"))
+def cellv(s, field, prec):
+    v, st = val(s, field)
+    return fmt(v, prec) if v is not None else st
+tl = ["| processes | this: get+release pairs/s | this: PING/s | this: pairs / PING | this: Python pairs/s | this: Python / C++" +
+      (" | baseline: pairs/s | baseline: PING/s | baseline: Python pairs/s | pairs/s this / baseline |" if base else " |")]
+tl.append("| ---: | ---: | ---: | ---: | ---: | ---:" + (" | ---: | ---: | ---: | ---: |" if base else " |"))
 for p in sorted(set(tt) | set(bt)):
     a, b = tt.get(p), bt.get(p)
-    av, ast = val(a, "get_release_per_s"); ap, aps = val(a, "ping_per_s"); ar, ars = val(a, "ratio")
-    c = [str(p), fmt(av, 0) if av is not None else ast, fmt(ap, 0) if ap is not None else aps, fmt(ar, 3) if ar is not None else ars]
+    av, ast = val(a, "get_release_per_s")
+    apy = (a or {}).get("python")
+    c = [str(p), cellv(a, "get_release_per_s", 0), cellv(a, "ping_per_s", 0), cellv(a, "ratio", 3),
+         cellv(apy, "get_release_per_s", 0) if apy else "-", cellv(apy, "over_cpp", 2) if apy else "-"]
     if base:
-        bv, bst = val(b, "get_release_per_s"); bp, bps = val(b, "ping_per_s")
-        c += [fmt(bv, 0) if bv is not None else bst, fmt(bp, 0) if bp is not None else bps,
+        bv, bst = val(b, "get_release_per_s")
+        bpy = (b or {}).get("python")
+        c += [cellv(b, "get_release_per_s", 0), cellv(b, "ping_per_s", 0),
+              cellv(bpy, "get_release_per_s", 0) if bpy and bpy.get("status") != "skipped" else "-",
               fmt(av / bv, 2) if av is not None and bv else "-"]
     tl.append("| " + " | ".join(c) + " |")
 ttable = "\n".join(tl)
@@ -180,6 +198,14 @@ print(f"Machine: {d.get('host', '?')}, {d.get('cpus', '?')} CPU threads; Redis: 
 print(table + "\n")
 print(f"Throughput at N = {n_small}, {cfg.get('window_s')} s window, all processes at once:\n")
 print(ttable + "\n")
+pyi = (this or {}).get("python")
+if pyi is None:
+    print("Python client: not measured (the program of this run has no Python rows).\n")
+elif pyi.get("status"):
+    print(f"Python client: {pyi['status']} ({pyi.get('why', '')}).\n")
+else:
+    print(f"Python client: `{pyi['python']}` (Python {pyi['version']}), memcuda {pyi['memcuda']}, "
+          f"`{os.path.basename(pyi['library'])}` from `{os.path.dirname(pyi['library'])}`.\n")
 print("""How it is measured (`benchmarks/bench_scale.cpp`). Each program starts a private redis-server on a
 unix socket, `memcuda serve --backend host` of its own tree (the allocator of record) and a standby
 `memcuda serve`, in a namespace of its own; the program itself is a client registry (control thread
@@ -189,6 +215,11 @@ persistent float32[4] tensors (`t/0000000`...); at each size N:
 - create: 200 single `create_any` through the allocator of record (5 untimed first; removed after).
 - get: 2000 gets of random names, each release flushed to Redis before the next get (µs of the get
   call); a Redis PING from the same process after each pair.
+- Python get: the same loop (20 untimed first) in a Python client process:
+  `benchmarks/python/scale_worker.py`, the `memcuda` package over `libmemcuda_c.so`, with the C++
+  client's options (control thread off, `MEMCUDA_SHARE_REFERENCES=0`: every get is a Redis
+  acquire; host backend). µs of `Registry.get` (the C call and the `Tensor` it returns); its p50
+  over the C++ get's p50 is the Python client's overhead, meant to stay at 1.3 or below.
 - `memcuda ls`: the CLI listing every tensor, stdout to /dev/null; wall time from fork to exit and
   the child's peak RSS (wait4's ru_maxrss). list(): `TensorRegistry::list("*")` in a client
   process, the call alone.
@@ -201,19 +232,25 @@ persistent float32[4] tensors (`t/0000000`...); at each size N:
   client process; time until no `rm/` record is left and the pools' bytes in use (the leader's
   `memcuda:pool_stats`, published at each lease renewal, so about 0.5 s resolution) are back to
   their value before the fill.
-- Throughput: P client processes doing get+release pairs (release in Redis before the next get)
-  over the same window, beside P processes doing Redis PINGs.
+- Throughput: P C++ client processes doing get+release pairs (release in Redis before the next
+  get) over the same window, then P processes doing Redis PINGs, then P Python client processes
+  doing the C++ ones' pairs (as in Python get).
 
 "timeout": the step passed its cap; "skipped": it no longer fit the budget; "n/a": not run at that
 size. Ratios: baseline / this tree, so above 1 means this tree is faster or smaller (for the
-throughput table: this tree / baseline). Raw JSON: `memcuda_bench_scale --json FILE`.
+throughput table: this tree / baseline). Python / C++: the Python figure over the C++ one (for
+the get p50, above 1 means Python is slower; for pairs/s, below 1 means it does fewer). The Python
+rows are this tree's alone ("-" for the baseline: it runs with `--no-python`, since its workers
+would load this tree's package); "skipped" names its reason in the Python client line. Raw JSON:
+`memcuda_bench_scale --json FILE`.
 
 To run it again (a baseline is the same source built in an older checkout: copy
 `benchmarks/bench_scale*.{cpp,hpp}` there and add the target; its `memcuda_bench_scale` and
-`memcuda` in one folder):
+`memcuda` in one folder; the Python rows want `libmemcuda_c.so`, target memcuda_c, beside
+`memcuda_bench_scale` or in `$MEMCUDA_LIBRARY`, and `python3`):
 
 ```
-cmake --build build --target memcuda_bench_scale memcuda
+cmake --build build --target memcuda_bench_scale memcuda memcuda_c
 benchmarks/run_scale.sh --sizes 1000,10000,100000 --baseline DIR --baseline-label "baseline SHA"
 ```""")
 print("<!-- scale:end -->")
