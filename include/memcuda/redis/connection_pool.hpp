@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -188,6 +189,29 @@ class ConnectionPool {
                            " ms (PoolOptions::wait_timeout): all " + std::to_string(s.pool.size) +
                            " of the pool are leased; raise PoolOptions::size or hold leases for "
                            "shorter");
+    }
+  }
+
+  // A connection only when one is free now (idle, or room to open one):
+  // never waits for another lease. For work that can also be done on the
+  // connection the caller holds (a page split across connections).
+  std::optional<Lease> try_acquire() {
+    if (!state_) return std::nullopt;
+    auto& s = *state_;
+    std::unique_lock lk(s.m);
+    if (!s.idle.empty()) {
+      std::unique_ptr<Connection> c = std::move(s.idle.back());
+      s.idle.pop_back();
+      return Lease(state_, std::move(c));
+    }
+    if (s.open >= s.pool.size) return std::nullopt;
+    ++s.open;
+    lk.unlock();
+    try {
+      return Lease(state_, std::make_unique<Connection>(s.opts));
+    } catch (...) {
+      Lease::forget(state_);
+      return std::nullopt;
     }
   }
 

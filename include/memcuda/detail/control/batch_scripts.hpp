@@ -69,8 +69,8 @@ local function take(name, tkey, lkey, dtype)
     return {name, 'corrupt', 'generation ' .. tostring(f[5]) .. ', refcount ' .. tostring(f[9])}
   end
   local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
-  redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1)
-  hold(ARGV[4], ARGV[1], f[5], name)
+  -- only the holder's first reference adds its index member (as kAcquire)
+  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold(ARGV[4], ARGV[1], f[5], name) end
   -- The desc, when of version M1 and ending with this epoch's and this
   -- generation's elements ('<len>:' epoch '<len>:' generation): checked
   -- with string.byte and plain finds, which make no string (the client

@@ -130,8 +130,9 @@ if not tonumber(f[4]) or (f[6] and (not n or n < 0)) then
   return {'corrupt', 'generation ' .. tostring(f[4]) .. ', refcount ' .. tostring(f[6])}
 end
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
-redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1)
-hold(ARGV[7], ARGV[1], f[4], ARGV[8])
+-- the index has one member per record a holder has references to: only
+-- its first reference adds it (a release removes it with the last)
+if redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1) == 1 then hold(ARGV[7], ARGV[1], f[4], ARGV[8]) end
 if ARGV[5] ~= '' and f[4] == ARGV[5] and f[5] == ARGV[6] then return {'same', rc} end
 return {'ok', redis.call('HGETALL', KEYS[1])}
 )lua");

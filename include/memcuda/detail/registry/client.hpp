@@ -26,6 +26,7 @@
 #include "memcuda/detail/registry/holds.hpp"
 #include "memcuda/detail/registry/lease.hpp"
 #include "memcuda/detail/registry/name_index.hpp"
+#include "memcuda/detail/registry/record_pages.hpp"
 #include "memcuda/detail/registry/silent_leader.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 
@@ -319,33 +320,7 @@ class Client {
     std::vector<std::string> selected;
     for (auto& n : names)
       if (::fnmatch(pat.c_str(), n.c_str(), 0) == 0) selected.push_back(std::move(n));
-    std::vector<redis::Command> cmds;
-    for (const auto& n : selected) cmds.push_back({"HGETALL", ctx_.keys.tensor(n)});
-    auto& out = page.tensors;
-    if (cmds.empty()) return page;
-    // A record that cannot be read (a key of the wrong type, fields that do
-    // not parse) is skipped and counted, never the listing's failure; the
-    // allocator of record's GC quarantines it.
-    std::vector<std::exception_ptr> errs;
-    auto replies = c->pipeline(cmds, &errs);
-    for (std::size_t i = 0; i < replies.size(); ++i) {
-      auto& r = replies[i];
-      if (r.is_error()) {
-        note_unreadable(selected[i], r.view().str(), unreadable);
-        continue;
-      }
-      if (r.size() == 0) continue;  // removed meanwhile
-      try {
-        // Straight from the reply's views: no copy of the fields, no map
-        // (what decode_record accepts and refuses, fuzz_desc checks).
-        protocol::RecordReader rr;
-        redis::ReplyView h = r.view();
-        for (std::size_t j = 0; j + 1 < h.size(); j += 2) rr.add(h[j].str(), h[j + 1].str());
-        out.push_back(rr.finish());
-      } catch (const std::exception& e) {
-        note_unreadable(selected[i], e.what(), unreadable);
-      }
-    }
+    if (!selected.empty()) read_records(ctx_.pool, *c, ctx_.keys, selected, page.tensors, unreadable);
     return page;
   }
 
@@ -413,11 +388,6 @@ class Client {
       release_now(t.name, t.generation);
       throw;
     }
-  }
-
-  static void note_unreadable(const std::string& name, std::string_view why, std::uint64_t* n) {
-    if (n) ++*n;
-    log(LogLevel::warn, "listing: skipping the unreadable record of '" + name + "': " + std::string(why));
   }
 
   Context& ctx_;
