@@ -150,9 +150,13 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 inline constexpr auto kReleaseFn = join(kIndexFn, R"lua(
 local function release_one(p, names, tkey, gen0, name, holder, all, caller)
   local gen = gen0
-  local key, linked
+  local key, linked, held
+  local h = 'holder:' .. holder
   for _ = 1, 64 do
-    if redis.call('HGET', tkey, 'generation') == gen then key = tkey; linked = true; break end
+    -- the named record's generation and the holder's count in one call
+    -- (each redis.call costs about as much as the command it runs)
+    local f = redis.call('HMGET', tkey, 'generation', h)
+    if f[1] == gen then key = tkey; linked = true; held = f[2]; break end
     local r = p .. 'memcuda:removed:' .. gen
     if redis.call('EXISTS', r) == 1 then key = r; linked = false; break end
     gen = redis.call('GET', p .. 'memcuda:moved:' .. gen)
@@ -162,8 +166,8 @@ local function release_one(p, names, tkey, gen0, name, holder, all, caller)
     unhold(p, holder, gen0, name)
     return {'notfound'}, 0
   end
-  local h = 'holder:' .. holder
-  local c = tonumber(redis.call('HGET', key, h) or '0')
+  if not linked then held = redis.call('HGET', key, h) end
+  local c = tonumber(held or '0')
   if c <= 0 then
     unhold(p, holder, gen0, name)
     return {'notholder'}, 0
