@@ -84,7 +84,8 @@ struct GcReport {
 // breaking listings, garbage collection and creates of its name. Its data
 // is kept, unchanged, under `key` until cleared (`memcuda quarantine`).
 struct QuarantinedRecord {
-  std::string id;      // what clear_quarantined() takes: "tensor:<name>" or "removed:<generation>"
+  std::string id;      // what clear_quarantined() takes: "tensor:<name>" or "removed:<generation>"; an
+                       // index key of the wrong type moved aside: the key less "memcuda:" ("usage")
   std::string key;     // the Redis key that holds the record's data now
   std::string reason;  // why it was moved
   std::int64_t since_ms = 0;  // Unix time in ms it was moved

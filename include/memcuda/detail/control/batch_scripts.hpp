@@ -184,7 +184,7 @@ for i = 1, n do
     redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
                'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
   end
-  redis.call('ZADD', KEYS[1], 0, ARGV[a])
+  name_add(KEYS[1], ARGV[a])
   hold(kp, ARGV[a + 3], gen, ARGV[a])
   count_usage(kp, t, 1)
   redis.call('PUBLISH', ARGV[a + 2], gen)
@@ -226,7 +226,7 @@ local function rm(name, tkey)
   end
   count_usage(ARGV[1], tkey, -1)
   redis.call('RENAME', tkey, rkey)
-  redis.call('ZREM', KEYS[1], f[2])
+  name_rem(KEYS[1], f[2])
   local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
   if rc > 0 then return {name, 'ok', f[1], rc} end
   local mf = redis.call('HGET', rkey, 'migrated_from')

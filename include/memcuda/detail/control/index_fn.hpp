@@ -17,6 +17,12 @@
 // it never dies. An index may name a reference already dropped (a record
 // marked lost, a migrated generation): the collector's release answers
 // 'notfound' or 'notholder' and the member goes.
+//
+// The records are the truth; these keys (and memcuda:names) are derived from
+// them. A write to one of the wrong Redis type (another client's SET over
+// it) is skipped (redis.pcall: no extra call on the hot path), never the
+// script's failure half way: the allocator of record moves such a key aside
+// and rebuilds it (detail/registry/index_repair.hpp).
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -32,15 +38,15 @@ local function gen_text(g)
 end
 local function hold(p, h, g, n)
   if h == '@name' then return end
-  redis.call('SADD', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  redis.pcall('SADD', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
   -- A registry session ('<pid>-<hex>') is judged through memcuda:sessions,
   -- which the collector reads too: one call less on every get. Any other
   -- holder (pid:<n>, @dict:<id>, a JSON client's own name) is listed here.
-  if not string.find(h, '^%d+%-%x+$') then redis.call('SADD', p .. 'memcuda:holders', h) end
+  if not string.find(h, '^%d+%-%x+$') then redis.pcall('SADD', p .. 'memcuda:holders', h) end
 end
 local function unhold(p, h, g, n)
   if h == '@name' then return end
-  redis.call('SREM', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  redis.pcall('SREM', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
 end
 local function count_usage(p, key, sign)
   local f = redis.call('HMGET', key, 'backend', 'device', 'device_uuid', 'bytes')
@@ -48,18 +54,31 @@ local function count_usage(p, key, sign)
   if not f[1] or not b then return end
   local u = p .. 'memcuda:usage'
   local d = f[1] .. ':' .. (f[2] or '') .. ':' .. (f[3] or '')
-  redis.call('HINCRBY', u, 'tensors:' .. d, sign)
+  redis.pcall('HINCRBY', u, 'tensors:' .. d, sign)
   -- never '-0' (a zero-byte tensor): Redis refuses it as an integer
-  if b ~= 0 then redis.call('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
+  if b ~= 0 then redis.pcall('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
 end
+-- A name in and out of the index (memcuda:names): as the writes above.
+local function name_add(names, n) redis.pcall('ZADD', names, 0, n) end
+local function name_rem(names, n) redis.pcall('ZREM', names, n) end
 -- The names of the index (a sorted set, all scores 0) under a literal
 -- prefix: a range read, never the whole index. Byte 255 never occurs in a
 -- name (A-Z a-z 0-9 . _ : / -), so '(' .. pre .. '\255' bounds every name starting with pre.
+-- An index of the wrong type fails the script here, before it writes, with
+-- what to expect.
 local function names_under(names, pre, limit)
+  local r
   if limit then
-    return redis.call('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, limit)
+    r = redis.pcall('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, limit)
+  else
+    r = redis.pcall('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255')
   end
-  return redis.call('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255')
+  if r.err then
+    error({err = 'WRONGTYPE the name index ' .. names .. ' is a ' .. redis.call('TYPE', names)['ok'] ..
+                 ', not a sorted set: the allocator of record moves it aside and rebuilds it from the records' ..
+                 ' at its next garbage collection round; retry then'})
+  end
+  return r
 end
 )lua";
 

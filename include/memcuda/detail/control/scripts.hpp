@@ -88,7 +88,7 @@ else
   redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
              unpack(ARGV, 7))
 end
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
+name_add(KEYS[2], ARGV[2])
 hold(p, ARGV[5], gen, ARGV[2])
 count_usage(p, KEYS[1], 1)
 redis.call('PUBLISH', ARGV[4], gen)
@@ -188,7 +188,7 @@ local function release_one(p, names, tkey, gen0, name, holder, all, caller)
   end
   if linked then
     count_usage(p, key, -1)
-    redis.call('ZREM', names, f[1])
+    name_rem(names, f[1])
   end
   if f[2] == caller then
     redis.call('DEL', key)  -- the caller owns the memory and frees it now
@@ -251,12 +251,12 @@ for i = 5, #ARGV do
       queued[#queued + 1] = r[2]
     end
   end
-  redis.call('SREM', KEYS[4], m)
+  redis.pcall('SREM', KEYS[4], m)  -- an index of the wrong type: GC moves it aside
 end
 if #queued > 0 then
   redis.call('LPUSH', KEYS[2], '{"op":"free","generations":[' .. table.concat(queued, ',') .. ']}')
 end
-if redis.call('EXISTS', KEYS[4]) == 0 then redis.call('SREM', KEYS[5], ARGV[2]) end
+if redis.call('EXISTS', KEYS[4]) == 0 then redis.pcall('SREM', KEYS[5], ARGV[2]) end
 return out
 )lua");
 
@@ -280,7 +280,7 @@ if pc > 0 then
 end
 count_usage(ARGV[1], KEYS[1], -1)
 redis.call('RENAME', KEYS[1], rkey)
-redis.call('ZREM', KEYS[2], f[2])
+name_rem(KEYS[2], f[2])
 local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
 if rc > 0 then return {'ok', f[1], rc} end
 local mf = redis.call('HGET', rkey, 'migrated_from')
@@ -369,7 +369,7 @@ end
 if linked then count_usage(ARGV[4], key, -1) end
 redis.call('DEL', key)
 if linked then
-  redis.call('ZREM', KEYS[3], m[1])
+  name_rem(KEYS[3], m[1])
   redis.call('DEL', KEYS[4])
   redis.call('HSET', KEYS[4], 'generation', ARGV[2], 'owner', ARGV[3], 'owner_pid', m[2] or '0',
              'epoch', m[3] or '0', 'lost_ms', ARGV[6])
@@ -403,7 +403,7 @@ if named and ARGV[3] == '1' then
 end
 redis.call('HSET', key, 'generation', g, 'state', 'ready', 'refcount', rc, 'republished', ARGV[5])
 if named then
-  redis.call('ZADD', KEYS[2], 0, ARGV[4])
+  name_add(KEYS[2], ARGV[4])
   count_usage(ARGV[2], key, 1)
 end
 local cur = redis.call('GET', KEYS[3])

@@ -165,13 +165,22 @@ class Core {
     RegistryStats s;
     {
       auto c = ctx.pool.acquire();
-      auto u = c->pipeline({{"ZCARD", ctx.keys.names()}, {"HGETALL", ctx.keys.usage()}});
-      s.tensors = static_cast<std::uint64_t>(u[0].integer());
-      s.per_device = decode_usage(u[1].view());
-      for (const auto& d : s.per_device) s.bytes += d.bytes;
+      // A key another client wrote with the wrong type reads as absent until
+      // the allocator of record moves it aside (index_repair.hpp): the
+      // tensors then count from the counters, or the counters stay empty.
+      std::vector<std::exception_ptr> errs;
+      auto u = c->pipeline({{"ZCARD", ctx.keys.names()}, {"HGETALL", ctx.keys.usage()},
+                            {"LLEN", ctx.keys.lifecycle()}, {"HLEN", ctx.keys.quarantined()}},
+                           &errs);
+      if (!u[1].is_error()) s.per_device = decode_usage(u[1].view());
+      for (const auto& d : s.per_device) {
+        s.bytes += d.bytes;
+        if (u[0].is_error()) s.tensors += d.tensors;
+      }
+      if (!u[0].is_error()) s.tensors = static_cast<std::uint64_t>(u[0].integer());
       s.leader = client.read_leader(*c);
-      s.queue_length = static_cast<std::uint64_t>(c->command({"LLEN", ctx.keys.lifecycle()}).integer());
-      s.quarantined = static_cast<std::uint64_t>(c->command({"HLEN", ctx.keys.quarantined()}).integer());
+      if (!u[2].is_error()) s.queue_length = static_cast<std::uint64_t>(u[2].integer());
+      if (!u[3].is_error()) s.quarantined = static_cast<std::uint64_t>(u[3].integer());
       s.sessions = sessions.live(*c);
       if (is_leader()) {
         s.pools = alloc.pool_stats();

@@ -31,6 +31,7 @@
 
 #include "memcuda/detail/node.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/index_repair.hpp"
 #include "memcuda/detail/registry/name_index.hpp"
 #include "memcuda/detail/registry/owner_uid.hpp"
 
@@ -75,9 +76,11 @@ class Lease {
       epoch_ = epoch;
     }
     owner_uid_.claim(c);
-    // Before it allocates: the orphan scan learns from memcuda:owners whom
-    // to watch (migration.hpp), and an older version's name index becomes
-    // the sorted set every script now reads.
+    // Before it allocates: an index key another client wrote with the wrong
+    // type is moved aside and rebuilt (index_repair.hpp), the orphan scan
+    // learns from memcuda:owners whom to watch (migration.hpp), and an older
+    // version's name index becomes the sorted set every script now reads.
+    index_repair::check(c, k, ctx_.node);
     c.command({"SADD", k.owners(), ctx_.session});
     upgrade_name_index(c, k);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");

@@ -50,14 +50,15 @@ if t == 'hash' and ARGV[1] ~= '' then  -- a named record counts in memcuda:usage
   local b = tonumber(f[4])
   if f[1] and b then
     local d = f[1] .. ':' .. (f[2] or '') .. ':' .. (f[3] or '')
-    redis.call('HINCRBY', KEYS[5], 'tensors:' .. d, -1)
-    if b ~= 0 then redis.call('HINCRBY', KEYS[5], 'bytes:' .. d, string.format('%.0f', -b)) end
+    redis.pcall('HINCRBY', KEYS[5], 'tensors:' .. d, -1)
+    if b ~= 0 then redis.pcall('HINCRBY', KEYS[5], 'bytes:' .. d, string.format('%.0f', -b)) end
   end
 end
 redis.call('DEL', KEYS[3])
 redis.call('RENAME', KEYS[1], KEYS[3])
-if ARGV[1] ~= '' then redis.call('ZREM', KEYS[2], ARGV[1]) end
-redis.call('HSET', KEYS[4], ARGV[2], ARGV[4] .. ' ' .. ARGV[3])
+-- the indexes as the scripts write them (index_fn.hpp): one of the wrong type is skipped
+if ARGV[1] ~= '' then redis.pcall('ZREM', KEYS[2], ARGV[1]) end
+redis.pcall('HSET', KEYS[4], ARGV[2], ARGV[4] .. ' ' .. ARGV[3])
 return 'ok'
 )lua"};
   return s;

@@ -18,6 +18,7 @@
 #include "memcuda/detail/registry/allocator.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/detail/registry/index_repair.hpp"
 #include "memcuda/detail/registry/name_index.hpp"
 #include "memcuda/detail/registry/quarantine.hpp"
 #include "memcuda/detail/registry/standby.hpp"
@@ -66,9 +67,12 @@ class Sessions {
   // its data, or this process was stopped past its TTL): the caller then
   // re-registers what this process owns and holds (Recovery).
   bool refresh(redis::Connection& c) {
+    std::vector<std::exception_ptr> errs;  // an index of the wrong type: the leader's check moves it aside
     auto r = c.pipeline({{"SET", ctx_.keys.session(ctx_.session), session_value(), "PX",
                           std::to_string(ctx_.opts.session_ttl.count()), "GET"},
-                         {"SADD", ctx_.keys.sessions(), ctx_.session}});
+                         {"SADD", ctx_.keys.sessions(), ctx_.session}},
+                        &errs);
+    if (errs[0]) std::rethrow_exception(errs[0]);
     return !r[0].is_nil();
   }
 
@@ -122,12 +126,13 @@ class Sessions {
   }
 
   std::uint64_t live(redis::Connection& c) {
-    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
-    if (members.size() == 0) return 0;
+    std::vector<std::exception_ptr> errs;  // an index of the wrong type counts none (index_repair.hpp)
+    auto set = c.pipeline({{"SMEMBERS", ctx_.keys.sessions()}}, &errs);
+    const auto& members = set[0];
+    if (members.is_error() || members.size() == 0) return 0;
     std::vector<redis::Command> ex;
     for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"GET", ctx_.keys.session(members[i].str())});
     std::uint64_t n = 0;
-    std::vector<std::exception_ptr> errs;
     for (auto& r : c.pipeline(ex, &errs)) n += !r.is_error() && !r.is_nil() && !session_proves_death(r.str(), ctx_.node);
     return n;
   }
@@ -145,6 +150,7 @@ class Sessions {
   GcReport collect(redis::Connection& c, const std::string& token) {
     GcReport rep;
     const Keys& keys = ctx_.keys;
+    index_repair::check(c, keys, ctx_.node);  // an index key of the wrong type: moved aside, rebuilt
     // State-dict records first: a dead holder's last reference to an
     // unlinked record deletes it, and the holders' pass then drops its pins.
     collect_dicts(c, rep);
@@ -189,20 +195,22 @@ class Sessions {
     const Keys& keys = ctx_.keys;
     // Registry sessions are not listed in memcuda:holders (one call less per
     // get): memcuda:sessions names them.
-    auto hs = c.pipeline({{"SMEMBERS", keys.holders()}, {"SMEMBERS", keys.sessions()}});
+    std::vector<std::exception_ptr> herrs;  // a set of the wrong type reads as empty (index_repair.hpp)
+    auto hs = c.pipeline({{"SMEMBERS", keys.holders()}, {"SMEMBERS", keys.sessions()}}, &herrs);
     std::map<std::string, bool> alive;
     for (const auto& set : hs)
-      for (std::size_t i = 0; i < set.size(); ++i) alive.emplace(std::string(set[i].str()), true);
+      if (!set.is_error())
+        for (std::size_t i = 0; i < set.size(); ++i) alive.emplace(std::string(set[i].str()), true);
     if (alive.empty()) return;
     judge(c, alive);
     for (const auto& [h, a] : alive) {
       if (a) continue;
       std::uint64_t dropped = 0, unlinked = 0;
       for (;;) {
-        auto page = c.command({"SRANDMEMBER", keys.refs(h), std::to_string(kHolderPage)});
+        auto page = index_repair::refs_page(c, keys, h, kHolderPage);
         std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders()};
         std::vector<std::string> args{token, h, keys.prefix(), ctx_.session};
-        for (std::size_t i = 0; i < page.size(); ++i) args.emplace_back(page[i].str());
+        for (auto& m : page) args.push_back(std::move(m));
         std::vector<redis::Arg> kv(ks.begin(), ks.end()), av(args.begin(), args.end());
         auto r = ctx_.scripts.release_holder.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
         if (script_status(r) != "ok") lease_fail(r);
@@ -292,6 +300,7 @@ class Sessions {
     if (!index.empty()) {
       std::vector<std::exception_ptr> errs;
       c.pipeline(index, &errs);
+      index_repair::redo_failed(c, keys, index, errs);  // an index of the wrong type: moved aside, written again
     }
   }
 
