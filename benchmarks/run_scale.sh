@@ -7,7 +7,7 @@
 #   benchmarks/run_scale.sh [--sizes 1000,10000,100000] [--procs 1,16,64]
 #       [--budget 1800] [--bin DIR] [--baseline DIR] [--baseline-label TEXT]
 #       [--commit SHA] [--doc FILE | --no-doc] [--python PY | --no-python]
-#       [-- extra memcuda_bench_scale flags]
+#       [--this-json FILE] [--baseline-json FILE] [-- extra memcuda_bench_scale flags]
 #
 # Programs: --bin DIR runs DIR/memcuda_bench_scale with the CLI DIR/memcuda;
 # else build/benchmarks/memcuda_bench_scale of this tree (which finds
@@ -21,6 +21,9 @@
 # default python3; libmemcuda_c.so from $MEMCUDA_LIBRARY or beside the
 # program: build the target memcuda_c) are this tree's alone: the baseline
 # runs with --no-python, since its workers would load this tree's package.
+# --this-json / --baseline-json FILE: use a run already made (the JSON of
+# memcuda_bench_scale --json, e.g. each on its own call of a machine with a
+# time limit per command) instead of running that program.
 # Output: the section on stdout; JSON, tables and logs in $OUT (or a
 # temporary folder). Exit 1 when a program failed (its rows say where).
 set -uo pipefail
@@ -31,7 +34,7 @@ die() { say "error: $*"; exit 2; }
 
 sizes=1000,10000,100000 procs=1,16,64 budget=1800 bin="" baseline="" base_label="" doc=docs/benchmarks.md
 commit=${MEMCUDA_COMMIT:-}
-extra=() py=()
+extra=() py=() this_json="" base_json=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sizes) sizes=${2:?--sizes needs a list}; shift 2 ;;
@@ -45,8 +48,10 @@ while [[ $# -gt 0 ]]; do
     --no-doc) doc=""; shift ;;
     --python) py=(--python "${2:?--python needs an interpreter}"); shift 2 ;;
     --no-python) py=(--no-python); shift ;;
+    --this-json) this_json=${2:?--this-json needs a file}; shift 2 ;;
+    --baseline-json) base_json=${2:?--baseline-json needs a file}; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -58,8 +63,8 @@ elif [[ -x build/benchmarks/memcuda_bench_scale ]]; then
 else
   prog=$(command -v memcuda_bench_scale || true) cli=()
 fi
-[[ -n $prog && -x $prog ]] || die "no memcuda_bench_scale (build it: cmake --build build --target memcuda_bench_scale memcuda)"
-if [[ -n $baseline ]]; then
+[[ -n $this_json || ( -n $prog && -x $prog ) ]] || die "no memcuda_bench_scale (build it: cmake --build build --target memcuda_bench_scale memcuda)"
+if [[ -n $baseline && -z $base_json ]]; then
   [[ -x $baseline/memcuda_bench_scale && -x $baseline/memcuda ]] ||
     die "--baseline $baseline needs memcuda_bench_scale and memcuda in it"
 fi
@@ -96,9 +101,18 @@ run_one() {  # run_one NAME LABEL PROGRAM ARGS...
     rc=1
   fi
 }
-run_one this "this tree ($commit)" "$prog" ${cli[@]+"${cli[@]}"} ${py[@]+"${py[@]}"}
-[[ -n $baseline ]] && run_one baseline "$base_label" "$baseline/memcuda_bench_scale" --cli "$baseline/memcuda" --no-python
+if [[ -n $this_json ]]; then
+  cp "$this_json" "$out/this.json" || die "cannot read $this_json"
+else
+  run_one this "this tree ($commit)" "$prog" ${cli[@]+"${cli[@]}"} ${py[@]+"${py[@]}"}
+fi
+if [[ -n $base_json ]]; then
+  cp "$base_json" "$out/baseline.json" || die "cannot read $base_json"
+elif [[ -n $baseline ]]; then
+  run_one baseline "$base_label" "$baseline/memcuda_bench_scale" --cli "$baseline/memcuda" --no-python
+fi
 elapsed=$(( $(date +%s) - start ))
+[[ -n $this_json || -n $base_json ]] && elapsed=reused
 
 python3 - "$out" "$commit" "$base_label" "$elapsed" > "$out/scale.md" <<'PY'
 import json, os, sys
@@ -192,7 +206,10 @@ n_small = min(cfg.get("sizes", [0]))
 print("<!-- scale:begin -->")
 print("## Scale: how the registry's costs grow with its size (memcuda_bench_scale)\n")
 print(f"Written by `benchmarks/run_scale.sh` on {d.get('date_utc', '?')} (this tree: {commit}"
-      + (f"; {base_label}" if base else "") + f"; both runs {elapsed} s).")
+      + (f"; {base_label}" if base else "")
+      + (f"; both runs {elapsed} s)." if elapsed != "reused" else "; each program run on its own, then put together).")
+      + (f" Baseline run: {base.get('date_utc', '?')} on {base.get('host', '?')}, {base.get('cpus', '?')} CPU threads."
+         if base and elapsed == "reused" else ""))
 print(f"Machine: {d.get('host', '?')}, {d.get('cpus', '?')} CPU threads; Redis: {d.get('redis', '?')}; "
       f"budget {cfg.get('budget_s')} s per program, each step capped at {cfg.get('step_timeout_s')} s.\n")
 print(table + "\n")
