@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <utility>
 
 #include "bench_common.hpp"
 
@@ -51,6 +52,16 @@ inline std::uint64_t used_memory(redis::Connection& c) {
   const auto p = info.find("used_memory:");
   if (p == std::string::npos) throw std::runtime_error("INFO memory has no used_memory");
   return std::stoull(info.substr(p + 12, info.find_first_of("\r\n", p) - p - 12));
+}
+
+// INFO commandstats: one command's calls and microseconds since the last
+// CONFIG RESETSTAT (0, 0 when it has not run).
+inline std::pair<std::uint64_t, std::uint64_t> command_usec(redis::Connection& c, std::string_view cmd) {
+  const std::string info(c.command({"INFO", "commandstats"}).str());
+  const auto p = info.find("cmdstat_" + std::string(cmd) + ":calls=");
+  if (p == std::string::npos) return {0, 0};
+  const auto u = info.find(",usec=", p);
+  return {std::stoull(info.substr(p + 15 + cmd.size())), std::stoull(info.substr(u + 6))};
 }
 
 // The leader's pools' bytes in use, summed, as it last published them (at

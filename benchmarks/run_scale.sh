@@ -143,6 +143,7 @@ cfg = (this or base or {}).get("config", {})
 metrics = [("create p50 (ms)", "create", "p50_ms", 2), ("create p99 (ms)", "create", "p99_ms", 2),
            ("get p50 (µs)", "get", "p50_us", 0), ("get p99 (µs)", "get", "p99_us", 0),
            ("Redis PING p50, same client (µs)", "get", "ping_p50_us", 0), ("get p50 / PING p50", "get", "get_over_ping", 1),
+           ("Redis µs per script call in the get loop (INFO commandstats)", "get", "redis_script_us", 1),
            ("Python get p50 (µs)", "py_get", "p50_us", 0), ("Python get p99 (µs)", "py_get", "p99_us", 0),
            ("Python get p50 / C++ get p50", "py_get", "over_cpp", 2),
            ("`memcuda ls` wall (s)", "ls", "wall_s", 3), ("`memcuda ls` max RSS (MiB)", "ls", "max_rss_mib", 1),
@@ -231,7 +232,9 @@ persistent float32[4] tensors (`t/0000000`...); at each size N:
 
 - create: 200 single `create_any` through the allocator of record (5 untimed first; removed after).
 - get: 2000 gets of random names, each release flushed to Redis before the next get (µs of the get
-  call); a Redis PING from the same process after each pair.
+  call); a Redis PING from the same process after each pair. Redis's own time per script call
+  over the loop (EVALSHA in `INFO commandstats`, reset first: the acquire and release scripts,
+  and the few the allocator of record runs meanwhile).
 - Python get: the same loop (20 untimed first) in a Python client process:
   `benchmarks/python/scale_worker.py`, the `memcuda` package over `libmemcuda_c.so`, with the C++
   client's options (control thread off, `MEMCUDA_SHARE_REFERENCES=0`: every get is a Redis
