@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -281,13 +282,18 @@ int cmd_ls(Context& c) {
   const std::string pattern = c.args.operands.empty() ? "*" : c.args.operands[0];
   TensorRegistry reg(c.registry_options(false));
   // A page of records at a time, printed as it comes: memory stays that of
-  // one page whatever the registry holds.
+  // two pages whatever the registry holds. The next page is read while this
+  // one is formatted (its cursor is known once this one is in), so Redis and
+  // the client's parsing are not idle while the client prints.
   const auto now = now_ms();
   std::uint64_t total = 0, count = 0;
   std::string after;
+  std::future<ListPage> ahead;
   auto next_page = [&] {
-    auto page = reg.list_page(pattern, after, 1000);
+    ListPage page = ahead.valid() ? ahead.get() : reg.list_page(pattern, after, 1000);
     after = std::move(page.next);
+    if (!after.empty())
+      ahead = std::async(std::launch::async, [&reg, &pattern, a = after] { return reg.list_page(pattern, a, 1000); });
     for (const auto& t : page.tensors) total += t.bytes;
     count += page.tensors.size();
     return std::move(page.tensors);
