@@ -928,7 +928,7 @@ TEST_CASE("memcuda gc drops the references of a dead JSON client and reports it"
   auto t = reg.create<float>("g", {4});
   auto c = srv.connect();
   {
-    test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+    test::Child sleeper({"/bin/sh", "-c", "exec sleep 60"});
     c.command({"LPUSH", "tensor_lifecycle",
                R"({"op":"get","name":"g","pid":)" + std::to_string(sleeper.pid()) + R"(,"reply_to":"r"})"});
     REQUIRE_FALSE(c.blocking(std::chrono::seconds(5), {"BLPOP", "r", "5"}).is_nil());

@@ -187,7 +187,7 @@ void wrong_type_index(Which which, bool kill_first) {
       if (s[m].str() != leader.session_id() && s[m].str() != client.session_id()) wsid = std::string(s[m].str());
   }
   REQUIRE(!wsid.empty());
-  test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+  test::Child sleeper({"/bin/sh", "-c", "exec sleep 60"});
 
   { auto k = leader.create<float>("keep", {4}, kept()); }
   { auto h = client.create<float>("held", {8}, kept()); }

@@ -166,7 +166,7 @@ TEST_CASE("raw JSON lifecycle commands from a plain Redis client are executed", 
   };
   // JSON holders are pids of this node, and references of dead pids are
   // collected: use two live processes (this one and a sleeper).
-  test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+  test::Child sleeper({"/bin/sh", "-c", "exec sleep 60"});
   const std::string p1 = std::to_string(::getpid()), p2 = std::to_string(sleeper.pid());
   // the seed's command, as `redis-cli LPUSH tensor_lifecycle '...'` sends it
   auto rep = ask(R"({"op":"create","name":"X","dtype":"f32","shape":[2,3],"device":0,"pid":)" + p1 +
@@ -382,7 +382,7 @@ TEST_CASE("references of a dead JSON client pid are collected", "[redis][multipr
   auto c = srv.connect();
   pid_t gone = 0;
   {
-    test::Child sleeper({"/bin/sh", "-c", "sleep 60"});
+    test::Child sleeper({"/bin/sh", "-c", "exec sleep 60"});
     gone = sleeper.pid();
     c.command({"LPUSH", "tensor_lifecycle",
                R"({"op":"get","name":"j","pid":)" + std::to_string(gone) + R"(,"reply_to":"r"})"});
