@@ -67,6 +67,24 @@ int shm_objects_of(const std::vector<pid_t>& pids) {
   return n;
 }
 
+// The objects a process made in /dev/shm, by name. A dead process's pid may
+// be another process's by now (pids wrap: a parallel test's worker), so what
+// a check after its death looks for is these exact names, not its pid.
+std::vector<std::string> shm_names_of(pid_t p) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string f = e.path().filename().string();
+    if (starts_with(f, "memcuda." + std::to_string(p) + "-")) out.push_back(f);
+  }
+  return out;
+}
+
+int shm_left(const std::vector<std::string>& names) {
+  int n = 0;
+  for (const auto& f : names) n += std::filesystem::exists("/dev/shm/" + f);
+  return n;
+}
+
 // Polls `done` until it holds or `limit` passes (a bound for a slow
 // machine, not an assertion on timing); returns its last value.
 bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 15s) {
@@ -112,8 +130,10 @@ void nothing_lost(redis::Connection& c, const std::map<std::string, std::string>
 
 // A same-user standby `next` takes over: every tensor reads back intact
 // from a new reader; then everything is removed and no object is left.
+// `pids`: live processes; `dead_objects`: the objects of the dead leader.
 void same_user_takes_over(const test::RedisServer& srv, redis::Connection& c, test::Child& next,
-                          const std::map<std::string, std::string>& digest, std::vector<pid_t> pids) {
+                          const std::map<std::string, std::string>& digest, std::vector<pid_t> pids,
+                          const std::vector<std::string>& dead_objects) {
   REQUIRE(eventually([&] { return next.ask("leader") == "OK leader=1"; }));
   REQUIRE(eventually([&] {
     for (const auto& [name, d] : digest)
@@ -131,7 +151,7 @@ void same_user_takes_over(const test::RedisServer& srv, redis::Connection& c, te
     REQUIRE(r->ask("release " + name) == "OK");
     REQUIRE(r->ask("remove " + name) == "OK");
   }
-  CHECK(eventually([&] { return shm_objects_of(pids) == 0; }));
+  CHECK(eventually([&] { return shm_objects_of(pids) == 0 && shm_left(dead_objects) == 0; }));
   CHECK(r->ask("exit") == "OK");
 }
 
@@ -162,10 +182,11 @@ TEST_CASE("a standby of another user does not take the lease and loses nothing: 
   }
   CHECK(c.command({"EXISTS", "memcuda:leader"}).integer() == 0);
   nothing_lost(c, digest, a_pid);
+  const auto a_objects = shm_names_of(a_pid);
 
   auto same = worker(srv);
   ready(*same);  // leader at once or at its next campaign: nobody holds the lease
-  same_user_takes_over(srv, c, *same, digest, {a_pid, same->pid(), other->pid()});
+  same_user_takes_over(srv, c, *same, digest, {same->pid(), other->pid()}, a_objects);
   CHECK(other->ask("leader") == "OK leader=0");
   CHECK(other->ask("exit") == "OK");
   CHECK(same->ask("exit") == "OK");
@@ -198,6 +219,7 @@ TEST_CASE("a leader of another user marks nothing lost that it cannot open", "[s
     CHECK(field(gc, "migrated") == "0");
   }
   nothing_lost(c, digest, a_pid);
+  const auto a_objects = shm_names_of(a_pid);
 
   // the operator stops the other user's process and hands the namespace back
   other->kill(SIGKILL);
@@ -205,6 +227,6 @@ TEST_CASE("a leader of another user marks nothing lost that it cannot open", "[s
   c.command({"DEL", "memcuda:owner_uid"});
   auto same = worker(srv);
   ready(*same);
-  same_user_takes_over(srv, c, *same, digest, {a_pid, same->pid()});
+  same_user_takes_over(srv, c, *same, digest, {same->pid()}, a_objects);
   CHECK(same->ask("exit") == "OK");
 }
