@@ -146,6 +146,37 @@ TEST_CASE("pool: acquire() beyond capacity waits, then times out", "[redis][redi
   }
 }
 
+TEST_CASE("pool: try_acquire() lends what is free now and never waits or throws", "[redis][redis_pool]") {
+  test::RedisServer srv;
+  redis::ConnectionPool pool(srv.options(), {.size = 2, .wait_timeout = 5000ms});
+  auto a = pool.acquire();
+  auto b = pool.try_acquire();  // room for a second: opened
+  REQUIRE(b);
+  CHECK((*b)->command({"PING"}).str() == "PONG");
+  CHECK(pool.open() == 2);
+  const auto t0 = Clock::now();
+  CHECK_FALSE(pool.try_acquire());  // all leased: nothing, at once (acquire() would wait 5 s)
+  CHECK(ms_since(t0) < 1000);
+  const auto id = (*b)->command({"CLIENT", "ID"}).integer();
+  b.reset();  // back to the pool
+  auto c = pool.try_acquire();  // the idle one again
+  REQUIRE(c);
+  CHECK((*c)->command({"CLIENT", "ID"}).integer() == id);
+  CHECK(pool.open() == 2);
+
+  c.reset();
+  a = redis::ConnectionPool::Lease();  // both idle now
+
+  // The server gone: the idle connections are lent as they are (their use
+  // fails later, as acquire()'s would); with none idle and a connect
+  // failing, nothing, no exception and no room taken.
+  redis::ConnectionPool one(short_timeouts(srv.options()), {.size = 2, .wait_timeout = 100ms});
+  auto first = one.acquire();
+  srv.kill();
+  CHECK_FALSE(one.try_acquire());
+  CHECK(one.open() == 1);
+}
+
 TEST_CASE("pool: a connection that broke is closed and replaced", "[redis][redis_pool]") {
   test::RedisServer srv;
   redis::ConnectionPool pool(short_timeouts(srv.options()), {.size = 1, .wait_timeout = 2s});

@@ -167,21 +167,7 @@ class ConnectionPool {
     const auto deadline = std::chrono::steady_clock::now() + s.pool.wait_timeout;
     std::unique_lock lk(s.m);
     for (;;) {
-      if (!s.idle.empty()) {
-        std::unique_ptr<Connection> c = std::move(s.idle.back());
-        s.idle.pop_back();
-        return Lease(state_, std::move(c));
-      }
-      if (s.open < s.pool.size) {
-        ++s.open;
-        lk.unlock();
-        try {
-          return Lease(state_, std::make_unique<Connection>(s.opts));
-        } catch (...) {
-          Lease::forget(state_);
-          throw;
-        }
-      }
+      if (auto l = take_free(lk, true)) return std::move(*l);
       if (s.cv.wait_until(lk, deadline) == std::cv_status::timeout && s.idle.empty() &&
           s.open >= s.pool.size)
         throw TimeoutError("no Redis connection to " + s.opts.describe() + " came free within " +
@@ -197,22 +183,8 @@ class ConnectionPool {
   // connection the caller holds (a page split across connections).
   std::optional<Lease> try_acquire() {
     if (!state_) return std::nullopt;
-    auto& s = *state_;
-    std::unique_lock lk(s.m);
-    if (!s.idle.empty()) {
-      std::unique_ptr<Connection> c = std::move(s.idle.back());
-      s.idle.pop_back();
-      return Lease(state_, std::move(c));
-    }
-    if (s.open >= s.pool.size) return std::nullopt;
-    ++s.open;
-    lk.unlock();
-    try {
-      return Lease(state_, std::make_unique<Connection>(s.opts));
-    } catch (...) {
-      Lease::forget(state_);
-      return std::nullopt;
-    }
+    std::unique_lock lk(state_->m);
+    return take_free(lk, false);
   }
 
   // The options every connection of the pool is made with (empty after a move).
@@ -233,6 +205,29 @@ class ConnectionPool {
   }
 
  private:
+  // A connection free now: an idle one, else a new one while fewer than
+  // `size` are open (made with `lk` released); nothing when neither. A
+  // failed connect takes no room and throws, or gives nothing when not
+  // `rethrow`. `lk` (on s.m) is held on entry, and on return with nothing.
+  std::optional<Lease> take_free(std::unique_lock<std::mutex>& lk, bool rethrow) {
+    auto& s = *state_;
+    if (!s.idle.empty()) {
+      std::unique_ptr<Connection> c = std::move(s.idle.back());
+      s.idle.pop_back();
+      return Lease(state_, std::move(c));
+    }
+    if (s.open >= s.pool.size) return std::nullopt;
+    ++s.open;
+    lk.unlock();
+    try {
+      return Lease(state_, std::make_unique<Connection>(s.opts));
+    } catch (...) {
+      Lease::forget(state_);
+      if (rethrow) throw;
+      return std::nullopt;
+    }
+  }
+
   static const Options& empty_options() noexcept {
     static const Options o;
     return o;
