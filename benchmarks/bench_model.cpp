@@ -52,6 +52,7 @@
 
 
 #include "bench_common.hpp"
+#include "memcuda/detail/backend/select.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/model.hpp"
 #include "memcuda/state_dict.hpp"

@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "bench_common.hpp"
-#include "memcuda/detail/control/keys.hpp"
+#include "memcuda/detail/store/keys.hpp"
 #include "memcuda/memcuda.hpp"
 
 #if MEMCUDA_HAS_CUDA()

@@ -34,7 +34,7 @@
 #else
 #include "memcuda/memcuda.hpp"
 #endif
-#if __has_include("memcuda/detail/registry/release_queue.hpp")
+#if __has_include("memcuda/detail/registry/process/release_queue.hpp")
 #define HAVE_FLUSH 1
 #else
 #define HAVE_FLUSH 0

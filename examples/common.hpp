@@ -8,7 +8,7 @@
 
 #include <memcuda/memcuda.hpp>
 #if MEMCUDA_HAS_CUDA()
-#include <memcuda/detail/cuda.hpp>  // device_count()
+#include <memcuda/detail/cuda/runtime.hpp>  // device_count()
 #endif
 
 namespace examples {

@@ -1,5 +1,5 @@
 // The allocator of record's control plane under injected faults
-// (detail/fault.hpp): a command whose execution failed on the link to
+// (detail/base/fault.hpp): a command whose execution failed on the link to
 // Redis is finished at once, never stranded until an election; a script
 // status the client does not know is an InternalError, not a lost lease.
 #include <catch2/catch.hpp>
@@ -9,7 +9,7 @@
 #include <optional>
 #include <thread>
 
-#include "memcuda/detail/fault.hpp"
+#include "memcuda/detail/base/fault.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/process.hpp"

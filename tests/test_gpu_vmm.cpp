@@ -25,7 +25,7 @@
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
 
-#include "memcuda/detail/cuda_driver.hpp"
+#include "memcuda/detail/cuda/driver.hpp"
 #endif
 
 using namespace memcuda;

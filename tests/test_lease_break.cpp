@@ -20,8 +20,9 @@
 #include <string>
 #include <thread>
 
-#include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"

@@ -30,12 +30,13 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/fd/fd_holds.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/lease.hpp"
-#include "memcuda/detail/registry/standby.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
 #include "support/gpu.hpp"

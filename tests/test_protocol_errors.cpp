@@ -163,6 +163,7 @@ TEST_CASE("throw_for_code maps every wire code to its class", "[protocol]") {
       {"internal", typeid(InternalError)},
       {"cuda_error", typeid(CudaError)},
       {"redis_error", typeid(RedisError)},
+      {"redis_io", typeid(IoError)},
       {"redis_connection", typeid(ConnectionError)},
       {"redis_auth", typeid(AuthError)},
       {"redis_reply", typeid(ReplyError)},
@@ -175,6 +176,22 @@ TEST_CASE("throw_for_code maps every wire code to its class", "[protocol]") {
     INFO("code: " << c.code);
     CHECK(catch_it([&] { throw_for_code(c.code, "m"); }).type == c.type.name());
   }
+  // "The command may have run" is one catch clause: both link failures are IoErrors, a reply is not.
+  auto io = [](auto thrower) {
+    try {
+      thrower();
+    } catch (const IoError&) {
+      return true;
+    } catch (const RedisError&) {
+      return false;
+    }
+    return false;
+  };
+  CHECK(io([] { throw ConnectionError("c"); }));
+  CHECK(io([] { throw TimeoutError("t"); }));
+  CHECK(io([] { throw AuthError("a"); }));
+  CHECK_FALSE(io([] { throw ReplyError("r"); }));
+  CHECK_FALSE(io([] { throw RedisError("e"); }));
   // An older sender's protocol error: errc from the message's prefix.
   auto t = catch_it([] { throw_for_code("protocol_error", "unknown_dtype: f128"); });
   CHECK(t.errc == ProtocolErrc::unknown_dtype);

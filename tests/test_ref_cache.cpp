@@ -1,4 +1,4 @@
-// In-process reference sharing (include/memcuda/detail/registry/ref_cache.hpp,
+// In-process reference sharing (include/memcuda/detail/registry/client/ref_cache.hpp,
 // invalidation.hpp; docs/design.md, "In-process reference sharing"), against
 // a real redis-server and real worker processes: a second get of a held
 // tensor sends nothing to Redis and shares the one reference; refcounts and
@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "memcuda/detail/fault.hpp"
+#include "memcuda/detail/base/fault.hpp"
 #include "memcuda/memcuda.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "memcuda/detail/fault.hpp"
+#include "memcuda/detail/base/fault.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/gpu.hpp"

@@ -1,4 +1,4 @@
-// State-dict records (detail/control/dict_scripts.hpp): a persistent
+// State-dict records (detail/store/dict_scripts.hpp): a persistent
 // publish_state_dict links one, open_state_dict then takes ONE reference of
 // the process for the whole dict; anything that changes what get_prefix
 // would answer unlinks it; a dead holder's reference and an unheld record's

@@ -21,8 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "memcuda/memcuda.hpp"
+#include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"

@@ -110,15 +110,22 @@ class CudaError : public Error {
 // for a failure; docs/design.md ("The Redis layer") has the table.
 MEMCUDA_DEFINE_ERROR(RedisError, Error, "redis_error");
 
+// The outcome of the command is unknown: the link failed or timed out while
+// it may have been in flight, so it may or may not have run (redis-plus-plus
+// calls this IoError). Code that must not do a write twice, or must not give
+// back memory a record may now point at, catches this one class. Every
+// ConnectionError (AuthError included, conservatively) and TimeoutError is one.
+MEMCUDA_DEFINE_ERROR(IoError, RedisError, "redis_io");
+
 // Could not connect, or the connection broke and could not be
 // re-established. Keeps hiredis's error code (REDIS_ERR_IO, REDIS_ERR_EOF,
 // REDIS_ERR_PROTOCOL, REDIS_ERR_OOM, ...; 0 where hiredis reported none: an
 // interrupt, a moved-from connection, an error reply) and errno of the
 // failed call (0 where none applies), so callers can switch on them.
-class ConnectionError : public RedisError {
+class ConnectionError : public IoError {
  public:
   explicit ConnectionError(const std::string& what, int redis_code = 0, int sys_errno = 0)
-      : RedisError(what), redis_code_(redis_code), sys_errno_(sys_errno) {}
+      : IoError(what), redis_code_(redis_code), sys_errno_(sys_errno) {}
   int redis_code() const noexcept { return redis_code_; }
   int sys_errno() const noexcept { return sys_errno_; }
   const char* code() const noexcept override { return "redis_connection"; }
@@ -147,10 +154,10 @@ class AuthError : public ConnectionError {
 // hiredis's error code and errno as ConnectionError does (REDIS_ERR_IO with
 // EAGAIN for a read, ETIMEDOUT for a connect); both 0 for mem-cuda's own
 // timeouts (a control-plane request nobody answered).
-class TimeoutError : public RedisError {
+class TimeoutError : public IoError {
  public:
   explicit TimeoutError(const std::string& what, int redis_code = 0, int sys_errno = 0)
-      : RedisError(what), redis_code_(redis_code), sys_errno_(sys_errno) {}
+      : IoError(what), redis_code_(redis_code), sys_errno_(sys_errno) {}
   int redis_code() const noexcept { return redis_code_; }
   int sys_errno() const noexcept { return sys_errno_; }
   const char* code() const noexcept override { return "timeout"; }
@@ -256,6 +263,7 @@ struct WireErrorDetail {
   if (code == "unavailable") throw Unavailable(msg);
   if (code == "internal") throw InternalError(msg);
   if (code == "redis_error") throw RedisError(msg);
+  if (code == "redis_io") throw IoError(msg);
   if (code == "redis_connection") throw ConnectionError(msg);
   if (code == "redis_auth") throw AuthError(msg);
   if (code == "redis_reply") throw ReplyError(msg);

@@ -37,8 +37,8 @@
 
 // The internals (inline class definitions; tests and tools that include them
 // directly keep working).
-#include "memcuda/detail/control/control_loop.hpp"
-#include "memcuda/detail/ipc_event.hpp"
+#include "memcuda/detail/cuda/ipc_event.hpp"
+#include "memcuda/detail/registry/control_loop.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/protocol.hpp"
 

@@ -14,18 +14,13 @@
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/shape.hpp"
+#include "memcuda/stream.hpp"
 #include "memcuda/tensor_info.hpp"
 #if MEMCUDA_HAS_CUDA()
-#include "memcuda/detail/cuda.hpp"
+#include "memcuda/detail/cuda/runtime.hpp"
 #endif
 
 MEMCUDA_NAMESPACE_BEGIN
-
-#if MEMCUDA_HAS_CUDA()
-using StreamHandle = cudaStream_t;
-#else
-using StreamHandle = void*;  // placeholder so signatures are the same without CUDA
-#endif
 
 struct LocalOptions {
   BackendKind backend = BackendKind::cuda;

@@ -15,6 +15,7 @@
 #include "memcuda/shape.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
+#include "memcuda/stream.hpp"
 #include "memcuda/tensor_info.hpp"
 #include "memcuda/tensor_registry.hpp"
 #include "memcuda/version.hpp"

@@ -13,7 +13,7 @@
 //   }
 //
 // All three calls are safe from any thread; the bodies are in
-// detail/registry/model_version.hpp, the Redis record in docs/protocol.md
+// detail/registry/ops/model_version.hpp, the Redis record in docs/protocol.md
 // ("Model versions"), the design in docs/design.md ("In-place model updates").
 #pragma once
 
@@ -24,7 +24,7 @@
 #include <optional>
 #include <string_view>
 
-#include "memcuda/detail/registry/model_version.hpp"
+#include "memcuda/detail/registry/ops/model_version.hpp"
 #include "memcuda/detail/registry_access.hpp"
 #include "memcuda/local_tensor.hpp"
 #include "memcuda/tensor_registry.hpp"

@@ -10,9 +10,9 @@
 #include <string>
 #include <type_traits>
 
-#include "memcuda/local_tensor.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
+#include "memcuda/local_tensor.hpp"
 #include "memcuda/tensor_info.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
@@ -20,13 +20,13 @@ MEMCUDA_NAMESPACE_BEGIN
 namespace detail {
 
 class Core;           // detail/registry/core.hpp: only the implementation unit sees it
-class ExportedEvent;  // detail/ipc_event.hpp (CUDA)
+class ExportedEvent;  // detail/cuda/ipc_event.hpp (CUDA)
 
 // One holder reference of this process to one generation of a tensor, plus
 // what keeps its memory mapped. Shared by every copy of a SharedTensor;
 // the destructor queues the release of the reference (no Redis round trip
 // on the caller's thread: the registry's release thread sends it, see
-// detail/registry/release_queue.hpp) and never throws.
+// detail/registry/process/release_queue.hpp) and never throws.
 //
 // The members that talk to Redis or CUDA are only declared here and defined
 // in the implementation unit (memcuda/impl/shared_tensor.ipp, included by

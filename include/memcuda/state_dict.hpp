@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
-#include "memcuda/detail/registry/state_dicts.hpp"
+#include "memcuda/detail/cuda/state_dict_copy.hpp"
+#include "memcuda/detail/registry/ops/state_dicts.hpp"
 #include "memcuda/detail/registry_access.hpp"
-#include "memcuda/detail/state_dict/copy.hpp"
 #include "memcuda/tensor_registry.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN

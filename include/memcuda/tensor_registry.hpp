@@ -22,7 +22,7 @@ MEMCUDA_NAMESPACE_BEGIN
 
 namespace detail {
 class Core;             // detail/registry/core.hpp
-struct Opened;          // detail/registry/client.hpp
+struct Opened;          // detail/registry/client/client.hpp
 struct RegistryThread;  // impl/tensor_registry.ipp: the control loop and its thread
 struct RegistryAccess;  // free functions of other public headers reach the core through it
 }  // namespace detail
@@ -52,7 +52,7 @@ struct RegistryAccess;  // free functions of other public headers reach the core
 // and sent, batched, by the next registry call of this process (which
 // sends what is queued before its own request, so it sees it) or else by
 // the release thread within 0.2 ms plus one round trip (see flush() and
-// detail/registry/release_queue.hpp). Releases of tensors that outlive the
+// detail/registry/process/release_queue.hpp). Releases of tensors that outlive the
 // registry still land.
 //
 // Reference sharing: a get() of a name this registry already holds shares
@@ -180,7 +180,7 @@ class TensorRegistry {
   void check();
 
   // ---- batch operations: one Redis round trip per batch (all in
-  // detail/registry/batch_client.hpp; docs/protocol.md, "Batch operations") ----
+  // detail/registry/ops/batch_client.hpp; docs/protocol.md, "Batch operations") ----
   // Takes a reference to each name at once; a refused name (NotFound,
   // TypeMismatch with `dtype`, Lost, ...) is in .errors and took nothing.
   BatchGetResult get_many(const std::vector<std::string>& names, std::optional<DType> dtype = {});

@@ -12,7 +12,7 @@
 #include "c_api_internal.hpp"
 #include "memcuda/dlpack.hpp"
 #if MEMCUDA_HAS_CUDA()
-#include "memcuda/detail/ipc_event.hpp"
+#include "memcuda/detail/cuda/ipc_event.hpp"
 #endif
 
 using memcuda_c::guarded;

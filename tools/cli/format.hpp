@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "memcuda/detail/holder_id.hpp"
+#include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/shape.hpp"
 

@@ -1,5 +1,5 @@
 // `memcuda quarantine`: the malformed records the allocator of record moved
-// aside (detail/registry/quarantine.hpp), and clearing them. Included by
+// aside (detail/store/quarantine.hpp), and clearing them. Included by
 // memcuda_cli.cpp inside its namespace, after Context and the helpers.
 #pragma once
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "memcuda/detail/ipc_event.hpp"
+#include "memcuda/detail/cuda/ipc_event.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/shared_tensor.hpp"
 

@@ -8,11 +8,11 @@
 #include <thread>
 #include <utility>
 
-#include "memcuda/detail/control/control_loop.hpp"
-#include "memcuda/detail/ipc_event.hpp"
-#include "memcuda/detail/registry/batch_client.hpp"
+#include "memcuda/detail/cuda/ipc_event.hpp"
+#include "memcuda/detail/registry/control_loop.hpp"
 #include "memcuda/detail/registry/core.hpp"
-#include "memcuda/detail/registry/shared_get.hpp"
+#include "memcuda/detail/registry/ops/batch_client.hpp"
+#include "memcuda/detail/registry/ops/shared_get.hpp"
 #include "memcuda/tensor_registry.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
@@ -84,7 +84,7 @@ void TensorRegistry::flush(std::chrono::milliseconds timeout) {
 
 void TensorRegistry::check() { core(); }
 
-// Batch operations: detail/registry/batch_client.hpp. References a batch get
+// Batch operations: detail/registry/ops/batch_client.hpp. References a batch get
 // takes are not put in the reference cache (a later single get takes its own).
 BatchGetResult TensorRegistry::get_many(const std::vector<std::string>& names, std::optional<DType> dtype) {
   core();
@@ -158,7 +158,7 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_
 }
 
 // get(): a name this registry holds is shared from the reference cache (no
-// Redis); see detail/registry/shared_get.hpp.
+// Redis); see detail/registry/ops/shared_get.hpp.
 std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want,
                                                                  const GetOptions& opts) {
   core_ref();  // get_shared checks the fatal slot, and waits for own releases on a miss

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/cuda.hpp"
-#include "memcuda/detail/log.hpp"
+#include "memcuda/detail/base/log.hpp"
+#include "memcuda/detail/cuda/runtime.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 

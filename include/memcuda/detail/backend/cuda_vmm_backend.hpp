@@ -31,13 +31,13 @@
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/cuda.hpp"
-#include "memcuda/detail/cuda_driver.hpp"
+#include "memcuda/detail/base/log.hpp"
+#include "memcuda/detail/cuda/driver.hpp"
+#include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/detail/fd/fd_client.hpp"
 #include "memcuda/detail/fd/fd_holds.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
-#include "memcuda/detail/log.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 

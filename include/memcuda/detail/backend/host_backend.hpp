@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/holder_id.hpp"
-#include "memcuda/detail/log.hpp"
+#include "memcuda/detail/base/holder_id.hpp"
+#include "memcuda/detail/base/log.hpp"
 #include "memcuda/error.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {

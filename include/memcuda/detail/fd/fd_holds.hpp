@@ -1,5 +1,5 @@
 // FdHolds: the fds a standby holds without importing them (docs/design.md,
-// "Standby holding"; detail/registry/standby.hpp fills it). Holding an
+// "Standby holding"; detail/registry/process/standby.hpp fills it). Holding an
 // allocation's fd keeps its device memory alive (measured: no CUDA context,
 // no import and no mapping needed), so when the allocator of record dies,
 // the process that takes over already holds everything it must adopt.

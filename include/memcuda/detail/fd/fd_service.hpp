@@ -31,10 +31,10 @@
 #include <utility>
 #include <vector>
 
+#include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
-#include "memcuda/detail/log.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 

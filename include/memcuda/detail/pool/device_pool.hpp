@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/log.hpp"
+#include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/pool/block_allocator.hpp"
-#include "memcuda/detail/process_cache.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/stats.hpp"
 #if MEMCUDA_HAS_CUDA()
-#include "memcuda/detail/cuda.hpp"
+#include "memcuda/detail/cuda/runtime.hpp"
 #endif
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {

@@ -36,16 +36,16 @@
 // while it takes another, and none is held across a Redis call, a wait on
 // Redis, or a CUDA call, except DevicePool's own mutex (taken inside
 // Allocator with none of ours held; it covers cudaMalloc of a new slab and
-// cudaFree of a trim: Allocator calls its pools outside pools_mu_) and
-// ProcessCache's mutex (held across the backend open of an import, so
-// concurrent first opens of one allocation share one mapping). The CUDA
+// cudaFree of a trim: Allocator calls its pools outside pools_mu_).
+// ProcessCache opens an import with no lock held (one open per allocation
+// through a shared future; concurrent first opens wait on it). The CUDA
 // event path holds TensorHandle::event_mu_ and, inside it, EventCache::mu_
 // across CUDA event calls (shared_tensor.hpp, ipc_event.hpp).
 //   Context::fatal_mu_, Lease::mu_, Allocator::pools_mu_,
 //   Allocator::owned_mu_, Holds::mu_, DictHolds::mu_, Client::cache_mu_, Migration::mu_
 //   (a second migration round waits on its condition variable, not under
 //   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
-//   ProcessCache's mutex (its maps; held across the open, see above),
+//   ProcessCache's mutex (its maps and the opens in flight),
 //   RefCache::mu_ (its maps; no handle is ever destroyed under it, so a
 //   last copy's release never nests ReleaseQueue::mu_ or Holds::mu_ in it;
 //   the one nesting: RefCache's process-wide directory mutex, then each
@@ -61,22 +61,23 @@
 #include <memory>
 #include <string>
 
-#include "memcuda/detail/process_cache.hpp"
-#include "memcuda/detail/registry/allocator.hpp"
-#include "memcuda/detail/registry/client.hpp"
+#include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/registry/client/client.hpp"
+#include "memcuda/detail/registry/client/invalidation.hpp"
+#include "memcuda/detail/registry/client/ref_cache.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/dict_holds.hpp"
-#include "memcuda/detail/registry/executor.hpp"
-#include "memcuda/detail/registry/holds.hpp"
-#include "memcuda/detail/registry/inbox.hpp"
-#include "memcuda/detail/registry/invalidation.hpp"
-#include "memcuda/detail/registry/lease.hpp"
-#include "memcuda/detail/registry/migration.hpp"
-#include "memcuda/detail/registry/recovery.hpp"
-#include "memcuda/detail/registry/ref_cache.hpp"
-#include "memcuda/detail/registry/release_queue.hpp"
-#include "memcuda/detail/registry/sessions.hpp"
-#include "memcuda/detail/registry/standby.hpp"
+#include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/registry/leader/executor.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/leader/migration.hpp"
+#include "memcuda/detail/registry/leader/sessions.hpp"
+#include "memcuda/detail/registry/process/dict_holds.hpp"
+#include "memcuda/detail/registry/process/holds.hpp"
+#include "memcuda/detail/registry/process/inbox.hpp"
+#include "memcuda/detail/registry/process/recovery.hpp"
+#include "memcuda/detail/registry/process/release_queue.hpp"
+#include "memcuda/detail/registry/process/standby.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 

@@ -1,0 +1,402 @@
+// The client operations of a registry (any process, any thread): get,
+// create, remove, info, list, wait, publish. Each call borrows a
+// connection from the context's pools for its own duration, so no call
+// waits behind another thread's; the only state shared between calls is
+// the record cache (a leaf lock held for a map lookup, never across Redis).
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/registry/client/silent_leader.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/process/holds.hpp"
+#include "memcuda/detail/store/name_index.hpp"
+#include "memcuda/detail/store/record_pages.hpp"
+#include "memcuda/detail/store/reply.hpp"
+#include "memcuda/protocol/record_desc.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// A reference this process has taken, mapped: the record, the pointer and
+// what keeps the mapping open.
+struct Opened {
+  TensorInfo info;
+  void* data = nullptr;
+  std::shared_ptr<void> keep;
+};
+
+class Client {
+ public:
+  Client(Context& ctx, Lease& lease, Allocator& alloc, Holds& holds)
+      : ctx_(ctx), lease_(lease), alloc_(alloc), holds_(holds) {}
+
+  // The get fast path: one script checks state, dtype and node and takes
+  // the reference atomically; then the memory is mapped (once per process).
+  Opened acquire(std::string_view name, std::optional<DType> dtype) {
+    ::memcuda::validate_name(name);
+    // A record never changes after creation except refcount, holders and
+    // the event: when our cached copy has the current generation and
+    // event version, the script skips sending the whole Hash.
+    std::optional<TensorInfo> cached;
+    {
+      std::lock_guard lk(cache_mu_);
+      if (auto it = cache_.find(std::string(name)); it != cache_.end()) cached = it->second;
+    }
+    std::string cgen, cver;
+    if (cached) {
+      cgen = std::to_string(cached->generation);
+      cver = std::to_string(cached->event_version);
+    }
+    const auto& k = ctx_.keys;
+    redis::Reply r;
+    {
+      auto c = ctx_.pool.acquire();
+      r = ctx_.scripts.acquire.eval(
+          *c, {k.tensor(name), k.leader(), k.lost(name)},
+          {ctx_.session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), ctx_.node, "", cgen, cver,
+           k.prefix(), name});
+    }
+    TensorInfo t;
+    if (cached && r[0].str() == "same") {
+      t = std::move(*cached);
+      t.refcount = reply_int(r[1]);
+    } else {
+      t = checked(r, std::string(name), dtype, ctx_.session);
+      TensorInfo keep = t;
+      keep.holders.clear();  // changes all the time; reg.info() has the truth
+      std::lock_guard lk(cache_mu_);
+      if (cache_.size() >= 4096) cache_.clear();
+      cache_.insert_or_assign(std::string(name), std::move(keep));
+    }
+    return adopt_reference(std::move(t));
+  }
+
+  // check_acquire, and when the script took a reference to a record that
+  // does not decode, `holder`'s reference given back before the error is
+  // thrown (else it would be held until the holder ends).
+  TensorInfo checked(const redis::Reply& r, const std::string& name, std::optional<DType> dtype,
+                     const std::string& holder) {
+    try {
+      return check_acquire(r, name, dtype);
+    } catch (const ProtocolError&) {
+      if (script_status(r) != "ok") throw;
+      std::uint64_t gen = 0;
+      for (auto& [f, v] : fields_from_reply(r[1]))
+        if (f == "generation") gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
+      if (gen) {
+        try {
+          auto c = ctx_.pool.acquire();
+          alloc_.release(*c, name, gen, holder, "");
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, "giving back the reference to corrupt record '" + name + "': " + e.what());
+        }
+      }
+      throw;
+    }
+  }
+
+  // The outcome of an acquire script run for `name` (leader or client).
+  TensorInfo check_acquire(const redis::Reply& r, const std::string& name, std::optional<DType> dtype) {
+    const std::string st = script_status(r);
+    if (st == "ok") return protocol::decode_record(fields_from_reply(r[1]));
+    if (st == "corrupt") throw corrupt_record(name, r[1].str());
+    if (st == "notfound") throw NotFound("no tensor named '" + name + "'");
+    if (st == "dtype")
+      throw TypeMismatch("tensor '" + name + "' holds " + std::string(r[1].str()) + ", not " +
+                         std::string(dtype ? to_string(*dtype) : "?"));
+    if (st == "node")
+      throw Unavailable("tensor '" + name + "' lives on node " + std::string(r[1].str()) + ", this is " + ctx_.node);
+    if (st == "lost") {
+      std::map<std::string, std::string> m;
+      for (auto& [f, v] : fields_from_reply(r[1])) m[f] = v;
+      throw Lost("tensor '" + name + "' (generation " + m["generation"] + ") was lost: its allocator of record " +
+                 "(pid " + m["owner_pid"] + ", session " + m["owner"] + ", epoch " + m["epoch"] +
+                 ") died and no live process held a copy; the name is free to create again");
+    }
+    if (st == "state") {
+      if (r[1].str() == "lost")
+        throw Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it");
+      throw NotFound("tensor '" + name + "' is not ready (state " + std::string(r[1].str()) + ")");
+    }
+    lease_.fail_status("acquire", st, "getting '" + name + "'", st == "notleader" ? r[1].str() : "");
+  }
+
+  // create() of the API: directly when we are the allocator of record,
+  // else through the lifecycle list and a reply.
+  Opened create(protocol::Command cmd) {
+    cmd.holder = ctx_.session;
+    cmd.pid = ::getpid();
+    cmd.node = ctx_.node;
+    if (!cmd.backend) cmd.backend = ctx_.default_backend();
+    if (lease_.held()) {
+      // A create_id, so that a retry of a create whose reply was lost is a
+      // replay (the allocator keeps its block parked by this id).
+      if (!cmd.id) {
+        cmd.id = ctx_.session + ":" + std::to_string(++seq_);
+        cmd.id_is_number = false;
+      }
+      try {
+        auto c = ctx_.pool.acquire();
+        auto cr = alloc_.create(*c, cmd);
+        if (cr.block.slab) {
+          void* p = static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
+          holds_.note(cr.info.name, cr.info.generation, +1);
+          return {std::move(cr.info), p, std::move(cr.block.slab)};
+        }
+      } catch (const NotLeader&) {
+        // lost the lease meanwhile: the new leader serves it below
+      } catch (const IoError&) {
+        // The link failed: the script may or may not have run. The request
+        // below carries the same create_id, so whoever executes it replays
+        // it (and this allocator adopts its parked block) or creates anew.
+      }
+    }
+    std::uint64_t gen = request(cmd);
+    // From here the leader has registered this process's reference to
+    // `gen`: every way out that returns no handle must give it back.
+    TensorInfo t;
+    try {
+      auto c = ctx_.pool.acquire();
+      auto r = c->command({"HGETALL", ctx_.keys.tensor(cmd.name)});
+      if (r.size() == 0) throw NotFound("tensor '" + cmd.name + "' vanished right after its creation");
+      t = protocol::decode_record(fields_from_reply(r.view()));
+      if (t.generation != gen) throw StaleHandle("tensor '" + cmd.name + "' was replaced right after its creation");
+    } catch (const ConnectionError&) {
+      throw;  // Redis away: GC drops the reference if this process dies
+    } catch (...) {
+      release_now(cmd.name, gen);
+      throw;
+    }
+    return adopt_reference(std::move(t));
+  }
+
+  // Sends a command to the allocator of record and waits for its reply, on
+  // a connection of the waiting pool and a reply list of its own: other
+  // threads' calls go on meanwhile.
+  std::uint64_t request(protocol::Command cmd) {
+    const std::uint64_t seq = ++seq_;
+    const std::string reply_key = ctx_.keys.request_reply(ctx_.session, seq);
+    // A create keeps the id a direct attempt gave it (its create_id).
+    const std::string id = cmd.id ? *cmd.id : ctx_.session + ":" + std::to_string(seq);
+    cmd.id = id;
+    cmd.id_is_number = false;
+    cmd.reply_to = reply_key;
+    const std::string payload = protocol::encode_command(cmd);
+    const auto timeout = ctx_.opts.request_timeout;
+    auto c = ctx_.waits.acquire();
+    c->command({"LPUSH", ctx_.keys.lifecycle(), payload});
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool retracted_tried = false;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        if (!retracted_tried) {
+          retracted_tried = true;
+          // Take the command back if no leader has picked it up; otherwise it
+          // is being executed: wait once more for its outcome.
+          if (c->command({"LREM", ctx_.keys.lifecycle(), 1, payload}).integer() == 1)
+            throw NotLeader("no allocator of record answered '" + std::string(to_string(cmd.op)) + " " + cmd.name +
+                            "' within " + std::to_string(timeout.count()) +
+                            " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
+          deadline = std::chrono::steady_clock::now() + timeout;
+          continue;
+        }
+        throw NotLeader("the allocator of record took '" + std::string(to_string(cmd.op)) + " " + cmd.name +
+                        "' but did not reply within " + std::to_string(2 * timeout.count()) +
+                        " ms: " + silent_leader_reason(*c, ctx_.keys));
+      }
+      auto wait = std::min(left, std::chrono::milliseconds(1000));
+      auto r = c->blocking(wait, {"BLPOP", reply_key, seconds_arg(wait)});
+      if (r.is_nil()) continue;
+      protocol::Reply rep = protocol::decode_reply(r[1].str());
+      if (rep.id != id) continue;  // not ours (a hostile or stray writer)
+      if (!rep.ok) {
+        // With its detail: a remote CudaError keeps its status and API.
+        protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
+      }
+      return rep.generation.value_or(0);
+    }
+  }
+
+  void remove(std::string_view name) {
+    ::memcuda::validate_name(name);
+    const auto& k = ctx_.keys;
+    auto c = ctx_.pool.acquire();
+    auto r = ctx_.scripts.remove.eval(*c, {k.tensor(name), k.names(), k.lifecycle()}, {k.prefix(), ctx_.session});
+    const std::string st = script_status(r);
+    if (st == "notfound") throw NotFound("no tensor named '" + std::string(name) + "'");
+    if (st == "stray") throw NotFound("no tensor named '" + std::string(name) + "': " + stray_record(k.tensor(name), r[1].str()));
+    if (st == "free") alloc_.free_unlinked(*c, reply_u64(r[1]), true);
+    else if (st != "ok" && st != "queued") unexpected_status("remove", st);
+  }
+
+  // Drops this session's reference now, on the caller's thread (a client
+  // call that failed after taking it; destructors use the ReleaseQueue).
+  void release_now(const std::string& name, std::uint64_t gen) noexcept {
+    try {
+      auto c = ctx_.pool.acquire();
+      alloc_.release(*c, name, gen, ctx_.session, "");
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, "release of '" + name + "': " + e.what());
+    }
+  }
+
+  // Stores a producer's event handle for this generation; returns the new
+  // event version. Throws StaleHandle when the name moved on.
+  std::uint64_t publish_event(const std::string& name, std::uint64_t gen, const std::string& handle) {
+    auto c = ctx_.pool.acquire();
+    auto v = ctx_.scripts.publish.eval(*c, {ctx_.keys.tensor(name)}, {gen, handle, ctx_.keys.prefix()}).integer();
+    if (v < 0)
+      throw StaleHandle("cannot publish '" + name + "' generation " + std::to_string(gen) +
+                        ": the name was removed or re-created");
+    return static_cast<std::uint64_t>(v);
+  }
+
+  // The event handle last published for this generation ("" when none).
+  std::string published_event(const std::string& name, std::uint64_t gen) {
+    auto c = ctx_.pool.acquire();
+    auto r = c->command({"HMGET", ctx_.keys.tensor(name), "generation", "event_handle"});
+    if (r[0].is_nil() || reply_u64(r[0]) != gen)
+      throw StaleHandle("'" + name + "' generation " + std::to_string(gen) + " is no longer registered");
+    return r[1].is_nil() ? std::string() : std::string(r[1].str());
+  }
+
+  std::optional<std::uint64_t> current_generation(std::string_view name) {
+    auto c = ctx_.pool.acquire();
+    auto r = c->command({"HGET", ctx_.keys.tensor(name), "generation"});
+    if (r.is_nil()) return std::nullopt;
+    return std::stoull(std::string(r.str()));
+  }
+
+  std::optional<TensorInfo> info(std::string_view name) {
+    ::memcuda::validate_name(name);
+    auto c = ctx_.pool.acquire();
+    auto r = c->command({"HGETALL", ctx_.keys.tensor(name)});
+    if (r.size() == 0) return std::nullopt;
+    return protocol::decode_record(fields_from_reply(r.view()));
+  }
+
+  // `unreadable`, when given, counts the records skipped as unreadable.
+  std::vector<TensorInfo> list(std::string_view pattern, std::uint64_t* unreadable = nullptr) {
+    std::vector<TensorInfo> out;
+    std::string after;
+    do {
+      auto page = list_page(pattern, after, kListPage, unreadable);
+      for (auto& t : page.tensors) out.push_back(std::move(t));
+      after = std::move(page.next);
+    } while (!after.empty());
+    return out;
+  }
+
+  // One page of a listing: the records of up to `limit` names under the
+  // glob's literal prefix that sort after `after`, those the glob matches,
+  // in name order; `next` is where the next page starts ("" at the end).
+  // Memory and time are those of one page, whatever the registry holds.
+  static constexpr std::size_t kListPage = 1000;
+  ListPage list_page(std::string_view pattern, std::string_view after, std::size_t limit,
+                     std::uint64_t* unreadable = nullptr) {
+    if (limit == 0) throw InvalidArgument("list: a page of 0 names");
+    const std::string pat(pattern.empty() ? "*" : pattern);
+    auto c = ctx_.pool.acquire();
+    auto names = names_page(*c, ctx_.keys, glob_literal_prefix(pat), after, limit);
+    ListPage page;
+    if (names.size() == limit) page.next = names.back();
+    std::vector<std::string> selected;
+    for (auto& n : names)
+      if (::fnmatch(pat.c_str(), n.c_str(), 0) == 0) selected.push_back(std::move(n));
+    if (!selected.empty()) read_records(ctx_.pool, *c, ctx_.keys, selected, page.tensors, unreadable);
+    return page;
+  }
+
+  // Blocks until `name` is ready or the timeout passes, without polling:
+  // the waiter registers a private list in the name's waiter set, and the
+  // create script pushes the generation to every registered list.
+  bool wait(std::string_view name, std::chrono::milliseconds timeout) {
+    ::memcuda::validate_name(name);
+    auto c = ctx_.waits.acquire();
+    const std::string wl = ctx_.keys.wait_list(ctx_.session, ++seq_);
+    const std::string ws = ctx_.keys.waiters(name);
+    c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, std::to_string(timeout.count() + 60000)}});
+    auto st = c->command({"HGET", ctx_.keys.tensor(name), "state"});
+    bool ready = !st.is_nil() && st.str() == "ready";
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!ready) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      auto r = c->blocking(left, {"BLPOP", wl, seconds_arg(left)});
+      if (r.is_nil()) continue;
+      auto s2 = c->command({"HGET", ctx_.keys.tensor(name), "state"});
+      ready = !s2.is_nil() && s2.str() == "ready";
+    }
+    c->pipeline({{"SREM", ws, wl}, {"DEL", wl}});
+    return ready;
+  }
+
+  LeaderInfo leader_info() {
+    auto c = ctx_.pool.acquire();
+    return read_leader(*c);
+  }
+
+  LeaderInfo read_leader(redis::Connection& c) {
+    LeaderInfo l;
+    auto rs = c.pipeline({{"GET", ctx_.keys.leader()}, {"PTTL", ctx_.keys.leader()}});
+    if (rs[0].is_nil()) return l;
+    std::string tok(rs[0].str());
+    l.present = true;
+    l.epoch = std::stoull(tok.substr(0, tok.find(' ')));
+    l.session = tok.substr(tok.find(' ') + 1);
+    l.ttl_ms = rs[1].integer();
+    l.is_self = l.session == ctx_.session;
+    return l;
+  }
+
+  // Maps a tensor's allocation into this process (or finds our own): the
+  // tensor's address and what keeps the mapping. Unavailable on another node.
+  std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
+    if (t.node != ctx_.node)
+      throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
+    auto [base, keep] =
+        ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
+    return {static_cast<char*>(base) + t.offset, std::move(keep)};
+  }
+
+ private:
+  // Maps a tensor whose reference this process has just taken and records
+  // the reference; gives it back when the mapping fails.
+  Opened adopt_reference(TensorInfo t) {
+    try {
+      auto [p, keep] = map(t);
+      holds_.note(t.name, t.generation, +1);
+      return {std::move(t), p, std::move(keep)};
+    } catch (...) {
+      release_now(t.name, t.generation);
+      throw;
+    }
+  }
+
+  Context& ctx_;
+  Lease& lease_;
+  Allocator& alloc_;
+  Holds& holds_;
+  std::atomic<std::uint64_t> seq_{0};  // request and wait ids of this session
+  std::mutex cache_mu_;                // leaf: guards cache_
+  std::unordered_map<std::string, TensorInfo> cache_;  // records by name
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,152 @@
+// The reference cache's invalidation connection: one Redis connection per
+// registry, with client tracking in broadcast mode redirected to itself and
+// SUBSCRIBEd to __redis__:invalidate (RESP2; works with Redis >= 6 and any
+// hiredis, Debian 12's 0.14 included).
+//
+// What it tracks, and why: a name stops meaning the generation a process
+// holds only through writes to keys that nothing else writes:
+//   memcuda:removed:<gen>   remove (and every unlink of a held record)
+//                           renames the tensor's Hash there;
+//   memcuda:moved:<gen>     a migration forwards the old generation;
+//   memcuda:lost:<name>     a record given up leaves this marker;
+// and a FLUSHALL/FLUSHDB, which Redis reports as a null message. So the
+// connection tracks these three prefixes (BCAST PREFIX ...), never the
+// tensor's Hash itself: that one changes on every get and release of any
+// process (refcount, holders), and tracking it would invalidate a name on
+// every other process's get. (A removed record's Hash keeps changing on its
+// releases too: those messages name a generation this process no longer
+// caches, and cost one map lookup.)
+//
+// Liveness: the cache is served only between a confirmed SUBSCRIBE and the
+// first error on this connection (RefCache::set_live). A break (Redis
+// restart, CLIENT KILL, network) flushes the cache; until the connection is
+// back (retried every kRetry), every get goes to Redis.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+#include "memcuda/detail/base/fault.hpp"
+#include "memcuda/detail/base/log.hpp"
+#include "memcuda/detail/registry/client/ref_cache.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/redis/connection.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+class Invalidation {
+ public:
+  // The channel Redis sends tracking messages to in RESP2.
+  static constexpr std::string_view kChannel = "__redis__:invalidate";
+  static constexpr auto kRetry = std::chrono::milliseconds(100);
+
+  Invalidation(Context& ctx, RefCache& cache) : ctx_(ctx), cache_(cache) {
+    cache_.set_linger(ctx.opts.release_linger);  // windows only while the cache is live (set_live)
+  }
+
+  // Subscribes once, synchronously (the registry's constructor), so that
+  // sharing starts with the registry rather than some time after it: gets
+  // right after construction behave like every later one. A failure is
+  // logged; the thread tries again.
+  void start() {
+    try {
+      first_.emplace(connect());
+      cache_.set_live(true);
+    } catch (const std::exception& e) {
+      first_.reset();
+      log(LogLevel::warn, std::string("reference cache: no invalidation connection yet (gets go to Redis): ") +
+                              e.what());
+    }
+  }
+
+  // The listener thread's body (the registry's thread starts it): applies
+  // messages until stopped; reconnects and subscribes again after a break.
+  void run(std::stop_token st) {
+    int failures = 0;
+    while (!st.stop_requested()) {
+      try {
+        // start()'s connection is live already (and what was cached since
+        // stays: its messages wait in the socket); a new one goes live now.
+        const bool fresh = !first_;
+        redis::Connection c = fresh ? connect() : std::move(*first_);
+        first_.reset();
+        std::stop_callback on_stop(st, [&c] { c.interrupt(); });
+        if (failures > 0) log(LogLevel::info, "reference cache: invalidation connection is back");
+        failures = 0;
+        if (fresh) cache_.set_live(true);
+        while (!st.stop_requested()) apply(c.receive(redis::kWaitForever));
+      } catch (const std::exception& e) {
+        cache_.set_live(false);
+        if (st.stop_requested()) break;
+        if (++failures <= 3 || failures % 50 == 0)
+          log(LogLevel::warn, std::string("reference cache: invalidation connection lost (gets go to Redis until it "
+                                          "is back): ") + e.what());
+      }
+      std::unique_lock lk(mu_);
+      cv_.wait_for(lk, st, kRetry, [] { return false; });
+    }
+    cache_.set_live(false);
+  }
+
+ private:
+  redis::Connection connect() {
+    // The fault point holds the connection down, for the tests of what a
+    // get does meanwhile.
+    if (MEMCUDA_FAULT("invalidation.connect")) throw ConnectionError("fault: invalidation.connect");
+    redis::Connection c(ctx_.opts.redis);
+    subscribe(c);
+    return c;
+  }
+
+  void subscribe(redis::Connection& c) {
+    const auto& k = ctx_.keys;
+    const long long id = c.command({"CLIENT", "ID"}).integer();
+    c.command({"CLIENT", "SETNAME", "memcuda-invalidate-" + ctx_.session});
+    c.command({"CLIENT", "TRACKING", "ON", "REDIRECT", std::to_string(id), "BCAST", "PREFIX", k.removed_prefix(),
+               "PREFIX", k.moved_prefix(), "PREFIX", k.lost_prefix()});
+    auto r = c.command({"SUBSCRIBE", std::string(kChannel)});
+    if (r.size() < 1 || r[0].str() != "subscribe")
+      throw InternalError("SUBSCRIBE " + std::string(kChannel) + " was answered with a " + r.type_name());
+  }
+
+  // One pushed message: ["message", channel, [key, ...] | nil (flush)].
+  void apply(const redis::Reply& m) {
+    if (!m.is_array() || m.size() != 3 || m[0].str() != "message" || m[1].str() != kChannel) return;
+    auto keys = m[2];
+    if (!keys.is_array()) {  // nil: FLUSHALL/FLUSHDB (or tracking table overflow)
+      cache_.flush();
+      return;
+    }
+    const auto& k = ctx_.keys;
+    const std::string removed = k.removed_prefix(), moved = k.moved_prefix(), lost = k.lost_prefix();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      std::string_view key = keys[i].str();
+      if (key.starts_with(removed)) forget_gen(key.substr(removed.size()));
+      else if (key.starts_with(moved)) forget_gen(key.substr(moved.size()));
+      else if (key.starts_with(lost)) cache_.forget_lost(key.substr(lost.size()));
+    }
+  }
+
+  void forget_gen(std::string_view digits) {
+    std::uint64_t g = 0;
+    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), g);
+    if (ec != std::errc() || p != digits.data() + digits.size()) return;
+    cache_.forget_generation(g);
+  }
+
+  Context& ctx_;
+  RefCache& cache_;
+  std::optional<redis::Connection> first_;  // start()'s, until run() takes it
+  std::mutex mu_;  // leaf: only for the retry wait
+  std::condition_variable_any cv_;
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,445 @@
+// The thread every registry runs. It keeps the registry's session alive;
+// when the registry may be allocator of record it also campaigns for the
+// lease every ttl/3 (followers) or renews it, collects garbage and serves
+// `tensor_lifecycle` (the leader), taking each command with
+// BLMOVE into its own processing list, so a command taken by a leader that
+// dies before finishing is queued again by the next leader (kRequeue).
+// A command this leader took but could not finish because the link to
+// Redis failed is never left there until an election: it stays the
+// thread's pending command, and the next pass finishes it first (a create
+// is executed again, which its create_id makes a replay; other commands
+// are answered with an error, since running them twice could take or drop
+// a second reference). A command whose BLMOVE ran but whose reply was lost
+// is not pending: after any failed pass, the leader moves what is left in
+// its processing list back onto the lifecycle list before taking new work.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+
+#include <optional>
+
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/store/reply.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+class ControlLoop {
+ public:
+  // `conn` is this thread's own connection, made by the caller so that a
+  // bad address fails in the registry's constructor, not in the thread.
+  ControlLoop(std::shared_ptr<Core> core, redis::Connection conn)
+      : core_(std::move(core)), conn_(std::move(conn)), beat_conn_(core_->ctx.opts.redis) {}
+
+  // Registers the session and, when this registry may be allocator of
+  // record, campaigns once, synchronously: the first registry to start is
+  // the allocator of record by the time its constructor returns.
+  void start() {
+    core_->sessions.refresh(conn_);
+    if (core_->ctx.opts.control_thread) core_->lease.try_acquire(conn_);
+    if (core_->ctx.opts.share_references) core_->invalidation.start();  // sharing from the first get on
+  }
+
+  void run(std::stop_token st) {
+    std::stop_callback on_stop(st, [this] {
+      {
+        std::lock_guard lk(mu_);
+      }
+      cv_.notify_all();
+      if (blocked_.load()) conn_.interrupt();
+    });
+    const auto& opts = core_->ctx.opts;
+    const bool campaign = opts.control_thread;
+    const auto period = std::max(std::min(opts.lease_ttl, opts.session_ttl) / 3,
+                                 std::chrono::milliseconds(10));
+    // The session and the lease are kept alive by a thread of their own, so
+    // a slow command (a large first cudaMalloc, a sanitizer) never lets them
+    // expire while this process is alive and serving.
+    std::jthread beat([this, period](std::stop_token bst) { heartbeat(bst, period); });
+    // The reference cache's invalidation listener (invalidation.hpp), when
+    // references are shared; stopped and joined when this function returns.
+    std::jthread invalidation;
+    if (opts.share_references) invalidation = std::jthread([this](std::stop_token ist) { core_->invalidation.run(ist); });
+    auto next_tick = std::chrono::steady_clock::now() + period;
+    auto next_gc = std::chrono::steady_clock::now() + opts.gc_interval;
+    auto next_recover = std::chrono::steady_clock::now();
+    while (!st.stop_requested()) {
+      try {
+        // A leader's loop stuck in a call (a driver that hangs): the
+        // heartbeat must give the lease up (tests/test_resilience.cpp).
+        if (core_->is_leader() && MEMCUDA_FAULT("control.stall"))
+          std::this_thread::sleep_for(std::max(3 * opts.serve_stall_timeout, std::chrono::milliseconds(1000)));
+        auto now = std::chrono::steady_clock::now();
+        if (now >= next_tick) {
+          if (campaign) {
+            // A new allocator of record takes over its dead predecessor's
+            // tensors in its first GC round: run it now, not a gc_interval on.
+            if (!core_->is_leader() && !stalled() && core_->lease.try_acquire(conn_)) next_gc = now;
+            if (core_->is_leader()) {
+              task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
+              task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
+            }
+          }
+          next_tick = now + period;
+        }
+        if (core_->is_leader() && now >= next_gc) {
+          const auto token = core_->lease.current().first;
+          task("garbage collection", [&] { core_->sessions.collect(conn_, token); });
+          task("migration", [&] { core_->migration.round(conn_, token); });
+          next_gc = now + opts.gc_interval;
+        }
+        if (recover_.load() && now >= next_recover) {
+          // Redis lost our session (data loss or a long stop): put back what
+          // this process owns and holds; retried until every reference found
+          // its record, for at most kRecoverWindow.
+          bool done = false;
+          task("recovery", [&] { done = core_->recovery.run(conn_); });
+          if (done || now >= recover_until_.load()) recover_.store(false);
+          next_recover = now + period;
+        }
+        // A command taken under a lease we no longer hold is the next
+        // leader's (it re-queues our processing list).
+        if (!core_->is_leader()) pending_.reset();
+        if (core_->is_leader()) {
+          auto until = std::min(next_tick, next_gc);
+          serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
+        } else {
+          // A follower watching the holder's pid wakes every kWatchPeriod:
+          // a proven death is a campaign now, not at the lease's expiry.
+          const bool watch = campaign && core_->lease.watching();
+          auto until = watch ? std::min(next_tick, now + Lease::kWatchPeriod) : next_tick;
+          read_inbox(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
+          if (watch && core_->lease.break_if_holder_dead(conn_)) next_tick = std::chrono::steady_clock::now();
+        }
+        failures_ = 0;
+        if (auth_failing_) {
+          log(LogLevel::info, "control thread: Redis accepts our credentials again");
+          auth_failing_ = false;
+          last_auth_error_.clear();
+        }
+        last_pass_ = std::chrono::steady_clock::now();
+      } catch (const AuthError& e) {
+        // Credentials no longer work (a password rotation, an ACL change):
+        // nothing this process owns is given up for it. The lease lapses
+        // (it cannot be renewed) and the loop keeps trying with backoff, so
+        // a password restored, or rotated into the password file, is picked
+        // up and this process serves or campaigns again. Logged once per
+        // distinct error.
+        if (st.stop_requested()) break;
+        core_->lease.lose(e.what());
+        if (e.what() != last_auth_error_) {
+          log(LogLevel::error, std::string("control thread: Redis refuses our credentials (retrying; rotate them "
+                                           "through the password file, docs/operations.md): ") + e.what());
+          last_auth_error_ = e.what();
+        }
+        auth_failing_ = true;
+        sweep_ = true;
+        last_pass_ = std::chrono::steady_clock::now();  // not a stall: nothing to serve without Redis
+        failures_ = std::min(failures_ + 1, 5);
+        backoff(st, std::min(period * (1 << failures_), std::chrono::milliseconds(5000)));
+      } catch (const std::exception& e) {
+        if (st.stop_requested()) break;
+        sweep_ = true;  // the next pass as leader requeues what a lost reply stranded
+        if (++failures_ <= 3 || failures_ % 50 == 0)
+          log(LogLevel::warn, std::string("control thread: ") + e.what());
+        // Redis away: a leader that cannot renew loses its lease by expiry
+        // anyway; back off before trying again.
+        backoff(st, std::min(period, std::chrono::milliseconds(200)));
+      }
+    }
+    beat.request_stop();
+    beat.join();
+    // The stop callback may have interrupted a blocking call that had just
+    // returned: the goodbye below must still reach Redis.
+    conn_.clear_interrupt();
+    // Releases queued by destructors land before the session ends (bounded:
+    // the garbage collector drops what is left once the session is gone).
+    (void)ReleaseQueue::instance().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
+    try {
+      if (core_->is_leader()) hand_over();
+      core_->lease.release(conn_);
+      core_->sessions.end(conn_);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("ending the session: ") + e.what());
+    }
+  }
+
+ private:
+  // One periodic task of the loop. Its failure is its own: logged (three
+  // times, then every 100th) and the loop goes on serving. A lost link
+  // (ConnectionError, TimeoutError) still ends the pass: the loop backs off
+  // and sweeps its processing list.
+  template <class F>
+  void task(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const ConnectionError&) {
+      throw;
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const std::exception& e) {
+      auto& n = task_failures_[what];
+      if (++n <= 3 || n % 100 == 0)
+        log(LogLevel::warn, std::string("control thread: ") + what + " failed (" + std::to_string(n) +
+                                " time(s); serving goes on): " + e.what());
+    }
+  }
+
+  void backoff(std::stop_token& st, std::chrono::milliseconds d) {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, st, d, [] { return false; });
+  }
+
+  // Whether the loop has completed no pass for serve_stall_timeout. Such a
+  // leader gives its lease up (heartbeat) and does not campaign again until
+  // a pass completes.
+  bool stalled() const {
+    const auto limit = core_->ctx.opts.serve_stall_timeout;
+    return limit.count() > 0 && std::chrono::steady_clock::now() - last_pass_.load() > limit;
+  }
+
+  // A graceful stop of the allocator of record. With a standby (another
+  // live session that may lead), what this process allocated is handed
+  // over: objects that outlive it (host shm) are kept, not unlinked, and
+  // cuMem allocations stay alive in the standbys' fds; the standby adopts
+  // them in place once this session is gone, as after a crash, so nothing
+  // is lost. Without one, the tensors go with this process, and it says so.
+  void hand_over() {
+    auto& c = conn_;
+    const auto owned = core_->alloc.owned_summary();
+    if (owned.tensors == 0) return;
+    const std::size_t standbys = core_->sessions.standbys(c);
+    if (standbys == 0) {
+      log(LogLevel::warn, "stopping the allocator of record with no standby: its " + std::to_string(owned.tensors) +
+                              " tensor(s), " + std::to_string(owned.persistent) +
+                              " persistent, are freed with it (start a second `memcuda serve` first to keep them)");
+      return;
+    }
+    wait_for_standbys(c);
+    const std::size_t kept = core_->alloc.retain_for_handover();
+    log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) over to " +
+                            std::to_string(standbys) + " standby(s) (" + std::to_string(kept) +
+                            " shared-memory object(s) kept for adoption; cuMem memory lives on in their fds)");
+    if (owned.legacy_ipc)
+      log(LogLevel::warn, std::to_string(owned.legacy_ipc) +
+                              " tensor(s) are legacy CUDA IPC allocations, whose memory dies with this process: "
+                              "only those another live process maps are copied (use cuda_allocation=vmm)");
+  }
+
+  // cuda_vmm_fd: a standby adopts only what it holds the fd of. Waits (at
+  // most kHandoverWait) until every standby's progress marker has caught up
+  // with the allocations Hash.
+  void wait_for_standbys(redis::Connection& c) {
+    const auto deadline = std::chrono::steady_clock::now() + kHandoverWait;
+    while (!core_->sessions.standbys_synced(c)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        log(LogLevel::warn, "handing over: a standby has not fetched every allocation's fd yet; "
+                            "allocations it lacks are copied from live holders or lost");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  void heartbeat(std::stop_token st, std::chrono::milliseconds period) {
+    std::mutex m;
+    std::condition_variable_any cv;
+    int failures = 0;
+    bool gave_up = false;
+    while (!st.stop_requested()) {
+      try {
+        if (!core_->sessions.refresh(beat_conn_)) {
+          recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
+          core_->refs.flush();  // GC may have dropped what we held: no cached get until re-registered
+          recover_.store(true);
+        }
+        if (core_->is_leader()) {
+          if (stalled()) {
+            // The loop cannot serve: hand the lease to a standby rather than
+            // keep renewing for a leader that answers nobody.
+            if (!gave_up)
+              log(LogLevel::error, "control thread: no pass completed in " +
+                                       std::to_string(core_->ctx.opts.serve_stall_timeout.count()) +
+                                       " ms; giving up the allocator-of-record lease");
+            gave_up = true;
+            core_->lease.release(beat_conn_);
+          } else {
+            core_->lease.renew(beat_conn_);
+          }
+        } else if (gave_up && !stalled()) {
+          gave_up = false;
+        }
+        failures = 0;
+      } catch (const std::exception& e) {
+        if (++failures <= 3 || failures % 50 == 0) log(LogLevel::warn, std::string("heartbeat: ") + e.what());
+      }
+      std::unique_lock lk(m);
+      cv.wait_for(lk, st, period, [] { return false; });
+    }
+  }
+
+  // One blocking pop (the server waits `block`, the last argument) that
+  // the stop callback can interrupt; nil when it timed out or a stop was
+  // requested.
+  redis::Reply blocking_pop(std::stop_token& st, std::chrono::milliseconds block, std::vector<std::string> cmd) {
+    cmd.push_back(seconds_arg(block));
+    std::vector<redis::Arg> args(cmd.begin(), cmd.end());
+    redis::Reply r;
+    blocked_.store(true);
+    if (st.stop_requested()) {
+      blocked_.store(false);
+      return r;
+    }
+    try {
+      r = conn_.blocking(block, std::span<const redis::Arg>(args));
+    } catch (...) {
+      blocked_.store(false);
+      throw;
+    }
+    blocked_.store(false);
+    return r;
+  }
+
+  static std::chrono::milliseconds clamp_block(std::chrono::milliseconds budget) {
+    return std::clamp(budget, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
+  }
+
+  // A follower waits for the next tick on its inbox (messages from the
+  // allocator of record: copy a tensor whose exporter died, free memory it
+  // still owns, forget a dead exporter's mappings, close returned slabs).
+  void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
+    auto r = blocking_pop(st, clamp_block(budget), {"BLPOP", core_->ctx.keys.inbox(core_->ctx.session)});
+    if (r.is_nil()) return;
+    core_->handle_inbox(conn_, std::string(r[1].str()));
+  }
+
+  // A command taken from the lifecycle list and not finished yet.
+  struct Pending {
+    std::string processing;  // the processing list it sits in
+    std::string raw;
+    int attempts = 0;                       // executions that failed on the link
+    std::optional<std::string> answer_to;   // decided reply: (reply_to, body)
+    std::string answer;
+  };
+
+  void serve_one(std::chrono::milliseconds budget, std::stop_token& st) {
+    if (pending_) return finish();  // a failed pass left it: before anything new
+    const auto& k = core_->ctx.keys;
+    const std::string processing = k.processing(core_->lease.current().second);
+    if (sweep_) {
+      // A pass failed on the link: a BLMOVE may have run with its reply
+      // lost, leaving a command in our processing list that no one serves
+      // (kRequeue skips the leader's own list). Nothing is pending now, so
+      // everything there is such a stray: back onto the lifecycle list, at
+      // the end served next, oldest first.
+      while (!conn_.command({"LMOVE", processing, k.lifecycle(), "LEFT", "RIGHT"}).is_nil()) {
+      }
+      sweep_ = false;
+    }
+    auto r = blocking_pop(st, clamp_block(budget), {"BLMOVE", k.lifecycle(), processing, "RIGHT", "LEFT"});
+    if (r.is_nil()) return;
+    if (MEMCUDA_FAULT("control.blmove_reply_lost")) throw ConnectionError("fault point control.blmove_reply_lost");
+    pending_.emplace();
+    pending_->processing = processing;
+    pending_->raw = std::string(r.str());
+    finish();
+  }
+
+  // Executes (or answers) the pending command, replies, and takes it off
+  // the processing list. A link failure leaves it pending (the loop backs
+  // off and calls again); nothing else does.
+  void finish() {
+    Pending& p = *pending_;
+    if (!p.answer_to) decide(p);
+    send_reply(p);
+    pending_.reset();
+  }
+
+  void decide(Pending& p) {
+    protocol::Command cmd;
+    try {
+      cmd = protocol::decode_command(p.raw);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("rejected lifecycle command: ") + e.what());
+      auto route = protocol::peek_reply_route(p.raw);
+      p.answer_to = route ? route->reply_to : std::string();
+      if (route) {
+        auto rep = protocol::make_error_reply(nullptr, e);
+        rep.id = route->id;
+        rep.id_is_number = route->id_is_number;
+        p.answer = protocol::encode_reply(rep);
+      }
+      return;
+    }
+    protocol::Reply rep;
+    try {
+      rep = core_->executor.execute(conn_, cmd);
+    } catch (const IoError& e) {
+      if (Executor::idempotent(cmd.op) && ++p.attempts < kMaxAttempts) throw;  // stays pending: replayed next pass
+      log(LogLevel::warn, std::string(to_string(cmd.op)) + " '" + cmd.name +
+                              "': the link to Redis failed while executing it: " + e.what());
+      rep = protocol::make_error_reply(
+          &cmd, Unavailable("the allocator of record lost its link to Redis while executing " +
+                            std::string(to_string(cmd.op)) + " '" + cmd.name +
+                            "'; it may or may not have taken effect (" + e.what() + ")"));
+    } catch (const RedisError& e) {
+      rep = protocol::make_error_reply(&cmd, e);
+    } catch (const std::exception& e) {
+      log(LogLevel::info, std::string(to_string(cmd.op)) + " '" + cmd.name + "' failed: " + e.what());
+      rep = protocol::make_error_reply(&cmd, e);
+    }
+    p.answer_to = cmd.reply_to.value_or(std::string());
+    if (cmd.reply_to) p.answer = protocol::encode_reply(rep);
+  }
+
+  // Replies and takes the command off the processing list in one script
+  // (kFinish): a retry, or a successor re-queuing the list, never answers
+  // it twice.
+  void send_reply(const Pending& p) {
+    // reply_to is untrusted: never write into mem-cuda's own keys (other
+    // than registries' reply lists) or the lifecycle list itself.
+    const std::string& to = *p.answer_to;
+    const auto& k = core_->ctx.keys;
+    const std::string own = k.own_prefix();
+    bool deliver = !to.empty();
+    if (deliver && (to == k.lifecycle() || (to.starts_with(own) && !to.starts_with(own + "reply:")))) {
+      log(LogLevel::warn, "refusing to reply to '" + to + "': a key of the registry itself");
+      deliver = false;
+    }
+    auto done = core_->ctx.scripts.finish.eval(conn_, {p.processing, deliver ? to : p.processing},
+                                               {p.raw, p.answer, "60000", deliver ? "1" : "0"});
+    if (MEMCUDA_FAULT("control.after_reply")) throw ConnectionError("fault point control.after_reply");
+    if (done.integer() == 0) log(LogLevel::warn, "could not reply to '" + to + "': not a list");
+  }
+
+  std::shared_ptr<Core> core_;
+  redis::Connection conn_;
+  redis::Connection beat_conn_;  // the heartbeat thread's own
+  std::optional<Pending> pending_;  // this thread's only
+  bool sweep_ = false;              // this thread's only: a pass failed, sweep our processing list
+  static constexpr int kMaxAttempts = 20;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::atomic<bool> blocked_{false};
+  int failures_ = 0;
+  bool auth_failing_ = false;     // this thread's only
+  std::string last_auth_error_;   // this thread's only: logged once per change
+  std::map<std::string, std::uint64_t> task_failures_;  // this thread's only
+  // When the loop last completed a pass (the heartbeat reads it: stall watch).
+  std::atomic<std::chrono::steady_clock::time_point> last_pass_{std::chrono::steady_clock::now()};
+  static constexpr auto kHandoverWait = std::chrono::milliseconds(2000);
+  static constexpr auto kRecoverWindow = std::chrono::milliseconds(Sessions::kRepublishGraceMs);
+  std::atomic<bool> recover_{false};
+  std::atomic<std::chrono::steady_clock::time_point> recover_until_{};
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,504 @@
+// The allocator of record's memory: its pools (one per backend and
+// device), the allocations it owns (by generation), and the operations
+// that create and free them. Only the process holding the lease creates;
+// any process frees what it owns when the last reference goes.
+//
+// Every Redis call runs on the connection its caller passes: the lease of
+// the client call or the registry thread's own connection that invoked it.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/pool/device_pool.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/detail/registry/process/inbox.hpp"
+#include "memcuda/detail/store/reply.hpp"
+#include "memcuda/protocol/pool_stats.hpp"
+#include "memcuda/stats.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// Holder id for a lifecycle command: the explicit holder, else the pid, else
+// "anonymous" (a plain redis-cli client).
+inline std::string holder_of(const protocol::Command& c) {
+  if (c.holder) return *c.holder;
+  if (c.pid) return HolderId::for_pid(*c.pid).str();
+  return std::string(HolderId::kAnonymous);
+}
+
+class BatchAllocator;  // batch_allocator.hpp: create_many, one pool pass and one script
+
+class Allocator {
+  friend class BatchAllocator;
+
+ public:
+  Allocator(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
+
+  struct Created {
+    std::uint64_t generation;
+    std::int64_t refcount;
+    TensorInfo info;
+    PoolBlock block;  // slab null on a replay
+  };
+
+  // An allocation this process owns as (ex-)allocator of record.
+  struct Owned {
+    DevicePool* pool;
+    PoolBlock pb;
+    TensorInfo info;  // its record as published (republished if Redis loses it)
+    bool persistent = false;
+  };
+
+  // Allocates, exports and publishes a tensor. Throws AlreadyExists (also
+  // for a stray key under the name that is not a record of ours),
+  // NotLeader (lease lost), InvalidArgument, CudaError, BudgetExceeded,
+  // InternalError (a script status this version does not know).
+  Created create(redis::Connection& c, const protocol::Command& cmd) {
+    if (!cmd.dtype || !cmd.shape) throw InvalidArgument("create needs a dtype and a shape");
+    ::memcuda::validate_name(cmd.name);
+    const std::uint64_t bytes = byte_size(*cmd.dtype, *cmd.shape);
+    const BackendKind kind = cmd.backend.value_or(ctx_.default_backend());
+    int device = -1;
+    if (kind == BackendKind::cuda) {
+      device = cmd.device.value_or(ctx_.opts.default_device);
+#if MEMCUDA_HAS_CUDA()
+      // Ordinals differ between processes with different CUDA_VISIBLE_DEVICES;
+      // the UUID, when the sender gave it, is what names the device.
+      if (cmd.device_uuid) device = ordinal_of_uuid(*cmd.device_uuid, device);
+#endif
+    }
+    auto [token, epoch] = lease_.current();
+    if (!lease_.held()) throw NotLeader("this process is not the allocator of record");
+
+    const std::string create_id = cmd.id.value_or("");
+    // A block parked by an attempt whose reply was lost (see below) is the
+    // one the record may already point at: this attempt reuses it.
+    std::optional<Owned> parked = unpark(create_id);
+    DevicePool& pool = parked ? *parked->pool : pool_for(kind, device);
+    PoolBlock pb = parked ? parked->pb : pool.allocate(bytes);
+    const Allocation& a = pb.slab->allocation();
+    // Until the script has published it, the block is ours to give back.
+    struct Giveback {
+      DevicePool* pool;
+      const PoolBlock* pb;
+      ~Giveback() {
+        if (pool) pool->deallocate(*pb);
+      }
+    } giveback{&pool, &pb};
+    if (!parked) pool.zero({{&pb, bytes}});  // a new tensor reads as zeros (a parked one was zeroed before)
+
+    TensorInfo t;
+    if (parked) {
+      t = parked->info;  // exactly what the lost attempt sent
+      t.epoch = epoch;
+    } else {
+      t.name = cmd.name;
+      t.dtype = *cmd.dtype;
+      t.shape = *cmd.shape;
+      t.ctime_ms = now_ms();
+      t.node = ctx_.node;
+      t.device = a.device;
+      t.device_uuid = a.device_uuid;
+      t.bytes = bytes;
+      t.backend = kind;
+      t.ipc_handle = a.handle;
+      t.alloc_kind = a.alloc_kind;
+      t.fd_source = a.fd_source;
+      t.offset = pb.block.offset;
+      t.alloc_bytes = a.size;
+      t.alloc_id = a.alloc_id;
+      t.state = TensorState::ready;
+      t.epoch = epoch;
+      t.owner = ctx_.session;
+      t.owner_pid = ::getpid();
+      t.create_id = create_id;
+    }
+
+    const bool persistent = cmd.persistent.value_or(false);
+    const auto& k = ctx_.keys;
+    // The record's fields go straight into the arguments: names as
+    // literals, text `t` holds as views (t outlives the script call), only
+    // numbers as owned strings. This path runs for every create.
+    std::vector<redis::Arg> args;
+    args.reserve(6 + 2 * 24);
+    args.emplace_back(token);
+    args.emplace_back(cmd.name);
+    args.emplace_back(t.create_id);
+    args.emplace_back(k.ready_channel(cmd.name));
+    args.emplace_back(holder_of(cmd));
+    args.emplace_back(persistent ? "1" : "0");
+    protocol::for_each_record_field(t, [&](auto&& f, auto&& v) {
+      namespace rf = protocol::record_field;
+      const std::string_view name(f);
+      // The script sets these itself, atomically with the existence check.
+      if (name == rf::generation || name == rf::state || name == rf::refcount || name.starts_with(rf::holder_prefix))
+        return;
+      // Empty optional text (device_uuid on host, event_handle until a
+      // publish) is left out: a reader decodes an absent field as empty,
+      // and each field costs the script's HSET a listpack search.
+      if ((name == rf::device_uuid || name == rf::event_handle) && std::string_view(v).empty()) return;
+      args.emplace_back(std::forward<decltype(f)>(f));
+      args.emplace_back(std::forward<decltype(v)>(v));
+    });
+    const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
+                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name);
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key};
+    redis::Reply r;
+    try {
+      r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+      if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
+    } catch (const IoError&) {
+      // The script may have run: Redis may hold a ready record pointing at
+      // this block. Giving it back would hand the same memory to the next
+      // create. Keep it, parked by create_id, until a retry learns the
+      // outcome (replay: ours; exists/error: give back). Without a
+      // create_id nothing can tell: the block stays out of the pool.
+      giveback.pool = nullptr;
+      park(create_id, Owned{&pool, pb, t, persistent});
+      throw;
+    }
+    const std::string st = script_status(r);
+    auto keep = [&](std::uint64_t gen) {
+      t.generation = gen;
+      t.refcount = reply_int(r[2]);
+      t.holders[holder_of(cmd)] = 1;
+      if (persistent) t.holders[std::string(HolderId::kName)] = 1;
+      giveback.pool = nullptr;
+      {
+        std::lock_guard lk(owned_mu_);
+        owned_.insert_or_assign(t.generation, Owned{&pool, pb, t, persistent});
+        owned_bytes_ += pb.block.size;
+      }
+      ++creates_;
+      const std::uint64_t g = t.generation;
+      const std::int64_t rc = t.refcount;
+      return Created{g, rc, std::move(t), pb};  // t is done with: the script's arguments are sent
+    };
+    if (st == "ok") return keep(reply_u64(r[1]));
+    if (st == "replay") {
+      // The lost attempt published our parked block: adopt it, so the
+      // creator gets its memory like a fresh create. No parked block: the
+      // attempt that ran was answered and its block is in owned_ already.
+      if (parked) return keep(reply_u64(r[1]));
+      return {reply_u64(r[1]), reply_int(r[2]), {}, {}};
+    }
+    if (parked && st != "exists" && st != "stray") {
+      // Answered with an error (e.g. the lease moved): the record may still
+      // be the lost attempt's. Ours then, freed with its last reference.
+      auto cur = c.command({"HMGET", tkey, "create_id", "generation"});
+      if (!create_id.empty() && cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == create_id &&
+          !cur[1].is_nil()) {
+        giveback.pool = nullptr;
+        t.generation = std::stoull(std::string(cur[1].str()));
+        std::lock_guard lk(owned_mu_);
+        owned_[t.generation] = Owned{&pool, pb, t, persistent};
+        owned_bytes_ += pb.block.size;
+      }
+    }
+    if (st == "exists")
+      throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
+                          "); remove it first or get() it");
+    if (st == "stray") throw AlreadyExists("cannot create '" + cmd.name + "': " + stray_record(tkey, r[1].str()));
+    lease_.fail_status("create", st, "creating '" + cmd.name + "'", st == "notleader" ? r[1].str() : "");
+  }
+
+  // Blocks parked by creates whose reply was lost, and their count (tests).
+  std::size_t parked_count() const {
+    std::lock_guard lk(owned_mu_);
+    return parked_.size();
+  }
+
+  // Drops `holder`'s reference (all of them with `all`); returns the
+  // remaining refcount. Frees the memory when it was the last and it is
+  // ours. `token` is the lease token when the leader acts for a holder.
+  std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen, const std::string& holder,
+                       const std::string& token, bool all = false) {
+    const auto& k = ctx_.keys;
+    auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader()},
+                                       {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
+    return release_outcome(c, r, name, gen, holder);
+  }
+
+  // What a release script's answer means (also for pipelined releases).
+  std::int64_t release_outcome(redis::Connection& c, const redis::Reply& r, const std::string& name,
+                               std::uint64_t gen, const std::string& holder) {
+    const std::string st = script_status(r);
+    if (st == "ok") return reply_int(r[1]);
+    if (st == "free") {
+      free_unlinked(c, reply_u64(r[1]), true);  // the generation it had last (a migration renews it)
+      return 0;
+    }
+    if (st == "queued") return 0;
+    if (st == "notfound") throw NotFound("no tensor '" + name + "' of generation " + std::to_string(gen));
+    if (st == "notholder") throw InvalidArgument("'" + holder + "' holds no reference to '" + name + "'");
+    lease_.fail_status("release", st, "releasing '" + name + "'");
+  }
+
+  // Whether this process owns the allocation of that generation.
+  bool owns(std::uint64_t generation) {
+    std::lock_guard lk(owned_mu_);
+    return owned_.count(generation) != 0;
+  }
+
+  // Frees an unlinked tensor whose last reference is gone. Ours: drop the
+  // allocation. Another (dead) owner's: reclaim what the backend can.
+  void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) {
+    const std::string rkey = ctx_.keys.removed(generation);
+    std::optional<Owned> mine;
+    {
+      std::lock_guard lk(owned_mu_);
+      if (auto it = owned_.find(generation); it != owned_.end()) {
+        mine = std::move(it->second);
+        owned_.erase(it);
+        owned_bytes_ -= mine->pb.block.size;
+      }
+    }
+    if (mine) {
+      mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
+      if (!record_gone) c.command({"DEL", rkey});
+      ++frees_;
+      return;
+    }
+    if (record_gone) return;
+    auto r = c.command({"HGETALL", rkey});
+    if (r.size() == 0) return;  // already freed
+    TensorInfo t = protocol::decode_record(fields_from_reply(r.view()));
+    if (t.refcount > 0) {
+      log(LogLevel::warn, "ignoring free of '" + t.name + "': still " + std::to_string(t.refcount) + " reference(s)");
+      return;
+    }
+    if (t.owner != ctx_.session) {
+      if (owner_alive(ctx_, c, t.owner, t.owner_pid)) {
+        // An ex-allocator of record that is still alive owns it: only it can
+        // free it (it keeps the record until then).
+        inbox::send(c, ctx_.keys, t.owner, inbox::Free{generation});
+        return;
+      }
+      // A dead owner's host memory outlives it; its object may hold other
+      // tensors too, so it is unlinked once no record uses it.
+      add_orphan(t);
+    }
+    c.command({"DEL", rkey});
+    ++frees_;
+  }
+
+  // Records a tensor this process now owns (a migration's new home).
+  void adopt(const TensorInfo& t, DevicePool* pool, const PoolBlock& pb, bool persistent) {
+    std::lock_guard lk(owned_mu_);
+    owned_bytes_ += pb.block.size;
+    owned_[t.generation] = Owned{pool, pb, t, persistent};
+  }
+
+  // The records of what this process owns (for recovery).
+  std::vector<std::pair<TensorInfo, bool>> owned_records() const {
+    std::lock_guard lk(owned_mu_);
+    std::vector<std::pair<TensorInfo, bool>> v;
+    for (const auto& [g, o] : owned_) v.emplace_back(o.info, o.persistent);
+    return v;
+  }
+
+  // Host objects of dead owners, unlinked once no record uses them.
+  void add_orphan(const TensorInfo& t) {
+    std::lock_guard lk(owned_mu_);
+    pending_reclaim_.emplace(t.ipc_handle, t);
+  }
+  // Unlinks the dead owners' objects no record in `still_used` refers to.
+  void reclaim_orphans(const std::set<std::string>& still_used) {
+    std::vector<TensorInfo> reclaim;
+    {
+      std::lock_guard lk(owned_mu_);
+      for (auto it = pending_reclaim_.begin(); it != pending_reclaim_.end();) {
+        if (still_used.count(it->first)) {
+          ++it;
+          continue;
+        }
+        reclaim.push_back(std::move(it->second));
+        it = pending_reclaim_.erase(it);
+      }
+    }
+    for (const auto& t : reclaim) backend_for(t.backend).reclaim_orphan(t);
+  }
+
+  // ---- the pools ----
+
+  DevicePool& pool_for(BackendKind kind, int device) {
+    // A device this process cannot use gets no pool: a pool once made lives
+    // as long as the allocator, and its statistics are read every tick.
+    check_device(kind, device);
+    std::lock_guard lk(pools_mu_);
+    auto& p = pools_[{kind, device}];
+    if (!p) p = std::make_unique<DevicePool>(ctx_.backend(kind), device, ctx_.session, ctx_.opts.pool, next_alloc_id_);
+    return *p;
+  }
+
+  // The pools, copied under pools_mu_: their calls (cudaFree in trim, the
+  // device UUID in stats) run outside it, under each pool's own mutex. A
+  // pool lives as long as the allocator (pools_ never erases).
+  std::vector<DevicePool*> pools() {
+    std::lock_guard lk(pools_mu_);
+    std::vector<DevicePool*> v;
+    for (auto& [k, p] : pools_) v.push_back(p.get());
+    return v;
+  }
+
+  // One pool whose statistics cannot be read (its device went away) is
+  // left out and logged; the others are still reported.
+  std::vector<PoolStats> pool_stats() {
+    std::vector<PoolStats> v;
+    for (DevicePool* p : pools()) {
+      try {
+        v.push_back(p->stats());
+      } catch (const std::exception& e) {
+        log_limited(stats_failures_, std::string("pool statistics: ") + e.what());
+      }
+    }
+    return v;
+  }
+
+  // A graceful stop with a standby: every allocation is kept for it to
+  // adopt (see DevicePool::retain_for_handover). Returns the count.
+  std::size_t retain_for_handover() {
+    std::size_t n = 0;
+    for (DevicePool* p : pools()) n += p->retain_for_handover();
+    return n;
+  }
+
+  // What this process owns now: tensors, of them persistent, and by backend
+  // kind whether their memory can outlive it (host shm, cuMem) or not.
+  struct OwnedSummary {
+    std::size_t tensors = 0, persistent = 0, legacy_ipc = 0;
+  };
+  OwnedSummary owned_summary() const {
+    OwnedSummary s;
+    std::lock_guard lk(owned_mu_);
+    for (const auto& [g, o] : owned_) {
+      ++s.tensors;
+      s.persistent += o.persistent;
+      s.legacy_ipc += o.info.alloc_kind == alloc_kind::cuda_ipc;
+    }
+    return s;
+  }
+
+  void reset_peaks() {
+    for (DevicePool* p : pools()) p->reset_peak();
+  }
+
+  // Returns empty slabs to the driver (the registry's thread calls it each
+  // tick, so no cudaFree runs on a create or release path), then tells
+  // every other live session to close its idle mappings of what was
+  // returned: an importer's open mapping keeps freed device memory
+  // allocated (see process_cache.hpp).
+  std::uint64_t trim_and_announce(redis::Connection& c, bool all) {
+    std::vector<std::uint64_t> ids;
+    std::uint64_t n = 0;
+    for (DevicePool* p : pools()) n += p->trim(all, &ids);
+    if (ids.empty()) return n;
+    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      std::string sid(members[i].str());
+      if (sid != ctx_.session) inbox::send(c, ctx_.keys, sid, inbox::Unmap{ctx_.session, ids});
+    }
+    return n;
+  }
+
+  // The leader publishes its pool statistics so any process can read them.
+  void publish_pool_stats(redis::Connection& c) {
+    c.command({"SET", ctx_.keys.pool_stats(), encode_pool_stats(pool_stats()), "PX",
+               std::to_string(3 * ctx_.opts.lease_ttl.count())});
+  }
+
+  // ---- the wire form of pool statistics (protocol/pool_stats.hpp) ----
+  static std::string encode_pool_stats(const std::vector<PoolStats>& ps) { return protocol::encode_pool_stats(ps); }
+  // Unreadable statistics are logged and read as none (they are advisory).
+  static std::vector<PoolStats> decode_pool_stats(std::string_view json) {
+    try {
+      return protocol::decode_pool_stats(json);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("unreadable pool statistics in Redis: ") + e.what());
+      return {};
+    }
+  }
+
+  // This process's share of RegistryStats.
+  void fill_process_stats(ProcessStats& s) const {
+    {
+      std::lock_guard lk(owned_mu_);
+      s.owned_allocations = owned_.size();
+      s.owned_bytes = owned_bytes_;
+    }
+    s.creates = creates_.load();
+    s.frees = frees_.load();
+  }
+
+ private:
+  // Throws before a pool is made for a device this process cannot use:
+  // Unavailable for the cuda backend without CUDA, InvalidArgument for an
+  // ordinal it does not see.
+  static void check_device(BackendKind kind, int device) {
+    if (kind != BackendKind::cuda) return;
+#if MEMCUDA_HAS_CUDA()
+    (void)device_uuid(device);
+#else
+    (void)device;
+    throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+  }
+
+  static void log_limited(std::atomic<std::uint64_t>& n, const std::string& what) {
+    const auto k = ++n;
+    if (k <= 3 || k % 100 == 0) log(LogLevel::warn, what + (k > 3 ? " (" + std::to_string(k) + " times)" : ""));
+  }
+
+  void park(const std::string& create_id, Owned o) {
+    std::lock_guard lk(owned_mu_);
+    if (create_id.empty()) {
+      unresolved_.push_back(std::move(o));  // never reused: its fate is unknown
+      return;
+    }
+    parked_.insert_or_assign(create_id, std::move(o));
+  }
+  std::optional<Owned> unpark(const std::string& create_id) {
+    if (create_id.empty()) return std::nullopt;
+    std::lock_guard lk(owned_mu_);
+    auto it = parked_.find(create_id);
+    if (it == parked_.end()) return std::nullopt;
+    Owned o = std::move(it->second);
+    parked_.erase(it);
+    return o;
+  }
+
+  Context& ctx_;
+  Lease& lease_;
+  std::mutex pools_mu_;  // leaf: guards pools_ only; never held across a pool's call (a DevicePool locks itself)
+  std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
+  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, pending_reclaim_, parked_
+  std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
+  std::uint64_t owned_bytes_ = 0;
+  std::multimap<std::string, TensorInfo> pending_reclaim_;
+  // Blocks of creates whose script reply was lost, by create_id: the record
+  // may point at them, so they stay out of the pool until a retry resolves
+  // them. A create that is never retried keeps its block (a leak, not a
+  // double use).
+  std::unordered_map<std::string, Owned> parked_;
+  std::vector<Owned> unresolved_;
+  std::atomic<std::uint64_t> next_alloc_id_{1};
+  std::atomic<std::uint64_t> creates_{0}, frees_{0};
+  std::atomic<std::uint64_t> stats_failures_{0};
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,199 @@
+// The allocator-of-record lease: who may allocate and publish tensors.
+// One key holds "<epoch> <session>" with a TTL; the holder renews it every
+// ttl/3 from the heartbeat thread, and every script that acts as the
+// allocator of record checks the token, so a deposed leader cannot act on
+// a stale view. Campaigning, renewing and releasing run only on the
+// registry's own threads, each on its own connection (passed in).
+//
+// A lease ends by expiry (up to lease_ttl after the holder's last renewal)
+// or sooner when its death is proven: a follower whose campaign fails notes
+// the holder's pid when the holder's session says it is a process of this
+// node and pid namespace, checks it every kWatchPeriod (no Redis), and when
+// it has ended (process_ended: ESRCH, or a zombie not yet reaped) deletes
+// the lease if it still holds exactly that token, then campaigns at once.
+// That is proof: the holder kept its pid while it lived, so no process with
+// that pid, or a zombie with it, means it died. A live pid proves nothing
+// (it may have been reused): then expiry decides, as it does for a holder on
+// another node, in another pid namespace, or stopped.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "memcuda/detail/base/node.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/index_repair.hpp"
+#include "memcuda/detail/registry/leader/owner_uid.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/detail/store/name_index.hpp"
+#include "memcuda/detail/store/reply.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+class Lease {
+ public:
+  explicit Lease(Context& ctx) : ctx_(ctx), owner_uid_(ctx.keys) {}
+
+  bool held() const noexcept { return leader_.load(std::memory_order_acquire); }
+
+  // The token and epoch of the last lease this process took.
+  std::pair<std::string, std::uint64_t> current() const {
+    std::lock_guard lk(mu_);
+    return {token_, epoch_};
+  }
+
+  // Campaigns once. On success this process is the allocator of record and
+  // commands left by dead leaders are queued again.
+  bool try_acquire(redis::Connection& c) {
+    if (!owner_uid_.may_campaign(c)) return false;  // another user's namespace: it could serve none of it
+    const auto& k = ctx_.keys;
+    auto r = ctx_.scripts.lease_acquire.eval(c, {k.leader(), k.epoch()}, {ctx_.session, ctx_.opts.lease_ttl.count()});
+    std::string token(r[1].str());
+    if (r[0].integer() != 1) {
+      // {0, our own token}: we won it in an earlier campaign whose requeue
+      // threw before we marked it held. Ours: finish taking it.
+      bool ours;
+      {
+        std::lock_guard lk(mu_);
+        ours = !token_.empty() && token == token_;
+      }
+      if (!ours) {
+        watch(c, token);
+        return false;
+      }
+    }
+    std::uint64_t epoch = std::stoull(token.substr(0, token.find(' ')));
+    {
+      std::lock_guard lk(mu_);
+      token_ = token;
+      epoch_ = epoch;
+    }
+    owner_uid_.claim(c);
+    // Before it allocates: an index key another client wrote with the wrong
+    // type is moved aside and rebuilt (index_repair.hpp), the orphan scan
+    // learns from memcuda:owners whom to watch (migration.hpp), and an older
+    // version's name index becomes the sorted set every script now reads.
+    index_repair::check(c, k, ctx_.node);
+    c.command({"SADD", k.owners(), ctx_.session});
+    upgrade_name_index(c, k);
+    if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
+    auto n = ctx_.scripts.requeue.eval(c, {k.lifecycle(), k.processing_lists()}, {k.processing(epoch)});
+    leader_.store(true, std::memory_order_release);
+    log(LogLevel::info, "became allocator of record, epoch " + std::to_string(epoch) +
+                            (n.integer() ? ", re-queued " + std::to_string(n.integer()) + " command(s)" : ""));
+    return true;
+  }
+
+  bool renew(redis::Connection& c) {
+    auto [token, epoch] = current();
+    if (ctx_.scripts.lease_renew.eval(c, {ctx_.keys.leader()}, {token, ctx_.opts.lease_ttl.count()}).integer() == 1)
+      return true;
+    lose("lease expired before renewal");
+    return false;
+  }
+
+  void release(redis::Connection& c) {
+    if (!held()) return;
+    auto [token, epoch] = current();
+    leader_.store(false, std::memory_order_release);
+    ctx_.scripts.lease_release.eval(c, {ctx_.keys.leader()}, {token});
+    log(LogLevel::info, "released the allocator-of-record lease (epoch " + std::to_string(epoch) + ")");
+  }
+
+  void lose(const std::string& why) {
+    if (leader_.exchange(false)) log(LogLevel::warn, "no longer allocator of record: " + why);
+  }
+
+  // How often a follower checks the watched holder's pid (a kill(2), no
+  // Redis): a proven death is acted on within about this long.
+  static constexpr std::chrono::milliseconds kWatchPeriod{50};
+
+  // Whether a holder's pid is being watched (the control loop then wakes
+  // every kWatchPeriod to call break_if_holder_dead).
+  bool watching() const {
+    std::lock_guard lk(mu_);
+    return watched_pid_ > 0;
+  }
+
+  // When the watched holder's process is gone, deletes its lease if it is
+  // still that token's and returns true: campaign now. One attempt per
+  // holder; false when nothing is proven (no pid watched, or it runs).
+  bool break_if_holder_dead(redis::Connection& c) {
+    std::string token;
+    pid_t pid;
+    {
+      std::lock_guard lk(mu_);
+      token = watched_token_;
+      pid = watched_pid_;
+    }
+    if (!process_ended(pid)) return false;
+    {
+      std::lock_guard lk(mu_);
+      if (watched_token_ == token) watched_pid_ = 0;
+    }
+    // Compare-and-delete, the script a holder releases with: a lease taken
+    // since (another token) is left alone.
+    if (ctx_.scripts.lease_release.eval(c, {ctx_.keys.leader()}, {token}).integer() == 1)
+      log(LogLevel::info, "the allocator of record (lease " + token + ", pid " + std::to_string(pid) +
+                              ") is gone: broke its lease, campaigning now");
+    return true;
+  }
+
+  // A script answered 'notleader': the lease moved on. Throws NotLeader.
+  [[noreturn]] void lost(const std::string& what, std::string_view now_held_by = {}) {
+    lose("lease taken over" + (now_held_by.empty() ? std::string() : " (now " + std::string(now_held_by) + ")"));
+    throw NotLeader("lost the allocator-of-record lease" + (what.empty() ? std::string() : " while " + what));
+  }
+
+  // Maps a status no known branch took: 'notleader' is a lost lease,
+  // anything else an InternalError (the lease stays).
+  [[noreturn]] void fail_status(std::string_view script, std::string_view status, const std::string& what,
+                                std::string_view held_by = {}) {
+    if (status == "notleader") lost(what, held_by);
+    unexpected_status(script, status);
+  }
+
+ private:
+  // After a lost campaign: notes who holds the lease, and its pid when that
+  // pid can be judged here (same node, same pid namespace). Reads the
+  // holder's session once per token.
+  void watch(redis::Connection& c, const std::string& token) {
+    {
+      std::lock_guard lk(mu_);
+      if (token == watched_token_) return;
+      watched_token_ = token;
+      watched_pid_ = 0;
+    }
+    const auto sp = token.find(' ');
+    if (sp == std::string::npos) return;
+    auto v = c.command({"GET", ctx_.keys.session(std::string_view(token).substr(sp + 1))});
+    if (v.is_nil()) {  // not registered (yet): read it again at the next lost campaign
+      std::lock_guard lk(mu_);
+      if (watched_token_ == token) watched_token_.clear();
+      return;
+    }
+    const pid_t pid = judgeable_pid(v.str(), ctx_.node);  // 0: not ours to judge, expiry decides
+    std::lock_guard lk(mu_);
+    if (watched_token_ == token) watched_pid_ = pid;
+  }
+
+  Context& ctx_;
+  OwnerUid owner_uid_;
+  std::atomic<bool> leader_{false};
+  mutable std::mutex mu_;  // leaf: guards token_, epoch_ and the watched holder
+  std::string token_;
+  std::uint64_t epoch_ = 0;
+  std::string watched_token_;  // the holder seen at the last lost campaign
+  pid_t watched_pid_ = 0;      // its pid when it can be judged here, else 0
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,597 @@
+// A dead allocator of record's tensors (run by the leader, once the lease
+// is ours). Two ways to save them, tried in this order:
+// - adoption in place: where the backend's memory outlives its exporter
+//   (host shm; later cuMem with fds), this leader maps the dead owner's
+//   allocation, takes it into its own pool and republishes each record
+//   pointing at the same memory (new owner, new generation). No byte is
+//   copied; live holders' mappings are the same memory throughout.
+// - copy: the dead exporter's handle cannot be opened anew (legacy CUDA
+//   IPC), but mappings that live holders already have still read its
+//   memory: a live holder copies the tensor into memory this leader
+//   allocates and the record is republished under a new generation; with
+//   no live holder the tensor is marked lost.
+// Then the dead owner's allocations that no record uses are freed (see
+// docs/design.md, "What is lost when").
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/leader/sessions.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/detail/registry/process/inbox.hpp"
+#include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/store/reply.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// A record's allocation as log lines show it: the vmm key or the shm name;
+// a legacy IPC handle is 64 raw bytes, so only its kind.
+inline std::string handle_for_log(const TensorInfo& t) {
+  if (t.alloc_kind == alloc_kind::cuda_vmm_fd) return vmm_key(t.ipc_handle);
+  if (t.backend == BackendKind::cuda) return "(cuda IPC handle)";
+  return t.ipc_handle;
+}
+
+// Copies a tensor of a dead exporter, through this process's existing
+// mapping of it, into its replacement. Throws when this process no longer
+// maps the old memory.
+inline void copy_for_migration(const TensorInfo& from, const TensorInfo& to) {
+  auto [src, keep_src] = ProcessCache::instance().find(from.owner, from.alloc_id);
+  if (!src)
+    throw Unavailable("this process does not map the memory of '" + from.name + "' (owner " + from.owner + ")");
+  auto [dst, keep_dst] =
+      ProcessCache::instance().resolve(to.owner, to.alloc_id, [&] { return backend_for(to).open(to); });
+  int dev = -1;
+#if MEMCUDA_HAS_CUDA()
+  if (to.backend == BackendKind::cuda) dev = ordinal_of_uuid(to.device_uuid, to.device);
+#endif
+  backend_for(to).copy(static_cast<char*>(dst) + to.offset, static_cast<const char*>(src) + from.offset,
+                               from.bytes, dev);
+}
+
+class Migration {
+ public:
+  Migration(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
+
+  // One round over every record: gives each tensor whose allocator of
+  // record died a new home, or marks it lost. One round runs at a time
+  // (the registry's thread, collect_garbage()); a second caller waits for
+  // the first to finish without holding any lock meanwhile. Returns
+  // {migrated, lost}.
+  std::pair<std::uint64_t, std::uint64_t> round(redis::Connection& c, const std::string& token) {
+    {
+      std::unique_lock lk(mu_);
+      idle_.wait(lk, [&] { return !running_; });
+      running_ = true;
+    }
+    struct Done {
+      Migration* m;
+      ~Done() {
+        {
+          std::lock_guard lk(m->mu_);
+          m->running_ = false;
+        }
+        m->idle_.notify_all();
+      }
+    } done{this};
+    return adopt_orphans(c, token);
+  }
+
+ private:
+  enum class Adopted { migrated, lost, gone, retry };
+
+  std::pair<std::uint64_t, std::uint64_t> adopt_orphans(redis::Connection& c, const std::string& token) {
+    std::uint64_t migrated = 0, lost = 0;
+    resolve_parked(c);
+    std::vector<std::string> owners;  // memcuda:owners: every allocator of record that may own records
+    if (!orphans_possible(c, owners)) return {0, 0};
+    scanned_ = true;
+    auto rkeys = record_keys(c, ctx_.keys);
+    std::set<std::string> still_used;  // ipc handles of dead owners that records still use
+    std::set<std::string> seen;        // the ipc handle of every record scanned
+    std::map<std::string, bool> dead;  // owner -> dead
+    std::set<std::string> unsettled;   // dead owners with a record left for a later round
+    std::map<std::string, std::set<BackendKind>> kinds;  // dead owner -> backends of its records
+    std::vector<TensorInfo> orphans;
+    if (!rkeys.empty()) {
+      std::vector<redis::Command> cmds;
+      for (const auto& k : rkeys) cmds.push_back({"HMGET", k, "owner", "owner_pid", "node", "state", "ipc_handle"});
+      std::vector<std::exception_ptr> errs;  // a key of the wrong type is GC's to quarantine, not the round's end
+      auto rs = c.pipeline(cmds, &errs);
+      for (std::size_t i = 0; i < rkeys.size(); ++i) {
+        if (rs[i].is_error()) continue;
+        if (!rs[i][4].is_nil()) seen.insert(std::string(rs[i][4].str()));
+        if (rs[i][0].is_nil() || rs[i][2].is_nil() || rs[i][3].is_nil()) continue;
+        std::string owner(rs[i][0].str());
+        if (owner == ctx_.session || rs[i][2].str() != ctx_.node) continue;
+        if (!dead.count(owner)) {
+          std::int64_t pid = 0;
+          try {
+            if (!rs[i][1].is_nil()) pid = reply_int(rs[i][1]);
+          } catch (const std::exception&) {  // unreadable: judged by the session alone
+          }
+          dead[owner] = !owner_alive(ctx_, c, owner, pid);
+        }
+        if (!dead[owner]) continue;
+        if (rs[i][3].str() != "ready") {
+          unsettled.insert(owner);  // not ours to judge: keep its memory
+          continue;
+        }
+        auto r = c.command({"HGETALL", rkeys[i]});
+        if (r.size() == 0) continue;
+        TensorInfo t;
+        try {
+          t = protocol::decode_record(fields_from_reply(r.view()));
+        } catch (const ProtocolError& e) {
+          log(LogLevel::warn, std::string("orphan scan: skipping a corrupt record: ") + e.what());
+          unsettled.insert(owner);
+          continue;
+        }
+        kinds[owner].insert(t.backend);
+        orphans.push_back(std::move(t));
+      }
+    }
+    // Owners of cuda_vmm_fd allocations that no record names any more (empty
+    // slabs of a dead leader): their fields go in the sweep below, so that
+    // standbys close those fds. And dead owners of no record at all: their
+    // sweep takes them off memcuda:owners.
+    for (const auto& owner : allocation_owners(c, ctx_.keys)) owners.push_back(owner);
+    for (const auto& owner : owners) {
+      if (owner == ctx_.session || dead.count(owner)) continue;
+      dead[owner] = !owner_alive(ctx_, c, owner, 0);
+    }
+    // An owner seen in a record that memcuda:owners lacks (a record of an
+    // older version) is written there, so that its death triggers a scan.
+    if (!dead.empty()) {
+      std::vector<redis::Command> add;
+      for (const auto& [owner, is_dead] : dead) add.push_back({"SADD", ctx_.keys.owners(), owner});
+      std::vector<std::exception_ptr> errs;
+      c.pipeline(add, &errs);
+    }
+    std::vector<TensorInfo> denied;  // another user's memory: left for a leader that can open it
+    for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated, denied)) {
+      Adopted a = adopt_one(c, token, t);
+      if (a == Adopted::migrated) ++migrated;
+      if (a == Adopted::lost) ++lost;
+      if (a == Adopted::retry) {
+        still_used.insert(t.ipc_handle);
+        unsettled.insert(t.owner);
+      } else {
+        alloc_.add_orphan(t);
+      }
+    }
+    for (const auto& t : denied) {
+      still_used.insert(t.ipc_handle);
+      unsettled.insert(t.owner);
+    }
+    // What this process adopted is its own now: never unlinked as an orphan.
+    std::set<std::string> keep = still_used;
+    for (DevicePool* p : alloc_.pools())
+      for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
+    // Unlink what dead owners left once nothing refers to it any more.
+    alloc_.reclaim_orphans(keep);
+    // A dead owner all of whose records were settled: whatever else of its
+    // naming remains (empty slabs it kept, blocks whose records went
+    // meanwhile) is referenced by no record and is freed, one round later:
+    // the scan above is not atomic (a remove may move a record between
+    // its two parts), so the sweep waits for a round in which the owner
+    // is again settled, with that round's records kept.
+    keep.insert(seen.begin(), seen.end());
+    std::map<std::string, std::set<BackendKind>> due;
+    due.swap(sweep_next_);
+    for (const auto& [owner, ks] : due) {
+      if (unsettled.count(owner)) {
+        sweep_next_[owner].insert(ks.begin(), ks.end());  // not yet: next round again
+        continue;
+      }
+      std::size_t n = 0;
+      for (BackendKind k : ks) n += backend_for(k).reclaim_owner(owner, keep);
+      // cuda_vmm_fd: standbys close the fds of what no record uses.
+      n += forget_allocations_of(c, ctx_.keys, owner, keep);
+      if (n)
+        log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
+                                " that no record uses");
+      c.command({"SREM", ctx_.keys.owners(), owner});  // settled: no more scans for it
+    }
+    for (const auto& [owner, is_dead] : dead)
+      if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
+    return {migrated, lost};
+  }
+
+  // The tensors whose backend can take their memory over in place: grouped
+  // by allocation, each allocation is taken into this leader's pool once
+  // and each record republished pointing at it. Returns the tensors left
+  // for the copy path (not adoptable, or their allocation could not be
+  // adopted); counts the adopted ones into `adopted`.
+  // Tensors whose memory belongs to another user (AccessDenied) go to
+  // `denied`: neither copied nor marked lost, their memory never touched.
+  std::vector<TensorInfo> adopt_in_place(redis::Connection& c, const std::string& token,
+                                         std::vector<TensorInfo> orphans, std::uint64_t& adopted,
+                                         std::vector<TensorInfo>& denied) {
+    std::vector<TensorInfo> rest;
+    std::map<std::pair<BackendKind, std::string>, std::vector<TensorInfo>> groups;
+    for (auto& t : orphans) {
+      if (adoptable(t)) groups[{t.backend, t.ipc_handle}].push_back(std::move(t));
+      else rest.push_back(std::move(t));
+    }
+    for (auto& [key, ts] : groups) {
+      DevicePool* pool = nullptr;
+      std::vector<std::optional<PoolBlock>> blocks;
+      try {
+        int device = ts.front().device;
+#if MEMCUDA_HAS_CUDA()
+        if (key.first == BackendKind::cuda) device = ordinal_of_uuid(ts.front().device_uuid, device);
+#endif
+        pool = &alloc_.pool_for(key.first, device);
+        blocks = pool->adopt(ts);
+      } catch (const InternalError&) {
+        throw;
+      } catch (const AccessDenied& e) {
+        if (denied_logged_.insert(key.second).second)
+          log(LogLevel::error, "cannot adopt allocation " + handle_for_log(ts.front()) + " of dead allocator " +
+                                   ts.front().owner + ": " + e.what() + "; its " + std::to_string(ts.size()) +
+                                   " tensor(s) are left for an allocator of record that can open it");
+        denied.insert(denied.end(), ts.begin(), ts.end());
+        continue;
+      } catch (const std::exception& e) {
+        log(LogLevel::warn, "cannot adopt allocation " + handle_for_log(ts.front()) + " of dead allocator " +
+                                ts.front().owner + ": " + e.what() + "; its tensors take the copy path");
+        rest.insert(rest.end(), ts.begin(), ts.end());
+        continue;
+      }
+      // Blocks not yet handed on (owned, parked) are given back on a throw.
+      struct Giveback {
+        DevicePool* pool;
+        std::vector<std::optional<PoolBlock>>& blocks;
+        ~Giveback() {
+          for (auto& b : blocks)
+            if (b) pool->deallocate(*b);
+        }
+      } giveback{pool, blocks};
+      for (std::size_t i = 0; i < ts.size(); ++i) {
+        if (!blocks[i]) {
+          log(LogLevel::warn, "'" + ts[i].name + "' of dead allocator " + ts[i].owner + ": its block at offset " +
+                                  std::to_string(ts[i].offset) + " of " + handle_for_log(ts[i]) +
+                                  " cannot be claimed in place; it takes the copy path");
+          rest.push_back(ts[i]);
+          continue;
+        }
+        if (republish_adopted(c, token, ts[i], *pool, blocks[i])) ++adopted;
+      }
+    }
+    return rest;
+  }
+
+  static bool adoptable(const TensorInfo& t) noexcept {
+    try {
+      return backend_for(t).can_adopt(t);
+    } catch (...) {
+      return false;  // a backend this build lacks: the copy path says why
+    }
+  }
+
+  // Republishes one adopted tensor: the record now names this process as
+  // its owner, a new generation, and the same memory. Returns false when
+  // the record went meanwhile (the block is given back). `pb` is reset once
+  // handed on (owned, or parked when the reply was lost).
+  bool republish_adopted(redis::Connection& c, const std::string& token, const TensorInfo& t, DevicePool& pool,
+                         std::optional<PoolBlock>& pb) {
+    const Allocation& a = pb->slab->allocation();
+    auto [tok, epoch] = lease_.current();
+    TensorInfo n = t;
+    n.ipc_handle = a.handle;  // host: the adopter's own name of the same object
+    n.alloc_id = a.alloc_id;
+    n.alloc_kind = a.alloc_kind;
+    n.fd_source = a.fd_source;
+    n.owner = ctx_.session;
+    n.owner_pid = ::getpid();
+    n.epoch = epoch;
+    n.node = ctx_.node;
+    const bool persistent = t.holders.count(std::string(HolderId::kName)) > 0;
+    redis::Reply r;
+    try {
+      r = eval_migrate(c, token, t, n);
+      if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
+    } catch (const IoError&) {
+      std::lock_guard lk(mu_);
+      parked_.push_back({&pool, *pb, n, persistent, true});
+      pb.reset();
+      throw;
+    }
+    const std::string st = script_status(r);
+    if (st == "ok") {
+      // A record names this process now: the allocation is ours to unlink
+      // when its last block goes (Allocation::adopted_committed).
+      a.adopted_committed->store(true);
+      if (a.served) a.served->retag(ctx_.session);  // the standby thread publishes its fd source now
+      n.generation = reply_u64(r[1]);
+      alloc_.adopt(n, &pool, *pb, persistent);
+      pb.reset();
+      pool.note_adopted(t.bytes);
+      log(LogLevel::info, "adopted '" + t.name + "' of dead allocator " + t.owner + " (pid " +
+                              std::to_string(t.owner_pid) + ") in place: " + handle_for_log(t) + " at offset " +
+                              std::to_string(t.offset) + ", generation " + std::to_string(t.generation) + " -> " +
+                              std::to_string(n.generation) + ", 0 bytes copied");
+      forget_attempts(t.generation);
+      return true;
+    }
+    if (st == "gone") {
+      pool.deallocate(*pb);
+      pb.reset();
+      return false;
+    }
+    lease_.fail_status("migrate", st, "adopting '" + t.name + "'");
+  }
+
+  // Runs the migrate script: the record of `from` (a dead owner's) gets the
+  // placement fields of `to` and a new generation.
+  redis::Reply eval_migrate(redis::Connection& c, const std::string& token, const TensorInfo& from,
+                            const TensorInfo& to) {
+    std::vector<redis::Arg> args{token, from.generation, from.owner, ctx_.keys.prefix()};
+    std::vector<std::pair<std::string, std::string>> fv{
+        {"ipc_handle", to.ipc_handle},       {"offset", std::to_string(to.offset)},
+        {"alloc_bytes", std::to_string(to.alloc_bytes)}, {"alloc_id", std::to_string(to.alloc_id)},
+        {"owner", to.owner},                 {"owner_pid", std::to_string(to.owner_pid)},
+        {"epoch", std::to_string(to.epoch)}, {"device", std::to_string(to.device)},
+        {"device_uuid", to.device_uuid},     {"node", to.node}};
+    if (!to.alloc_kind.empty()) fv.emplace_back("alloc_kind", to.alloc_kind);
+    // Also written empty when the old record had one: a copy into legacy IPC
+    // memory must clear the vmm source.
+    if (!to.fd_source.empty() || !from.fd_source.empty()) fv.emplace_back("fd_source", to.fd_source);
+    for (const auto& [k, v] : fv) {
+      args.emplace_back(k);
+      args.emplace_back(v);
+    }
+    const std::string tk = ctx_.keys.tensor(from.name), lk = ctx_.keys.leader(), gk = ctx_.keys.generation();
+    redis::Arg kv[] = {tk, lk, gk};
+    return ctx_.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+  }
+
+  Adopted adopt_one(redis::Connection& c, const std::string& token, const TensorInfo& t) {
+    const std::string& session = ctx_.session;
+    // Live registry sessions that hold it, this process first.
+    std::vector<std::string> live;
+    auto consider = [&](const std::string& h) {
+      if (HolderId::is_session_id(h) && std::find(live.begin(), live.end(), h) == live.end() &&
+          (h == session || c.command({"EXISTS", ctx_.keys.session(h)}).integer() == 1))
+        live.push_back(h);
+    };
+    for (const auto& [h, n] : t.holders) {
+      if (n <= 0) continue;
+      if (h.starts_with("@dict:")) {  // held through a state dict's record: its holders map it
+        auto f = c.command({"HKEYS", ctx_.keys.own_prefix() + "dict:" + h.substr(6)});
+        for (std::size_t i = 0; i < f.size(); ++i)
+          if (f[i].str().starts_with("holder:")) consider(std::string(f[i].str().substr(7)));
+        continue;
+      }
+      consider(h);
+    }
+    std::stable_partition(live.begin(), live.end(), [&](const std::string& h) { return h == session; });
+    const std::string dead_owner = t.owner;
+    for (const auto& h : live) {
+      std::optional<PoolBlock> pb;
+      DevicePool* pool = nullptr;
+      try {
+        int device = t.device;
+#if MEMCUDA_HAS_CUDA()
+        if (t.backend == BackendKind::cuda) device = ordinal_of_uuid(t.device_uuid, t.device);
+#endif
+        auto [tok, epoch] = lease_.current();
+        pool = &alloc_.pool_for(t.backend, device);
+        pb = pool->allocate(t.bytes);
+        const Allocation& a = pb->slab->allocation();
+        TensorInfo n = t;
+        n.ipc_handle = a.handle;
+        n.alloc_kind = a.alloc_kind;
+        n.fd_source = a.fd_source;
+        n.offset = pb->block.offset;
+        n.alloc_bytes = a.size;
+        n.alloc_id = a.alloc_id;
+        n.owner = session;
+        n.owner_pid = ::getpid();
+        n.epoch = epoch;
+        n.device = a.device;
+        n.device_uuid = a.device_uuid;
+        n.node = ctx_.node;
+        if (h == session) copy_for_migration(t, n);
+        else ask_holder_to_copy(h, t, n);
+        redis::Reply r;
+        try {
+          r = eval_migrate(c, token, t, n);
+          if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
+        } catch (const IoError&) {
+          // The script may have run: the record may point at this block.
+          // Keep it parked; the next round adopts or frees it.
+          std::lock_guard lk(mu_);
+          parked_.push_back({pool, *pb, n, t.holders.count(std::string(HolderId::kName)) > 0, false});
+          pb.reset();
+          throw;
+        }
+        const std::string st = script_status(r);
+        if (st == "ok") {
+          n.generation = reply_u64(r[1]);
+          alloc_.adopt(n, pool, *pb, t.holders.count(std::string(HolderId::kName)) > 0);
+          pool->note_copied(t.bytes);
+          log(LogLevel::info, "migrated '" + t.name + "' of dead allocator " + dead_owner + " (pid " +
+                                  std::to_string(t.owner_pid) + "): generation " + std::to_string(t.generation) +
+                                  " -> " + std::to_string(n.generation) + ", copied by " +
+                                  (h == session ? std::string("this process") : h));
+          forget_attempts(t.generation);
+          return Adopted::migrated;
+        }
+        pool->deallocate(*pb);
+        pb.reset();
+        if (st == "gone") return Adopted::gone;
+        lease_.fail_status("migrate", st, "migrating '" + t.name + "'");
+      } catch (const NotLeader&) {
+        throw;
+      } catch (const InternalError&) {
+        throw;
+      } catch (const ConnectionError&) {
+        if (pb && pool) pool->deallocate(*pb);
+        throw;
+      } catch (const TimeoutError&) {
+        if (pb && pool) pool->deallocate(*pb);  // not the script's (that one is parked): a holder's copy
+        log(LogLevel::warn, "migrating '" + t.name + "' through holder " + h + " timed out");
+      } catch (const std::exception& e) {
+        if (pb && pool) pool->deallocate(*pb);
+        log(LogLevel::warn, "migrating '" + t.name + "' through holder " + h + " failed: " + e.what());
+      }
+    }
+    // Nobody alive can copy it (or every holder failed, several times).
+    bool force = false;
+    if (!live.empty()) {
+      std::lock_guard lk(mu_);
+      if (++attempts_[t.generation] < kMigrateAttempts) return Adopted::retry;
+      force = true;
+    }
+    const std::string tk = ctx_.keys.tensor(t.name), nk = ctx_.keys.names(), lk = ctx_.keys.leader(),
+                      mk = ctx_.keys.lost(t.name);
+    redis::Arg kv[] = {tk, lk, nk, mk};
+    std::vector<redis::Arg> args{token, t.generation, dead_owner, ctx_.keys.prefix(), kLostMarkerTtlMs, now_ms(),
+                                 force ? "1" : "0"};
+    auto r = ctx_.scripts.mark_lost.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+    const std::string st = script_status(r);
+    if (st == "lost") {
+      forget_attempts(t.generation);
+      log(LogLevel::warn, "'" + t.name + "' (generation " + std::to_string(t.generation) +
+                              ") is lost: its allocator of record " + dead_owner + " (pid " +
+                              std::to_string(t.owner_pid) + ") died and no live process could copy it");
+      return Adopted::lost;
+    }
+    if (st == "held") return Adopted::retry;  // a holder appeared meanwhile: next round
+    if (st == "gone") return Adopted::gone;
+    lease_.fail_status("mark_lost", st, "giving up '" + t.name + "'");
+  }
+
+  // Sends a holder the old and new places of a tensor and waits for it to
+  // copy (its registry thread executes the inbox message). The wait runs
+  // on a connection of the waiting pool; no lock is held meanwhile.
+  void ask_holder_to_copy(const std::string& holder, const TensorInfo& from, const TensorInfo& to) {
+    const std::string rk = ctx_.keys.migrate_reply(ctx_.session);
+    const std::uint64_t id = ++seq_;
+    auto c = ctx_.waits.acquire();
+    inbox::send(*c, ctx_.keys, holder, inbox::Migrate{id, rk, from, to});
+    auto deadline = std::chrono::steady_clock::now() + ctx_.opts.request_timeout;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw TimeoutError("holder " + holder + " did not copy '" + from.name + "' within " +
+                           std::to_string(ctx_.opts.request_timeout.count()) + " ms");
+      auto r = c->blocking(left, {"BLPOP", rk, seconds_arg(left)});
+      if (r.is_nil()) continue;
+      auto ans = inbox::decode_answer(r[1].str());
+      if (ans.id != id) continue;  // a late answer to an earlier ask
+      if (!ans.ok) throw Unavailable(ans.error);
+      return;
+    }
+  }
+
+  // Blocks of migrations whose script reply was lost: adopted when the
+  // record now points at them (the script ran), else given back.
+  struct Parked {
+    DevicePool* pool;
+    PoolBlock pb;
+    TensorInfo info;  // the record as the script would have written it
+    bool persistent;
+    bool adopted;  // adopted in place (counted as adopted, not copied, once resolved)
+  };
+  // Whether a record may have a dead owner, without reading any record: the
+  // first round of this registry (records of an older version name owners
+  // memcuda:owners lacks), work left from an earlier round, or a dead
+  // session among memcuda:owners and the cuda_vmm_fd allocations' owners.
+  // Fills `owners` with memcuda:owners.
+  bool orphans_possible(redis::Connection& c, std::vector<std::string>& owners) {
+    auto m = c.command({"SMEMBERS", ctx_.keys.owners()});
+    for (std::size_t i = 0; i < m.size(); ++i) owners.emplace_back(m[i].str());
+    bool pending;
+    {
+      std::lock_guard lk(mu_);
+      pending = !parked_.empty();
+    }
+    if (!scanned_ || pending || !sweep_next_.empty()) return true;
+    std::set<std::string> all(owners.begin(), owners.end());
+    for (auto& o : allocation_owners(c, ctx_.keys)) all.insert(std::move(o));
+    for (const auto& o : all)
+      if (o != ctx_.session && !owner_alive(ctx_, c, o, 0)) return true;
+    return false;
+  }
+
+  void resolve_parked(redis::Connection& c) {
+    std::vector<Parked> todo;
+    {
+      std::lock_guard lk(mu_);
+      todo.swap(parked_);
+    }
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      auto& p = todo[i];
+      try {
+        auto r = c.command({"HMGET", ctx_.keys.tensor(p.info.name), "owner", "ipc_handle", "offset", "generation"});
+        const bool ours = !r[0].is_nil() && !r[1].is_nil() && !r[2].is_nil() && !r[3].is_nil() &&
+                          r[0].str() == ctx_.session && r[1].str() == p.info.ipc_handle &&
+                          r[2].str() == std::to_string(p.info.offset);
+        if (ours) {
+          p.info.generation = std::stoull(std::string(r[3].str()));
+          alloc_.adopt(p.info, p.pool, p.pb, p.persistent);
+          if (p.adopted) {
+            p.pb.slab->allocation().adopted_committed->store(true);
+            if (auto& sv = p.pb.slab->allocation().served) sv->retag(ctx_.session);
+            p.pool->note_adopted(p.info.bytes);
+          }
+          else p.pool->note_copied(p.info.bytes);
+          log(LogLevel::info, "migration of '" + p.info.name + "' had run: adopted generation " +
+                                  std::to_string(p.info.generation));
+        } else {
+          p.pool->deallocate(p.pb);
+        }
+      } catch (...) {
+        std::lock_guard lk(mu_);  // still unknown: next round
+        for (std::size_t j = i; j < todo.size(); ++j) parked_.push_back(std::move(todo[j]));
+        throw;
+      }
+    }
+  }
+
+  void forget_attempts(std::uint64_t gen) {
+    std::lock_guard lk(mu_);
+    attempts_.erase(gen);
+  }
+
+  static constexpr int kMigrateAttempts = 5;
+  static constexpr std::int64_t kLostMarkerTtlMs = 24 * 3600 * 1000;
+
+  Context& ctx_;
+  Lease& lease_;
+  Allocator& alloc_;
+  std::mutex mu_;  // leaf: guards running_, attempts_, parked_; never held across Redis
+  std::condition_variable idle_;
+  bool running_ = false;
+  std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
+  std::vector<Parked> parked_;             // guarded by mu_
+  bool scanned_ = false;                   // a full scan ran (only the round touches it)
+  // Dead owners to sweep at the next round (only the round, one at a time,
+  // touches it).
+  std::map<std::string, std::set<BackendKind>> sweep_next_;
+  std::set<std::string> denied_logged_;  // handles whose AccessDenied was logged once (only the round touches it)
+  std::atomic<std::uint64_t> seq_{0};
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

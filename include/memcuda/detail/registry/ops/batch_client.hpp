@@ -1,0 +1,506 @@
+// The client side of the batch operations (TensorRegistry::get_many,
+// get_prefix, get_matching, create_many, remove_many, remove_prefix): one
+// script (or, for a create served by another process, one command and one
+// reply) per batch. Each name's refusal is reported on its own, and no
+// path leaks a reference: every reference a batch took is either in a
+// handle it returns or given back before it returns or throws.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "memcuda/batch.hpp"
+#include "memcuda/detail/registry/client/silent_leader.hpp"
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/leader/batch_allocator.hpp"
+#include "memcuda/detail/store/reply.hpp"
+#include "memcuda/protocol/record_desc.hpp"
+#include "memcuda/shared_tensor.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// Which names a batch acts on: the given ones, every name starting with a
+// prefix, or every name a glob matches (as fnmatch without flags, what
+// list() uses: `*` also matches `/`).
+struct Selection {
+  std::string mode;  // "names", "prefix" or "pattern" (the scripts' modes)
+  std::string arg;   // the prefix, or the glob as an anchored Lua pattern
+  std::vector<std::string> names;
+  std::string literal;  // "pattern": the glob's literal prefix (only names under it are read)
+
+  static Selection of(const std::vector<std::string>& names) {
+    Selection s{"names", "", {}, {}};
+    std::set<std::string> seen;
+    for (const auto& n : names) {
+      ::memcuda::validate_name(n);
+      if (seen.insert(n).second) s.names.push_back(n);  // one reference per name, even if named twice
+    }
+    return s;
+  }
+  static Selection prefix(std::string_view p) { return {"prefix", std::string(p), {}, {}}; }
+  static Selection glob(std::string_view g) {
+    return {"pattern", glob_to_lua(g), {}, std::string(glob_literal_prefix(g))};
+  }
+
+  // A glob over tensor names (`*`, `?`, `[...]`, `[!...]`) as an anchored
+  // Lua pattern. Names use only A-Z a-z 0-9 . _ : / -, so anything else is
+  // refused (InvalidArgument) rather than guessed at.
+  static std::string glob_to_lua(std::string_view g) {
+    auto name_char = [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '/' ||
+             c == '-';
+    };
+    auto bad = [&](std::size_t i) {
+      throw InvalidArgument("glob '" + std::string(g) + "': character '" + std::string(1, g[i]) + "' at offset " +
+                            std::to_string(i) + " is not allowed (use * ? [..] [!..] and name characters)");
+    };
+    std::string out = "^";
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const char c = g[i];
+      if (c == '*') {
+        out += ".*";
+      } else if (c == '?') {
+        out += '.';
+      } else if (c == '[') {
+        const std::size_t close = g.find(']', i + 1);
+        if (close == std::string_view::npos) throw InvalidArgument("glob '" + std::string(g) + "': '[' is not closed");
+        out += '[';
+        std::size_t j = i + 1;
+        if (j < close && (g[j] == '!' || g[j] == '^')) {
+          out += '^';
+          ++j;
+        }
+        if (j == close) throw InvalidArgument("glob '" + std::string(g) + "': empty '[]'");
+        for (; j < close; ++j) {
+          if (!name_char(g[j])) bad(j);
+          if (!std::isalnum(static_cast<unsigned char>(g[j])) && g[j] != '-') out += '%';
+          out += g[j];
+        }
+        out += ']';
+        i = close;
+      } else if (name_char(c)) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) out += '%';
+        out += c;
+      } else {
+        bad(i);
+      }
+    }
+    return out + "$";
+  }
+};
+
+class BatchClient {
+ public:
+  explicit BatchClient(std::shared_ptr<Core> core) : core_(std::move(core)), c_(*core_), ctx_(core_->ctx) {}
+
+  // Takes a reference to every selected name in one script; each refused
+  // name gets its error (dtype, when given, is checked for every name).
+  BatchGetResult get(const Selection& sel, std::optional<DType> dtype) {
+    const auto& k = ctx_.keys;
+    const std::string dt = dtype ? std::string(to_string(*dtype)) : std::string();
+    std::vector<std::string> keys{k.leader(), k.names()};
+    std::vector<std::string> args{ctx_.session, ctx_.node, "", k.prefix(), sel.mode, sel.arg};
+    if (sel.mode == "pattern") args.push_back(sel.literal);
+    for (const auto& n : sel.names) {
+      keys.push_back(k.tensor(n));
+      keys.push_back(k.lost(n));
+      args.push_back(n);
+      args.push_back(dt);
+    }
+    redis::Reply r;
+    {
+      auto c = ctx_.pool.acquire();
+      r = eval(ctx_.scripts.acquire_many, *c, keys, args);
+    }
+    BatchGetResult out;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      redis::ReplyView e = r[i];
+      std::string name(e[0].str());
+      const std::string st(e[1].str());
+      if (st != "ok" && st != "desc") {
+        out.errors.emplace(name, refusal(e, name, dtype));
+        continue;
+      }
+      // The reference is taken: from here it ends in a handle or is given back.
+      // Any failure stays this name's: the other names' references must
+      // still end in handles (bad_alloc included).
+      std::uint64_t gen = 0;
+      TensorInfo t;
+      try {
+        t = decode_taken(e, st, gen);
+      } catch (const std::exception& ex) {
+        c_.client.release_now(name, gen);  // a corrupt record: give the reference back
+        out.errors.emplace(name, current_error(ex));
+        continue;
+      }
+      try {
+        out.tensors.emplace(name, SharedTensor<void>(adopt(std::move(t))));  // adopt gives it back on failure
+      } catch (const std::exception& ex) {
+        out.errors.emplace(name, current_error(ex));
+      }
+    }
+    return out;
+  }
+
+  // Creates every tensor of `specs`, all or nothing (docs/protocol.md,
+  // "Batch operations"): in the allocator of record one pool pass and one
+  // script, elsewhere one create_many command and one reply, then one
+  // pipeline reading the records.
+  std::map<std::string, SharedTensor<void>> create(const std::vector<TensorSpec>& specs) {
+    std::map<std::string, SharedTensor<void>> out;
+    if (specs.empty()) return out;
+    protocol::Command cmd = command_for(specs);
+    if (c_.lease.held()) {
+      try {
+        auto c = ctx_.pool.acquire();
+        auto made = BatchAllocator::create_many(c_.alloc, *c, cmd);
+        bool fresh = true;
+        for (const auto& m : made) fresh = fresh && m.block.slab;
+        if (fresh) {
+          std::vector<std::pair<TensorInfo, void*>> ts;
+          std::vector<std::shared_ptr<void>> keeps;
+          for (auto& m : made) {
+            c_.holds.note(m.info.name, m.info.generation, +1);
+            ts.emplace_back(m.info, static_cast<char*>(m.block.slab->base()) + m.info.offset);
+            keeps.push_back(m.block.slab);
+          }
+          return handles(ts, keeps);
+        }
+        // A replay answered before (cannot happen on a fresh id): read the records below.
+        std::vector<std::uint64_t> gens;
+        for (const auto& m : made) gens.push_back(m.generation);
+        return read_and_map(cmd, gens);
+      } catch (const NotLeader&) {
+        // lost the lease meanwhile: the new leader serves it below
+      } catch (const IoError&) {
+        // The same ids make a retry through the list a replay.
+      }
+    }
+    protocol::Reply rep = request(cmd);
+    std::vector<std::uint64_t> gens;
+    if (!rep.tensors || rep.tensors->size() != cmd.tensors.size())
+      throw InternalError("the create_many reply lists " + std::to_string(rep.tensors ? rep.tensors->size() : 0) +
+                          " tensors, the command " + std::to_string(cmd.tensors.size()));
+    for (const auto& t : *rep.tensors) gens.push_back(t.generation);
+    return read_and_map(cmd, gens);
+  }
+
+  // Unlinks every selected name: a prefix a page of names per script (so
+  // that Redis never runs one script over 100k names), names and a glob
+  // in one script.
+  BatchRemoveResult remove(const Selection& sel) {
+    if (sel.mode != "prefix") return remove_once(sel);
+    BatchRemoveResult out;
+    std::string after;
+    for (;;) {
+      std::vector<std::string> page;
+      {
+        auto c = ctx_.pool.acquire();
+        page = names_page(*c, ctx_.keys, sel.arg, after, kRemovePage);
+      }
+      if (page.empty()) break;
+      after = page.back();
+      auto part = remove_once(Selection{"names", "", page, {}});
+      for (auto& n : part.removed) out.removed.push_back(std::move(n));
+      for (auto& [n, e] : part.errors) out.errors.emplace(n, std::move(e));
+      if (page.size() < kRemovePage) break;
+    }
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t kRemovePage = 1000;
+
+  BatchRemoveResult remove_once(const Selection& sel) {
+    const auto& k = ctx_.keys;
+    std::vector<std::string> keys{k.names(), k.lifecycle()};
+    std::vector<std::string> args{k.prefix(), ctx_.session, sel.mode, sel.arg};
+    if (sel.mode == "pattern") args.push_back(sel.literal);
+    for (const auto& n : sel.names) {
+      keys.push_back(k.tensor(n));
+      args.push_back(n);
+    }
+    auto c = ctx_.pool.acquire();
+    redis::Reply r = eval(ctx_.scripts.remove_many, *c, keys, args);
+    BatchRemoveResult out;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      redis::ReplyView e = r[i];
+      std::string name(e[0].str());
+      const std::string st(e[1].str());
+      if (st == "notfound" || st == "stray") {
+        std::string why = st == "stray" ? ": " + stray_record(k.tensor(name), e[2].str()) : std::string();
+        out.errors.emplace(name, error_of(NotFound("no tensor named '" + name + "'" + why)));
+        continue;
+      }
+      if (st == "free") c_.alloc.free_unlinked(*c, reply_u64(e[2]), true);
+      else if (st != "ok" && st != "queued") unexpected_status("remove_many", st);
+      out.removed.push_back(std::move(name));
+    }
+    return out;
+  }
+
+  static redis::Reply eval(const redis::Script& s, redis::Connection& c, const std::vector<std::string>& keys,
+                           const std::vector<std::string>& args) {
+    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
+    return s.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+  }
+
+  // Decodes the record of a name the acquire script took, straight from the
+  // reply (no copy of the fields, no map): its desc and the fields that
+  // change, or its HGETALL. Sets `gen` first, so that a record that does
+  // not decode can still be given back.
+  static TensorInfo decode_taken(redis::ReplyView e, std::string_view st, std::uint64_t& gen) {
+    if (st == "desc") {
+      protocol::LiveFields live;
+      live.generation = e[3].str();
+      gen = protocol::detail::parse_decimal<std::uint64_t>(live.generation).value_or(0);
+      live.epoch = e[4].str();
+      live.refcount = e[5].integer();
+      if (!e[6].is_nil()) live.event_handle = e[6].str();
+      if (!e[7].is_nil()) live.event_version = e[7].str();
+      return protocol::decode_desc(e[2].str(), live);
+    }
+    return decode_hash(e[2], &gen);
+  }
+
+  // A record from its HGETALL reply, read in place (`gen`, when given, is
+  // set from the generation field before anything can throw on decoding).
+  static TensorInfo decode_hash(redis::ReplyView h, std::uint64_t* gen = nullptr) {
+    protocol::RecordReader rr;
+    for (std::size_t j = 0; j + 1 < h.size(); j += 2) {
+      const std::string_view k = h[j].str(), v = h[j + 1].str();
+      if (gen && k == protocol::record_field::generation)
+        *gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
+      rr.add(k, v);
+    }
+    return rr.finish();
+  }
+
+  template <class E>
+  static NameError error_of(const E& e) {
+    return NameError{e.code(), e.what(), std::make_exception_ptr(e)};
+  }
+
+  // The exception being handled, as a NameError ("internal" when it is not
+  // a memcuda::Error).
+  static NameError current_error(const std::exception& ex) {
+    const auto* me = dynamic_cast<const Error*>(&ex);
+    return NameError{me ? me->code() : "internal", ex.what(), std::current_exception()};
+  }
+
+  // The error of a name the acquire script refused (as Client::check_acquire).
+  NameError refusal(redis::ReplyView e, const std::string& name, std::optional<DType> dtype) {
+    const std::string st(e[1].str());
+    if (st == "notfound") return error_of(NotFound("no tensor named '" + name + "'"));
+    if (st == "dtype")
+      return error_of(TypeMismatch("tensor '" + name + "' holds " + std::string(e[2].str()) + ", not " +
+                                   std::string(dtype ? to_string(*dtype) : "?")));
+    if (st == "node")
+      return error_of(
+          Unavailable("tensor '" + name + "' lives on node " + std::string(e[2].str()) + ", this is " + ctx_.node));
+    if (st == "lost") {
+      std::map<std::string, std::string> m;
+      for (auto& [f, v] : fields_from_reply(e[2])) m[f] = v;
+      return error_of(Lost("tensor '" + name + "' (generation " + m["generation"] +
+                           ") was lost: its allocator of record (pid " + m["owner_pid"] + ", session " + m["owner"] +
+                           ", epoch " + m["epoch"] + ") died and no live process held a copy"));
+    }
+    if (st == "state") {
+      if (e[2].str() == "lost")
+        return error_of(Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it"));
+      return error_of(NotFound("tensor '" + name + "' is not ready (state " + std::string(e[2].str()) + ")"));
+    }
+    if (st == "corrupt") return error_of(corrupt_record(name, e[2].str()));
+    return error_of(InternalError("the acquire_many script returned '" + st + "' for '" + name +
+                                  "', a status this version of mem-cuda does not know"));
+  }
+
+  // Maps a tensor whose reference this process has just taken; gives the
+  // reference back when that fails.
+  std::shared_ptr<TensorHandle> adopt(TensorInfo t) {
+    void* p = nullptr;
+    std::shared_ptr<void> keep;
+    try {
+      std::tie(p, keep) = c_.client.map(t);
+    } catch (...) {
+      c_.client.release_now(t.name, t.generation);
+      throw;
+    }
+    c_.holds.note(t.name, t.generation, +1);
+    return handle(std::move(t), p, std::move(keep));
+  }
+
+  // The handle of a noted reference; one whose constructor throws is given back.
+  std::shared_ptr<TensorHandle> handle(TensorInfo t, void* p, std::shared_ptr<void> keep) {
+    std::string name = t.name;
+    const std::uint64_t gen = t.generation;
+    try {
+      return std::make_shared<TensorHandle>(core_, std::move(t), p, std::move(keep));
+    } catch (...) {
+      Core::release_later(core_, std::move(name), gen);
+      throw;
+    }
+  }
+
+  // Handles for noted references; when one fails, the rest are given back
+  // too (those already made go with `out`).
+  std::map<std::string, SharedTensor<void>> handles(std::vector<std::pair<TensorInfo, void*>>& ts,
+                                                    std::vector<std::shared_ptr<void>>& keeps) {
+    std::map<std::string, SharedTensor<void>> out;
+    std::size_t i = 0;
+    try {
+      for (; i < ts.size(); ++i) {
+        std::string name = ts[i].first.name;
+        out.emplace(std::move(name), SharedTensor<void>(handle(std::move(ts[i].first), ts[i].second, keeps[i])));
+      }
+    } catch (...) {
+      for (std::size_t j = i + 1; j < ts.size(); ++j)
+        Core::release_later(core_, ts[j].first.name, ts[j].first.generation);
+      throw;
+    }
+    return out;
+  }
+
+  // After the allocator of record created the batch for us: one pipeline
+  // reads the records, each is mapped. Any failure gives back every
+  // reference of the batch (the tensors stay, held by nobody but their
+  // name when persistent) and throws.
+  std::map<std::string, SharedTensor<void>> read_and_map(const protocol::Command& cmd,
+                                                         const std::vector<std::uint64_t>& gens) {
+    const std::size_t n = cmd.tensors.size();
+    std::vector<redis::Command> reads;
+    for (const auto& e : cmd.tensors) reads.push_back({"HGETALL", ctx_.keys.tensor(e.name)});
+    std::map<std::string, SharedTensor<void>> out;
+    std::size_t i = 0;
+    bool i_taken_over = false;
+    try {
+      std::vector<redis::Reply> rs;
+      {
+        auto c = ctx_.pool.acquire();
+        rs = c->pipeline(reads);
+      }
+      for (; i < n; ++i) {
+        i_taken_over = false;
+        const std::string& name = cmd.tensors[i].name;
+        if (rs[i].size() == 0) throw NotFound("tensor '" + name + "' vanished right after its creation");
+        TensorInfo t = decode_hash(rs[i].view());
+        if (t.generation != gens[i]) throw StaleHandle("tensor '" + name + "' was replaced right after its creation");
+        i_taken_over = true;  // adopt(), then its handle, gives the reference back if anything throws
+        out.emplace(name, SharedTensor<void>(adopt(std::move(t))));
+      }
+    } catch (const ConnectionError&) {
+      throw;  // Redis away: GC drops the references if this process dies
+    } catch (...) {
+      // adopt() gave back entry i's reference when it threw after taking it
+      // over; a failed read or check did not: give back i (then) and the
+      // rest. (Giving i back twice would fail as "notholder".)
+      for (std::size_t j = i + (i_taken_over ? 1 : 0); j < n; ++j)
+        if (!out.count(cmd.tensors[j].name)) c_.client.release_now(cmd.tensors[j].name, gens[j]);
+      throw;
+    }
+    return out;
+  }
+
+  protocol::Command command_for(const std::vector<TensorSpec>& specs) {
+    protocol::Command cmd;
+    cmd.op = protocol::Op::create_many;
+    cmd.holder = ctx_.session;
+    cmd.pid = ::getpid();
+    cmd.node = ctx_.node;
+    static std::atomic<std::uint64_t> seq{0};
+    cmd.id = ctx_.session + ":b" + std::to_string(++seq);
+    std::set<std::string_view> seen;
+    for (const auto& s : specs) {
+      ::memcuda::validate_name(s.name);
+      ::memcuda::validate_shape(s.shape);
+      (void)byte_size(s.dtype, s.shape);
+      if (!seen.insert(s.name).second) throw InvalidArgument("create_many names '" + s.name + "' twice");
+      protocol::CreateEntry e{s.name, s.dtype, s.shape, {}, {}, {}, {}};
+      e.backend = s.options.backend.value_or(ctx_.default_backend());
+      if (*e.backend == BackendKind::cuda) {
+        e.device = s.options.device.value_or(ctx_.opts.default_device);
+#if MEMCUDA_HAS_CUDA()
+        e.device_uuid = device_uuid(*e.device);
+#else
+        throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+      }
+      if (s.options.persistent) e.persistent = true;
+      cmd.tensors.push_back(std::move(e));
+    }
+    // What every entry shares is said once, on the command (the 64 KiB
+    // limit of a command then holds more tensors).
+    auto hoist = [&](auto member, auto& top) {
+      const auto& first = cmd.tensors.front().*member;
+      for (const auto& e : cmd.tensors)
+        if (e.*member != first) return;
+      top = first;
+      for (auto& e : cmd.tensors) (e.*member).reset();
+    };
+    hoist(&protocol::CreateEntry::backend, cmd.backend);
+    hoist(&protocol::CreateEntry::device, cmd.device);
+    hoist(&protocol::CreateEntry::device_uuid, cmd.device_uuid);
+    return cmd;
+  }
+
+  // One create_many command on the lifecycle list and its one reply, on a
+  // connection of the waiting pool and a reply list of its own.
+  protocol::Reply request(protocol::Command cmd) {
+    static std::atomic<std::uint64_t> seq{0};
+    const std::string reply_key = ctx_.keys.reply(ctx_.session) + ":batch:" + std::to_string(++seq);
+    cmd.reply_to = reply_key;
+    std::string payload;
+    try {
+      payload = protocol::encode_command(cmd);
+    } catch (const ProtocolError& e) {
+      if (e.errc() != ProtocolErrc::too_large) throw;
+      throw InvalidArgument("create_many of " + std::to_string(cmd.tensors.size()) +
+                            " tensors does not fit one command (64 KiB of JSON) and is not served by this "
+                            "process: split the batch, or create it in the allocator of record");
+    }
+    const auto timeout = ctx_.opts.request_timeout;
+    auto c = ctx_.waits.acquire();
+    c->command({"LPUSH", ctx_.keys.lifecycle(), payload});
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool retract_tried = false;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        if (retract_tried)
+          throw NotLeader("the allocator of record took a create_many of " + std::to_string(cmd.tensors.size()) +
+                          " tensors but did not reply within " + std::to_string(2 * timeout.count()) +
+                          " ms: " + silent_leader_reason(*c, ctx_.keys));
+        retract_tried = true;
+        if (c->command({"LREM", ctx_.keys.lifecycle(), 1, payload}).integer() == 1)
+          throw NotLeader("no allocator of record answered a create_many within " + std::to_string(timeout.count()) +
+                          " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
+        deadline = std::chrono::steady_clock::now() + timeout;
+        continue;
+      }
+      auto wait = std::min(left, std::chrono::milliseconds(1000));
+      auto r = c->blocking(wait, {"BLPOP", reply_key, seconds_arg(wait)});
+      if (r.is_nil()) continue;
+      protocol::Reply rep = protocol::decode_reply(r[1].str());
+      if (rep.id != cmd.id) continue;  // not ours
+      if (!rep.ok) protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
+      return rep;
+    }
+  }
+
+  std::shared_ptr<Core> core_;
+  Core& c_;
+  Context& ctx_;
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

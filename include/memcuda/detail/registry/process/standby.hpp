@@ -1,0 +1,348 @@
+// Standby holders (docs/design.md, "Standby holding").
+//
+// Every cuda_vmm_fd allocation's fd source is published in one Hash per
+// namespace, `<ns>:memcuda:allocations` (field: the allocation key
+// "vmm:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
+// with `<ns>:memcuda:allocations_version`, a token renewed by every change
+// (one script: the change and the token are atomic; both keys are deleted
+// when the Hash goes empty).
+// Every registry that hosts the control thread runs a Standby thread that
+// - publishes the fds this session serves (its own allocations, and those
+//   it adopted once their records name it) and deletes what it stopped
+//   serving: whichever process owns an allocation keeps its field right,
+//   leader or not (an ex-leader still frees what it owns);
+// - when not the leader, fetches the fd of every allocation it does not
+//   hold yet and keeps it WITHOUT importing it (FdHolds): holding the fd
+//   keeps the memory alive, so a standby that becomes the allocator of
+//   record adopts everything in place (can_adopt / adopt, migration.hpp);
+// - closes the fds of allocations that left the Hash.
+// A dead owner's fields are deleted by the leader's migration round once
+// every record of that owner is settled (forget_allocations_of), which is
+// what lets standbys close them: memory is freed once, after the last
+// reference and the last fd.
+//
+// The window (docs/design.md, "What is lost when"): an allocation created
+// less than about two ticks (the publisher's and a standby's, each at most
+// kTick) before its allocator of record dies, and not yet fetched by any
+// standby, dies with it; its tensors are then reported lost as before.
+//
+// The thread talks to Redis on its own connection and holds no lock across
+// it. Its state (published_, last versions) is its own; FdHolds and
+// FdService have their own leaf mutexes.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <span>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memcuda/detail/fd/fd_client.hpp"
+#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_service.hpp"
+#include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/redis/script.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+namespace standby {
+
+inline std::string allocations_key(const Keys& k) { return k.own_prefix() + "allocations"; }
+inline std::string version_key(const Keys& k) { return k.own_prefix() + "allocations_version"; }
+// What a standby last synced (the allocations version), for tools and tests.
+inline std::string synced_key(const Keys& k, const std::string& session) {
+  return k.own_prefix() + "standby:" + session;
+}
+
+// "<owner session> <fd_source>".
+inline std::string encode_entry(const std::string& owner, const std::string& source) { return owner + " " + source; }
+struct Entry {
+  std::string owner;
+  std::string source;
+};
+inline std::optional<Entry> decode_entry(std::string_view v) {
+  auto p = v.find(' ');
+  if (p == std::string_view::npos || p == 0 || p + 1 >= v.size()) return std::nullopt;
+  return Entry{std::string(v.substr(0, p)), std::string(v.substr(p + 1))};
+}
+
+// Applies `ops` ("S", field, value to set; "D", field to delete) to the
+// allocations Hash atomically, and gives it a new version: a random token
+// (never a counter: the version key is deleted with the Hash when it goes
+// empty, so no key is left behind once nothing is allocated, and a token
+// never comes back the way a restarted counter would). Returns the
+// version now ("" when the Hash is empty).
+inline std::string apply(redis::Connection& c, const Keys& k, const std::vector<std::string>& ops) {
+  static const redis::Script script{R"lua(
+local i = 2
+while i <= #ARGV do
+  if ARGV[i] == 'S' then
+    redis.call('HSET', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  else
+    redis.call('HDEL', KEYS[1], ARGV[i + 1])
+    i = i + 2
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
+  return ''
+end
+redis.call('SET', KEYS[2], ARGV[1])
+return ARGV[1]
+)lua"};
+  static std::atomic<std::uint64_t> seq{0};
+  std::random_device rd;
+  char token[48];
+  std::snprintf(token, sizeof token, "%08x%08x-%llu", rd(), rd(), static_cast<unsigned long long>(++seq));
+  std::vector<redis::Arg> args{std::string_view(token)};
+  for (const auto& o : ops) args.emplace_back(o);
+  const std::string hk = allocations_key(k), vk = version_key(k);
+  redis::Arg keys[] = {hk, vk};
+  auto r = script.eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
+  return std::string(r.str());
+}
+
+inline std::map<std::string, std::string> read_all(redis::Connection& c, const Keys& k) {
+  std::map<std::string, std::string> out;
+  auto r = c.command({"HGETALL", allocations_key(k)});
+  for (std::size_t i = 0; i + 1 < r.size(); i += 2) out.emplace(std::string(r[i].str()), std::string(r[i + 1].str()));
+  return out;
+}
+
+}  // namespace standby
+
+// Deletes the allocations Hash fields owned by the dead session `owner`
+// except those whose key is one of `keep` (ipc handles of records, padded
+// or not). Returns how many it deleted. The leader's migration round calls
+// it for a dead owner all of whose records are settled.
+inline std::size_t forget_allocations_of(redis::Connection& c, const Keys& k, const std::string& owner,
+                                         const std::set<std::string>& keep) {
+  std::set<std::string> kept;
+  for (const auto& h : keep) kept.insert(vmm_key(h));
+  std::vector<std::string> ops;
+  for (const auto& [key, value] : standby::read_all(c, k)) {
+    auto e = standby::decode_entry(value);
+    if (!e || e->owner != owner || kept.count(key)) continue;
+    ops.insert(ops.end(), {"D", key});
+  }
+  if (ops.empty()) return 0;
+  standby::apply(c, k, ops);
+  return ops.size() / 2;
+}
+
+// The owners named in the allocations Hash (the leader checks which died).
+inline std::set<std::string> allocation_owners(redis::Connection& c, const Keys& k) {
+  std::set<std::string> out;
+  for (const auto& [key, value] : standby::read_all(c, k))
+    if (auto e = standby::decode_entry(value)) out.insert(e->owner);
+  return out;
+}
+
+class Standby {
+ public:
+  // At most this long between two passes: bounds the window above.
+  static constexpr std::chrono::milliseconds kTick{100};
+  // A full pass (HGETALL) at least every this many ticks, changes or not:
+  // repairs what a lost reply or a Redis restart left inconsistent.
+  static constexpr int kFullEvery = 20;
+
+  Standby(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
+  ~Standby() { stop(); }
+  Standby(const Standby&) = delete;
+  Standby& operator=(const Standby&) = delete;
+
+  struct Pass {
+    bool full = false;          // the Hash was read
+    std::size_t published = 0;  // fields written for this session's entries
+    std::size_t withdrawn = 0;  // this session's fields deleted
+    std::size_t fetched = 0;    // fds fetched and held
+    std::size_t dropped = 0;    // held fds closed (their allocation left the Hash)
+    std::size_t failed = 0;     // fetches that failed (retried next pass)
+  };
+
+  // One pass on `c` (see the file comment). `fetch_missing`: hold what we
+  // lack (standbys: true; the leader: false). Thread-safe against itself
+  // only through the caller (one thread runs it).
+  Pass sync_once(redis::Connection& c, bool fetch_missing) {
+    Pass p;
+    const auto& k = ctx_.keys;
+    auto svc = FdService::existing();
+    const std::uint64_t sv = svc ? svc->version() : 0;
+    auto vr = c.command({"GET", standby::version_key(k)});
+    const std::string v = vr.is_nil() ? std::string() : std::string(vr.str());
+    if (v == last_version_ && sv == last_service_version_ && !last_failed_ && ++quiet_ < kFullEvery) return p;
+    quiet_ = 0;
+    p.full = true;
+    auto all = standby::read_all(c, k);
+
+    // 1. This session's entries, as it serves them now.
+    std::map<std::string, std::string> mine;
+    if (svc)
+      for (const auto& e : svc->entries(ctx_.session))
+        mine[e.key] = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
+    std::vector<std::string> writes;
+    for (const auto& [key, value] : mine) {
+      auto it = all.find(key);
+      if (it != all.end() && it->second == value) continue;
+      writes.insert(writes.end(), {"S", key, value});
+      all[key] = value;
+      ++p.published;
+    }
+    for (auto it = all.begin(); it != all.end();) {
+      auto e = standby::decode_entry(it->second);
+      if (e && e->owner == ctx_.session && !mine.count(it->first)) {
+        writes.insert(writes.end(), {"D", it->first});
+        it = all.erase(it);
+        ++p.withdrawn;
+      } else {
+        ++it;
+      }
+    }
+    std::string synced = v;
+    if (!writes.empty()) synced = standby::apply(c, k, writes);
+
+    // 2. Close what left the Hash.
+    auto& holds = FdHolds::instance();
+    for (const auto& key : holds.keys(ctx_.session)) {
+      if (all.count(key)) continue;
+      holds.drop(ctx_.session, key);
+      ++p.dropped;
+    }
+
+    // 3. Hold what we lack.
+    if (fetch_missing) {
+      for (const auto& [key, value] : all) {
+        if (holds.holds(ctx_.session, key)) continue;
+        auto e = standby::decode_entry(value);
+        if (!e || e->owner == ctx_.session) continue;
+        try {
+          ServedSource src = decode_fd_source(e->source);
+          // Only the registry's own fd server of the entry's owner process.
+          check_fd_source(src, HolderId::pid_of(e->owner).value_or(0), "allocation " + key);
+          FetchOptions fo;
+          fo.timeout = std::chrono::milliseconds(500);
+          holds.hold(ctx_.session, key, fetch(src.source, src.id, fo).fd);
+          ++p.fetched;
+        } catch (const std::exception& ex) {
+          ++p.failed;
+          if (++fetch_failures_ <= 5 || fetch_failures_ % 100 == 0)
+            log(LogLevel::info, "standby: cannot hold allocation " + key + " yet: " + ex.what());
+        }
+      }
+    }
+    last_version_ = synced;
+    last_service_version_ = sv;
+    last_failed_ = p.failed != 0;
+    // The progress marker is a standby's: the leader holds nothing it
+    // fetched, so it has none (and drops the one it had as a standby).
+    if (fetch_missing && p.failed == 0) {
+      c.command({"SET", standby::synced_key(k, ctx_.session), synced, "PX",
+                 std::to_string(std::max<std::int64_t>(3 * ctx_.opts.session_ttl.count(), 1000))});
+      marker_ = true;
+    } else if (!fetch_missing && marker_) {
+      c.command({"DEL", standby::synced_key(k, ctx_.session)});
+      marker_ = false;
+    }
+    return p;
+  }
+
+  // Deletes the fields this session owns but no longer serves, at once
+  // (trim_now: a trimmed slab's field goes before the call returns, rather
+  // than at the thread's next tick). Stateless, so safe beside the thread.
+  std::size_t withdraw_stale(redis::Connection& c) {
+    const auto& k = ctx_.keys;
+    std::set<std::string> mine;
+    if (auto svc = FdService::existing())
+      for (const auto& e : svc->entries(ctx_.session)) mine.insert(e.key);
+    std::vector<std::string> ops;
+    for (const auto& [key, value] : standby::read_all(c, k)) {
+      auto e = standby::decode_entry(value);
+      if (e && e->owner == ctx_.session && !mine.count(key)) ops.insert(ops.end(), {"D", key});
+    }
+    if (ops.empty()) return 0;
+    standby::apply(c, k, ops);
+    return ops.size() / 2;
+  }
+
+  // Starts the thread (once). It resolves the registry's cuda allocation
+  // kind first, on itself, and ends at once unless it is vmm.
+  void start() {
+    std::lock_guard lk(mu_);
+    if (thread_.joinable()) return;
+    thread_ = std::jthread([this](std::stop_token st) { run(st); });
+  }
+  // Stops and joins the thread (at most one Redis command's timeout).
+  void stop() {
+    std::jthread t;
+    {
+      std::lock_guard lk(mu_);
+      t = std::move(thread_);
+    }
+    if (t.joinable()) {
+      t.request_stop();
+      cv_.notify_all();
+      t.join();
+    }
+  }
+
+ private:
+  void run(std::stop_token st) {
+    try {
+      if (ctx_.cuda_allocation() != CudaAllocation::vmm) return;
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("standby: not holding fds: ") + e.what());
+      return;
+    }
+    std::optional<redis::Connection> conn;
+    int failures = 0;
+    while (!st.stop_requested()) {
+      try {
+        if (!conn) conn.emplace(ctx_.opts.redis);
+        sync_once(*conn, !lease_.held());
+        failures = 0;
+      } catch (const std::exception& e) {
+        if (++failures <= 3 || failures % 50 == 0) log(LogLevel::warn, std::string("standby: ") + e.what());
+        if (dynamic_cast<const ConnectionError*>(&e)) conn.reset();
+        last_failed_ = true;
+      }
+      std::unique_lock lk(mu_);
+      cv_.wait_for(lk, st, kTick, [] { return false; });
+    }
+    // Its progress marker goes with it (a killed process's expires).
+    try {
+      if (conn) conn->command({"DEL", standby::synced_key(ctx_.keys, ctx_.session)});
+    } catch (const std::exception&) {
+    }
+  }
+
+  Context& ctx_;
+  Lease& lease_;
+  std::mutex mu_;  // leaf: guards thread_ (start/stop) and the tick wait
+  std::condition_variable_any cv_;
+  std::jthread thread_;
+  // The pass's own state (one thread runs sync_once).
+  std::string last_version_ = "\x01";  // never a real version: the first pass is full
+  std::uint64_t last_service_version_ = 0;
+  bool last_failed_ = false;
+  bool marker_ = false;  // this pass's thread wrote the progress marker
+  int quiet_ = 0;
+  std::uint64_t fetch_failures_ = 0;
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,197 @@
+// The Lua scripts of state-dict records: a model-level reference, so that a
+// consumer opens a whole published state dict with one O(1) script instead
+// of a reference per tensor (docs/protocol.md, "State-dict records";
+// docs/design.md, "One reference per model").
+//
+// A record memcuda:dict:<id> holds a copy of its members' descs (the blob)
+// and pins each member with one reference of the holder "@dict:<id>", so
+// that a consumer's ONE reference on the record keeps all of them alive.
+// memcuda:dictlink:<prefix> names the record while it still says exactly
+// what get_prefix(prefix) would: any change to a member (remove, migration,
+// loss, a published event) or a create under the prefix unlinks it
+// (kUnlinkDictFn), and opens fall back to the per-name batch. An unlinked
+// record goes with its last consumer reference; the garbage collector then
+// drops the "@dict:<id>" pins of a record that no longer exists.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "memcuda/detail/store/index_fn.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+
+// Script text joined at compile time. The scripts are constants, never
+// dynamically initialised: a registry may be a static of another
+// translation unit, constructed before any dynamic initialiser here ran.
+template <std::size_t N>
+struct LuaText {
+  char text[N]{};
+  operator std::string() const { return std::string(text, N - 1); }  // redis::Script's source
+};
+
+template <class T>
+struct text_size;
+template <std::size_t N>
+struct text_size<char[N]> {
+  static constexpr std::size_t value = N - 1;
+};
+template <std::size_t N>
+struct text_size<LuaText<N>> {
+  static constexpr std::size_t value = N - 1;
+};
+
+template <class... P>
+consteval auto join(const P&... parts) {
+  LuaText<(text_size<P>::value + ...) + 1> out;
+  std::size_t at = 0;
+  auto put = [&](const auto& part) {
+    using T = std::remove_cvref_t<decltype(part)>;
+    for (std::size_t i = 0; i < text_size<T>::value; ++i) {
+      if constexpr (requires { part.text; }) out.text[at++] = part.text[i];
+      else out.text[at++] = part[i];
+    }
+  };
+  (put(parts), ...);
+  return out;
+}
+
+// Lua functions prepended to every script that changes a member or creates
+// a name: unlink_dict(key prefix, id) unlinks one record (id may be nil or
+// false: nothing); unlink_dicts_over(key prefix, name) every linked record
+// whose prefix starts `name` (a new name under a published dict).
+inline constexpr char kUnlinkDictFn[] = R"lua(
+local function unlink_dict(p, id)
+  if not id then return end
+  local rk = p .. 'memcuda:dict:' .. id
+  local f = redis.call('HMGET', rk, 'prefix', 'state', 'refcount')
+  if f[2] ~= 'linked' then return end
+  local lk = p .. 'memcuda:dictlink:' .. f[1]
+  if redis.call('GET', lk) == id then
+    redis.call('DEL', lk)
+    redis.call('SREM', p .. 'memcuda:dicts', f[1])
+  end
+  if tonumber(f[3] or '0') <= 0 then
+    redis.call('DEL', rk)
+    redis.call('SREM', p .. 'memcuda:dict_ids', id)
+  else
+    redis.call('HSET', rk, 'state', 'unlinked')
+  end
+end
+local function unlink_dicts_over(p, name)
+  for _, pre in ipairs(redis.call('SMEMBERS', p .. 'memcuda:dicts')) do
+    if string.sub(name, 1, #pre) == pre then unlink_dict(p, redis.call('GET', p .. 'memcuda:dictlink:' .. pre)) end
+  end
+end
+)lua";
+
+// Links the state dict published under a prefix: its members must be
+// exactly the names under the prefix (each once), each ready, persistent (held by its
+// name), of the generation given and with a usable desc; then a new record
+// gets their descs (and the events published so far), each member one pin,
+// and the prefix's link (an older record of the prefix is unlinked).
+// KEYS: link of the prefix, then per member: tensor
+// ARGV: key prefix, prefix, node, generation counter key, names key, then
+//       per member: name, generation
+// -> {'ok', id} | {'changed', name} | {'notpersistent', name} | {'nodesc', name}
+//    | {'mismatch', names under the prefix}
+inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, R"lua(
+local p, pre = ARGV[1], ARGV[2]
+local n = #KEYS - 1
+local under = redis.call('ZLEXCOUNT', ARGV[5], '[' .. pre, '(' .. pre .. '\255')
+if under ~= n then return {'mismatch', under} end
+local parts, olds, seen = {}, {}, {}
+local function put(s) parts[#parts + 1] = #s .. ':' .. s end
+for i = 1, n do
+  local name, gen = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  if string.sub(name, 1, #pre) ~= pre or seen[name] then return {'mismatch', under} end
+  seen[name] = true
+  local f = redis.call('HMGET', KEYS[1 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
+                      'holder:@name', 'dict')
+  if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end
+  if not f[7] then return {'notpersistent', name} end
+  local d, e = f[3], f[4]
+  local ok = d and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49
+  if ok then
+    local gs = #d - #gen + 1
+    local es = gs - 1 - #tostring(#gen) - #e
+    ok = es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, gen, gs, true) == gs
+         and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es
+  end
+  if not ok then return {'nodesc', name} end
+  put(name) put(d) put(gen) put(e) put(f[5] or '') put(f[6] or '')
+  if f[8] then olds[#olds + 1] = f[8] end
+end
+unlink_dict(p, redis.call('GET', KEYS[1]))
+for _, o in ipairs(olds) do unlink_dict(p, o) end
+local id = string.format('%.0f', redis.call('INCR', ARGV[4]))
+local rk = p .. 'memcuda:dict:' .. id
+redis.call('HSET', rk, 'prefix', pre, 'state', 'linked', 'refcount', 0, 'node', ARGV[3], 'count', n,
+           'blob', table.concat(parts))
+local pin = 'holder:@dict:' .. id
+for i = 1, n do
+  redis.call('HSET', KEYS[1 + i], 'dict', id)
+  redis.call('HINCRBY', KEYS[1 + i], pin, 1)
+  redis.call('HINCRBY', KEYS[1 + i], 'refcount', 1)
+  hold(p, '@dict:' .. id, ARGV[5 + 2 * i], ARGV[4 + 2 * i])
+end
+redis.call('SET', KEYS[1], id)
+redis.call('SADD', p .. 'memcuda:dicts', pre)
+redis.call('SADD', p .. 'memcuda:dict_ids', id)
+return {'ok', id}
+)lua");
+
+// Takes one reference of a holder to the record linked at a prefix: O(1),
+// whatever the member count.
+// KEYS: link of the prefix   ARGV: key prefix, holder, node
+// -> {'ok', id, blob} | {'none'} (no linked record, or of another node:
+//    the caller opens per name, which reports what it finds)
+inline constexpr const char* kDictAcquire = R"lua(
+local id = redis.call('GET', KEYS[1])
+if not id then return {'none'} end
+local rk = ARGV[1] .. 'memcuda:dict:' .. id
+local f = redis.call('HMGET', rk, 'state', 'node', 'blob')
+if f[1] ~= 'linked' or f[2] ~= ARGV[3] then return {'none'} end
+redis.call('HINCRBY', rk, 'refcount', 1)
+redis.call('HINCRBY', rk, 'holder:' .. ARGV[2], 1)
+return {'ok', id, f[3]}
+)lua";
+
+// Drops one reference (or, 'all', every reference) of a holder to a
+// record. The last reference to an unlinked record deletes it; the
+// garbage collector then drops its pins on the members.
+// KEYS: record   ARGV: holder, 'all' | '', key prefix, id
+// -> {'ok', refcount} | {'notholder'}
+inline constexpr const char* kDictRelease = R"lua(
+local h = 'holder:' .. ARGV[1]
+local c = tonumber(redis.call('HGET', KEYS[1], h) or '0')
+if c <= 0 then return {'notholder'} end
+local drop = 1
+if ARGV[2] == 'all' then drop = c end
+if c == drop then redis.call('HDEL', KEYS[1], h) else redis.call('HINCRBY', KEYS[1], h, -drop) end
+local rc = redis.call('HINCRBY', KEYS[1], 'refcount', -drop)
+if rc <= 0 and redis.call('HGET', KEYS[1], 'state') ~= 'linked' then
+  redis.call('DEL', KEYS[1])
+  redis.call('SREM', ARGV[3] .. 'memcuda:dict_ids', ARGV[4])
+end
+return {'ok', rc}
+)lua";
+
+// Sets a holder's reference count on a record to what it knows it holds
+// (after its session key expired and the garbage collector dropped them).
+// KEYS: record   ARGV: holder, count
+// -> {'ok'} | {'gone'}
+inline constexpr const char* kDictReregister = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
+local h = 'holder:' .. ARGV[1]
+local old = tonumber(redis.call('HGET', KEYS[1], h) or '0')
+local n = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], h, n)
+redis.call('HINCRBY', KEYS[1], 'refcount', n - old)
+return {'ok'}
+)lua";
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

@@ -1,0 +1,85 @@
+// Lua functions prepended to the scripts that take, drop or unlink a
+// tensor's references: the indexes that keep every periodic task of the
+// allocator of record proportional to what changed, not to what exists.
+//
+//   memcuda:refs:<holder>  Set of '<generation>:<name>', one member per
+//                          record the holder has references to (a
+//                          generation migrated since is followed through
+//                          its memcuda:moved forward, as a release does)
+//   memcuda:holders        Set of the other holders that have such an index
+//                          (registry sessions are in memcuda:sessions), so
+//                          the garbage collector judges holders, not records
+//   memcuda:usage          Hash of the named tensors' counts and logical
+//                          bytes per backend:device:device_uuid, which
+//                          statistics read instead of every record
+//
+// The name's own reference ('@name', a persistent tensor's) is not indexed:
+// it never dies. An index may name a reference already dropped (a record
+// marked lost, a migrated generation): the collector's release answers
+// 'notfound' or 'notholder' and the member goes.
+//
+// The records are the truth; these keys (and memcuda:names) are derived from
+// them. A write to one of the wrong Redis type (another client's SET over
+// it) is skipped (redis.pcall: no extra call on the hot path), never the
+// script's failure half way: the allocator of record moves such a key aside
+// and rebuilds it (detail/registry/leader/index_repair.hpp).
+#pragma once
+
+#include "memcuda/config.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+
+inline constexpr char kIndexFn[] = R"lua(
+-- A generation may arrive as a Lua number (INCR, TIME): written with all
+-- its digits, never as '..' would (1.79e+15).
+local function gen_text(g)
+  if type(g) == 'number' then return string.format('%.0f', g) end
+  return g
+end
+local function hold(p, h, g, n)
+  if h == '@name' then return end
+  redis.pcall('SADD', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  -- A registry session ('<pid>-<hex>') is judged through memcuda:sessions,
+  -- which the collector reads too: one call less on every get. Any other
+  -- holder (pid:<n>, @dict:<id>, a JSON client's own name) is listed here.
+  if not string.find(h, '^%d+%-%x+$') then redis.pcall('SADD', p .. 'memcuda:holders', h) end
+end
+local function unhold(p, h, g, n)
+  if h == '@name' then return end
+  redis.pcall('SREM', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+end
+local function count_usage(p, key, sign)
+  local f = redis.call('HMGET', key, 'backend', 'device', 'device_uuid', 'bytes')
+  local b = tonumber(f[4])
+  if not f[1] or not b then return end
+  local u = p .. 'memcuda:usage'
+  local d = f[1] .. ':' .. (f[2] or '') .. ':' .. (f[3] or '')
+  redis.pcall('HINCRBY', u, 'tensors:' .. d, sign)
+  -- never '-0' (a zero-byte tensor): Redis refuses it as an integer
+  if b ~= 0 then redis.pcall('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
+end
+-- A name in and out of the index (memcuda:names): as the writes above.
+local function name_add(names, n) redis.pcall('ZADD', names, 0, n) end
+local function name_rem(names, n) redis.pcall('ZREM', names, n) end
+-- The names of the index (a sorted set, all scores 0) under a literal
+-- prefix: a range read, never the whole index. Byte 255 never occurs in a
+-- name (A-Z a-z 0-9 . _ : / -), so '(' .. pre .. '\255' bounds every name starting with pre.
+-- An index of the wrong type fails the script here, before it writes, with
+-- what to expect.
+local function names_under(names, pre, limit)
+  local r
+  if limit then
+    r = redis.pcall('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, limit)
+  else
+    r = redis.pcall('ZRANGEBYLEX', names, '[' .. pre, '(' .. pre .. '\255')
+  end
+  if r.err then
+    error({err = 'WRONGTYPE the name index ' .. names .. ' is a ' .. redis.call('TYPE', names)['ok'] ..
+                 ', not a sorted set: the allocator of record moves it aside and rebuilds it from the records' ..
+                 ' at its next garbage collection round; retry then'})
+  end
+  return r
+end
+)lua";
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
