@@ -1,7 +1,7 @@
 // The commands of the `memcuda` tool as the user sees them: each one's
 // synopsis and help text, the options it declares (parse_args() rejects any
-// other), and the help pages built from them. One table, so that the command
-// list, `memcuda COMMAND --help` and the option check cannot drift apart.
+// other), and the help pages built from them. Kept side by side, so that a
+// command's help and the options it accepts are changed in one place.
 // Included by memcuda_cli.cpp inside its namespace.
 #pragma once
 
