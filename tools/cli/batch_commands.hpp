@@ -2,7 +2,7 @@
 // with several names or a prefix (docs/cli.md). Each is one batch call of
 // TensorRegistry, so one Redis round trip (create-many: one command on the
 // lifecycle list and its reply). Included by memcuda_cli.cpp inside its
-// namespace, after Context and the helpers these use.
+// namespace, after command_context.hpp and create_command.hpp.
 #pragma once
 
 // ---- create-many ------------------------------------------------------------
@@ -45,7 +45,7 @@ int cmd_create_many(Context& c) {
     shape = parse_shape(*sh);
     if (!shape) throw UsageError("option '--shape': '" + *sh + "' is not a list of dimensions (write them as 2,3)");
   }
-  const CreateOptions co = create_options(c);  // memcuda_cli.cpp, shared with create
+  const CreateOptions co = create_options(c);  // create_command.hpp, shared with create
   std::vector<TensorSpec> specs;
   for (const auto& op : ops) {
     specs.push_back(create_many_operand(op, dtype, shape));

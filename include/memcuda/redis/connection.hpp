@@ -4,6 +4,7 @@
 //
 // The rest of the Redis layer, one role per file (all of it still reachable
 // through this header, as before the split):
+//   connect.hpp          how a Connection connects, authenticates, reconnects
 //   options.hpp          Options and the URL syntax that fills them
 //   args.hpp             Arg, Command and the RESP encoding
 //   reply.hpp            Reply, ReplyView
@@ -40,7 +41,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <fstream>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -48,7 +48,6 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -454,109 +453,12 @@ class Connection {
     ++reconnects_;
   }
 
-  // Attempts until Options::reconnect_timeout is spent. Wrong credentials
-  // and refused SELECTs are not retried: waiting does not fix them.
-  void connect_with_backoff() {
-    using clock = std::chrono::steady_clock;
-    using ms = std::chrono::milliseconds;
-    const auto start = clock::now();
-    const auto deadline = start + opts_.reconnect_timeout;
-    auto delay = std::max(opts_.reconnect_backoff, ms(1));
-    for (;;) {
-      auto left = std::chrono::duration_cast<ms>(deadline - clock::now());
-      try {
-        connect_once(std::min(std::max(left, ms(10)), opts_.connect_timeout));
-        return;
-      } catch (const AuthError&) {
-        throw;
-      } catch (const detail::Interrupted&) {
-        throw;
-      } catch (const ConnectionError& e) {
-        if (clock::now() + delay > deadline)
-          throw ConnectionError(gave_up(start) + e.what(), e.redis_code(), e.sys_errno());
-      } catch (const TimeoutError& e) {
-        if (clock::now() + delay > deadline)
-          throw TimeoutError(gave_up(start) + e.what(), e.redis_code(), e.sys_errno());
-      }
-      {
-        std::unique_lock lk(intr_->m);
-        if (intr_->cv.wait_for(lk, delay, [&] { return intr_->pending; })) {
-          intr_->pending = false;
-          lk.unlock();
-          fail_interrupted("reconnect");
-        }
-      }
-      delay = std::min(delay * 2, ms(250));
-    }
-  }
-
-  std::string gave_up(std::chrono::steady_clock::time_point start) const {
-    auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-    return "gave up reconnecting after " + std::to_string(spent.count()) + " ms (reconnect_timeout " +
-           std::to_string(opts_.reconnect_timeout.count()) + " ms): ";
-  }
-
-  void connect_once(std::chrono::milliseconds timeout) {
-    auto tv = detail::to_timeval(timeout);
-    errno = 0;
-    redisContext* raw = opts_.transport == Options::Transport::unix_socket
-                            ? redisConnectUnixWithTimeout(opts_.path.c_str(), tv)
-                            : redisConnectWithTimeout(opts_.host.c_str(), opts_.port, tv);
-    int e = errno;
-    if (!raw) throw std::bad_alloc();
-    detail::ContextPtr c(raw);
-    if (c->err)
-      std::rethrow_exception(classify(opts_, Failure{.what = "connect",
-                                                     .redis_code = c->err,
-                                                     .sys_errno = e,
-                                                     .text = c->errstr,
-                                                     .connecting = true,
-                                                     .timeout = timeout}));
-    adopt(std::move(c));
-    set_timeout(opts_.command_timeout, "connect");
-    if (opts_.transport == Options::Transport::tcp) redisEnableKeepAlive(ctx_.get());
-    const std::string password = opts_.password_file.empty() ? opts_.password : read_password_file();
-    if (!password.empty()) {
-      Reply r = opts_.user.empty() ? handshake({"AUTH", password}) : handshake({"AUTH", opts_.user, password});
-      if (r.is_error()) {
-        auto err = reply_error("AUTH", r.view().str());
-        drop();
-        std::rethrow_exception(err);
-      }
-    }
-    if (opts_.db != 0) {
-      Reply r = handshake({"SELECT", opts_.db});
-      if (r.is_error()) {
-        auto err = reply_error("SELECT " + std::to_string(opts_.db), r.view().str(),
-                               " (the server has fewer databases; see `databases` in redis.conf)");
-        drop();
-        std::rethrow_exception(err);
-      }
-    }
-  }
-
-  // The first line of Options::password_file, read now (a rotated secret
-  // counts from the next connect). An unreadable file is an AuthError:
-  // waiting does not fix it, and the message names the file.
-  std::string read_password_file() {
-    std::ifstream in(opts_.password_file);
-    std::string line;
-    if (!in || !std::getline(in, line)) {
-      const int e = errno;
-      drop();
-      throw AuthError("cannot read the Redis password file " + opts_.password_file + ": " +
-                      (e ? std::strerror(e) : "empty file"));
-    }
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    return line;
-  }
-
-  // One command during connect; error replies come back as replies.
-  Reply handshake(std::initializer_list<Arg> args) {
-    std::string buf;
-    detail::append_resp(buf, args);
-    return exchange(buf, std::string(args.begin()->view()));
-  }
+  // Establishing the socket: connect.hpp.
+  void connect_with_backoff();
+  std::string gave_up(std::chrono::steady_clock::time_point start) const;
+  void connect_once(std::chrono::milliseconds timeout);
+  std::string read_password_file();
+  Reply handshake(std::initializer_list<Arg> args);
 
   Options opts_;
   detail::ContextPtr ctx_;
@@ -567,6 +469,9 @@ class Connection {
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis
+
+// The definitions of Connection's connect members; they need the whole class.
+#include "memcuda/redis/connect.hpp"  // IWYU pragma: export
 
 // Script is part of what this header always offered; script.hpp needs
 // Connection, so it comes last (its own #include of this file is then a no-op).

@@ -36,47 +36,10 @@
 #include <utility>
 #include <vector>
 
+#include "memcuda/detail/pool/block_types.hpp"
 #include "memcuda/error.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
-
-struct BlockAllocatorOptions {
-  // Every offset and every block size is a multiple of this. A power of two,
-  // at least 256 (cudaMalloc's own alignment, so a tensor placed at an offset
-  // of a slab keeps the alignment it would have had with its own cudaMalloc).
-  std::size_t alignment = 256;
-};
-
-// One allocated block: `size` is the rounded size that allocate() reserved,
-// not the number of bytes asked for. Pass it back to deallocate() unchanged.
-struct Block {
-  std::uint64_t slab_id = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t size = 0;
-
-  friend bool operator==(const Block&, const Block&) = default;
-};
-
-// A free byte range of one slab, as free_ranges() reports it.
-struct FreeRange {
-  std::uint64_t offset = 0;
-  std::uint64_t size = 0;
-
-  friend bool operator==(const FreeRange&, const FreeRange&) = default;
-};
-
-struct PoolCounters {
-  std::uint64_t reserved = 0;      // sum of slab sizes
-  std::uint64_t in_use = 0;        // sum of allocated (rounded) block sizes
-  std::uint64_t requested = 0;     // sum of requested (unrounded) sizes of live blocks
-  std::uint64_t peak_in_use = 0;   // highest in_use since construction or reset_peak()
-  std::uint64_t slabs = 0;         // slabs currently added
-  std::uint64_t allocations = 0;   // total allocate() successes
-  std::uint64_t frees = 0;         // total successful deallocate() calls
-  std::uint64_t largest_free = 0;  // largest free contiguous range in any slab
-
-  friend bool operator==(const PoolCounters&, const PoolCounters&) = default;
-};
 
 // Best-fit suballocator over a set of slabs.
 //
@@ -429,50 +392,9 @@ class BlockAllocator {
   // Checks every invariant of the bookkeeping in O(n): each slab exactly tiled
   // by aligned ranges, free ranges fully coalesced and indexed once, counters
   // equal to what the ranges say. Throws InternalError naming the first
-  // violation. For tests and for the pool's debug checks, not the hot path.
-  void validate() const {
-    std::uint64_t reserved = 0, in_use = 0, requested = 0, free_count = 0;
-    for (const auto& [id, slab] : slabs_) {
-      const std::string where = "slab " + std::to_string(id) + ": ";
-      if (slab.id != id) broken(where + "stored id " + std::to_string(slab.id));
-      if (slab.size == 0 || slab.size % alignment_ != 0) broken(where + "bad size");
-      std::uint64_t expect = 0, live = 0;
-      bool prev_free = false;
-      for (const auto& [off, r] : slab.ranges) {
-        const std::string at = where + "range " + describe_range(off, r.size) + ": ";
-        if (off != expect) broken(at + "does not start where the previous range ends (" +
-                                  std::to_string(expect) + ")");
-        if (r.size == 0 || r.size % alignment_ != 0 || off % alignment_ != 0)
-          broken(at + "not aligned to " + std::to_string(alignment_));
-        if (r.size > slab.size - off) broken(at + "runs past the slab end");
-        expect = off + r.size;
-        if (r.live) {
-          ++live;
-          in_use += r.size;
-          requested += r.requested;
-          if (r.requested > r.size) broken(at + "requested exceeds size");
-          prev_free = false;
-        } else {
-          if (prev_free) broken(at + "free range next to a free range (not coalesced)");
-          if (r.requested != 0) broken(at + "free range with requested bytes");
-          const FreeKey& k = *r.free_it;
-          if (k.size != r.size || k.offset != off || k.slab_id != id || k.slab != &slab)
-            broken(at + "free index entry does not match");
-          ++free_count;
-          prev_free = true;
-        }
-      }
-      if (expect != slab.size) broken(where + "ranges end at " + std::to_string(expect));
-      if (live != slab.live_blocks) broken(where + "live block count");
-      reserved += slab.size;
-    }
-    if (free_count != free_.size()) broken("free index holds entries of no range");
-    if (reserved != counters_.reserved) broken("reserved counter");
-    if (in_use != counters_.in_use) broken("in_use counter");
-    if (requested != counters_.requested) broken("requested counter");
-    if (slabs_.size() != counters_.slabs) broken("slabs counter");
-    if (counters_.peak_in_use < counters_.in_use) broken("peak below in_use");
-  }
+  // violation. For tests and diagnostics, not the hot path; defined in
+  // block_allocator_invariants.hpp.
+  void validate() const;
 
  private:
   struct Slab;
@@ -535,3 +457,6 @@ class BlockAllocator {
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
+
+// validate(), which needs the whole class.
+#include "memcuda/detail/pool/block_allocator_invariants.hpp"  // IWYU pragma: export

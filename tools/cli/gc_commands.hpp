@@ -1,7 +1,31 @@
-// `memcuda quarantine`: the malformed records the allocator of record moved
-// aside (detail/store/quarantine.hpp), and clearing them. Included by
-// memcuda_cli.cpp inside its namespace, after Context and the helpers.
+// The garbage collection of the registry from the `memcuda` tool: gc (run it
+// now: drop the references of dead processes, report what was reclaimed) and
+// quarantine (the malformed records it moved aside, detail/store/quarantine.hpp,
+// and clearing them). Included by memcuda_cli.cpp inside its namespace, after
+// command_context.hpp.
 #pragma once
+
+// ---- gc -------------------------------------------------------------------
+
+int cmd_gc(Context& c) {
+  if (!c.args.operands.empty()) throw UsageError("gc takes no operands");
+  TensorRegistry reg(c.registry_options(false));
+  auto r = reg.collect_garbage();
+  if (c.json) {
+    print_json(json::object{{"dead_holders", r.dead_holders},
+                            {"references_dropped", r.references_dropped},
+                            {"tensors_freed", r.tensors_freed},
+                            {"sessions_pruned", r.sessions_pruned},
+                            {"records_quarantined", r.records_quarantined}});
+  } else {
+    std::cout << "dead holders " << r.dead_holders << ", references dropped " << r.references_dropped
+              << ", tensors freed " << r.tensors_freed << ", stale sessions pruned " << r.sessions_pruned
+              << ", malformed records quarantined " << r.records_quarantined << "\n";
+  }
+  return kOk;
+}
+
+// ---- quarantine -------------------------------------------------------------
 
 int cmd_quarantine(Context& c) {
   const auto& ops = c.args.operands;
