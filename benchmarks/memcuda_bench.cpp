@@ -28,7 +28,6 @@
 #include "bench_common.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"  // the reference cache's counters (the lingering row)
-#include "memcuda/detail/registry_access.hpp"
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>

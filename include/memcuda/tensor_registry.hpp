@@ -24,7 +24,7 @@ namespace detail {
 class Core;             // detail/registry/core.hpp
 struct Opened;          // detail/registry/client/client.hpp
 struct RegistryThread;  // impl/tensor_registry.ipp: the control loop and its thread
-struct RegistryAccess;  // free functions of other public headers reach the core through it
+struct RegistryAccess;  // below
 }  // namespace detail
 
 // A connection to the tensor registry in Redis.
@@ -236,5 +236,22 @@ class TensorRegistry {
 
   friend struct detail::RegistryAccess;
 };
+
+namespace detail {
+// How the free functions of other public headers (state_dict.hpp, model.hpp:
+// their bodies in impl/*.ipp) and white-box tests reach a registry's core
+// without widening TensorRegistry's public interface. Core stays incomplete
+// here; only the implementation unit uses what these return.
+struct RegistryAccess {
+  // The core for a call that talks to Redis: like the registry's own calls,
+  // rethrows an error of its thread and sends this process's queued releases first.
+  static Core& core(TensorRegistry& r) { return r.core(); }
+  // The same, shared: for what outlives the call (handles).
+  static std::shared_ptr<Core> shared_core(TensorRegistry& r) {
+    (void)r.core();
+    return r.core_;
+  }
+};
+}  // namespace detail
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda
