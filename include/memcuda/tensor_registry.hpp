@@ -201,8 +201,8 @@ class TensorRegistry {
   // remove_all() says that.
   BatchRemoveResult remove_prefix(std::string_view prefix);
   BatchRemoveResult remove_all();
-  // Drops the handles; their releases are queued and sent as one pipeline.
-  template <class Handles> static void release_many(Handles& handles) { handles.clear(); }
+  // (No release_many: dropping handles together, e.g. clearing a container
+  // of them, queues their releases, sent as one pipeline.)
 
   // True while this registry holds the allocator-of-record lease (no I/O).
   bool is_leader() const;
