@@ -181,16 +181,24 @@ class TensorRegistry {
 
   // ---- batch operations: one Redis round trip per batch (all in
   // detail/registry/ops/batch_client.hpp; docs/protocol.md, "Batch operations") ----
-  // Takes a reference to each name at once; a refused name (NotFound,
-  // TypeMismatch with `dtype`, Lost, ...) is in .errors and took nothing.
+  // get_many and get_all follow the one contract of C's memcuda_get_many and
+  // Python's Registry.get_many (docs/protocol.md, "The get_many contract"):
+  // a malformed name throws InvalidArgument before anything is taken; no
+  // names: an empty result and no Redis I/O; a name given twice takes one
+  // reference; the references are taken atomically in one script.
+  //
+  // Per name: a refused name (NotFound, TypeMismatch with `dtype`, Lost,
+  // ...) is in .errors and took nothing; the others are in .tensors.
   BatchGetResult get_many(const std::vector<std::string>& names, std::optional<DType> dtype = {});
-  // The same for every name starting with `prefix`, or matching a glob.
+  // The strict form: every tensor, or, when a name is refused, every
+  // reference given back and the error of the first refused name IN THE
+  // ORDER GIVEN thrown (what a get of that name alone throws).
+  std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names,
+                                                    std::optional<DType> dtype = {});
+  // get_many of every name starting with `prefix`, or matching a glob (in
+  // name order: their take_all() throws the first refused name's error).
   BatchGetResult get_prefix(std::string_view prefix);
   BatchGetResult get_matching(std::string_view glob);
-  // Strict get_many: all or the first error (every reference given back).
-  std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names) {
-    return get_many(names).take_all();
-  }
   // Creates every tensor, all or nothing (AlreadyExists names the first taken
   // name); each reads as zeros.
   std::map<std::string, SharedTensor<void>> create_many(const std::vector<TensorSpec>& specs);

@@ -199,10 +199,14 @@ class Registry:
         return Tensor(h.value)
 
     def get_many(self, names: Iterable[str]) -> List[Tensor]:
-        """Opens several tensors in one Redis round trip, in the order given (a
-        name given twice: two handles of one reference). All or nothing: when
-        a name is refused, every reference is given back and the error of the
-        first refused name in the order given is raised (NotFound, Lost, ...)."""
+        """Opens several tensors (any dtype) in one Redis round trip, in the
+        order given (a name given twice: two handles of one reference; no
+        names: [] without I/O). A malformed name raises InvalidArgument before
+        anything is taken. All or nothing: when a name is refused, every
+        reference is given back and the error of the first refused name in the
+        order given is raised (NotFound, Lost, ...). The same contract as C++
+        get_all and C memcuda_get_many (docs/protocol.md, "The get_many
+        contract")."""
         names = list(names)
         if not names:
             return []

@@ -179,12 +179,15 @@ MEMCUDA_C_EXPORT int memcuda_get(memcuda_registry* reg, const char* name, int dt
  * stream) wait for the producer's last publish. Host backend: no wait. */
 MEMCUDA_C_EXPORT int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream,
                                            memcuda_tensor** out);
-/* Opens `count` tensors (any dtype) into out[0..count), in one Redis round
- * trip (TensorRegistry::get_many). A name given twice gets two shares of one
- * reference. All or nothing: when a name is refused, every reference the
- * batch took is given back, out[] is all NULL, and the status and message
- * are those of the first refused name in the order given (what memcuda_get
- * of that name alone reports: NOT_FOUND, LOST, ...). */
+/* Opens `count` tensors (any dtype) into out[0..count), in the order given,
+ * in one Redis round trip (TensorRegistry::get_all; the contract of all three
+ * languages is docs/protocol.md, "The get_many contract"). count 0: OK, no
+ * I/O. A NULL or malformed name fails the call before anything is taken. A
+ * name given twice gets two shares of one reference. All or nothing: when a
+ * name is refused, every reference the batch took is given back, out[] is
+ * all NULL, and the status and message are those of the first refused name
+ * in the order given (what memcuda_get of that name alone reports:
+ * NOT_FOUND, LOST, ...). */
 MEMCUDA_C_EXPORT int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count,
                                       memcuda_tensor** out);
 /* Opens every tensor whose name starts with `prefix` ("" or NULL: every
