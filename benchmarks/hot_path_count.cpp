@@ -50,7 +50,7 @@ static void flush(TensorRegistry& r) {
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "getrel";
   int n = argc > 2 ? std::atoi(argv[2]) : 1000;
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();
   o.name_space = "hot-" + std::to_string(::getpid());
   o.default_backend = BackendKind::host;
   o.lease_ttl = std::chrono::milliseconds(6000);

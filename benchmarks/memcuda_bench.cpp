@@ -197,7 +197,7 @@ struct ChildCtx {
   }
 
   RegistryOptions registry_options() const {
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();
     o.redis = redis::options_from_env();  // the parent passes MEMCUDA_REDIS_URL
     o.name_space = ns;
     o.control_thread = false;  // a client: the parent is the allocator of record
@@ -578,7 +578,7 @@ class Bench {
   }
 
   RegistryOptions leader_options(BackendKind b, const std::string& ns) const {
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();
     o.redis = redis_.options();
     o.name_space = ns;
     o.control_thread = true;

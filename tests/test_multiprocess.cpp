@@ -51,7 +51,7 @@ bool ready(test::Child& w) {
 }
 
 RegistryOptions opts_for(const test::RedisServer& srv, bool control, BackendKind backend = BackendKind::host) {
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();  // the cuda cases set MEMCUDA_CUDA_ALLOCATION for this process and its workers
   o.redis = srv.options();
   o.control_thread = control;
   o.lease_ttl = std::chrono::milliseconds(ttl_for(std::string(to_string(backend))));

@@ -67,7 +67,13 @@ struct RegistryAccess;  // below
 // unit; CMake: memcuda_add_implementation(<target>)). See the README.
 class TensorRegistry {
  public:
-  explicit TensorRegistry(RegistryOptions options = {});
+  // With RegistryOptions::from_env(): the defaults and the MEMCUDA_*
+  // variables (docs/operations.md, "Environment"), as the C ABI, Python and
+  // the memcuda tool use them.
+  TensorRegistry();
+  // With exactly `options` (RegistryOptions{} reads no environment; start
+  // from RegistryOptions::from_env() to honour the variables).
+  explicit TensorRegistry(RegistryOptions options);
   ~TensorRegistry();  // the thread stops and joins before the core goes
   TensorRegistry(TensorRegistry&&) noexcept;
   TensorRegistry& operator=(TensorRegistry&&) = delete;

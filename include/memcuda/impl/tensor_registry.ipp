@@ -27,6 +27,8 @@ struct RegistryThread {
 
 }  // namespace detail
 
+TensorRegistry::TensorRegistry() : TensorRegistry(RegistryOptions::from_env()) {}
+
 TensorRegistry::TensorRegistry(RegistryOptions options) : core_(detail::Core::make(std::move(options))) {
   auto t = std::make_unique<detail::RegistryThread>();
   t->loop = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
