@@ -116,7 +116,7 @@ int child(const mb::Args& args) {
   const auto sizes = mb::parse_size_list(args.get_or("--sizes", "256MiB"));
   BENCH_CUDA(cudaSetDevice(device));
   BENCH_CUDA(cudaFree(nullptr));
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();
   o.redis = redis::options_from_env();
   o.name_space = args.get_or("--ns", "");
   o.control_thread = false;
@@ -252,7 +252,7 @@ int parent(const mb::Args& args) {
   signal(SIGPIPE, SIG_IGN);
   mb::RedisTarget redis(args);
   BENCH_CUDA(cudaSetDevice(device));
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();
   o.redis = redis.options();
   o.name_space = "mcbw-" + std::to_string(::getpid());
   o.default_backend = BackendKind::cuda;

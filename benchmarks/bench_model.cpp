@@ -361,7 +361,7 @@ struct ChildArgs {
     g_per_tensor = a.has("--per-tensor");
   }
   RegistryOptions options() const {
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();
     o.redis = redis::options_from_env();  // the parent passes MEMCUDA_REDIS_URL
     o.name_space = ns;
     o.control_thread = false;  // a client: the parent is the allocator of record
@@ -518,7 +518,7 @@ class ModelBench {
               << mb::fmt(static_cast<double>(bytes_) / 1e9, 3) << " GB (scale " << cfg_.scale << "), "
               << cfg_.reps << " reps after " << cfg_.warmup << " warm-up; Redis " << redis_.redacted() << "\n";
     init_device(cfg_.backend, cfg_.device);
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();
     o.redis = redis_.options();
     o.name_space = ns_;
     o.control_thread = true;

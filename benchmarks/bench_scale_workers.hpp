@@ -27,7 +27,7 @@ namespace memcuda::bench::scale {
 inline constexpr milliseconds kCommandTimeout{60000};
 
 inline RegistryOptions client_options(redis::Options redis, const std::string& ns) {
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();
   redis.command_timeout = kCommandTimeout;
   o.redis = std::move(redis);
   o.name_space = ns;

@@ -101,7 +101,7 @@ struct ChildArgs {
     hold = a.has("--hold");
   }
   RegistryOptions options(bool control) const {
-    RegistryOptions o;  // the library's default timings throughout
+    RegistryOptions o = RegistryOptions::from_env();  // the library's default timings throughout
     o.redis = redis::options_from_env();  // the parent passes MEMCUDA_REDIS_URL
     o.name_space = ns;
     o.control_thread = control;

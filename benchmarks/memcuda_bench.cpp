@@ -28,7 +28,6 @@
 #include "bench_common.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"  // the reference cache's counters (the lingering row)
-#include "memcuda/detail/registry_access.hpp"
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -198,7 +197,7 @@ struct ChildCtx {
   }
 
   RegistryOptions registry_options() const {
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();
     o.redis = redis::options_from_env();  // the parent passes MEMCUDA_REDIS_URL
     o.name_space = ns;
     o.control_thread = false;  // a client: the parent is the allocator of record
@@ -579,7 +578,7 @@ class Bench {
   }
 
   RegistryOptions leader_options(BackendKind b, const std::string& ns) const {
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();
     o.redis = redis_.options();
     o.name_space = ns;
     o.control_thread = true;

@@ -35,7 +35,7 @@ __global__ void fill(float* p, std::size_t n) {
   } while (0)
 
 int consumer() {
-  memcuda::RegistryOptions o;
+  auto o = memcuda::RegistryOptions::from_env();
   o.control_thread = false;
   memcuda::TensorRegistry reg(o);
   cudaStream_t s;
@@ -71,7 +71,7 @@ int main(int argc, char** argv) try {
   std::size_t n = std::size_t{1} << 24;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--elements") n = std::stoull(argv[i + 1]);
-  memcuda::RegistryOptions o;
+  auto o = memcuda::RegistryOptions::from_env();
   o.default_backend = memcuda::BackendKind::cuda;
   memcuda::TensorRegistry reg(o);
   auto t = reg.create<float>(kName, {static_cast<std::int64_t>(n)});

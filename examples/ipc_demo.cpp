@@ -35,7 +35,7 @@ int consumer(memcuda::RegistryOptions opts) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  memcuda::RegistryOptions opts;
+  auto opts = memcuda::RegistryOptions::from_env();
   opts.default_backend = examples::backend_from_args(argc, argv);
   if (examples::has_flag(argc, argv, "--consumer")) return consumer(opts);
   std::size_t n = 1 << 20;

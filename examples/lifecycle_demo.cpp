@@ -41,7 +41,7 @@ void show_hash(memcuda::redis::Connection& c, const std::string& key) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  memcuda::RegistryOptions opts;
+  auto opts = memcuda::RegistryOptions::from_env();
   opts.default_backend = examples::backend_from_args(argc, argv);
   memcuda::TensorRegistry allocator(opts);
   const std::string be(to_string(*opts.default_backend));

@@ -6,7 +6,7 @@
 #include "common.hpp"
 
 int main(int argc, char** argv) try {
-  memcuda::RegistryOptions opts;  // MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379
+  auto opts = memcuda::RegistryOptions::from_env();  // MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379
   opts.default_backend = examples::backend_from_args(argc, argv);
   memcuda::TensorRegistry reg(opts);  // the first process becomes allocator of record
   std::cout << "backend " << to_string(*opts.default_backend) << ", Redis " << opts.redis.describe()

@@ -129,7 +129,7 @@ int main(int argc, char** argv) try {
   std::string name = "demo/weights";
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--name") name = argv[i + 1];
-  memcuda::RegistryOptions opts;  // MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379
+  auto opts = memcuda::RegistryOptions::from_env();  // MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--backend" && std::string(argv[i + 1]) != "auto") {
       opts.default_backend = memcuda::backend_from_string(argv[i + 1]);  // unset: cuda when a GPU is usable

@@ -374,7 +374,7 @@ void report_failure(const std::string& what) {
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();
   std::optional<BackendKind> backend;
   std::uint64_t seed = 1;
   long ops = 1000;

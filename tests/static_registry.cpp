@@ -16,7 +16,7 @@ using namespace memcuda;
 namespace {
 
 RegistryOptions opts() {
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();  // MEMCUDA_REDIS_URL
   o.redis = redis::options_from_env();
   o.default_backend = BackendKind::host;
   o.lease_ttl = std::chrono::milliseconds(1000);

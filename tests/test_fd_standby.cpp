@@ -133,19 +133,22 @@ TEST_CASE("cuda_allocation: option text, environment default, bad values refused
   std::string keep = saved ? saved : "";
   RegistryOptions o;
   ::setenv("MEMCUDA_CUDA_ALLOCATION", "ipc", 1);
-  CHECK(detail::requested_cuda_allocation(o) == CudaAllocation::ipc);
-  o.cuda_allocation = CudaAllocation::vmm;  // the option wins over the environment
+  // Only from_env reads the variable: a registry's options, not the run time.
+  CHECK(detail::requested_cuda_allocation(o) == CudaAllocation::automatic);
+  CHECK(RegistryOptions::from_env().cuda_allocation == CudaAllocation::ipc);
+  o.cuda_allocation = CudaAllocation::vmm;
   CHECK(detail::requested_cuda_allocation(o) == CudaAllocation::vmm);
   o.cuda_allocation.reset();
   ::setenv("MEMCUDA_CUDA_ALLOCATION", "cumem", 1);
   try {
-    (void)detail::requested_cuda_allocation(o);
+    (void)RegistryOptions::from_env();
     FAIL("accepted MEMCUDA_CUDA_ALLOCATION=cumem");
   } catch (const InvalidArgument& e) {
     CHECK(std::string(e.what()).find("auto, vmm or ipc") != std::string::npos);
+    CHECK(std::string(e.what()).find("MEMCUDA_CUDA_ALLOCATION") != std::string::npos);
   }
   ::unsetenv("MEMCUDA_CUDA_ALLOCATION");
-  CHECK(detail::requested_cuda_allocation(o) == CudaAllocation::automatic);
+  CHECK_FALSE(RegistryOptions::from_env().cuda_allocation);
   // vmm cannot take memory from a user resource
   struct Dummy final : DeviceMemoryResource {
     void* do_allocate(std::size_t, int) override { return nullptr; }

@@ -51,7 +51,7 @@ bool ready(test::Child& w) {
 }
 
 RegistryOptions opts_for(const test::RedisServer& srv, bool control, BackendKind backend = BackendKind::host) {
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();  // the cuda cases set MEMCUDA_CUDA_ALLOCATION for this process and its workers
   o.redis = srv.options();
   o.control_thread = control;
   o.lease_ttl = std::chrono::milliseconds(ttl_for(std::string(to_string(backend))));
@@ -185,11 +185,17 @@ TEST_CASE("raw JSON lifecycle commands from a plain Redis client are executed", 
   CHECK(rep.at("refcount").as_int64() == 2);
   CHECK(reg.info("X").refcount == 2);
 
-  rep = ask(R"({"op":"delete","name":"X","pid":)" + p1 + R"(,"reply_to":"client:replies"})");
+  // "release" drops one reference; "delete", its alias, does the same, and
+  // each reply echoes the spelling its command used.
+  rep = ask(R"({"op":"release","name":"X","pid":)" + p1 + R"(,"reply_to":"client:replies"})");
   CHECK(rep.at("ok").as_bool());
+  CHECK(rep.at("op").as_string() == "release");
+  CHECK(rep.at("refcount").as_int64() == 1);
   CHECK(reg.info("X").refcount == 1);
+  CHECK(reg.info("X").holders.count("pid:" + p1) == 0);
   rep = ask(R"({"op":"delete","name":"X","pid":)" + p2 + R"(,"reply_to":"client:replies"})");
   CHECK(rep.at("ok").as_bool());
+  CHECK(rep.at("op").as_string() == "delete");
   CHECK_THROWS_AS(reg.info("X"), NotFound);  // refcount 0: freed and the Hash deleted
   CHECK(reg.stats().process.owned_allocations == 0);
 

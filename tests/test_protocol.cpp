@@ -264,7 +264,7 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   get.reply_to = "r";
 
   Command del = get;
-  del.op = Op::del;
+  del.op = Op::release;
   del.generation = 0;
   del.id = "0";
 
@@ -285,7 +285,10 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   scalar.shape = Shape{};
   scalar.persistent = false;
 
-  for (const Command& c : {create, get, del, free_, minimal_get, scalar}) {
+  Command del_alias = del;  // decoded from the alias "delete": encodes as it came
+  del_alias.op_spelled_delete = true;
+
+  for (const Command& c : {create, get, del, del_alias, free_, minimal_get, scalar}) {
     std::string json = protocol::encode_command(c);
     INFO(json);
     CHECK(protocol::decode_command(json) == c);
@@ -293,7 +296,8 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   // Numeric ids stay JSON numbers, string ids strings.
   CHECK(protocol::encode_command(get).find(R"("id":18446744073709551615)") != std::string::npos);
   CHECK(protocol::encode_command(create).find(R"("id":"req-\"1\"")") != std::string::npos);
-  CHECK(protocol::encode_command(del).find(R"("op":"delete")") != std::string::npos);
+  CHECK(protocol::encode_command(del).find(R"("op":"release")") != std::string::npos);
+  CHECK(protocol::encode_command(del_alias).find(R"("op":"delete")") != std::string::npos);
 }
 
 TEST_CASE("a free of many generations round-trips, without a name, up to the batch limit", "[protocol]") {
@@ -328,7 +332,13 @@ TEST_CASE("decode_command accepts aliases, integer ids and ignores fields of oth
   CHECK(g == plain_get);
 
   Command d = protocol::decode_command(" \n{\"op\":\"delete\",\"name\":\"a\",\"id\":\"7\"}\r\n\t ");
-  CHECK(d.op == Op::del);
+  CHECK(d.op == Op::release);  // "delete" is the alias of "release"
+  CHECK(d.op_spelled_delete);
+  Command r = protocol::decode_command(R"({"op":"release","name":"a","id":"7"})");
+  CHECK(r.op == Op::release);
+  CHECK_FALSE(r.op_spelled_delete);
+  r.op_spelled_delete = true;
+  CHECK(r == d);  // the same command but for the spelling the reply echoes
   CHECK(d.id == "7");
   CHECK_FALSE(d.id_is_number);
 
@@ -821,9 +831,11 @@ TEST_CASE("enum names of backends and states round-trip", "[protocol]") {
   CHECK(to_string(TensorState::lost) == "lost");
   CHECK_FALSE(backend_from_string("CUDA"));
   CHECK_FALSE(state_from_string(""));
-  for (Op op : {Op::create, Op::get, Op::del, Op::free})
+  for (Op op : {Op::create, Op::get, Op::release, Op::free, Op::create_many})
     CHECK(protocol::op_from_string(protocol::to_string(op)) == op);
-  CHECK(protocol::to_string(Op::del) == "delete");
+  CHECK(protocol::to_string(Op::release) == "release");
+  CHECK(protocol::op_from_string("delete") == Op::release);  // the accepted alias
+  CHECK_FALSE(protocol::op_from_string("Release"));
   CHECK_FALSE(protocol::op_from_string("del"));
 }
 

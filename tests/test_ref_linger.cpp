@@ -16,7 +16,6 @@
 
 #include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"
-#include "memcuda/detail/registry_access.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 

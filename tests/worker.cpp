@@ -84,7 +84,7 @@ void fill(const SharedTensor<float>& t, float v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  RegistryOptions o;
+  RegistryOptions o = RegistryOptions::from_env();  // tests pass MEMCUDA_CUDA_ALLOCATION etc. to workers
   std::optional<BackendKind> backend;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

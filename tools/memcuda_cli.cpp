@@ -111,7 +111,7 @@ int run(const std::vector<std::string>& argv) {
     }
     // The address: --url, else MEMCUDA_REDIS_URL, else the default. With
     // --url the variable is dropped, so a malformed one cannot get in the
-    // way (RegistryOptions reads it to fill its default).
+    // way (RegistryOptions::from_env reads it).
     if (auto url = c.args.get("--url")) {
       ::unsetenv(redis::kUrlEnv);
       c.redis = redis::with_password_from_env(redis::parse_url(*url));

@@ -12,8 +12,10 @@
 //     seen = *v;  // work enqueued on my_stream now reads version *v (or newer)
 //   }
 //
-// All three calls are safe from any thread; the bodies are in
-// detail/registry/ops/model_version.hpp, the Redis record in docs/protocol.md
+// All three calls are safe from any thread. Declarations only (the umbrella
+// memcuda/memcuda.hpp includes them): the bodies are in impl/model.ipp and
+// detail/registry/ops/model_version.hpp, compiled once per program by
+// memcuda/implementation.hpp; the Redis record is in docs/protocol.md
 // ("Model versions"), the design in docs/design.md ("In-place model updates").
 #pragma once
 
@@ -24,9 +26,8 @@
 #include <optional>
 #include <string_view>
 
-#include "memcuda/detail/registry/ops/model_version.hpp"
-#include "memcuda/detail/registry_access.hpp"
-#include "memcuda/local_tensor.hpp"
+#include "memcuda/stream.hpp"
+#include "memcuda/tensor_info.hpp"
 #include "memcuda/tensor_registry.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
@@ -51,12 +52,8 @@ struct VersionPublishOptions {
 // itself after version N while the producer already published N+1 waits for
 // N+1's writes (stricter, never weaker). Publish a model from one thread at
 // a time: two concurrent publishers would race on that one event.
-inline std::uint64_t publish_version(TensorRegistry& reg, std::string_view prefix,
-                                     StreamHandle producer_stream = nullptr,
-                                     const VersionPublishOptions& opts = {}) {
-  return detail::ModelVersions::publish(detail::RegistryAccess::core(reg), prefix, producer_stream, opts.backend,
-                                        opts.device);
-}
+std::uint64_t publish_version(TensorRegistry& reg, std::string_view prefix, StreamHandle producer_stream = nullptr,
+                              const VersionPublishOptions& opts = {});
 
 // Consumer side. Blocks until the model's version is greater than `after`
 // (without polling: the publish pushes the version and the producer's event
@@ -73,17 +70,12 @@ inline std::uint64_t publish_version(TensorRegistry& reg, std::string_view prefi
 // published on another node or from a device this process cannot see (or
 // by CUDA while this build has none). The wait holds a connection of the
 // registry's waiting pool (RegistryOptions::waiting_connections) and no lock.
-inline std::optional<std::uint64_t> wait_version(TensorRegistry& reg, std::string_view prefix, std::uint64_t after,
-                                                 std::chrono::milliseconds timeout,
-                                                 StreamHandle consumer_stream = nullptr) {
-  return detail::ModelVersions::wait(detail::RegistryAccess::core(reg), prefix, after, timeout, consumer_stream);
-}
+std::optional<std::uint64_t> wait_version(TensorRegistry& reg, std::string_view prefix, std::uint64_t after,
+                                          std::chrono::milliseconds timeout, StreamHandle consumer_stream = nullptr);
 
 // The model's current version: 0 when tensors exist under the prefix but no
 // version was published; NotFound when neither. One or two round trips; it
 // orders nothing (use wait_version(reg, prefix, v - 1, ...) for that).
-inline std::uint64_t current_version(TensorRegistry& reg, std::string_view prefix) {
-  return detail::ModelVersions::current(detail::RegistryAccess::core(reg), prefix);
-}
+std::uint64_t current_version(TensorRegistry& reg, std::string_view prefix);
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

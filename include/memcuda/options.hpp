@@ -1,13 +1,12 @@
-// Option structs of the client API. Every field has a default; environment
-// variables only fill defaults (MEMCUDA_REDIS_URL for the Redis address).
+// Option structs of the client API. Every field has a default, and no
+// default reads the environment: RegistryOptions::from_env() applies the
+// MEMCUDA_* variables (docs/operations.md, "Environment").
 #pragma once
 
 #include "memcuda/config.hpp"
 
-#include <charconv>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -84,22 +83,42 @@ struct PoolOptions {
   std::shared_ptr<DeviceMemoryResource> upstream;
   // Fill freed blocks, and the padding after a new tensor's bytes, with
   // 0xDD to expose reads of freed memory or past a tensor's end (a new
-  // tensor itself always reads as zeros). Default: MEMCUDA_DEBUG_POISON=1.
-  bool poison = [] {
-    const char* e = std::getenv("MEMCUDA_DEBUG_POISON");
-    return e && *e && *e != '0';
-  }();
+  // tensor itself always reads as zeros). from_env: MEMCUDA_DEBUG_POISON
+  // (set and not "0").
+  bool poison = false;
 };
 
-struct RegistryOptions {
-  // Where the registry lives. Defaults to MEMCUDA_REDIS_URL (with MEMCUDA_REDIS_PASSWORD), else
-  // redis://127.0.0.1:6379.
-  redis::Options redis = redis::options_from_env();
+// RegistryOptions, in four groups. Every field has a plain default and
+// RegistryOptions{} reads no environment; RegistryOptions::from_env() starts
+// from the same defaults and applies the MEMCUDA_* variables (the list:
+// docs/operations.md, "Environment"). The groups are bases of
+// RegistryOptions, so each field is reached directly (o.lease_ttl) and a
+// group as a whole through o.control() etc.
+
+// Where the registry lives and how its calls reach Redis.
+struct ConnectionOptions {
+  // The Redis server: redis://127.0.0.1:6379 (from_env: MEMCUDA_REDIS_URL,
+  // with MEMCUDA_REDIS_PASSWORD / _PASSWORD_FILE / _USER).
+  redis::Options redis;
 
   // Isolates registries sharing one Redis: every key gets the prefix "ns:".
   // Empty (default): the lifecycle list is plain `tensor_lifecycle`.
   std::string name_space;
 
+  // How long a create sent to the allocator of record waits for its reply.
+  std::chrono::milliseconds request_timeout{5000};
+
+  // Client calls borrow a Redis connection from a pool of at most this many
+  // (made as needed), so one thread's call never waits behind another's.
+  std::size_t client_connections = 4;
+  // Calls that wait in Redis for long (create through the allocator of
+  // record, wait()) borrow from a second pool of at most this many, so
+  // waiting threads never take the connections short calls need.
+  std::size_t waiting_connections = 16;
+};
+
+// The registry's thread: the allocator-of-record lease, the session, GC.
+struct ControlOptions {
   // Host the allocator-of-record role: campaign for the lease, serve the
   // lifecycle list while holding it, follow otherwise. A process that only
   // reads tensors may switch it off; some process must host it. (The
@@ -125,62 +144,60 @@ struct RegistryOptions {
   // its key has expired (about session_ttl + gc_interval).
   std::chrono::milliseconds session_ttl{2000};
   std::chrono::milliseconds gc_interval{500};
+};
 
-  // How long a create sent to the allocator of record waits for its reply.
-  std::chrono::milliseconds request_timeout{5000};
-
-  // Client calls borrow a Redis connection from a pool of at most this many
-  // (made as needed), so one thread's call never waits behind another's.
-  std::size_t client_connections = 4;
-  // Calls that wait in Redis for long (create through the allocator of
-  // record, wait()) borrow from a second pool of at most this many, so
-  // waiting threads never take the connections short calls need.
-  std::size_t waiting_connections = 16;
-
-  // Backend and device of create() when CreateOptions leaves them unset.
-  // nullopt: cuda when this build has CUDA and a device is visible, else host.
-  std::optional<BackendKind> default_backend;
-  int default_device = 0;
-
-  // The pool this registry allocates from while it is allocator of record.
-  PoolOptions pool;
-
-  // In-process reference sharing (docs/design.md, "In-process reference
-  // sharing"): a get() of a tensor this registry already holds returns the
-  // held handle without a Redis round trip (one Redis reference per process
-  // and tensor while any local copy lives), kept correct by an invalidation
+// In-process reference sharing (docs/design.md, "In-process reference sharing").
+struct SharingOptions {
+  // A get() of a tensor this registry already holds returns the held
+  // handle without a Redis round trip (one Redis reference per process and
+  // tensor while any local copy lives), kept correct by an invalidation
   // connection (Redis client tracking). False: every get() takes its own
-  // reference in Redis, as before. Default from MEMCUDA_SHARE_REFERENCES
-  // ("0" turns it off).
-  bool share_references = [] {
-    const char* e = std::getenv("MEMCUDA_SHARE_REFERENCES");
-    return !(e && std::string_view(e) == "0");
-  }();
+  // reference in Redis. from_env: MEMCUDA_SHARE_REFERENCES ("0" or "1").
+  bool share_references = true;
   // With share_references: how long the process's reference outlives the
   // last local handle of a get (ref_cache.hpp, "Lingering"). A get of the
   // name within the window takes the handle back with no Redis round trip;
   // when it passes, the release is queued and sent in a batch. Meanwhile
   // Redis still counts the reference (refcount, holders; a remove elsewhere
   // ends the window at its invalidation message); flush() ends every window
-  // of the process before it sends. 0: the release is queued at once.
-  // Default from MEMCUDA_RELEASE_LINGER_MS (an integer, at most 60000), else 0.
-  std::chrono::microseconds release_linger = [] {
-    const char* e = std::getenv("MEMCUDA_RELEASE_LINGER_MS");
-    long long ms = 0;
-    if (e) {
-      const std::string_view v(e);
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), ms);
-      if (ec != std::errc() || p != v.data() + v.size() || ms < 0 || ms > 60000) ms = 0;
-    }
-    return std::chrono::microseconds(ms * 1000);
-  }();
+  // of the process before it sends. 0: the release is queued at once; at
+  // most 60 s. from_env: MEMCUDA_RELEASE_LINGER_MS (an integer, 0..60000).
+  std::chrono::microseconds release_linger{0};
+};
 
-  // How cuda memory is allocated and shared (CudaAllocation above). nullopt:
-  // MEMCUDA_CUDA_ALLOCATION ("auto", "vmm" or "ipc"; a registry refuses any
-  // other value with InvalidArgument), else automatic. Readers open only
-  // records of the kind they resolve to: a process forced to ipc reading a
-  // cuda_vmm_fd record gets Unavailable naming both kinds.
+// Where create() puts tensors, and how memory is allocated and shared.
+struct AllocationOptions {
+  // Backend and device of create() when CreateOptions leaves them unset.
+  // nullopt: cuda when this build has CUDA and a device is visible, else host.
+  std::optional<BackendKind> default_backend;
+  int default_device = 0;
+
+  // How cuda memory is allocated and shared (CudaAllocation above); nullopt:
+  // automatic. from_env: MEMCUDA_CUDA_ALLOCATION ("auto", "vmm" or "ipc").
+  // Readers open only records of the kind they resolve to: a process forced
+  // to ipc reading a cuda_vmm_fd record gets Unavailable naming both kinds.
   std::optional<CudaAllocation> cuda_allocation;
+
+  // The pool this registry allocates from while it is allocator of record
+  // (from_env: MEMCUDA_DEBUG_POISON sets pool.poison).
+  PoolOptions pool;
+};
+
+struct RegistryOptions : ConnectionOptions, ControlOptions, SharingOptions, AllocationOptions {
+  // The defaults with every MEMCUDA_* variable of docs/operations.md
+  // ("Environment") applied; what TensorRegistry's default constructor, the
+  // C ABI, Python and the memcuda tool start from. Unset or empty variables
+  // leave the default; a malformed one throws InvalidArgument naming it.
+  static RegistryOptions from_env();
+
+  ConnectionOptions& connection() noexcept { return *this; }
+  const ConnectionOptions& connection() const noexcept { return *this; }
+  ControlOptions& control() noexcept { return *this; }
+  const ControlOptions& control() const noexcept { return *this; }
+  SharingOptions& sharing() noexcept { return *this; }
+  const SharingOptions& sharing() const noexcept { return *this; }
+  AllocationOptions& allocation() noexcept { return *this; }
+  const AllocationOptions& allocation() const noexcept { return *this; }
 };
 
 // Options of one get().

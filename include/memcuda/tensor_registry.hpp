@@ -24,7 +24,7 @@ namespace detail {
 class Core;             // detail/registry/core.hpp
 struct Opened;          // detail/registry/client/client.hpp
 struct RegistryThread;  // impl/tensor_registry.ipp: the control loop and its thread
-struct RegistryAccess;  // free functions of other public headers reach the core through it
+struct RegistryAccess;  // below
 }  // namespace detail
 
 // A connection to the tensor registry in Redis.
@@ -67,7 +67,13 @@ struct RegistryAccess;  // free functions of other public headers reach the core
 // unit; CMake: memcuda_add_implementation(<target>)). See the README.
 class TensorRegistry {
  public:
-  explicit TensorRegistry(RegistryOptions options = {});
+  // With RegistryOptions::from_env(): the defaults and the MEMCUDA_*
+  // variables (docs/operations.md, "Environment"), as the C ABI, Python and
+  // the memcuda tool use them.
+  TensorRegistry();
+  // With exactly `options` (RegistryOptions{} reads no environment; start
+  // from RegistryOptions::from_env() to honour the variables).
+  explicit TensorRegistry(RegistryOptions options);
   ~TensorRegistry();  // the thread stops and joins before the core goes
   TensorRegistry(TensorRegistry&&) noexcept;
   TensorRegistry& operator=(TensorRegistry&&) = delete;
@@ -181,16 +187,24 @@ class TensorRegistry {
 
   // ---- batch operations: one Redis round trip per batch (all in
   // detail/registry/ops/batch_client.hpp; docs/protocol.md, "Batch operations") ----
-  // Takes a reference to each name at once; a refused name (NotFound,
-  // TypeMismatch with `dtype`, Lost, ...) is in .errors and took nothing.
+  // get_many and get_all follow the one contract of C's memcuda_get_many and
+  // Python's Registry.get_many (docs/protocol.md, "The get_many contract"):
+  // a malformed name throws InvalidArgument before anything is taken; no
+  // names: an empty result and no Redis I/O; a name given twice takes one
+  // reference; the references are taken atomically in one script.
+  //
+  // Per name: a refused name (NotFound, TypeMismatch with `dtype`, Lost,
+  // ...) is in .errors and took nothing; the others are in .tensors.
   BatchGetResult get_many(const std::vector<std::string>& names, std::optional<DType> dtype = {});
-  // The same for every name starting with `prefix`, or matching a glob.
+  // The strict form: every tensor, or, when a name is refused, every
+  // reference given back and the error of the first refused name IN THE
+  // ORDER GIVEN thrown (what a get of that name alone throws).
+  std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names,
+                                                    std::optional<DType> dtype = {});
+  // get_many of every name starting with `prefix`, or matching a glob (in
+  // name order: their take_all() throws the first refused name's error).
   BatchGetResult get_prefix(std::string_view prefix);
   BatchGetResult get_matching(std::string_view glob);
-  // Strict get_many: all or the first error (every reference given back).
-  std::map<std::string, SharedTensor<void>> get_all(const std::vector<std::string>& names) {
-    return get_many(names).take_all();
-  }
   // Creates every tensor, all or nothing (AlreadyExists names the first taken
   // name); each reads as zeros.
   std::map<std::string, SharedTensor<void>> create_many(const std::vector<TensorSpec>& specs);
@@ -201,8 +215,8 @@ class TensorRegistry {
   // remove_all() says that.
   BatchRemoveResult remove_prefix(std::string_view prefix);
   BatchRemoveResult remove_all();
-  // Drops the handles; their releases are queued and sent as one pipeline.
-  template <class Handles> static void release_many(Handles& handles) { handles.clear(); }
+  // (No release_many: dropping handles together, e.g. clearing a container
+  // of them, queues their releases, sent as one pipeline.)
 
   // True while this registry holds the allocator-of-record lease (no I/O).
   bool is_leader() const;
@@ -236,5 +250,22 @@ class TensorRegistry {
 
   friend struct detail::RegistryAccess;
 };
+
+namespace detail {
+// How the free functions of other public headers (state_dict.hpp, model.hpp:
+// their bodies in impl/*.ipp) and white-box tests reach a registry's core
+// without widening TensorRegistry's public interface. Core stays incomplete
+// here; only the implementation unit uses what these return.
+struct RegistryAccess {
+  // The core for a call that talks to Redis: like the registry's own calls,
+  // rethrows an error of its thread and sends this process's queued releases first.
+  static Core& core(TensorRegistry& r) { return r.core(); }
+  // The same, shared: for what outlives the call (handles).
+  static std::shared_ptr<Core> shared_core(TensorRegistry& r) {
+    (void)r.core();
+    return r.core_;
+  }
+};
+}  // namespace detail
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

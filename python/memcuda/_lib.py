@@ -41,6 +41,12 @@ class RegistryOptions(ctypes.Structure):
         ("gc_interval_ms", c_int64),
         ("connect_timeout_ms", c_int64),
         ("command_timeout_ms", c_int64),
+        ("client_connections", c_int64),
+        ("waiting_connections", c_int64),
+        ("share_references", c_int),
+        ("release_linger_ms", c_int64),
+        ("cuda_allocation", c_int),
+        ("serve_stall_timeout_ms", c_int64),
     ]
 
 
@@ -160,6 +166,7 @@ _SIGNATURES = [
     ("memcuda_dtype_itemsize", c_size_t, [c_int]),
     ("memcuda_registry_options_init", None, [P(RegistryOptions)]),
     ("memcuda_registry_open", c_int, [P(RegistryOptions), P(c_void_p)]),
+    ("memcuda_registry_get_options", c_int, [c_void_p, P(RegistryOptions)]),
     ("memcuda_registry_close", None, [c_void_p]),
     ("memcuda_registry_session_id", c_char_p, [c_void_p]),
     ("memcuda_registry_is_leader", c_int, [c_void_p, P(c_int)]),

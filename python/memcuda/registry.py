@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import dtypes
+from . import _options, dtypes
 from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
 from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr, torch_views
@@ -50,14 +50,6 @@ class GcReport:
     tensors_lost: int
 
 
-def _ms(seconds: Optional[float], what: str) -> int:
-    if seconds is None:
-        return 0
-    if seconds <= 0:
-        raise InvalidArgument(f"{what} must be positive seconds, got {seconds!r}")
-    return max(1, int(round(seconds * 1000)))
-
-
 def _backend_device(backend: Optional[str], device: Device) -> tuple:
     """(MEMCUDA_BACKEND_*, ordinal or -1) from the user's backend and device."""
     b = {None: -1, "cuda": 0, "host": 1, "cpu": 1}.get(backend, None)
@@ -92,6 +84,22 @@ class Registry:
         default_backend: "cuda" or "host" for ``create`` (None: cuda when built
             with CUDA and a device is visible, else host).
         default_device: CUDA ordinal for ``create`` (default 0).
+        client_connections, waiting_connections: the two Redis connection
+            pools' sizes (None: 4 and 16).
+        share_references: a ``get`` of a name this registry holds shares its
+            handle without a Redis round trip (None: ``$MEMCUDA_SHARE_REFERENCES``,
+            else True).
+        release_linger: seconds a dropped ``get``'s reference lingers for a
+            later get of the name, at most 60 (None: ``$MEMCUDA_RELEASE_LINGER_MS``,
+            else 0; 0: none).
+        cuda_allocation: "auto", "vmm" or "ipc" (None: ``$MEMCUDA_CUDA_ALLOCATION``,
+            else "auto").
+        serve_stall_timeout: seconds after which a leader whose loop stalls gives
+            up its lease (None: 30; 0: never).
+
+    Options left None take the MEMCUDA_* variables (docs/operations.md,
+    "Environment"), else the C++ defaults; ``options`` shows what the registry
+    runs with.
 
     Every method may be called from any thread (the C calls release the GIL).
     Tensors stay usable after ``close``. A forked child must open its own Registry.
@@ -101,7 +109,10 @@ class Registry:
                  request_timeout: Optional[float] = None, lease_ttl: Optional[float] = None,
                  session_ttl: Optional[float] = None, gc_interval: Optional[float] = None,
                  connect_timeout: Optional[float] = None, command_timeout: Optional[float] = None,
-                 default_backend: Optional[str] = None, default_device: int = 0) -> None:
+                 default_backend: Optional[str] = None, default_device: int = 0,
+                 client_connections: Optional[int] = None, waiting_connections: Optional[int] = None,
+                 share_references: Optional[bool] = None, release_linger: Optional[float] = None,
+                 cuda_allocation: Optional[str] = None, serve_stall_timeout: Optional[float] = None) -> None:
         self._h: Optional[int] = None
         self._pid = os.getpid()
         o = RegistryOptions()
@@ -111,12 +122,11 @@ class Registry:
         o.control_thread = 1 if control_thread else 0
         o.default_backend, _ = _backend_device(default_backend, None)
         o.default_device = default_device
-        o.request_timeout_ms = _ms(request_timeout, "request_timeout")
-        o.lease_ttl_ms = _ms(lease_ttl, "lease_ttl")
-        o.session_ttl_ms = _ms(session_ttl, "session_ttl")
-        o.gc_interval_ms = _ms(gc_interval, "gc_interval")
-        o.connect_timeout_ms = _ms(connect_timeout, "connect_timeout")
-        o.command_timeout_ms = _ms(command_timeout, "command_timeout")
+        _options.fill(o, request_timeout=request_timeout, lease_ttl=lease_ttl, session_ttl=session_ttl,
+                      gc_interval=gc_interval, connect_timeout=connect_timeout, command_timeout=command_timeout,
+                      client_connections=client_connections, waiting_connections=waiting_connections,
+                      share_references=share_references, release_linger=release_linger,
+                      cuda_allocation=cuda_allocation, serve_stall_timeout=serve_stall_timeout)
         h = ctypes.c_void_p()
         check(lib.memcuda_registry_open(ctypes.byref(o), ctypes.byref(h)))
         self._h = h.value
@@ -151,6 +161,15 @@ class Registry:
             raise MemcudaError(f"this Registry was opened in process {self._pid}, before a fork; "
                                "open a new Registry in the child")
         return self._h
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        """What this registry runs with, after the environment and the defaults
+        (the keyword names of the constructor; times in seconds)."""
+        o = RegistryOptions()
+        lib.memcuda_registry_options_init(ctypes.byref(o))
+        check(lib.memcuda_registry_get_options(self._handle(), ctypes.byref(o)))
+        return _options.as_dict(o)
 
     @property
     def session_id(self) -> str:
@@ -199,10 +218,14 @@ class Registry:
         return Tensor(h.value)
 
     def get_many(self, names: Iterable[str]) -> List[Tensor]:
-        """Opens several tensors in one Redis round trip, in the order given (a
-        name given twice: two handles of one reference). All or nothing: when
-        a name is refused, every reference is given back and the error of the
-        first refused name in the order given is raised (NotFound, Lost, ...)."""
+        """Opens several tensors (any dtype) in one Redis round trip, in the
+        order given (a name given twice: two handles of one reference; no
+        names: [] without I/O). A malformed name raises InvalidArgument before
+        anything is taken. All or nothing: when a name is refused, every
+        reference is given back and the error of the first refused name in the
+        order given is raised (NotFound, Lost, ...). The same contract as C++
+        get_all and C memcuda_get_many (docs/protocol.md, "The get_many
+        contract")."""
         names = list(names)
         if not names:
             return []

@@ -39,17 +39,6 @@ void to_array(Map&& taken, memcuda_tensor*** out, size_t* count) {
   *count = made.size();
 }
 
-// The strict form of a batch get whose names were given in `order`: throws
-// the error of the first refused name in that order (what a get of that name
-// alone throws); the result's references go with it.
-void throw_first_refusal(memcuda::BatchGetResult& res, const std::vector<std::string>& order) {
-  for (const auto& n : order) {
-    auto it = res.errors.find(n);
-    if (it != res.errors.end()) it->second.rethrow();
-  }
-  res.errors.begin()->second.rethrow();  // a refused name not asked for: cannot happen, but never pass silently
-}
-
 }  // namespace
 
 extern "C" {
@@ -63,12 +52,13 @@ int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t cou
     std::vector<std::string> order;
     order.reserve(count);
     for (size_t i = 0; i < count; ++i) order.emplace_back(memcuda_c::name_arg(names[i]));
-    auto res = r.get_many(order);
-    if (!res.ok()) throw_first_refusal(res, order);
+    // get_all is the strict form with the error of the first refused name
+    // in the order given (docs/protocol.md, "The get_many contract").
+    auto taken = r.get_all(order);
     Handles made;
     made.reserve(count);
     // A name given twice: the same SharedTensor copied, one reference.
-    for (const auto& n : order) made.push_back(std::make_unique<memcuda_tensor>(res.tensors.at(n)));
+    for (const auto& n : order) made.push_back(std::make_unique<memcuda_tensor>(taken.at(n)));
     for (size_t i = 0; i < count; ++i) out[i] = made[i].release();
   });
 }

@@ -52,7 +52,6 @@ constexpr CodeInfo kCodes[MEMCUDA_ERR_LAST + 1] = {
     {"protocol_error", MEMCUDA_ERR_INVALID_ARGUMENT},
     {"cuda_error", MEMCUDA_ERR_ERROR},
     {"redis_error", MEMCUDA_ERR_ERROR},
-    {"redis_io", MEMCUDA_ERR_REDIS},
     {"redis_connection", MEMCUDA_ERR_REDIS},
     {"redis_auth", MEMCUDA_ERR_REDIS_CONNECTION},
     {"timeout", MEMCUDA_ERR_REDIS},

@@ -4,7 +4,9 @@
 // This is libmemcuda_c's implementation TU: when the public headers are split
 // into declarations and <memcuda/implementation.hpp>, the latter is included
 // here, once (the other TUs only include the declarations).
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -19,10 +21,21 @@ namespace {
 
 std::chrono::milliseconds ms(std::int64_t v) { return std::chrono::milliseconds(v); }
 
+// Whether the caller's struct (struct_size) holds the field at [offset, offset + size).
+bool has(const memcuda_registry_options* c, std::size_t offset, std::size_t size) {
+  return c->struct_size >= offset + size;
+}
+// A connection count: 0 keeps the default, else 1.. .
+void count(std::int64_t v, std::size_t& field, const char* what) {
+  if (v < 0) throw memcuda::InvalidArgument(std::string(what) + " must not be negative (0: the default)");
+  if (v > 0) field = static_cast<std::size_t>(v);
+}
+
 memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
-  memcuda::RegistryOptions o;
+  auto o = memcuda::RegistryOptions::from_env();  // the MEMCUDA_* variables; the struct's fields win
   if (!c) return o;
-  memcuda_c::check_struct(c, "options");
+  if (!has(c, offsetof(memcuda_registry_options, command_timeout_ms), sizeof c->command_timeout_ms))
+    memcuda_c::check_struct(c, "options");  // older than the first release's struct: refused with its message
   if (c->url && *c->url) o.redis = memcuda::redis::with_password_from_env(memcuda::redis::parse_url(c->url));
   if (c->name_space) o.name_space = c->name_space;
   o.control_thread = c->control_thread != 0;
@@ -44,7 +57,73 @@ memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
   set(c->gc_interval_ms, o.gc_interval, "gc_interval_ms");
   set(c->connect_timeout_ms, o.redis.connect_timeout, "connect_timeout_ms");
   set(c->command_timeout_ms, o.redis.command_timeout, "command_timeout_ms");
+  // Fields appended after the first release: read only when the caller's struct has them.
+  if (has(c, offsetof(memcuda_registry_options, client_connections), sizeof c->client_connections))
+    count(c->client_connections, o.client_connections, "client_connections");
+  if (has(c, offsetof(memcuda_registry_options, waiting_connections), sizeof c->waiting_connections))
+    count(c->waiting_connections, o.waiting_connections, "waiting_connections");
+  if (has(c, offsetof(memcuda_registry_options, share_references), sizeof c->share_references)) {
+    switch (c->share_references) {
+      case MEMCUDA_SHARING_DEFAULT: break;
+      case MEMCUDA_SHARING_ON: o.share_references = true; break;
+      case MEMCUDA_SHARING_OFF: o.share_references = false; break;
+      default: throw memcuda::InvalidArgument("share_references " + std::to_string(c->share_references) + " is not a MEMCUDA_SHARING_* value");
+    }
+  }
+  if (has(c, offsetof(memcuda_registry_options, release_linger_ms), sizeof c->release_linger_ms)) {
+    const std::int64_t v = c->release_linger_ms;
+    if (v < -1 || v > 60000)
+      throw memcuda::InvalidArgument("release_linger_ms " + std::to_string(v) + " is out of range (-1: none, 0: the default, at most 60000)");
+    if (v == -1) o.release_linger = std::chrono::microseconds(0);
+    if (v > 0) o.release_linger = ms(v);
+  }
+  if (has(c, offsetof(memcuda_registry_options, cuda_allocation), sizeof c->cuda_allocation)) {
+    switch (c->cuda_allocation) {
+      case MEMCUDA_CUDA_ALLOCATION_DEFAULT: break;
+      case MEMCUDA_CUDA_ALLOCATION_AUTO: o.cuda_allocation = memcuda::CudaAllocation::automatic; break;
+      case MEMCUDA_CUDA_ALLOCATION_VMM: o.cuda_allocation = memcuda::CudaAllocation::vmm; break;
+      case MEMCUDA_CUDA_ALLOCATION_IPC: o.cuda_allocation = memcuda::CudaAllocation::ipc; break;
+      default: throw memcuda::InvalidArgument("cuda_allocation " + std::to_string(c->cuda_allocation) + " is not a MEMCUDA_CUDA_ALLOCATION_* value");
+    }
+  }
+  if (has(c, offsetof(memcuda_registry_options, serve_stall_timeout_ms), sizeof c->serve_stall_timeout_ms)) {
+    const std::int64_t v = c->serve_stall_timeout_ms;
+    if (v < -1) throw memcuda::InvalidArgument("serve_stall_timeout_ms must be -1 (never), 0 (the default) or positive");
+    if (v == -1) o.serve_stall_timeout = ms(0);
+    if (v > 0) o.serve_stall_timeout = ms(v);
+  }
   return o;
+}
+
+// The registry's options in the C struct's terms (memcuda_registry_get_options).
+void from_options(const memcuda::RegistryOptions& o, memcuda_registry_options* c) {
+  memcuda_registry_options f{};
+  f.struct_size = c->struct_size;
+  f.url = nullptr;
+  f.name_space = o.name_space.c_str();
+  f.control_thread = o.control_thread ? 1 : 0;
+  f.default_backend = !o.default_backend                             ? MEMCUDA_BACKEND_DEFAULT
+                      : *o.default_backend == memcuda::BackendKind::cuda ? MEMCUDA_BACKEND_CUDA
+                                                                         : MEMCUDA_BACKEND_HOST;
+  f.default_device = o.default_device;
+  f.request_timeout_ms = o.request_timeout.count();
+  f.lease_ttl_ms = o.lease_ttl.count();
+  f.session_ttl_ms = o.session_ttl.count();
+  f.gc_interval_ms = o.gc_interval.count();
+  f.connect_timeout_ms = o.redis.connect_timeout.count();
+  f.command_timeout_ms = o.redis.command_timeout.count();
+  f.client_connections = static_cast<std::int64_t>(o.client_connections);
+  f.waiting_connections = static_cast<std::int64_t>(o.waiting_connections);
+  f.share_references = o.share_references ? MEMCUDA_SHARING_ON : MEMCUDA_SHARING_OFF;
+  const auto linger = std::chrono::duration_cast<std::chrono::milliseconds>(o.release_linger).count();
+  f.release_linger_ms = linger > 0 ? linger : -1;
+  using memcuda::CudaAllocation;
+  f.cuda_allocation = o.cuda_allocation.value_or(CudaAllocation::automatic) == CudaAllocation::vmm ? MEMCUDA_CUDA_ALLOCATION_VMM
+                      : o.cuda_allocation.value_or(CudaAllocation::automatic) == CudaAllocation::ipc
+                          ? MEMCUDA_CUDA_ALLOCATION_IPC
+                          : MEMCUDA_CUDA_ALLOCATION_AUTO;
+  f.serve_stall_timeout_ms = o.serve_stall_timeout.count() > 0 ? o.serve_stall_timeout.count() : -1;
+  std::memcpy(c, &f, std::min<std::size_t>(c->struct_size, sizeof f));
 }
 
 // Opens one tensor and checks the dtype, returning a new C handle.
@@ -72,6 +151,17 @@ void memcuda_registry_options_init(memcuda_registry_options* o) {
   o->struct_size = sizeof *o;
   o->control_thread = 1;
   o->default_backend = MEMCUDA_BACKEND_DEFAULT;
+}
+
+int memcuda_registry_get_options(const memcuda_registry* reg, memcuda_registry_options* out) {
+  return guarded([&] {
+    if (!reg) throw memcuda::InvalidArgument("registry is NULL");
+    if (!out) throw memcuda::InvalidArgument("out is NULL");
+    if (out->struct_size < offsetof(memcuda_registry_options, client_connections))
+      throw memcuda::InvalidArgument("out->struct_size is " + std::to_string(out->struct_size) +
+                                     " (call memcuda_registry_options_init first)");
+    from_options(reg->reg.options(), out);
+  });
 }
 
 int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out) {

@@ -16,7 +16,7 @@ struct Context {
   // The registry as seen by this command; see memcuda_cli.cpp for why
   // only `serve` hosts the control thread.
   RegistryOptions registry_options(bool control_thread) const {
-    RegistryOptions o;
+    RegistryOptions o = RegistryOptions::from_env();  // the MEMCUDA_* variables, then the flags
     o.redis = redis;
     o.name_space = name_space;
     o.control_thread = control_thread;

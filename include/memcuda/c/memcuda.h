@@ -125,8 +125,23 @@ MEMCUDA_C_EXPORT size_t memcuda_dtype_itemsize(int dtype);
 typedef struct memcuda_registry memcuda_registry; /* opaque */
 typedef struct memcuda_tensor memcuda_tensor;     /* opaque: one share of a reference */
 
+/* memcuda_registry_options.share_references */
+#define MEMCUDA_SHARING_DEFAULT 0 /* $MEMCUDA_SHARE_REFERENCES, else on */
+#define MEMCUDA_SHARING_ON 1
+#define MEMCUDA_SHARING_OFF 2
+
+/* memcuda_registry_options.cuda_allocation (RegistryOptions::cuda_allocation) */
+#define MEMCUDA_CUDA_ALLOCATION_DEFAULT 0 /* $MEMCUDA_CUDA_ALLOCATION, else auto */
+#define MEMCUDA_CUDA_ALLOCATION_AUTO 1    /* vmm where the device supports it, else ipc */
+#define MEMCUDA_CUDA_ALLOCATION_VMM 2     /* cuMem allocations shared as fds */
+#define MEMCUDA_CUDA_ALLOCATION_IPC 3     /* legacy cudaIpc handles */
+
 /* Options of memcuda_registry_open. Fill with memcuda_registry_options_init,
- * then change what you need; 0 (or NULL) in a field means "the default". */
+ * then change what you need; 0 (or NULL) in a field means "the default": the
+ * MEMCUDA_* variable of that option where there is one (docs/operations.md,
+ * "Environment": the C ABI starts from RegistryOptions::from_env()), else
+ * the C++ default. Fields after command_timeout_ms were appended later: a
+ * caller whose struct_size ends before one gets its default. */
 typedef struct memcuda_registry_options {
   uint32_t struct_size;       /* sizeof(memcuda_registry_options) */
   const char* url;            /* redis://... or unix:///path.sock; NULL: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379;
@@ -141,9 +156,24 @@ typedef struct memcuda_registry_options {
   int64_t gc_interval_ms;     /* default 500 */
   int64_t connect_timeout_ms; /* one connect to Redis (default 1000) */
   int64_t command_timeout_ms; /* one Redis command (default 2000) */
+  /* appended (read only when struct_size covers them) */
+  int64_t client_connections;     /* connections at most for short calls (default 4) */
+  int64_t waiting_connections;    /* connections at most for calls that wait in Redis (default 16) */
+  int share_references;           /* MEMCUDA_SHARING_*: a get of a held name shares its handle (default on) */
+  int64_t release_linger_ms;      /* with sharing: how long a dropped get's reference lingers;
+                                     0: the default ($MEMCUDA_RELEASE_LINGER_MS, else none); -1: none; at most 60000 */
+  int cuda_allocation;            /* MEMCUDA_CUDA_ALLOCATION_* */
+  int64_t serve_stall_timeout_ms; /* a leader whose loop stalls this long gives up its lease (default 30000; -1: never) */
 } memcuda_registry_options;
 
 MEMCUDA_C_EXPORT void memcuda_registry_options_init(memcuda_registry_options* opts);
+/* The options an open registry runs with (after the environment and the
+ * defaults), in the struct's terms: every field set, none left 0 for "the
+ * default" (release_linger_ms: -1 for none, serve_stall_timeout_ms: -1 for
+ * never); url is NULL and name_space valid while reg is open. Set
+ * out->struct_size first (memcuda_registry_options_init); only the fields
+ * it covers are written. */
+MEMCUDA_C_EXPORT int memcuda_registry_get_options(const memcuda_registry* reg, memcuda_registry_options* out);
 
 /* Connects and starts the registry's thread (TensorRegistry's constructor).
  * opts may be NULL (all defaults). On success *out owns the registry. */
@@ -179,12 +209,15 @@ MEMCUDA_C_EXPORT int memcuda_get(memcuda_registry* reg, const char* name, int dt
  * stream) wait for the producer's last publish. Host backend: no wait. */
 MEMCUDA_C_EXPORT int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream,
                                            memcuda_tensor** out);
-/* Opens `count` tensors (any dtype) into out[0..count), in one Redis round
- * trip (TensorRegistry::get_many). A name given twice gets two shares of one
- * reference. All or nothing: when a name is refused, every reference the
- * batch took is given back, out[] is all NULL, and the status and message
- * are those of the first refused name in the order given (what memcuda_get
- * of that name alone reports: NOT_FOUND, LOST, ...). */
+/* Opens `count` tensors (any dtype) into out[0..count), in the order given,
+ * in one Redis round trip (TensorRegistry::get_all; the contract of all three
+ * languages is docs/protocol.md, "The get_many contract"). count 0: OK, no
+ * I/O. A NULL or malformed name fails the call before anything is taken. A
+ * name given twice gets two shares of one reference. All or nothing: when a
+ * name is refused, every reference the batch took is given back, out[] is
+ * all NULL, and the status and message are those of the first refused name
+ * in the order given (what memcuda_get of that name alone reports:
+ * NOT_FOUND, LOST, ...). */
 MEMCUDA_C_EXPORT int memcuda_get_many(memcuda_registry* reg, const char* const* names, size_t count,
                                       memcuda_tensor** out);
 /* Opens every tensor whose name starts with `prefix` ("" or NULL: every

@@ -27,6 +27,8 @@ struct RegistryThread {
 
 }  // namespace detail
 
+TensorRegistry::TensorRegistry() : TensorRegistry(RegistryOptions::from_env()) {}
+
 TensorRegistry::TensorRegistry(RegistryOptions options) : core_(detail::Core::make(std::move(options))) {
   auto t = std::make_unique<detail::RegistryThread>();
   t->loop = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
@@ -88,7 +90,20 @@ void TensorRegistry::check() { core(); }
 // takes are not put in the reference cache (a later single get takes its own).
 BatchGetResult TensorRegistry::get_many(const std::vector<std::string>& names, std::optional<DType> dtype) {
   core();
-  return detail::BatchClient(core_).get(detail::Selection::of(names), dtype);
+  auto sel = detail::Selection::of(names);  // validates every name before anything is taken
+  if (sel.names.empty()) return {};         // nothing asked: no script
+  return detail::BatchClient(core_).get(sel, dtype);
+}
+std::map<std::string, SharedTensor<void>> TensorRegistry::get_all(const std::vector<std::string>& names,
+                                                                  std::optional<DType> dtype) {
+  auto r = get_many(names, dtype);
+  for (const auto& n : names) {
+    auto it = r.errors.find(n);
+    if (it == r.errors.end()) continue;
+    r.tensors.clear();  // every reference given back (queued) before the throw
+    it->second.rethrow();
+  }
+  return std::move(r).take_all();  // no refusal (take_all still never passes one silently)
 }
 BatchGetResult TensorRegistry::get_prefix(std::string_view prefix) {
   core();

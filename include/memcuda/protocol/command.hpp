@@ -25,18 +25,20 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
-// Lifecycle operations. `free` is internal: a process whose release dropped a
-// tensor's refcount to 0 sends it so that the allocator of record frees the
-// memory. `create_many` creates several tensors, all or nothing
+// Lifecycle operations. `release` drops one reference of the holder (it
+// removes nothing by itself). `free` is internal: a process whose release
+// dropped a tensor's refcount to 0 sends it so that the allocator of record
+// frees the memory. `create_many` creates several tensors, all or nothing
 // (docs/protocol.md, "Batch commands").
-enum class Op : std::uint8_t { create, get, del, free, create_many };
+enum class Op : std::uint8_t { create, get, release, free, create_many };
 
-// Wire names: "create", "get", "delete", "free", "create_many".
+// Wire names: "create", "get", "release", "free", "create_many". "delete" is
+// accepted as an alias of "release" (the seed's name; op_from_string).
 constexpr std::string_view to_string(Op op) noexcept {
   switch (op) {
     case Op::create: return "create";
     case Op::get: return "get";
-    case Op::del: return "delete";
+    case Op::release: return "release";
     case Op::free: return "free";
     case Op::create_many: return "create_many";
   }
@@ -46,7 +48,7 @@ constexpr std::string_view to_string(Op op) noexcept {
 inline std::optional<Op> op_from_string(std::string_view s) noexcept {
   if (s == "create") return Op::create;
   if (s == "get") return Op::get;
-  if (s == "delete") return Op::del;
+  if (s == "release" || s == "delete") return Op::release;
   if (s == "free") return Op::free;
   if (s == "create_many") return Op::create_many;
   return std::nullopt;
@@ -62,14 +64,14 @@ struct Command {
   std::optional<Shape> shape;               // create (required)
   std::optional<int> device;                // create
   std::optional<BackendKind> backend;       // create
-  std::optional<bool> persistent;           // create: also held by its name until deleted
+  std::optional<bool> persistent;           // create: also held by its name until removed
   std::optional<std::string> device_uuid;   // create: names the device across processes
   std::optional<std::int64_t> pid;          // all ops
   std::optional<std::string> node;          // all ops
   std::optional<std::string> id;            // all ops; echoed in the reply
   bool id_is_number = false;                // id was a JSON integer (id holds its decimal text)
   std::optional<std::string> reply_to;      // all ops; List that receives the reply
-  std::optional<std::uint64_t> generation;  // get, delete (optional), free (this or generations)
+  std::optional<std::uint64_t> generation;  // get, release (optional), free (this or generations)
   // free of many (1..kMaxBatchEntries) unlinked tensors at once, sent by a
   // batch remove; `name` is then optional (and unused).
   std::vector<std::uint64_t> generations;
@@ -78,6 +80,9 @@ struct Command {
   // the command's device, device_uuid, backend and persistent unless it
   // gives its own. `name` is optional for create_many (and unused).
   std::vector<CreateEntry> tensors;
+  // The op came as "delete" (the alias of release): the reply echoes that
+  // spelling, so a client matching replies by op sees what it sent.
+  bool op_spelled_delete = false;
 
   friend bool operator==(const Command&, const Command&) = default;
 };
@@ -118,8 +123,9 @@ inline Command decode_command(std::string_view text) {
   if (!parsed_op)
     fail(ProtocolErrc::unknown_op, "field \"op\": unknown operation \"" +
                                        memcuda::detail::rules::printable(op) +
-                                       "\"; expected create, get, delete, free or create_many");
+                                       "\"; expected create, get, release (or its alias delete), free or create_many");
   c.op = *parsed_op;
+  c.op_spelled_delete = op == "delete";
 
   const bool many_frees = c.op == Op::free && detail::find(*o, "generations");
   if ((c.op != Op::create_many && !many_frees) || detail::find(*o, "name")) {
@@ -173,7 +179,7 @@ inline Command decode_command(std::string_view text) {
       break;
     }
     case Op::get:
-    case Op::del:
+    case Op::release:
       if (const json::value* v = detail::find(*o, "generation"))
         c.generation = detail::get_uint(*v, "generation");
       break;
@@ -238,7 +244,8 @@ inline Command decode_command(std::string_view text) {
 inline std::string encode_command(const Command& c) {
   namespace json = boost::json;
   json::object o;
-  o["op"] = json::string_view(to_string(c.op).data(), to_string(c.op).size());
+  const std::string_view op = c.op_spelled_delete ? std::string_view("delete") : to_string(c.op);
+  o["op"] = json::string_view(op.data(), op.size());
   const bool nameless = c.op == Op::create_many || (c.op == Op::free && !c.generations.empty());
   if (!nameless || !c.name.empty()) o["name"] = json::string_view(c.name.data(), c.name.size());
   if (c.op == Op::create || c.op == Op::create_many) {

@@ -52,14 +52,10 @@ inline Backend& backend_for(const TensorInfo& t) {
   return backend_for(t.backend);
 }
 
-// The requested cuda allocation kind: the option, else MEMCUDA_CUDA_ALLOCATION,
-// else automatic. Throws InvalidArgument for an unknown value.
+// The requested cuda allocation kind: the option, else automatic (the
+// environment is read once, by RegistryOptions::from_env, not here).
 inline CudaAllocation requested_cuda_allocation(const RegistryOptions& o) {
-  if (o.cuda_allocation) return *o.cuda_allocation;
-  const char* e = std::getenv("MEMCUDA_CUDA_ALLOCATION");
-  if (!e || !*e) return CudaAllocation::automatic;
-  if (auto v = cuda_allocation_from_string(e)) return *v;
-  throw InvalidArgument("MEMCUDA_CUDA_ALLOCATION is '" + std::string(e) + "'; expected auto, vmm or ipc");
+  return o.cuda_allocation.value_or(CudaAllocation::automatic);
 }
 
 inline bool cuda_usable() {

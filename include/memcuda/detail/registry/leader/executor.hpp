@@ -32,7 +32,7 @@ class Executor {
     protocol::Reply rep;
     rep.id = cmd.id;
     rep.id_is_number = cmd.id_is_number;
-    rep.op = std::string(to_string(cmd.op));
+    rep.op = cmd.op_spelled_delete ? "delete" : std::string(to_string(cmd.op));
     if (cmd.op != protocol::Op::create_many || !cmd.name.empty()) rep.name = cmd.name;
     auto [token, epoch] = lease_.current();
     const auto& k = ctx_.keys;
@@ -52,7 +52,7 @@ class Executor {
         rep.refcount = t.refcount;
         break;
       }
-      case protocol::Op::del: {
+      case protocol::Op::release: {
         refuse_session_holder(cmd);
         std::uint64_t gen = cmd.generation.value_or(0);
         if (!gen) {

@@ -1,0 +1,53 @@
+// Implementation unit part: RegistryOptions::from_env (memcuda/options.hpp),
+// the one place that turns the MEMCUDA_* variables into registry options.
+// Included once per program through memcuda/implementation.hpp.
+#pragma once
+
+#include <charconv>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "memcuda/error.hpp"
+#include "memcuda/options.hpp"
+#include "memcuda/redis/options.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN
+
+namespace detail {
+// The variable's value; nullopt when unset or empty (the default stays).
+inline std::optional<std::string_view> env_value(const char* name) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return std::nullopt;
+  return std::string_view(e);
+}
+[[noreturn]] inline void bad_env(const char* name, std::string_view value, std::string_view expected) {
+  throw InvalidArgument(std::string(name) + " is '" + std::string(value) + "'; expected " + std::string(expected) +
+                        " (fix or unset the variable)");
+}
+}  // namespace detail
+
+RegistryOptions RegistryOptions::from_env() {
+  RegistryOptions o;
+  o.redis = redis::options_from_env();  // MEMCUDA_REDIS_URL, _PASSWORD, _PASSWORD_FILE, _USER
+  if (auto v = detail::env_value("MEMCUDA_SHARE_REFERENCES")) {
+    if (*v != "0" && *v != "1") detail::bad_env("MEMCUDA_SHARE_REFERENCES", *v, "0 or 1");
+    o.share_references = *v == "1";
+  }
+  if (auto v = detail::env_value("MEMCUDA_RELEASE_LINGER_MS")) {
+    long long ms = -1;
+    auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), ms);
+    if (ec != std::errc() || p != v->data() + v->size() || ms < 0 || ms > 60000)
+      detail::bad_env("MEMCUDA_RELEASE_LINGER_MS", *v, "an integer number of milliseconds, 0..60000");
+    o.release_linger = std::chrono::milliseconds(ms);
+  }
+  if (auto v = detail::env_value("MEMCUDA_CUDA_ALLOCATION")) {
+    auto k = cuda_allocation_from_string(*v);
+    if (!k) detail::bad_env("MEMCUDA_CUDA_ALLOCATION", *v, "auto, vmm or ipc");
+    o.cuda_allocation = *k;
+  }
+  if (auto v = detail::env_value("MEMCUDA_DEBUG_POISON")) o.pool.poison = *v != "0";
+  return o;
+}
+
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -1,0 +1,74 @@
+// Implementation unit part: the state-dict calls declared in
+// memcuda/state_dict.hpp. Included once per program through
+// memcuda/implementation.hpp; non-inline on purpose (see there).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/cuda/state_dict_copy.hpp"
+#include "memcuda/detail/registry/ops/state_dicts.hpp"
+#include "memcuda/state_dict.hpp"
+#include "memcuda/tensor_registry.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN
+
+StateDict publish_state_dict(TensorRegistry& reg, std::string_view prefix, const std::vector<StateDictEntry>& entries,
+                             const PublishOptions& opts) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(entries.size());
+  for (const auto& e : entries) specs.push_back({std::string(prefix) + e.name, e.dtype, e.shape, opts.create});
+  auto made = reg.create_many(specs);
+  StateDict out;
+  try {
+    detail::StateDictCopier copier(opts.stream);
+    for (const auto& e : entries) {
+      auto& t = made.at(std::string(prefix) + e.name);
+      if (e.data) copier.copy(t, e.data);
+    }
+    copier.finish();
+  } catch (...) {
+    std::vector<std::string> names;
+    for (const auto& [n, t] : made) names.push_back(n);
+    made.clear();
+    try {
+      (void)reg.remove_many(names);
+    } catch (...) {
+      // the copy's error is the one to report
+    }
+    throw;
+  }
+  if (opts.create.persistent) {
+    std::vector<std::pair<std::string, std::uint64_t>> members;
+    for (const auto& [n, t] : made) members.emplace_back(n, t.generation());
+    (void)detail::DictClient(detail::RegistryAccess::shared_core(reg)).link(prefix, members);
+  }
+  for (auto& [n, t] : made) out.emplace(n.substr(prefix.size()), std::move(t));
+  return out;
+}
+
+bool link_state_dict(TensorRegistry& reg, std::string_view prefix, const std::vector<SharedTensor<void>>& tensors) {
+  std::vector<std::pair<std::string, std::uint64_t>> members;
+  members.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (!t) throw InvalidArgument("link_state_dict of an empty SharedTensor");
+    members.emplace_back(t.name(), t.generation());
+  }
+  return detail::DictClient(detail::RegistryAccess::shared_core(reg)).link(prefix, members);
+}
+
+StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix) {
+  if (auto linked = detail::DictClient(detail::RegistryAccess::shared_core(reg)).open(prefix)) {
+    StateDict out;
+    for (auto& [n, t] : *linked) out.emplace(n.substr(prefix.size()), std::move(t));
+    return out;
+  }
+  auto all = reg.get_prefix(prefix);
+  auto taken = std::move(all).take_all();
+  StateDict out;
+  for (auto& [n, t] : taken) out.emplace(n.substr(prefix.size()), std::move(t));
+  return out;
+}
+
+MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -1,0 +1,81 @@
+"""Registry options between Python keywords and the C struct memcuda_registry_options."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from .errors import InvalidArgument
+
+CUDA_ALLOCATIONS = {None: 0, "auto": 1, "vmm": 2, "ipc": 3}  # MEMCUDA_CUDA_ALLOCATION_*
+_SHARING = {None: 0, True: 1, False: 2}  # MEMCUDA_SHARING_*
+
+
+def _ms(seconds: Optional[float], what: str) -> int:
+    if seconds is None:
+        return 0
+    if seconds <= 0:
+        raise InvalidArgument(f"{what} must be positive seconds, got {seconds!r}")
+    return max(1, int(round(seconds * 1000)))
+
+
+def _count(n: Optional[int], what: str) -> int:
+    if n is None:
+        return 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"{what} must be a positive int, got {n!r}")
+    return n
+
+
+def _ms_or_off(seconds: Optional[float], what: str) -> int:
+    """0 (the default) for None, -1 for 0 (off), else whole milliseconds."""
+    if seconds is None:
+        return 0
+    if seconds < 0:
+        raise InvalidArgument(f"{what} must not be negative seconds, got {seconds!r}")
+    return -1 if seconds == 0 else max(1, int(round(seconds * 1000)))
+
+
+def fill(o: Any, *, request_timeout: Optional[float], lease_ttl: Optional[float], session_ttl: Optional[float],
+         gc_interval: Optional[float], connect_timeout: Optional[float], command_timeout: Optional[float],
+         client_connections: Optional[int], waiting_connections: Optional[int],
+         share_references: Optional[bool], release_linger: Optional[float], cuda_allocation: Optional[str],
+         serve_stall_timeout: Optional[float]) -> None:
+    """Sets the struct's timing, pool, sharing and allocation fields (0: the
+    default, which the C ABI takes from the MEMCUDA_* variables)."""
+    o.request_timeout_ms = _ms(request_timeout, "request_timeout")
+    o.lease_ttl_ms = _ms(lease_ttl, "lease_ttl")
+    o.session_ttl_ms = _ms(session_ttl, "session_ttl")
+    o.gc_interval_ms = _ms(gc_interval, "gc_interval")
+    o.connect_timeout_ms = _ms(connect_timeout, "connect_timeout")
+    o.command_timeout_ms = _ms(command_timeout, "command_timeout")
+    o.client_connections = _count(client_connections, "client_connections")
+    o.waiting_connections = _count(waiting_connections, "waiting_connections")
+    o.share_references = _SHARING[None if share_references is None else bool(share_references)]
+    o.release_linger_ms = _ms_or_off(release_linger, "release_linger")
+    if cuda_allocation not in CUDA_ALLOCATIONS:
+        raise InvalidArgument(f"cuda_allocation must be 'auto', 'vmm' or 'ipc', got {cuda_allocation!r}")
+    o.cuda_allocation = CUDA_ALLOCATIONS[cuda_allocation]
+    o.serve_stall_timeout_ms = _ms_or_off(serve_stall_timeout, "serve_stall_timeout")
+
+
+def as_dict(o: Any) -> Dict[str, Any]:
+    """The struct memcuda_registry_get_options filled, as constructor keywords."""
+    backends = {-1: None, 0: "cuda", 1: "host"}
+    kinds = {v: k for k, v in CUDA_ALLOCATIONS.items() if k}
+    return {
+        "namespace": (o.name_space or b"").decode() or None,
+        "control_thread": bool(o.control_thread),
+        "default_backend": backends[o.default_backend],
+        "default_device": o.default_device,
+        "request_timeout": o.request_timeout_ms / 1000,
+        "lease_ttl": o.lease_ttl_ms / 1000,
+        "session_ttl": o.session_ttl_ms / 1000,
+        "gc_interval": o.gc_interval_ms / 1000,
+        "connect_timeout": o.connect_timeout_ms / 1000,
+        "command_timeout": o.command_timeout_ms / 1000,
+        "client_connections": o.client_connections,
+        "waiting_connections": o.waiting_connections,
+        "share_references": o.share_references == 1,
+        "release_linger": max(0, o.release_linger_ms) / 1000,
+        "cuda_allocation": kinds[o.cuda_allocation],
+        "serve_stall_timeout": max(0, o.serve_stall_timeout_ms) / 1000,
+    }

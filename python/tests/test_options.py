@@ -1,0 +1,95 @@
+"""Registry options from Python (the C struct's appended fields, the
+MEMCUDA_* variables for what is left None) and get_many's contract
+(docs/protocol.md, "The get_many contract")."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import memcuda
+
+ENV = ("MEMCUDA_SHARE_REFERENCES", "MEMCUDA_RELEASE_LINGER_MS", "MEMCUDA_CUDA_ALLOCATION")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for v in ENV:
+        monkeypatch.delenv(v, raising=False)
+    return monkeypatch
+
+
+def test_keywords_reach_the_registry(redis_url, namespace, clean_env):
+    with memcuda.Registry(redis_url, namespace, control_thread=False, client_connections=3, waiting_connections=5,
+                          share_references=False, release_linger=0.25, cuda_allocation="ipc",
+                          serve_stall_timeout=4) as r:
+        o = r.options
+    assert o["client_connections"] == 3 and o["waiting_connections"] == 5
+    assert o["share_references"] is False
+    assert o["release_linger"] == 0.25
+    assert o["cuda_allocation"] == "ipc"
+    assert o["serve_stall_timeout"] == 4
+    assert o["namespace"] == namespace and o["control_thread"] is False
+
+    with memcuda.Registry(redis_url, namespace, control_thread=False) as r:
+        d = r.options
+    assert (d["client_connections"], d["waiting_connections"]) == (4, 16)
+    assert d["share_references"] is True and d["release_linger"] == 0
+    assert d["cuda_allocation"] == "auto" and d["serve_stall_timeout"] == 30
+
+
+def test_variables_fill_what_is_left_none(redis_url, namespace, clean_env):
+    clean_env.setenv("MEMCUDA_SHARE_REFERENCES", "0")
+    clean_env.setenv("MEMCUDA_RELEASE_LINGER_MS", "7")
+    clean_env.setenv("MEMCUDA_CUDA_ALLOCATION", "vmm")
+    with memcuda.Registry(redis_url, namespace, control_thread=False) as r:
+        o = r.options
+    assert o["share_references"] is False and o["release_linger"] == 0.007 and o["cuda_allocation"] == "vmm"
+    # a keyword wins over its variable
+    with memcuda.Registry(redis_url, namespace, control_thread=False, share_references=True, release_linger=0,
+                          cuda_allocation="auto") as r:
+        o = r.options
+    assert o["share_references"] is True and o["release_linger"] == 0 and o["cuda_allocation"] == "auto"
+    clean_env.setenv("MEMCUDA_RELEASE_LINGER_MS", "soon")
+    with pytest.raises(memcuda.InvalidArgument, match="MEMCUDA_RELEASE_LINGER_MS"):
+        memcuda.Registry(redis_url, namespace, control_thread=False)
+
+
+@pytest.mark.parametrize("kw", [{"cuda_allocation": "cumem"}, {"client_connections": 0},
+                                {"waiting_connections": -1}, {"release_linger": 61}, {"release_linger": -1}])
+def test_bad_values_are_refused(redis_url, namespace, clean_env, kw):
+    with pytest.raises(memcuda.InvalidArgument):
+        memcuda.Registry(redis_url, namespace, control_thread=False, **kw)
+
+
+def test_share_references_as_redis_counts_it(clean_env, reg, redis_url, namespace):
+    made = reg.put("o.t", np.arange(4, dtype=np.float32))
+    same = reg.get("o.t")  # sharing on (the fixture's default): the creator's handle, no new reference
+    reg.flush()
+    assert reg.info("o.t").refcount == 1
+    with memcuda.Registry(redis_url, namespace, control_thread=False, share_references=False) as off:
+        a, b = off.get("o.t"), off.get("o.t")
+        off.flush()
+        assert reg.info("o.t").refcount == 3  # one reference per get
+        del a, b
+        gc.collect()
+        off.flush()
+    assert reg.info("o.t").refcount == 1
+    del made, same
+
+
+def test_get_many_contract(reg):
+    keep = [reg.put(n, np.full(1, i, np.int32)) for i, n in enumerate(("g.a", "g.b", "g.c"))]
+    got = reg.get_many(["g.c", "g.a", "g.b"])  # the order given, not name order
+    assert [t.name for t in got] == ["g.c", "g.a", "g.b"]
+    del got
+    assert reg.get_many([]) == []
+    with pytest.raises(memcuda.ProtocolError):  # an InvalidArgument: the whole call, nothing taken
+        reg.get_many(["g.a", "bad name"])
+    with pytest.raises(memcuda.NotFound, match="g.z.missing"):  # the first refused in the order given
+        reg.get_many(["g.c", "g.z.missing", "g.a", "g.b.missing"])
+    gc.collect()
+    reg.flush()
+    assert [reg.info(n).refcount for n in ("g.a", "g.b", "g.c")] == [1, 1, 1]
+    del keep
