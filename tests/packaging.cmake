@@ -38,7 +38,7 @@ foreach(header IN LISTS MEMCUDA_PUBLIC_HEADERS)
 endforeach()
 
 add_library(memcuda_header_check OBJECT ${_hc_cxx_sources})
-target_link_libraries(memcuda_header_check PRIVATE memcuda::memcuda)
+target_link_libraries(memcuda_header_check PRIVATE memcuda::headers)
 target_compile_options(memcuda_header_check PRIVATE -Wall -Wextra -Werror -pedantic)
 set_target_properties(memcuda_header_check PROPERTIES CXX_EXTENSIONS OFF)
 
@@ -50,7 +50,7 @@ if(NOT MEMCUDA_HEADER_CHECK_CUDA)
 endif()
 if(MEMCUDA_HEADER_CHECK_CUDA)
   add_library(memcuda_header_check_cuda OBJECT ${_hc_cu_sources})
-  target_link_libraries(memcuda_header_check_cuda PRIVATE memcuda::memcuda)
+  target_link_libraries(memcuda_header_check_cuda PRIVATE memcuda::headers)
   # No -Werror: nvcc's front end warns about things the host compiler
   # accepts (and about its own headers); the point here is that it compiles.
   if(DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
