@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "memcuda/detail/control/control_loop.hpp"
+#include "memcuda/detail/implementation_guard.hpp"
 #include "memcuda/detail/ipc_event.hpp"
 #include "memcuda/detail/registry/batch_client.hpp"
 #include "memcuda/detail/registry/core.hpp"
@@ -27,7 +28,10 @@ struct RegistryThread {
 
 }  // namespace detail
 
-TensorRegistry::TensorRegistry(RegistryOptions options) : core_(detail::Core::make(std::move(options))) {
+// The claim comes first: a second copy of the implementation in this
+// process fails before it connects (detail/implementation_guard.hpp).
+TensorRegistry::TensorRegistry(RegistryOptions options)
+    : core_((detail::implementation_guard::claim(), detail::Core::make(std::move(options)))) {
   auto t = std::make_unique<detail::RegistryThread>();
   t->loop = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
   t->loop->start();
