@@ -92,16 +92,18 @@ if(CUDAToolkit_ROOT)
   list(APPEND _consumer_args -DCUDAToolkit_ROOT=${CUDAToolkit_ROOT})
 endif()
 
-# name: find_package | add_subdirectory; extra: consumer-specific -D args.
+# memcuda_consumer_tests(<name> <dir> [RUN_WITH <wrapper...>] [ARGS <-D args...>])
+# RUN_WITH: a command the program runs under (a private redis-server).
 function(memcuda_consumer_tests name dir)
+  cmake_parse_arguments(MC "" "" "RUN_WITH;ARGS" ${ARGN})
   set(src ${CMAKE_CURRENT_SOURCE_DIR}/consumers/${dir})
   set(bin ${_consumer_root}/${dir})
   add_test(NAME consumer_${name}_configure
     COMMAND ${CMAKE_COMMAND} -DDIR=${bin} -P ${_fresh_run} --
-            ${CMAKE_COMMAND} -S ${src} -B ${bin} ${_consumer_args} ${ARGN})
+            ${CMAKE_COMMAND} -S ${src} -B ${bin} ${_consumer_args} ${MC_ARGS})
   add_test(NAME consumer_${name}_build
     COMMAND ${CMAKE_COMMAND} --build ${bin} --config $<CONFIG>)
-  add_test(NAME consumer_${name}_run COMMAND ${bin}/memcuda_consumer)
+  add_test(NAME consumer_${name}_run COMMAND ${MC_RUN_WITH} ${bin}/memcuda_consumer)
   set_tests_properties(consumer_${name}_configure PROPERTIES
     FIXTURES_SETUP consumer_${name}_configured TIMEOUT 300 LABELS packaging)
   set_tests_properties(consumer_${name}_build PROPERTIES
@@ -109,17 +111,36 @@ function(memcuda_consumer_tests name dir)
     FIXTURES_SETUP consumer_${name}_built TIMEOUT 600 LABELS packaging)
   set_tests_properties(consumer_${name}_run PROPERTIES
     FIXTURES_REQUIRED "consumer_${name}_configured;consumer_${name}_built"
-    TIMEOUT 60 LABELS packaging)
+    TIMEOUT 60 LABELS packaging SKIP_RETURN_CODE 77)
 endfunction()
 
 # The install first, then wherever this build found its dependencies.
 set(_consumer_prefix_path ${_consumer_prefix} ${CMAKE_PREFIX_PATH})
 list(JOIN _consumer_prefix_path "$<SEMICOLON>" _consumer_prefix_path)
+# The plain way: find_package(memcuda) and link memcuda::memcuda, nothing
+# else; the program creates and reads a tensor on a private redis-server.
+memcuda_consumer_tests(link_only link-only
+  RUN_WITH sh ${CMAKE_CURRENT_SOURCE_DIR}/c_api_with_redis.sh
+  ARGS -DCMAKE_PREFIX_PATH=${_consumer_prefix_path})
+# The header-only opt-in (memcuda::headers + memcuda_add_implementation),
+# through find_package and through add_subdirectory.
 memcuda_consumer_tests(find_package find-package
-  -DCMAKE_PREFIX_PATH=${_consumer_prefix_path})
-set_tests_properties(consumer_find_package_configure PROPERTIES
+  ARGS -DCMAKE_PREFIX_PATH=${_consumer_prefix_path})
+set_tests_properties(consumer_find_package_configure consumer_link_only_configure PROPERTIES
   FIXTURES_REQUIRED memcuda_installed)
 # Passing MEMCUDA_CUDA on makes an OFF build give an OFF consumer; the
 # installed package carries that choice itself (memcudaConfig.cmake).
 memcuda_consumer_tests(add_subdirectory add-subdirectory
-  -DMEMCUDA_SOURCE_DIR=${PROJECT_SOURCE_DIR} -DMEMCUDA_CUDA=${MEMCUDA_CUDA})
+  ARGS -DMEMCUDA_SOURCE_DIR=${PROJECT_SOURCE_DIR} -DMEMCUDA_CUDA=${MEMCUDA_CUDA})
+
+# A program that links memcuda::memcuda and has its own implementation unit
+# as well: its configure must stop with memcuda_add_implementation's error,
+# not leave a "multiple definition" for the link.
+set(_both_bin ${_consumer_root}/both)
+add_test(NAME consumer_both_refused
+  COMMAND ${CMAKE_COMMAND} -DDIR=${_both_bin} -P ${_fresh_run} --
+          ${CMAKE_COMMAND} -S ${CMAKE_CURRENT_SOURCE_DIR}/consumers/both -B ${_both_bin}
+          ${_consumer_args} -DCMAKE_PREFIX_PATH=${_consumer_prefix_path})
+set_tests_properties(consumer_both_refused PROPERTIES
+  FIXTURES_REQUIRED memcuda_installed TIMEOUT 300 LABELS packaging
+  PASS_REGULAR_EXPRESSION "also[ \n]+links[ \n]+memcuda::memcuda")
