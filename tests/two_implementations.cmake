@@ -4,11 +4,17 @@
 # hidden symbols (as a pybind11 extension module or libmemcuda_c has), are
 # loaded RTLD_LOCAL into a program that links no mem-cuda; the test drives
 # them against a private redis-server.
+# They also keep the header-only opt-in (memcuda::headers and
+# memcuda_add_implementation) in use in this tree, beside memcuda_tsan_tests.
+# One set of objects serves both: each library still holds its own copy.
+add_library(memcuda_probe_objects OBJECT two_implementations/probe.cpp)
+target_link_libraries(memcuda_probe_objects PRIVATE memcuda::headers)
+memcuda_add_implementation(memcuda_probe_objects)
+set_target_properties(memcuda_probe_objects PROPERTIES
+  POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
 foreach(_probe memcuda_probe_a memcuda_probe_b)
-  add_library(${_probe} MODULE two_implementations/probe.cpp)
+  add_library(${_probe} MODULE $<TARGET_OBJECTS:memcuda_probe_objects>)
   target_link_libraries(${_probe} PRIVATE memcuda::headers)
-  memcuda_add_implementation(${_probe})
-  set_target_properties(${_probe} PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
 endforeach()
 add_executable(memcuda_two_implementations two_implementations/host.cpp)
 target_link_libraries(memcuda_two_implementations PRIVATE ${CMAKE_DL_LIBS})
