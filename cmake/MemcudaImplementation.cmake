@@ -1,17 +1,21 @@
 # memcuda_add_implementation(<target>)
 #
-# mem-cuda is header-only, but its headers only declare most of the API: one
-# translation unit of every program must include <memcuda/implementation.hpp>
-# (see that header and README.md, "Using mem-cuda in your build"). This adds
-# such a translation unit to <target>: a generated one-line C++ source, built
-# with the target's own flags (sanitizers included) and its link of
-# memcuda::memcuda for the include path and the CUDA configuration.
+# The header-only opt-in. A program normally links memcuda::memcuda, which
+# holds mem-cuda's implementation unit compiled once, and needs nothing else.
+# A program that wants that unit built with its own flags (a sanitizer, say)
+# links memcuda::headers instead and calls this: it adds a generated one-line
+# source that includes <memcuda/implementation.hpp> (see that header and
+# README.md, "Using mem-cuda in your build"), built with the target's own
+# flags and its link of memcuda::headers for the include path and the CUDA
+# configuration.
 #
 # Call it once for each executable or shared library that uses mem-cuda, not
 # for a static or object library that is linked into one that already has
 # it: two implementation units in one program fail to link ("multiple
 # definition of `memcuda::..."), none fails with "undefined reference to
-# `memcuda::...").
+# `memcuda::..."). A target that also links memcuda::memcuda (directly or
+# through the libraries it links) is refused with a CMake error at the end
+# of the configure, since that would be two implementations in one program.
 #
 # Provided by find_package(memcuda) (memcudaConfig.cmake) and by
 # add_subdirectory(<memcuda>).
@@ -35,4 +39,48 @@ function(memcuda_add_implementation target)
        @ONLY)
   target_sources(${target} PRIVATE ${_src})
   set_target_properties(${target} PROPERTIES MEMCUDA_IMPLEMENTATION ON)
+  # The links are complete only once the whole project is configured, so
+  # the check runs then (the bracket argument fixes the name now).
+  cmake_language(EVAL CODE
+    "cmake_language(DEFER DIRECTORY [[${CMAKE_SOURCE_DIR}]] CALL _memcuda_check_one_implementation [[${target}]])")
+endfunction()
+
+# Fails when <target>, which has its own implementation unit, also reaches
+# the compiled memcuda::memcuda through its links.
+function(_memcuda_check_one_implementation target)
+  set(_todo ${target})
+  set(_seen)
+  while(_todo)
+    list(POP_FRONT _todo _t)
+    if(_t IN_LIST _seen)
+      continue()
+    endif()
+    list(APPEND _seen ${_t})
+    get_target_property(_real ${_t} ALIASED_TARGET)
+    if(NOT _real)
+      set(_real ${_t})
+    endif()
+    get_target_property(_compiled ${_real} MEMCUDA_COMPILED)
+    if(_compiled)
+      message(FATAL_ERROR
+        "memcuda_add_implementation(${target}): '${target}' also links memcuda::memcuda"
+        ", which already holds mem-cuda's implementation: two implementations in one program. "
+        "Either link memcuda::memcuda and drop memcuda_add_implementation(${target}), or link "
+        "memcuda::headers instead of memcuda::memcuda to keep the header-only opt-in.")
+    endif()
+    set(_links)
+    if(_real STREQUAL target)
+      get_target_property(_links ${_real} LINK_LIBRARIES)
+    endif()
+    get_target_property(_iface ${_real} INTERFACE_LINK_LIBRARIES)
+    foreach(_l IN LISTS _links _iface)
+      # $<LINK_ONLY:x> is still linked; other generator expressions are skipped.
+      if(_l MATCHES "^\\$<LINK_ONLY:([^$<>]+)>$")
+        set(_l ${CMAKE_MATCH_1})
+      endif()
+      if(_l AND NOT _l MATCHES "NOTFOUND$" AND TARGET ${_l})
+        list(APPEND _todo ${_l})
+      endif()
+    endforeach()
+  endwhile()
 endfunction()

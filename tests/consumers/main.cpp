@@ -1,9 +1,10 @@
 // The program that both consumer projects build (find-package/ and
 // add-subdirectory/). It checks what a downstream project gets from the
-// memcuda::memcuda target: the headers, a version equal to the one CMake
-// reported for the package, the CUDA choice in the compile definitions, and
-// libraries that link (hiredis, and cudart with the CUDA backend), and the
-// implementation unit memcuda_add_implementation adds. It talks
+// memcuda::headers target (the header-only opt-in): the headers, a version
+// equal to the one CMake reported for the package, the CUDA choice in the
+// compile definitions, and libraries that link (hiredis, and cudart with the
+// CUDA backend), and the implementation unit memcuda_add_implementation
+// adds. It talks
 // to no Redis server: its connection attempts go to a socket path that
 // cannot exist and must fail with ConnectionError.
 #include <memcuda/config.hpp>

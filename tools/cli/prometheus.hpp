@@ -56,19 +56,21 @@ struct Sample {
 class Writer {
  public:
   void family(std::string_view name, std::string_view type, std::string_view help, const std::vector<Sample>& samples) {
-    out_ += "# HELP " + std::string(name) + " " + escape_help(help) + "\n";
-    out_ += "# TYPE " + std::string(name) + " " + std::string(type) + "\n";
+    // Appended piece by piece: `"literal" + std::string` inserts at the
+    // front of a temporary, which GCC 12 reports as a false -Wrestrict.
+    out_.append("# HELP ").append(name).append(" ").append(escape_help(help)).append("\n");
+    out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
     for (const auto& s : samples) {
       out_ += name;
       if (!s.labels.empty()) {
         out_ += '{';
         for (std::size_t i = 0; i < s.labels.size(); ++i) {
           if (i) out_ += ',';
-          out_ += s.labels[i].first + "=\"" + escape_label_value(s.labels[i].second) + "\"";
+          out_.append(s.labels[i].first).append("=\"").append(escape_label_value(s.labels[i].second)).append("\"");
         }
         out_ += '}';
       }
-      out_ += " " + std::to_string(s.value) + "\n";
+      out_.append(" ").append(std::to_string(s.value)).append("\n");
     }
   }
   void gauge(std::string_view name, std::string_view help, std::uint64_t value) {

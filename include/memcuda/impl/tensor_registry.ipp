@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "memcuda/detail/base/implementation_guard.hpp"
 #include "memcuda/detail/cuda/ipc_event.hpp"
 #include "memcuda/detail/registry/control_loop.hpp"
 #include "memcuda/detail/registry/core.hpp"
@@ -29,7 +30,10 @@ struct RegistryThread {
 
 TensorRegistry::TensorRegistry() : TensorRegistry(RegistryOptions::from_env()) {}
 
-TensorRegistry::TensorRegistry(RegistryOptions options) : core_(detail::Core::make(std::move(options))) {
+// The claim comes first: a second copy of the implementation in this
+// process fails before it connects (detail/base/implementation_guard.hpp).
+TensorRegistry::TensorRegistry(RegistryOptions options)
+    : core_((detail::implementation_guard::claim(), detail::Core::make(std::move(options)))) {
   auto t = std::make_unique<detail::RegistryThread>();
   t->loop = std::make_unique<detail::ControlLoop>(core_, redis::Connection(core_->ctx.opts.redis));
   t->loop->start();
