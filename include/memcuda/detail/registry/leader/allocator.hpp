@@ -30,6 +30,9 @@
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
+#include "memcuda/detail/store/lease.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -200,7 +203,7 @@ class Allocator {
     if (parked && st != "exists" && st != "stray") {
       // Answered with an error (e.g. the lease moved): the record may still
       // be the lost attempt's. Ours then, freed with its last reference.
-      auto cur = c.command({"HMGET", tkey, "create_id", "generation"});
+      auto cur = store::read_create_id(c, tkey);
       if (!create_id.empty() && cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == create_id &&
           !cur[1].is_nil()) {
         giveback.pool = nullptr;
@@ -270,12 +273,12 @@ class Allocator {
     }
     if (mine) {
       mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
-      if (!record_gone) c.command({"DEL", rkey});
+      if (!record_gone) store::delete_record(c, rkey);
       ++frees_;
       return;
     }
     if (record_gone) return;
-    auto r = c.command({"HGETALL", rkey});
+    auto r = store::read_record(c, rkey);
     if (r.size() == 0) return;  // already freed
     TensorInfo t = protocol::decode_record(fields_from_reply(r.view()));
     if (t.refcount > 0) {
@@ -293,7 +296,7 @@ class Allocator {
       // tensors too, so it is unlinked once no record uses it.
       add_orphan(t);
     }
-    c.command({"DEL", rkey});
+    store::delete_record(c, rkey);
     ++frees_;
   }
 
@@ -408,7 +411,7 @@ class Allocator {
     std::uint64_t n = 0;
     for (DevicePool* p : pools()) n += p->trim(all, &ids);
     if (ids.empty()) return n;
-    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
+    auto members = store::session_members(c, ctx_.keys);
     for (std::size_t i = 0; i < members.size(); ++i) {
       std::string sid(members[i].str());
       if (sid != ctx_.session) inbox::send(c, ctx_.keys, sid, inbox::Unmap{ctx_.session, ids});
@@ -418,8 +421,7 @@ class Allocator {
 
   // The leader publishes its pool statistics so any process can read them.
   void publish_pool_stats(redis::Connection& c) {
-    c.command({"SET", ctx_.keys.pool_stats(), encode_pool_stats(pool_stats()), "PX",
-               std::to_string(3 * ctx_.opts.lease_ttl.count())});
+    store::write_pool_stats(c, ctx_.keys, encode_pool_stats(pool_stats()), 3 * ctx_.opts.lease_ttl);
   }
 
   // ---- the wire form of pool statistics (protocol/pool_stats.hpp) ----
