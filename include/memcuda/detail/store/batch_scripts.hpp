@@ -111,7 +111,8 @@ return out
 // KEYS: names, leader, generation counter, then per entry: tensor, waiters, lost marker
 // ARGV: token, n, then per entry: name, create_id, ready channel, holder,
 //       persistent (0|1), desc body (record_desc.hpp; the script appends
-//       the generation element), field count k, then k field/value pairs
+//       the generation element), field count k, then k field/value pairs;
+//       last, the key prefix (the index and state-dict keys it derives)
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'stray', entry index,
 //    key type} (its key is not a record of ours; left as it is) | {'notleader', token}
@@ -161,7 +162,7 @@ if base == 1 then  -- a fresh Redis: start above every generation of an earlier 
   redis.call('SET', KEYS[3], string.format('%.0f', base + n - 1))
 end
 -- new names under a linked state dict: the dict no longer says get_prefix's names
-local kp = string.sub(KEYS[1], 1, #KEYS[1] - 13)
+local kp = ARGV[#ARGV]
 if redis.call('SCARD', kp .. 'memcuda:dicts') > 0 then
   for i = 1, n do unlink_dicts_over(kp, ARGV[at[i]]) end
 end

@@ -48,8 +48,10 @@ return 0
 // a fresh Redis is its clock in microseconds, so generations stay unique
 // across a Redis restart that lost its data (records republished from the
 // processes keep theirs).
-// KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker
-// ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
+// KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker,
+//       usage, the holder's reference index, holders index
+// ARGV: token, name, create_id, ready channel, holder, persistent(0|1), key prefix
+//       (for the state-dict keys unlink_dicts_over derives), field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
 //    already done) | {'exists', generation} | {'stray', key type} (the key is
 //    not a record of ours: no generation field, or not a Hash; left as it is)
@@ -66,8 +68,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'exists', g}
 end
 -- a new name under a linked state dict: the dict no longer says get_prefix's names
-local p = string.sub(KEYS[2], 1, #KEYS[2] - 13)
-unlink_dicts_over(p, ARGV[2])
+unlink_dicts_over(ARGV[7], ARGV[2])
 local gen = redis.call('INCR', KEYS[4])
 if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
   local t = redis.call('TIME')
@@ -83,14 +84,14 @@ local rc = 1
 if ARGV[6] == '1' then
   rc = 2
   redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
-             'holder:@name', 1, unpack(ARGV, 7))
+             'holder:@name', 1, unpack(ARGV, 8))
 else
   redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
-             unpack(ARGV, 7))
+             unpack(ARGV, 8))
 end
 name_add(KEYS[2], ARGV[2])
-hold(p, ARGV[5], gen, ARGV[2])
-count_usage(p, KEYS[1], 1)
+hold_in(KEYS[8], KEYS[9], ARGV[5], gen, ARGV[2])
+count_usage_in(KEYS[7], KEYS[1], 1)
 redis.call('PUBLISH', ARGV[4], gen)
 local waiting = redis.call('SMEMBERS', KEYS[5])
 if #waiting > 0 then
@@ -104,10 +105,10 @@ return {'ok', gen, rc}
 )lua");
 
 // Takes a reference (the get fast path; also the leader's JSON get).
-// KEYS: tensor, leader, lost marker of the name
+// KEYS: tensor, leader, lost marker of the name, the holder's reference
+//       index, holders index (every key it touches: none derived)
 // ARGV: holder, dtype ('' = any), node, token ('' = unfenced),
-//       generation the caller has cached ('' = none), its event_version,
-//       key prefix, name
+//       generation the caller has cached ('' = none), its event_version, name
 // -> {'ok', HGETALL...} | {'same', refcount} (the cached record is current:
 //    same generation and event version, nothing else changes after creation)
 //    | {'notfound'} | {'lost', HGETALL of the marker} | {'state', s} | {'dtype', d}
@@ -132,7 +133,7 @@ end
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
 -- the index has one member per record a holder has references to: only
 -- its first reference adds it (a release removes it with the last)
-if redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1) == 1 then hold(ARGV[7], ARGV[1], f[4], ARGV[8]) end
+if redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[4], KEYS[5], ARGV[1], f[4], ARGV[7]) end
 if ARGV[5] ~= '' and f[4] == ARGV[5] and f[5] == ARGV[6] then return {'same', rc} end
 return {'ok', redis.call('HGETALL', KEYS[1])}
 )lua");

@@ -71,9 +71,9 @@ class Client {
     {
       auto c = ctx_.pool.acquire();
       r = ctx_.scripts.acquire.eval(
-          *c, {k.tensor(name), k.leader(), k.lost(name)},
+          *c, {k.tensor(name), k.leader(), k.lost(name), k.refs(ctx_.session), k.holders()},
           {ctx_.session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), ctx_.node, "", cgen, cver,
-           k.prefix(), name});
+           name});
     }
     TensorInfo t;
     if (cached && r[0].str() == "same") {

@@ -138,13 +138,14 @@ class Allocator {
     // literals, text `t` holds as views (t outlives the script call), only
     // numbers as owned strings. This path runs for every create.
     std::vector<redis::Arg> args;
-    args.reserve(6 + 2 * 24);
+    args.reserve(7 + 2 * 24);
     args.emplace_back(token);
     args.emplace_back(cmd.name);
     args.emplace_back(t.create_id);
     args.emplace_back(k.ready_channel(cmd.name));
     args.emplace_back(holder_of(cmd));
     args.emplace_back(persistent ? "1" : "0");
+    args.emplace_back(k.prefix());
     protocol::for_each_record_field(t, [&](auto&& f, auto&& v) {
       namespace rf = protocol::record_field;
       const std::string_view name(f);
@@ -159,8 +160,9 @@ class Allocator {
       args.emplace_back(std::forward<decltype(v)>(v));
     });
     const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
-                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name);
-    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key};
+                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name), ukey = k.usage(),
+                      rkey = k.refs(holder_of(cmd)), hkey = k.holders();
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey};
     redis::Reply r;
     try {
       r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));

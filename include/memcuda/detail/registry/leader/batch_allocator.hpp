@@ -148,6 +148,7 @@ class BatchAllocator {
                                protocol::encode_desc_body(fields), std::to_string(fv.size() / 2)});
       args.insert(args.end(), std::make_move_iterator(fv.begin()), std::make_move_iterator(fv.end()));
     }
+    args.push_back(k.prefix());  // last: the key prefix the script derives index keys from
     std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
     redis::Reply r;
     try {

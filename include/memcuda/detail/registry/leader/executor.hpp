@@ -46,8 +46,9 @@ class Executor {
       }
       case protocol::Op::get: {
         refuse_session_holder(cmd);
-        auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name)},
-                                           {holder_of(cmd), "", ctx_.node, token, "", "", k.prefix(), cmd.name});
+        const std::string holder = holder_of(cmd);
+        auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name), k.refs(holder), k.holders()},
+                                           {holder, "", ctx_.node, token, "", "", cmd.name});
         auto t = client_.checked(r, cmd.name, std::nullopt, holder_of(cmd));
         rep.generation = t.generation;
         rep.refcount = t.refcount;
