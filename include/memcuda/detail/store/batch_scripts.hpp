@@ -33,8 +33,10 @@ end
 // starting with a prefix, or matching an anchored Lua pattern (the caller
 // translates a glob and gives its literal prefix: only names under it are
 // read), sorted.
-// KEYS: leader, names index, then (mode 'names') per name: tensor, lost marker
-// ARGV: holder, node, token ('' = unfenced), key prefix, mode ('names' |
+// KEYS: leader, names index, the holder's reference index, holders index,
+//       then (mode 'names') per name: tensor, lost marker
+// ARGV: holder, node, token ('' = unfenced), key prefix (only for the
+//       record keys of the names a prefix or pattern selects), mode ('names' |
 //       'prefix' | 'pattern'), prefix or pattern, then (mode 'names') per
 //       name: name, dtype ('' = any), or (mode 'pattern') the pattern's
 //       literal prefix
@@ -70,7 +72,7 @@ local function take(name, tkey, lkey, dtype)
   end
   local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
   -- only the holder's first reference adds its index member (as kAcquire)
-  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold(ARGV[4], ARGV[1], f[5], name) end
+  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[3], KEYS[4], ARGV[1], f[5], name) end
   -- The desc, when of version M1 and ending with this epoch's and this
   -- generation's elements ('<len>:' epoch '<len>:' generation): checked
   -- with string.byte and plain finds, which make no string (the client
@@ -88,9 +90,9 @@ local function take(name, tkey, lkey, dtype)
 end
 local out = {}
 if ARGV[5] == 'names' then
-  local n = (#KEYS - 2) / 2
+  local n = (#KEYS - 4) / 2
   for i = 1, n do
-    out[i] = take(ARGV[5 + 2 * i], KEYS[1 + 2 * i], KEYS[2 + 2 * i], ARGV[6 + 2 * i])
+    out[i] = take(ARGV[5 + 2 * i], KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[6 + 2 * i])
   end
   return out
 end

@@ -48,10 +48,11 @@ local function hold_in(refs, holders, h, g, n)
   if not string.find(h, '^%d+%-%x+$') then redis.pcall('SADD', holders, h) end
 end
 local function hold(p, h, g, n) hold_in(p .. 'memcuda:refs:' .. h, p .. 'memcuda:holders', h, g, n) end
-local function unhold(p, h, g, n)
+local function unhold_in(refs, h, g, n)
   if h == '@name' then return end
-  redis.pcall('SREM', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  redis.pcall('SREM', refs, gen_text(g) .. ':' .. n)
 end
+local function unhold(p, h, g, n) unhold_in(p .. 'memcuda:refs:' .. h, h, g, n) end
 local function count_usage_in(u, key, sign)
   local f = redis.call('HMGET', key, 'backend', 'device', 'device_uuid', 'bytes')
   local b = tonumber(f[4])

@@ -15,20 +15,21 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::store {
 
-// The keys every release of a batch shares, built once per batch.
+// The keys every release of one session's batch shares, built once per batch.
 struct ReleaseBatch {
-  explicit ReleaseBatch(const Keys& k)
-      : keys(k), names(k.names()), lifecycle(k.lifecycle()), leader(k.leader()), prefix(k.prefix()) {}
+  ReleaseBatch(const Keys& k, std::string_view session)
+      : keys(k), names(k.names()), lifecycle(k.lifecycle()), leader(k.leader()), refs(k.refs(session)),
+        usage(k.usage()), prefix(k.prefix()) {}
   const Keys& keys;
-  std::string names, lifecycle, leader, prefix;
+  std::string names, lifecycle, leader, refs, usage, prefix;
 };
 
-// One reference of `session` to generation `gen` of `name`, released by
-// its own session, unfenced.
+// One reference of `session` (the batch's) to generation `gen` of `name`,
+// released by its own session, unfenced.
 inline redis::Command release_cmd(const ReleaseBatch& b, const std::string& sha, const std::string& session,
                                   std::string_view name, std::uint64_t gen) {
-  return {"EVALSHA", sha, "4", b.keys.tensor(name), b.names, b.lifecycle, b.leader, std::to_string(gen),
-          session, b.prefix, session, "", "", std::string(name)};
+  return {"EVALSHA", sha,       "6",     b.keys.tensor(name), b.names, b.lifecycle, b.leader, b.refs, b.usage,
+          std::to_string(gen), session, b.prefix, session, "", "", std::string(name)};
 }
 
 // One reference of `session` to the state-dict record `dict_id`.

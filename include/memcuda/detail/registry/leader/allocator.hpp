@@ -234,7 +234,7 @@ class Allocator {
   std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen, const std::string& holder,
                        const std::string& token, bool all = false) {
     const auto& k = ctx_.keys;
-    auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader()},
+    auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader(), k.refs(holder), k.usage()},
                                        {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
     return release_outcome(c, r, name, gen, holder);
   }

@@ -208,9 +208,15 @@ class Sessions {
       std::uint64_t dropped = 0, unlinked = 0;
       for (;;) {
         auto page = index_repair::refs_page(c, keys, h, kHolderPage);
-        std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders()};
+        std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders(),
+                                    keys.usage()};
         std::vector<std::string> args{token, h, keys.prefix(), ctx_.session};
-        for (auto& m : page) args.push_back(std::move(m));
+        for (auto& m : page) {
+          // each member's record key (the script touches only its KEYS)
+          const auto colon = m.find(':');
+          ks.push_back(keys.tensor(colon == std::string::npos ? std::string_view() : std::string_view(m).substr(colon + 1)));
+          args.push_back(std::move(m));
+        }
         std::vector<redis::Arg> kv(ks.begin(), ks.end()), av(args.begin(), args.end());
         auto r = ctx_.scripts.release_holder.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
         if (script_status(r) != "ok") lease_fail(r);

@@ -111,7 +111,7 @@ class BatchClient {
   BatchGetResult get(const Selection& sel, std::optional<DType> dtype) {
     const auto& k = ctx_.keys;
     const std::string dt = dtype ? std::string(to_string(*dtype)) : std::string();
-    std::vector<std::string> keys{k.leader(), k.names()};
+    std::vector<std::string> keys{k.leader(), k.names(), k.refs(ctx_.session), k.holders()};
     std::vector<std::string> args{ctx_.session, ctx_.node, "", k.prefix(), sel.mode, sel.arg};
     if (sel.mode == "pattern") args.push_back(sel.literal);
     for (const auto& n : sel.names) {

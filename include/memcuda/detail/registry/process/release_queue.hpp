@@ -303,7 +303,7 @@ class ReleaseQueue {
     redis::Connection& c = **lease;
     const Keys& k = ctx.keys;
     const std::string& sha = ctx.scripts.release.sha();
-    const store::ReleaseBatch batch(k);  // the keys every command of the session shares
+    const store::ReleaseBatch batch(k, ctx.session);  // the keys every command of the session shares
     std::vector<redis::Command> cmds;
     cmds.reserve(items.size());
     const std::string& dict_sha = ctx.scripts.dict_release.sha();
