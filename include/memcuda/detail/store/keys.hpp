@@ -88,13 +88,14 @@ class Keys {
     return reply(sid) + ":model_wait:" + std::to_string(seq);
   }
   // State-dict records (dict_scripts.hpp): one record per published dict,
-  // the link naming a prefix's current record, the set of linked prefixes
-  // and the set of every record's id (linked or still held).
+  // the link naming a prefix's current record, the set of every record's id
+  // (linked or still held) and the set of linked prefixes.
   std::string dict(std::uint64_t id) const { return prefix_ + "memcuda:dict:" + std::to_string(id); }
   std::string dict_link(std::string_view prefix) const {
     return prefix_ + "memcuda:dictlink:" + std::string(prefix);
   }
   std::string dict_ids() const { return prefix_ + "memcuda:dict_ids"; }
+  std::string dicts() const { return prefix_ + "memcuda:dicts"; }
   // A state dict's record by the id its pin holder "@dict:<id>" names.
   std::string dict(std::string_view id) const { return prefix_ + "memcuda:dict:" + std::string(id); }
   // The record a pin holder "@dict:<id>" stands for ("" when `holder` is no such pin).

@@ -50,9 +50,11 @@ return 0
 // across a Redis restart that lost its data (records republished from the
 // processes keep theirs).
 // KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker,
-//       usage, the holder's reference index, holders index
+//       usage, the holder's reference index, holders index, the linked
+//       state-dict prefixes
 // ARGV: token, name, create_id, ready channel, holder, persistent(0|1), key prefix
-//       (for the state-dict keys unlink_dicts_over derives), field, value, ...
+//       (for the state-dict records and links it unlinks: named by data),
+//       field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
 //    already done) | {'exists', generation} | {'stray', key type} (the key is
 //    not a record of ours: no generation field, or not a Hash; left as it is)
@@ -69,7 +71,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'exists', g}
 end
 -- a new name under a linked state dict: the dict no longer says get_prefix's names
-unlink_dicts_over(ARGV[7], ARGV[2])
+unlink_dicts_over_in(ARGV[7], KEYS[10], ARGV[2])
 local gen = redis.call('INCR', KEYS[4])
 if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
   local t = redis.call('TIME')

@@ -161,8 +161,8 @@ class Allocator {
     });
     const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
                       wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name), ukey = k.usage(),
-                      rkey = k.refs(holder_of(cmd)), hkey = k.holders();
-    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey};
+                      rkey = k.refs(holder_of(cmd)), hkey = k.holders(), dkey = k.dicts();
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey, dkey};
     redis::Reply r;
     try {
       r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
