@@ -52,6 +52,12 @@ inline constexpr std::string_view owner_pid = "owner_pid";
 inline constexpr std::string_view create_id = "create_id";
 inline constexpr std::string_view event_handle = "event_handle";
 inline constexpr std::string_view event_version = "event_version";
+// Written by the scripts only: when a record was republished after Redis
+// lost its data (ms), the generations it was migrated from, the state
+// dict it is linked under (desc is record_desc.hpp's).
+inline constexpr std::string_view republished = "republished";
+inline constexpr std::string_view migrated_from = "migrated_from";
+inline constexpr std::string_view dict = "dict";
 // A holder's count is stored in the field kHolderPrefix + holder id.
 inline constexpr std::string_view holder_prefix = "holder:";
 }  // namespace record_field

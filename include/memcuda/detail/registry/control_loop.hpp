@@ -30,6 +30,7 @@
 
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/lists.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -317,7 +318,7 @@ class ControlLoop {
   // allocator of record: copy a tensor whose exporter died, free memory it
   // still owns, forget a dead exporter's mappings, close returned slabs).
   void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
-    auto r = blocking_pop(st, clamp_block(budget), {"BLPOP", core_->ctx.keys.inbox(core_->ctx.session)});
+    auto r = blocking_pop(st, clamp_block(budget), store::inbox_pop_cmd(core_->ctx.keys, core_->ctx.session));
     if (r.is_nil()) return;
     core_->handle_inbox(conn_, std::string(r[1].str()));
   }
@@ -341,11 +342,11 @@ class ControlLoop {
       // (kRequeue skips the leader's own list). Nothing is pending now, so
       // everything there is such a stray: back onto the lifecycle list, at
       // the end served next, oldest first.
-      while (!conn_.command({"LMOVE", processing, k.lifecycle(), "LEFT", "RIGHT"}).is_nil()) {
+      while (store::requeue_one(conn_, k, processing)) {
       }
       sweep_ = false;
     }
-    auto r = blocking_pop(st, clamp_block(budget), {"BLMOVE", k.lifecycle(), processing, "RIGHT", "LEFT"});
+    auto r = blocking_pop(st, clamp_block(budget), store::take_command_cmd(k, processing));
     if (r.is_nil()) return;
     if (MEMCUDA_FAULT("control.blmove_reply_lost")) throw ConnectionError("fault point control.blmove_reply_lost");
     pending_.emplace();
@@ -409,9 +410,8 @@ class ControlLoop {
     // than registries' reply lists) or the lifecycle list itself.
     const std::string& to = *p.answer_to;
     const auto& k = core_->ctx.keys;
-    const std::string own = k.own_prefix();
     bool deliver = !to.empty();
-    if (deliver && (to == k.lifecycle() || (to.starts_with(own) && !to.starts_with(own + "reply:")))) {
+    if (deliver && (to == k.lifecycle() || (to.starts_with(k.own_prefix()) && !k.is_reply(to)))) {
       log(LogLevel::warn, "refusing to reply to '" + to + "': a key of the registry itself");
       deliver = false;
     }

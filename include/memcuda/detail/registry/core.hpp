@@ -78,6 +78,8 @@
 #include "memcuda/detail/registry/process/recovery.hpp"
 #include "memcuda/detail/registry/process/release_queue.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/store/lease.hpp"
+#include "memcuda/detail/store/lists.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -170,9 +172,7 @@ class Core {
       // the allocator of record moves it aside (index_repair.hpp): the
       // tensors then count from the counters, or the counters stay empty.
       std::vector<std::exception_ptr> errs;
-      auto u = c->pipeline({{"ZCARD", ctx.keys.names()}, {"HGETALL", ctx.keys.usage()},
-                            {"LLEN", ctx.keys.lifecycle()}, {"HLEN", ctx.keys.quarantined()}},
-                           &errs);
+      auto u = store::read_counters(*c, ctx.keys, &errs);
       if (!u[1].is_error()) s.per_device = decode_usage(u[1].view());
       for (const auto& d : s.per_device) {
         s.bytes += d.bytes;
@@ -185,7 +185,7 @@ class Core {
       s.sessions = sessions.live(*c);
       if (is_leader()) {
         s.pools = alloc.pool_stats();
-      } else if (auto ps = c->command({"GET", ctx.keys.pool_stats()}); !ps.is_nil()) {
+      } else if (auto ps = store::read_pool_stats(*c, ctx.keys); !ps.is_nil()) {
         s.pools = Allocator::decode_pool_stats(ps.str());
       }
     }
@@ -254,7 +254,7 @@ class Core {
           ans.ok = false;
           ans.error = e.what();
         }
-        c.pipeline({{"LPUSH", m->reply_to, inbox::encode_answer(ans)}, {"PEXPIRE", m->reply_to, "60000"}});
+        store::push_expiring(c, m->reply_to, inbox::encode_answer(ans));
       } else {
         log(LogLevel::warn, "ignoring an inbox message with op '" + std::get<inbox::Unknown>(msg).op + "'");
       }

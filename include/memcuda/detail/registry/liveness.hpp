@@ -16,6 +16,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -51,7 +52,7 @@ inline bool session_proves_death(std::string_view session_value, const std::stri
 // expired yet: proven dead, so a takeover need not wait session_ttl.
 inline bool owner_alive(const Context& ctx, redis::Connection& c, const std::string& owner, std::int64_t pid) {
   if (owner.empty()) return false;
-  if (auto v = c.command({"GET", ctx.keys.session(owner)}); !v.is_nil()) return !session_proves_death(v.str(), ctx.node);
+  if (auto v = store::read_session(c, ctx.keys, owner); !v.is_nil()) return !session_proves_death(v.str(), ctx.node);
   return pid > 0 && pid <= 0x7fffffff && HolderId::process_alive(static_cast<pid_t>(pid));
 }
 

@@ -33,8 +33,10 @@ end
 // starting with a prefix, or matching an anchored Lua pattern (the caller
 // translates a glob and gives its literal prefix: only names under it are
 // read), sorted.
-// KEYS: leader, names index, then (mode 'names') per name: tensor, lost marker
-// ARGV: holder, node, token ('' = unfenced), key prefix, mode ('names' |
+// KEYS: leader, names index, the holder's reference index, holders index,
+//       then (mode 'names') per name: tensor, lost marker
+// ARGV: holder, node, token ('' = unfenced), key prefix (only for the
+//       record keys of the names a prefix or pattern selects), mode ('names' |
 //       'prefix' | 'pattern'), prefix or pattern, then (mode 'names') per
 //       name: name, dtype ('' = any), or (mode 'pattern') the pattern's
 //       literal prefix
@@ -70,7 +72,7 @@ local function take(name, tkey, lkey, dtype)
   end
   local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
   -- only the holder's first reference adds its index member (as kAcquire)
-  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold(ARGV[4], ARGV[1], f[5], name) end
+  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[3], KEYS[4], ARGV[1], f[5], name) end
   -- The desc, when of version M1 and ending with this epoch's and this
   -- generation's elements ('<len>:' epoch '<len>:' generation): checked
   -- with string.byte and plain finds, which make no string (the client
@@ -88,9 +90,9 @@ local function take(name, tkey, lkey, dtype)
 end
 local out = {}
 if ARGV[5] == 'names' then
-  local n = (#KEYS - 2) / 2
+  local n = (#KEYS - 4) / 2
   for i = 1, n do
-    out[i] = take(ARGV[5 + 2 * i], KEYS[1 + 2 * i], KEYS[2 + 2 * i], ARGV[6 + 2 * i])
+    out[i] = take(ARGV[5 + 2 * i], KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[6 + 2 * i])
   end
   return out
 end
@@ -111,7 +113,8 @@ return out
 // KEYS: names, leader, generation counter, then per entry: tensor, waiters, lost marker
 // ARGV: token, n, then per entry: name, create_id, ready channel, holder,
 //       persistent (0|1), desc body (record_desc.hpp; the script appends
-//       the generation element), field count k, then k field/value pairs
+//       the generation element), field count k, then k field/value pairs;
+//       last, the key prefix (the index and state-dict keys it derives)
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'stray', entry index,
 //    key type} (its key is not a record of ours; left as it is) | {'notleader', token}
@@ -161,7 +164,7 @@ if base == 1 then  -- a fresh Redis: start above every generation of an earlier 
   redis.call('SET', KEYS[3], string.format('%.0f', base + n - 1))
 end
 -- new names under a linked state dict: the dict no longer says get_prefix's names
-local kp = string.sub(KEYS[1], 1, #KEYS[1] - 13)
+local kp = ARGV[#ARGV]
 if redis.call('SCARD', kp .. 'memcuda:dicts') > 0 then
   for i = 1, n do unlink_dicts_over(kp, ARGV[at[i]]) end
 end

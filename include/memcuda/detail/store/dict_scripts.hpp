@@ -62,7 +62,10 @@ consteval auto join(const P&... parts) {
 // Lua functions prepended to every script that changes a member or creates
 // a name: unlink_dict(key prefix, id) unlinks one record (id may be nil or
 // false: nothing); unlink_dicts_over(key prefix, name) every linked record
-// whose prefix starts `name` (a new name under a published dict).
+// whose prefix starts `name` (a new name under a published dict);
+// unlink_dicts_over_in(key prefix, the linked prefixes' set, name) the same
+// with that set's key given. The records and links themselves are derived
+// from the prefix: they are named by data only Redis has.
 inline constexpr char kUnlinkDictFn[] = R"lua(
 local function unlink_dict(p, id)
   if not id then return end
@@ -81,11 +84,12 @@ local function unlink_dict(p, id)
     redis.call('HSET', rk, 'state', 'unlinked')
   end
 end
-local function unlink_dicts_over(p, name)
-  for _, pre in ipairs(redis.call('SMEMBERS', p .. 'memcuda:dicts')) do
+local function unlink_dicts_over_in(p, dicts, name)
+  for _, pre in ipairs(redis.call('SMEMBERS', dicts)) do
     if string.sub(name, 1, #pre) == pre then unlink_dict(p, redis.call('GET', p .. 'memcuda:dictlink:' .. pre)) end
   end
 end
+local function unlink_dicts_over(p, name) unlink_dicts_over_in(p, p .. 'memcuda:dicts', name) end
 )lua";
 
 // Links the state dict published under a prefix: its members must be

@@ -36,28 +36,33 @@ local function gen_text(g)
   if type(g) == 'number' then return string.format('%.0f', g) end
   return g
 end
-local function hold(p, h, g, n)
+-- The keyed forms take the index keys themselves (the caller passes them
+-- as KEYS); the prefix forms derive them from the namespace's key prefix p
+-- (docs/protocol.md, "Keys a script derives").
+local function hold_in(refs, holders, h, g, n)
   if h == '@name' then return end
-  redis.pcall('SADD', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  redis.pcall('SADD', refs, gen_text(g) .. ':' .. n)
   -- A registry session ('<pid>-<hex>') is judged through memcuda:sessions,
   -- which the collector reads too: one call less on every get. Any other
   -- holder (pid:<n>, @dict:<id>, a JSON client's own name) is listed here.
-  if not string.find(h, '^%d+%-%x+$') then redis.pcall('SADD', p .. 'memcuda:holders', h) end
+  if not string.find(h, '^%d+%-%x+$') then redis.pcall('SADD', holders, h) end
 end
-local function unhold(p, h, g, n)
+local function hold(p, h, g, n) hold_in(p .. 'memcuda:refs:' .. h, p .. 'memcuda:holders', h, g, n) end
+local function unhold_in(refs, h, g, n)
   if h == '@name' then return end
-  redis.pcall('SREM', p .. 'memcuda:refs:' .. h, gen_text(g) .. ':' .. n)
+  redis.pcall('SREM', refs, gen_text(g) .. ':' .. n)
 end
-local function count_usage(p, key, sign)
+local function unhold(p, h, g, n) unhold_in(p .. 'memcuda:refs:' .. h, h, g, n) end
+local function count_usage_in(u, key, sign)
   local f = redis.call('HMGET', key, 'backend', 'device', 'device_uuid', 'bytes')
   local b = tonumber(f[4])
   if not f[1] or not b then return end
-  local u = p .. 'memcuda:usage'
   local d = f[1] .. ':' .. (f[2] or '') .. ':' .. (f[3] or '')
   redis.pcall('HINCRBY', u, 'tensors:' .. d, sign)
   -- never '-0' (a zero-byte tensor): Redis refuses it as an integer
   if b ~= 0 then redis.pcall('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
 end
+local function count_usage(p, key, sign) count_usage_in(p .. 'memcuda:usage', key, sign) end
 -- A name in and out of the index (memcuda:names): as the writes above.
 local function name_add(names, n) redis.pcall('ZADD', names, 0, n) end
 local function name_rem(names, n) redis.pcall('ZREM', names, n) end

@@ -88,15 +88,37 @@ class Keys {
     return reply(sid) + ":model_wait:" + std::to_string(seq);
   }
   // State-dict records (dict_scripts.hpp): one record per published dict,
-  // the link naming a prefix's current record, the set of linked prefixes
-  // and the set of every record's id (linked or still held).
+  // the link naming a prefix's current record, the set of every record's id
+  // (linked or still held) and the set of linked prefixes.
   std::string dict(std::uint64_t id) const { return prefix_ + "memcuda:dict:" + std::to_string(id); }
   std::string dict_link(std::string_view prefix) const {
     return prefix_ + "memcuda:dictlink:" + std::string(prefix);
   }
   std::string dict_ids() const { return prefix_ + "memcuda:dict_ids"; }
+  std::string dicts() const { return prefix_ + "memcuda:dicts"; }
+  // A state dict's record by the id its pin holder "@dict:<id>" names.
+  std::string dict(std::string_view id) const { return prefix_ + "memcuda:dict:" + std::string(id); }
+  // The record a pin holder "@dict:<id>" stands for ("" when `holder` is no such pin).
+  std::string dict_of_holder(std::string_view holder) const {
+    return holder.starts_with(kDictHolder) ? dict(holder.substr(kDictHolder.size())) : std::string();
+  }
+  static constexpr std::string_view kDictHolder = "@dict:";
+  // The allocations Hash of cuda_vmm_fd fd sources, its version token, and
+  // a standby's progress marker (detail/store/allocations.hpp).
+  std::string allocations() const { return prefix_ + "memcuda:allocations"; }
+  std::string allocations_version() const { return prefix_ + "memcuda:allocations_version"; }
+  std::string standby_synced(std::string_view sid) const { return prefix_ + "memcuda:standby:" + std::string(sid); }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
+  // SCAN pattern of every named record, and the name a record key is the
+  // record of ("" for any other key: an unlinked record's).
+  std::string tensor_pattern() const { return tensor_prefix() + "*"; }
+  std::string name_of(std::string_view record_key) const {
+    const std::string tp = tensor_prefix();
+    return record_key.starts_with(tp) ? std::string(record_key.substr(tp.size())) : std::string();
+  }
+  // Whether `key` is one of the registries' reply lists (reply(), request_reply(), ...).
+  bool is_reply(std::string_view key) const { return key.starts_with(prefix_ + "memcuda:reply:"); }
   // SCAN pattern of every unlinked-but-held record.
   std::string removed_pattern() const { return prefix_ + "memcuda:removed:*"; }
   // The prefixes of the keys written only when a name stops meaning its
@@ -116,6 +138,8 @@ class Keys {
     return own + "quarantine:" + std::string(k);
   }
   std::string quarantined() const { return prefix_ + "memcuda:quarantined"; }
+  // The quarantine key of a quarantined record by its id (its suffix, "tensor:X").
+  std::string quarantine_of_id(std::string_view id) const { return own_prefix() + "quarantine:" + std::string(id); }
   // The prefix every key of the registry itself starts with.
   std::string own_prefix() const { return prefix_ + "memcuda:"; }
 

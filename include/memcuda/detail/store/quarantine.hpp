@@ -95,7 +95,7 @@ inline std::vector<QuarantinedRecord> list(redis::Connection& c, const Keys& k) 
   for (std::size_t i = 0; i + 1 < r.size(); i += 2) {
     QuarantinedRecord q;
     q.id = std::string(r[i].str());
-    q.key = k.quarantine(k.own_prefix() + q.id);
+    q.key = k.quarantine_of_id(q.id);
     std::string v(r[i + 1].str());
     auto sp = v.find(' ');
     try {
@@ -111,7 +111,7 @@ inline std::vector<QuarantinedRecord> list(redis::Connection& c, const Keys& k) 
 // Deletes a quarantined record's data and its index entry. False when no
 // record of that id is quarantined.
 inline bool clear(redis::Connection& c, const Keys& k, std::string_view id) {
-  auto r = c.pipeline({{"HDEL", k.quarantined(), std::string(id)}, {"DEL", k.quarantine(k.own_prefix() + std::string(id))}});
+  auto r = c.pipeline({{"HDEL", k.quarantined(), std::string(id)}, {"DEL", k.quarantine_of_id(id)}});
   return r[0].integer() == 1 || r[1].integer() == 1;
 }
 

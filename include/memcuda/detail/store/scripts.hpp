@@ -11,6 +11,7 @@
 #include "memcuda/detail/store/batch_scripts.hpp"
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/release_scripts.hpp"
 #include "memcuda/redis/connection.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
@@ -48,8 +49,12 @@ return 0
 // a fresh Redis is its clock in microseconds, so generations stay unique
 // across a Redis restart that lost its data (records republished from the
 // processes keep theirs).
-// KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker
-// ARGV: token, name, create_id, ready channel, holder, persistent(0|1), field, value, ...
+// KEYS: tensor, names, leader, generation counter, waiters set of the name, lost marker,
+//       usage, the holder's reference index, holders index, the linked
+//       state-dict prefixes
+// ARGV: token, name, create_id, ready channel, holder, persistent(0|1), key prefix
+//       (for the state-dict records and links it unlinks: named by data),
+//       field, value, ...
 // -> {'ok', generation, refcount} | {'replay', generation, refcount} (same create_id
 //    already done) | {'exists', generation} | {'stray', key type} (the key is
 //    not a record of ours: no generation field, or not a Hash; left as it is)
@@ -66,8 +71,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'exists', g}
 end
 -- a new name under a linked state dict: the dict no longer says get_prefix's names
-local p = string.sub(KEYS[2], 1, #KEYS[2] - 13)
-unlink_dicts_over(p, ARGV[2])
+unlink_dicts_over_in(ARGV[7], KEYS[10], ARGV[2])
 local gen = redis.call('INCR', KEYS[4])
 if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
   local t = redis.call('TIME')
@@ -83,14 +87,14 @@ local rc = 1
 if ARGV[6] == '1' then
   rc = 2
   redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
-             'holder:@name', 1, unpack(ARGV, 7))
+             'holder:@name', 1, unpack(ARGV, 8))
 else
   redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[5], 1,
-             unpack(ARGV, 7))
+             unpack(ARGV, 8))
 end
 name_add(KEYS[2], ARGV[2])
-hold(p, ARGV[5], gen, ARGV[2])
-count_usage(p, KEYS[1], 1)
+hold_in(KEYS[8], KEYS[9], ARGV[5], gen, ARGV[2])
+count_usage_in(KEYS[7], KEYS[1], 1)
 redis.call('PUBLISH', ARGV[4], gen)
 local waiting = redis.call('SMEMBERS', KEYS[5])
 if #waiting > 0 then
@@ -104,10 +108,10 @@ return {'ok', gen, rc}
 )lua");
 
 // Takes a reference (the get fast path; also the leader's JSON get).
-// KEYS: tensor, leader, lost marker of the name
+// KEYS: tensor, leader, lost marker of the name, the holder's reference
+//       index, holders index (every key it touches: none derived)
 // ARGV: holder, dtype ('' = any), node, token ('' = unfenced),
-//       generation the caller has cached ('' = none), its event_version,
-//       key prefix, name
+//       generation the caller has cached ('' = none), its event_version, name
 // -> {'ok', HGETALL...} | {'same', refcount} (the cached record is current:
 //    same generation and event version, nothing else changes after creation)
 //    | {'notfound'} | {'lost', HGETALL of the marker} | {'state', s} | {'dtype', d}
@@ -132,132 +136,9 @@ end
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
 -- the index has one member per record a holder has references to: only
 -- its first reference adds it (a release removes it with the last)
-if redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1) == 1 then hold(ARGV[7], ARGV[1], f[4], ARGV[8]) end
+if redis.call('HINCRBY', KEYS[1], 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[4], KEYS[5], ARGV[1], f[4], ARGV[7]) end
 if ARGV[5] ~= '' and f[4] == ARGV[5] and f[5] == ARGV[6] then return {'same', rc} end
 return {'ok', redis.call('HGETALL', KEYS[1])}
-)lua");
-
-// release_one(p, names, tkey, gen, name, holder, all, caller): drops one
-// reference (all = every reference) of a holder to one generation of a
-// tensor, wherever its Hash is (still named, or unlinked by remove). A
-// generation that was migrated to a new allocator of record is followed
-// through its memcuda:moved:<gen> forward. The last reference unlinks the
-// name at once, so nobody can take memory about to be freed; the owner frees
-// it, or the allocator of record through a "free" command.
-// -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted,
-//    free now) | {'queued', generation, name} (the caller sends the free)
-//    | {'notfound'} | {'notholder'}; and the references dropped
-inline constexpr auto kReleaseFn = join(kIndexFn, R"lua(
-local function release_one(p, names, tkey, gen0, name, holder, all, caller)
-  local gen = gen0
-  local key, linked, held
-  local h = 'holder:' .. holder
-  for _ = 1, 64 do
-    -- the named record's generation and the holder's count in one call
-    -- (each redis.call costs about as much as the command it runs)
-    local f = redis.call('HMGET', tkey, 'generation', h)
-    if f[1] == gen then key = tkey; linked = true; held = f[2]; break end
-    local r = p .. 'memcuda:removed:' .. gen
-    if redis.call('EXISTS', r) == 1 then key = r; linked = false; break end
-    gen = redis.call('GET', p .. 'memcuda:moved:' .. gen)
-    if not gen then break end
-  end
-  if not key then
-    unhold(p, holder, gen0, name)
-    return {'notfound'}, 0
-  end
-  if not linked then held = redis.call('HGET', key, h) end
-  local c = tonumber(held or '0')
-  if c <= 0 then
-    unhold(p, holder, gen0, name)
-    return {'notholder'}, 0
-  end
-  local drop = 1
-  if all then drop = c end
-  if c == drop then
-    redis.call('HDEL', key, h)
-    unhold(p, holder, gen0, name)
-  else
-    redis.call('HINCRBY', key, h, -drop)
-  end
-  local rc = redis.call('HINCRBY', key, 'refcount', -drop)
-  if rc > 0 then return {'ok', rc}, drop end
-  local f = redis.call('HMGET', key, 'name', 'owner', 'migrated_from')
-  if f[3] then
-    for g in string.gmatch(f[3], '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
-  end
-  if linked then
-    count_usage(p, key, -1)
-    name_rem(names, f[1])
-  end
-  if f[2] == caller then
-    redis.call('DEL', key)  -- the caller owns the memory and frees it now
-    return {'free', gen}, drop
-  end
-  if linked then redis.call('RENAME', key, p .. 'memcuda:removed:' .. gen) end
-  return {'queued', gen, f[1]}, drop
-end
-)lua");
-
-// Drops one reference of a holder to one generation of a tensor
-// (release_one above).
-// KEYS: tensor, names, lifecycle, leader
-// ARGV: generation, holder, key prefix, caller session, token ('' = unfenced),
-//       'all' to drop every reference of the holder, name
-// -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted, free now)
-//    | {'queued', generation} | {'notfound'} | {'notholder'} | {'notleader', t}
-inline constexpr auto kRelease = join(kReleaseFn, R"lua(
-if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
-  return {'notleader', tostring(redis.call('GET', KEYS[4]))}
-end
-local r = release_one(ARGV[3], KEYS[2], KEYS[1], ARGV[1], ARGV[7] or '', ARGV[2], ARGV[6] == 'all', ARGV[4])
-if r[1] == 'queued' then
-  -- generations pass 2^47: written as digits, not through cjson's 14-digit numbers
-  redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(r[3]) .. ',"generation":' .. r[2] .. '}')
-  return {'queued', r[2]}
-end
-return r
-)lua");
-
-// Drops every reference of one dead holder to the records its index names
-// (the garbage collector; fenced). Each member goes from the index as it is
-// handled; the holder leaves memcuda:holders with its last member. What the
-// caller owns comes back to be freed; what another owner has goes to the
-// allocator of record in one "free" command of many generations.
-// KEYS: names, lifecycle, leader, the holder's index, holders set
-// ARGV: token ('' = unfenced), holder, key prefix, caller session, then index members
-//       ('<generation>:<name>')
-// -> {'ok', references dropped, tensors unlinked, generation to free, ...}
-//    | {'notleader', t}
-inline constexpr auto kReleaseHolder = join(kReleaseFn, R"lua(
-if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then
-  return {'notleader', tostring(redis.call('GET', KEYS[3]))}
-end
-local p = ARGV[3]
-local out = {'ok', 0, 0}
-local queued = {}
-for i = 5, #ARGV do
-  local m = ARGV[i]
-  local c = string.find(m, ':', 1, true)
-  if c then
-    local gen, name = string.sub(m, 1, c - 1), string.sub(m, c + 1)
-    local r, dropped = release_one(p, KEYS[1], p .. 'memcuda:tensor:' .. name, gen, name, ARGV[2], true, ARGV[4])
-    out[2] = out[2] + dropped
-    if r[1] == 'free' then
-      out[3] = out[3] + 1
-      out[#out + 1] = r[2]
-    elseif r[1] == 'queued' then
-      out[3] = out[3] + 1
-      queued[#queued + 1] = r[2]
-    end
-  end
-  redis.pcall('SREM', KEYS[4], m)  -- an index of the wrong type: GC moves it aside
-end
-if #queued > 0 then
-  redis.call('LPUSH', KEYS[2], '{"op":"free","generations":[' .. table.concat(queued, ',') .. ']}')
-end
-if redis.call('EXISTS', KEYS[4]) == 0 then redis.pcall('SREM', KEYS[5], ARGV[2]) end
-return out
 )lua");
 
 // Unlinks a name now (a new create may reuse it). A persistent tensor's

@@ -26,6 +26,9 @@
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/process/holds.hpp"
+#include "memcuda/detail/store/lease.hpp"
+#include "memcuda/detail/store/lists.hpp"
+#include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/record_pages.hpp"
 #include "memcuda/detail/store/reply.hpp"
@@ -68,9 +71,9 @@ class Client {
     {
       auto c = ctx_.pool.acquire();
       r = ctx_.scripts.acquire.eval(
-          *c, {k.tensor(name), k.leader(), k.lost(name)},
+          *c, {k.tensor(name), k.leader(), k.lost(name), k.refs(ctx_.session), k.holders()},
           {ctx_.session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), ctx_.node, "", cgen, cver,
-           k.prefix(), name});
+           name});
     }
     TensorInfo t;
     if (cached && r[0].str() == "same") {
@@ -98,7 +101,7 @@ class Client {
       if (script_status(r) != "ok") throw;
       std::uint64_t gen = 0;
       for (auto& [f, v] : fields_from_reply(r[1]))
-        if (f == "generation") gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
+        if (f == store::field::generation) gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
       if (gen) {
         try {
           auto c = ctx_.pool.acquire();
@@ -125,8 +128,10 @@ class Client {
     if (st == "lost") {
       std::map<std::string, std::string> m;
       for (auto& [f, v] : fields_from_reply(r[1])) m[f] = v;
-      throw Lost("tensor '" + name + "' (generation " + m["generation"] + ") was lost: its allocator of record " +
-                 "(pid " + m["owner_pid"] + ", session " + m["owner"] + ", epoch " + m["epoch"] +
+      namespace f = store::field;
+      throw Lost("tensor '" + name + "' (generation " + m[std::string(f::generation)] +
+                 ") was lost: its allocator of record (pid " + m[std::string(f::owner_pid)] + ", session " +
+                 m[std::string(f::owner)] + ", epoch " + m[std::string(f::epoch)] +
                  ") died and no live process held a copy; the name is free to create again");
     }
     if (st == "state") {
@@ -173,7 +178,7 @@ class Client {
     TensorInfo t;
     try {
       auto c = ctx_.pool.acquire();
-      auto r = c->command({"HGETALL", ctx_.keys.tensor(cmd.name)});
+      auto r = store::read_record(*c, ctx_.keys.tensor(cmd.name));
       if (r.size() == 0) throw NotFound("tensor '" + cmd.name + "' vanished right after its creation");
       t = protocol::decode_record(fields_from_reply(r.view()));
       if (t.generation != gen) throw StaleHandle("tensor '" + cmd.name + "' was replaced right after its creation");
@@ -200,7 +205,7 @@ class Client {
     const std::string payload = protocol::encode_command(cmd);
     const auto timeout = ctx_.opts.request_timeout;
     auto c = ctx_.waits.acquire();
-    c->command({"LPUSH", ctx_.keys.lifecycle(), payload});
+    store::push_command(*c, ctx_.keys, payload);
     auto deadline = std::chrono::steady_clock::now() + timeout;
     bool retracted_tried = false;
     for (;;) {
@@ -210,7 +215,7 @@ class Client {
           retracted_tried = true;
           // Take the command back if no leader has picked it up; otherwise it
           // is being executed: wait once more for its outcome.
-          if (c->command({"LREM", ctx_.keys.lifecycle(), 1, payload}).integer() == 1)
+          if (store::retract_command(*c, ctx_.keys, payload))
             throw NotLeader("no allocator of record answered '" + std::string(to_string(cmd.op)) + " " + cmd.name +
                             "' within " + std::to_string(timeout.count()) +
                             " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
@@ -222,7 +227,7 @@ class Client {
                         " ms: " + silent_leader_reason(*c, ctx_.keys));
       }
       auto wait = std::min(left, std::chrono::milliseconds(1000));
-      auto r = c->blocking(wait, {"BLPOP", reply_key, seconds_arg(wait)});
+      auto r = store::pop_wait(*c, reply_key, wait);
       if (r.is_nil()) continue;
       protocol::Reply rep = protocol::decode_reply(r[1].str());
       if (rep.id != id) continue;  // not ours (a hostile or stray writer)
@@ -271,7 +276,7 @@ class Client {
   // The event handle last published for this generation ("" when none).
   std::string published_event(const std::string& name, std::uint64_t gen) {
     auto c = ctx_.pool.acquire();
-    auto r = c->command({"HMGET", ctx_.keys.tensor(name), "generation", "event_handle"});
+    auto r = store::read_fields(*c, ctx_.keys.tensor(name), store::field::generation, store::field::event_handle);
     if (r[0].is_nil() || reply_u64(r[0]) != gen)
       throw StaleHandle("'" + name + "' generation " + std::to_string(gen) + " is no longer registered");
     return r[1].is_nil() ? std::string() : std::string(r[1].str());
@@ -279,7 +284,7 @@ class Client {
 
   std::optional<std::uint64_t> current_generation(std::string_view name) {
     auto c = ctx_.pool.acquire();
-    auto r = c->command({"HGET", ctx_.keys.tensor(name), "generation"});
+    auto r = store::read_generation(*c, ctx_.keys, name);
     if (r.is_nil()) return std::nullopt;
     return std::stoull(std::string(r.str()));
   }
@@ -287,7 +292,7 @@ class Client {
   std::optional<TensorInfo> info(std::string_view name) {
     ::memcuda::validate_name(name);
     auto c = ctx_.pool.acquire();
-    auto r = c->command({"HGETALL", ctx_.keys.tensor(name)});
+    auto r = store::read_record(*c, ctx_.keys.tensor(name));
     if (r.size() == 0) return std::nullopt;
     return protocol::decode_record(fields_from_reply(r.view()));
   }
@@ -332,19 +337,19 @@ class Client {
     auto c = ctx_.waits.acquire();
     const std::string wl = ctx_.keys.wait_list(ctx_.session, ++seq_);
     const std::string ws = ctx_.keys.waiters(name);
-    c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, std::to_string(timeout.count() + 60000)}});
-    auto st = c->command({"HGET", ctx_.keys.tensor(name), "state"});
-    bool ready = !st.is_nil() && st.str() == "ready";
+    store::add_waiter(*c, ws, wl, std::to_string(timeout.count() + 60000));
+    auto st = store::read_state(*c, ctx_.keys, name);
+    bool ready = !st.is_nil() && st.str() == to_string(TensorState::ready);
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!ready) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
-      auto r = c->blocking(left, {"BLPOP", wl, seconds_arg(left)});
+      auto r = store::pop_wait(*c, wl, left);
       if (r.is_nil()) continue;
-      auto s2 = c->command({"HGET", ctx_.keys.tensor(name), "state"});
-      ready = !s2.is_nil() && s2.str() == "ready";
+      auto s2 = store::read_state(*c, ctx_.keys, name);
+      ready = !s2.is_nil() && s2.str() == to_string(TensorState::ready);
     }
-    c->pipeline({{"SREM", ws, wl}, {"DEL", wl}});
+    store::remove_waiter(*c, ws, wl);
     return ready;
   }
 
@@ -355,7 +360,7 @@ class Client {
 
   LeaderInfo read_leader(redis::Connection& c) {
     LeaderInfo l;
-    auto rs = c.pipeline({{"GET", ctx_.keys.leader()}, {"PTTL", ctx_.keys.leader()}});
+    auto rs = store::read_lease(c, ctx_.keys);
     if (rs[0].is_nil()) return l;
     std::string tok(rs[0].str());
     l.present = true;

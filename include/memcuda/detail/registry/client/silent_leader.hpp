@@ -15,6 +15,8 @@
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "memcuda/detail/store/lease.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -22,14 +24,14 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 // a failure to read them is said instead.
 inline std::string silent_leader_reason(redis::Connection& c, const Keys& k) noexcept {
   try {
-    auto rs = c.pipeline({{"GET", k.leader()}, {"PTTL", k.leader()}});
+    auto rs = store::read_lease(c, k);
     if (rs[0].is_nil())
       return "nobody holds the allocator-of-record lease: no process hosts the control thread "
              "(start one, e.g. `memcuda serve`)";
     const std::string token(rs[0].str());
     const std::string session = token.substr(token.find(' ') + 1);
     const std::string left = std::to_string(rs[1].integer());
-    auto sv = c.command({"GET", k.session(session)});
+    auto sv = store::read_session(c, k, session);
     std::string who = "session " + session;
     if (sv.is_nil()) {
       // The session id starts with the pid ("<pid>-<hex>").

@@ -30,6 +30,9 @@
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
+#include "memcuda/detail/store/lease.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -135,13 +138,14 @@ class Allocator {
     // literals, text `t` holds as views (t outlives the script call), only
     // numbers as owned strings. This path runs for every create.
     std::vector<redis::Arg> args;
-    args.reserve(6 + 2 * 24);
+    args.reserve(7 + 2 * 24);
     args.emplace_back(token);
     args.emplace_back(cmd.name);
     args.emplace_back(t.create_id);
     args.emplace_back(k.ready_channel(cmd.name));
     args.emplace_back(holder_of(cmd));
     args.emplace_back(persistent ? "1" : "0");
+    args.emplace_back(k.prefix());
     protocol::for_each_record_field(t, [&](auto&& f, auto&& v) {
       namespace rf = protocol::record_field;
       const std::string_view name(f);
@@ -156,8 +160,9 @@ class Allocator {
       args.emplace_back(std::forward<decltype(v)>(v));
     });
     const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
-                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name);
-    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key};
+                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name), ukey = k.usage(),
+                      rkey = k.refs(holder_of(cmd)), hkey = k.holders(), dkey = k.dicts();
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey, dkey};
     redis::Reply r;
     try {
       r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
@@ -200,7 +205,7 @@ class Allocator {
     if (parked && st != "exists" && st != "stray") {
       // Answered with an error (e.g. the lease moved): the record may still
       // be the lost attempt's. Ours then, freed with its last reference.
-      auto cur = c.command({"HMGET", tkey, "create_id", "generation"});
+      auto cur = store::read_create_id(c, tkey);
       if (!create_id.empty() && cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == create_id &&
           !cur[1].is_nil()) {
         giveback.pool = nullptr;
@@ -229,7 +234,7 @@ class Allocator {
   std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen, const std::string& holder,
                        const std::string& token, bool all = false) {
     const auto& k = ctx_.keys;
-    auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader()},
+    auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader(), k.refs(holder), k.usage()},
                                        {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
     return release_outcome(c, r, name, gen, holder);
   }
@@ -270,12 +275,12 @@ class Allocator {
     }
     if (mine) {
       mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
-      if (!record_gone) c.command({"DEL", rkey});
+      if (!record_gone) store::delete_record(c, rkey);
       ++frees_;
       return;
     }
     if (record_gone) return;
-    auto r = c.command({"HGETALL", rkey});
+    auto r = store::read_record(c, rkey);
     if (r.size() == 0) return;  // already freed
     TensorInfo t = protocol::decode_record(fields_from_reply(r.view()));
     if (t.refcount > 0) {
@@ -293,7 +298,7 @@ class Allocator {
       // tensors too, so it is unlinked once no record uses it.
       add_orphan(t);
     }
-    c.command({"DEL", rkey});
+    store::delete_record(c, rkey);
     ++frees_;
   }
 
@@ -408,7 +413,7 @@ class Allocator {
     std::uint64_t n = 0;
     for (DevicePool* p : pools()) n += p->trim(all, &ids);
     if (ids.empty()) return n;
-    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
+    auto members = store::session_members(c, ctx_.keys);
     for (std::size_t i = 0; i < members.size(); ++i) {
       std::string sid(members[i].str());
       if (sid != ctx_.session) inbox::send(c, ctx_.keys, sid, inbox::Unmap{ctx_.session, ids});
@@ -418,8 +423,7 @@ class Allocator {
 
   // The leader publishes its pool statistics so any process can read them.
   void publish_pool_stats(redis::Connection& c) {
-    c.command({"SET", ctx_.keys.pool_stats(), encode_pool_stats(pool_stats()), "PX",
-               std::to_string(3 * ctx_.opts.lease_ttl.count())});
+    store::write_pool_stats(c, ctx_.keys, encode_pool_stats(pool_stats()), 3 * ctx_.opts.lease_ttl);
   }
 
   // ---- the wire form of pool statistics (protocol/pool_stats.hpp) ----

@@ -19,6 +19,7 @@
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/record_desc.hpp"
+#include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -136,7 +137,8 @@ class BatchAllocator {
       protocol::Fields fields = protocol::encode_record(s.info);
       std::vector<std::string> fv;
       for (const auto& [f, v] : fields) {
-        if (f == "generation" || f == "state" || f == "refcount" || f.starts_with("holder:")) continue;
+        namespace rf = store::field;
+        if (f == rf::generation || f == rf::state || f == rf::refcount || store::is_holder_field(f)) continue;
         fv.push_back(f);
         fv.push_back(v);
       }
@@ -146,6 +148,7 @@ class BatchAllocator {
                                protocol::encode_desc_body(fields), std::to_string(fv.size() / 2)});
       args.insert(args.end(), std::make_move_iterator(fv.begin()), std::make_move_iterator(fv.end()));
     }
+    args.push_back(k.prefix());  // last: the key prefix the script derives index keys from
     std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
     redis::Reply r;
     try {
@@ -194,7 +197,7 @@ class BatchAllocator {
       if (!s.parked) continue;
       s.parked = false;  // not the record's: back to the pool
       if (i == stray) continue;  // not a Hash of ours: nothing of a lost attempt there
-      auto cur = c.command({"HMGET", k.tensor(s.info.name), "create_id", "generation"});
+      auto cur = store::read_create_id(c, k.tensor(s.info.name));
       if (cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == s.info.create_id && !cur[1].is_nil()) {
         s.give_back = false;
         s.info.generation = std::stoull(std::string(cur[1].str()));

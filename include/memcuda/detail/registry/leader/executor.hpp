@@ -13,6 +13,7 @@
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/batch_allocator.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -45,8 +46,9 @@ class Executor {
       }
       case protocol::Op::get: {
         refuse_session_holder(cmd);
-        auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name)},
-                                           {holder_of(cmd), "", ctx_.node, token, "", "", k.prefix(), cmd.name});
+        const std::string holder = holder_of(cmd);
+        auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name), k.refs(holder), k.holders()},
+                                           {holder, "", ctx_.node, token, "", "", cmd.name});
         auto t = client_.checked(r, cmd.name, std::nullopt, holder_of(cmd));
         rep.generation = t.generation;
         rep.refcount = t.refcount;
@@ -56,7 +58,7 @@ class Executor {
         refuse_session_holder(cmd);
         std::uint64_t gen = cmd.generation.value_or(0);
         if (!gen) {
-          auto g = c.command({"HGET", k.tensor(cmd.name), "generation"});
+          auto g = store::read_generation(c, k, cmd.name);
           if (g.is_nil()) throw NotFound("no tensor named '" + cmd.name + "'");
           gen = std::stoull(std::string(g.str()));
         }
@@ -80,7 +82,7 @@ class Executor {
           break;
         }
         const std::uint64_t gen = cmd.generation.value_or(0);
-        auto rc = c.command({"HGET", k.removed(gen), "refcount"});
+        auto rc = store::read_unlinked_refcount(c, k, gen);
         if (rc.is_nil() || rc.str() != "0")
           throw InvalidArgument("free of generation " + std::to_string(gen) +
                                 ": no unlinked tensor of that generation without references (free is sent by "
@@ -100,7 +102,7 @@ class Executor {
   // skipped (logged), never freed.
   void free_many(redis::Connection& c, const std::vector<std::uint64_t>& gens) {
     std::vector<redis::Command> rcs;
-    for (auto g : gens) rcs.push_back({"HGET", ctx_.keys.removed(g), "refcount"});
+    for (auto g : gens) rcs.push_back(store::read_unlinked_refcount_cmd(ctx_.keys, g));
     std::vector<std::exception_ptr> errs;
     auto rc = c.pipeline(rcs, &errs);
     std::uint64_t refused = 0;
@@ -112,7 +114,7 @@ class Executor {
       }
       if (alloc_.owns(gens[i])) {
         alloc_.free_unlinked(c, gens[i], true);
-        dels.push_back({"DEL", ctx_.keys.removed(gens[i])});
+        dels.push_back(store::delete_record_cmd(ctx_.keys.removed(gens[i])));
       } else {
         alloc_.free_unlinked(c, gens[i]);
       }

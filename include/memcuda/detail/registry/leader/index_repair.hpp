@@ -39,6 +39,9 @@
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/redis/script.hpp"
+#include "memcuda/detail/store/indexes.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::index_repair {
 
@@ -109,7 +112,7 @@ inline std::uint64_t rebuild_names(redis::Connection& c, const Keys& k) {
   std::uint64_t added = 0;
   std::string cursor = "0";
   do {
-    auto r = c.command({"SCAN", cursor, "MATCH", tp + "*", "COUNT", "1000"});
+    auto r = store::scan_named(c, k, cursor, 1000);
     cursor = std::string(r[0].str());
     if (r[1].size() == 0) continue;
     std::vector<redis::Arg> args{tp};
@@ -126,22 +129,22 @@ inline std::uint64_t rebuild_names(redis::Connection& c, const Keys& k) {
 inline std::size_t rebuild_owners(redis::Connection& c, const Keys& k, const std::string& node) {
   std::vector<std::string> ids;
   std::vector<std::exception_ptr> errs;
-  auto base = c.pipeline({{"SMEMBERS", k.sessions()}, {"GET", k.leader()}}, &errs);
+  auto base = store::sessions_and_leader(c, k, &errs);
   if (!base[0].is_error())
     for (std::size_t i = 0; i < base[0].size(); ++i) ids.emplace_back(base[0][i].str());
   std::vector<redis::Command> add;
   if (!base[1].is_error() && !base[1].is_nil()) {
     const std::string token(base[1].str());
-    if (auto sp = token.find(' '); sp != std::string::npos) add.push_back({"SADD", k.owners(), token.substr(sp + 1)});
+    if (auto sp = token.find(' '); sp != std::string::npos) add.push_back(store::add_owner_cmd(k, token.substr(sp + 1)));
   }
   if (!ids.empty()) {
     std::vector<redis::Command> get;
-    for (const auto& id : ids) get.push_back({"GET", k.session(id)});
+    for (const auto& id : ids) get.push_back(store::read_session_cmd(k, id));
     auto v = c.pipeline(get, &errs);
     for (std::size_t i = 0; i < ids.size(); ++i) {
       if (v[i].is_error() || v[i].is_nil() || session_proves_death(v[i].str(), node)) continue;
       try {
-        if (protocol::decode_session(v[i].str()).allocator_capable) add.push_back({"SADD", k.owners(), ids[i]});
+        if (protocol::decode_session(v[i].str()).allocator_capable) add.push_back(store::add_owner_cmd(k, ids[i]));
       } catch (const std::exception&) {  // unreadable: not a session that leads
       }
     }
@@ -164,7 +167,7 @@ inline std::size_t check(redis::Connection& c, const Keys& k, const std::string&
   const Fixed fixed[] = {{k.quarantined(), "hash"}, {k.names(), "zset"},  {k.usage(), "hash"},
                          {k.holders(), "set"},      {k.owners(), "set"},  {k.sessions(), "set"}};
   std::vector<redis::Command> cmds;
-  for (const auto& f : fixed) cmds.push_back({"TYPE", f.key});
+  for (const auto& f : fixed) cmds.push_back(store::key_type_cmd(f.key));
   auto types = c.pipeline(cmds);
   std::size_t moved = 0;
   for (std::size_t i = 0; i < std::size(fixed); ++i) {
@@ -200,16 +203,15 @@ inline std::vector<std::string> refs_page(redis::Connection& c, const Keys& k, c
                                           std::size_t n) {
   std::vector<std::exception_ptr> errs;
   const std::string key = k.refs(holder);
-  auto r = c.pipeline({{"SRANDMEMBER", key, std::to_string(n)}}, &errs);
+  auto r = store::sample_refs(c, k, holder, n, &errs);
   std::vector<std::string> out;
-  if (r[0].is_error()) {
-    auto t = c.command({"TYPE", key});
-    const std::string type(t.str());
+  if (r.is_error()) {
+    const std::string type = store::key_type(c, key);
     if (type != "set" && type != "none")
       move_aside(c, k, key, type, "set", "the garbage collector's sweep writes the references back from the records");
     return out;
   }
-  for (std::size_t i = 0; i < r[0].size(); ++i) out.emplace_back(r[0][i].str());
+  for (std::size_t i = 0; i < r.size(); ++i) out.emplace_back(r[i].str());
   return out;
 }
 
@@ -226,7 +228,7 @@ inline void redo_failed(redis::Connection& c, const Keys& k, const std::vector<r
   if (bad.empty()) return;
   std::vector<redis::Command> again;
   for (const auto& key : bad) {
-    const std::string type(c.command({"TYPE", key}).str());
+    const std::string type = store::key_type(c, key);
     if (type == "set" || type == "none") continue;  // changed meanwhile, or not a type fault
     if (move_aside(c, k, key, type, "set", "written again from the records now") < 0) continue;
     for (const auto& w : writes)

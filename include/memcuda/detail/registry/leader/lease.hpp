@@ -36,6 +36,7 @@
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -83,7 +84,7 @@ class Lease {
     // learns from memcuda:owners whom to watch (migration.hpp), and an older
     // version's name index becomes the sorted set every script now reads.
     index_repair::check(c, k, ctx_.node);
-    c.command({"SADD", k.owners(), ctx_.session});
+    store::add_owner(c, k, ctx_.session);
     upgrade_name_index(c, k);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
     auto n = ctx_.scripts.requeue.eval(c, {k.lifecycle(), k.processing_lists()}, {k.processing(epoch)});
@@ -175,7 +176,7 @@ class Lease {
     }
     const auto sp = token.find(' ');
     if (sp == std::string::npos) return;
-    auto v = c.command({"GET", ctx_.keys.session(std::string_view(token).substr(sp + 1))});
+    auto v = store::read_session(c, ctx_.keys, std::string_view(token).substr(sp + 1));
     if (v.is_nil()) {  // not registered (yet): read it again at the next lost campaign
       std::lock_guard lk(mu_);
       if (watched_token_ == token) watched_token_.clear();

@@ -39,6 +39,9 @@
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/sessions.hpp"
+#include "memcuda/detail/store/lists.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -113,7 +116,9 @@ class Migration {
     std::vector<TensorInfo> orphans;
     if (!rkeys.empty()) {
       std::vector<redis::Command> cmds;
-      for (const auto& k : rkeys) cmds.push_back({"HMGET", k, "owner", "owner_pid", "node", "state", "ipc_handle"});
+      namespace f = store::field;
+      for (const auto& k : rkeys)
+        cmds.push_back(store::read_fields_cmd(k, {f::owner, f::owner_pid, f::node, f::state, f::ipc_handle}));
       std::vector<std::exception_ptr> errs;  // a key of the wrong type is GC's to quarantine, not the round's end
       auto rs = c.pipeline(cmds, &errs);
       for (std::size_t i = 0; i < rkeys.size(); ++i) {
@@ -131,11 +136,11 @@ class Migration {
           dead[owner] = !owner_alive(ctx_, c, owner, pid);
         }
         if (!dead[owner]) continue;
-        if (rs[i][3].str() != "ready") {
+        if (rs[i][3].str() != to_string(TensorState::ready)) {
           unsettled.insert(owner);  // not ours to judge: keep its memory
           continue;
         }
-        auto r = c.command({"HGETALL", rkeys[i]});
+        auto r = store::read_record(c, rkeys[i]);
         if (r.size() == 0) continue;
         TensorInfo t;
         try {
@@ -162,7 +167,7 @@ class Migration {
     // older version) is written there, so that its death triggers a scan.
     if (!dead.empty()) {
       std::vector<redis::Command> add;
-      for (const auto& [owner, is_dead] : dead) add.push_back({"SADD", ctx_.keys.owners(), owner});
+      for (const auto& [owner, is_dead] : dead) add.push_back(store::add_owner_cmd(ctx_.keys, owner));
       std::vector<std::exception_ptr> errs;
       c.pipeline(add, &errs);
     }
@@ -209,7 +214,7 @@ class Migration {
       if (n)
         log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
                                 " that no record uses");
-      c.command({"SREM", ctx_.keys.owners(), owner});  // settled: no more scans for it
+      store::remove_owner(c, ctx_.keys, owner);  // settled: no more scans for it
     }
     for (const auto& [owner, is_dead] : dead)
       if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
@@ -346,16 +351,17 @@ class Migration {
   redis::Reply eval_migrate(redis::Connection& c, const std::string& token, const TensorInfo& from,
                             const TensorInfo& to) {
     std::vector<redis::Arg> args{token, from.generation, from.owner, ctx_.keys.prefix()};
-    std::vector<std::pair<std::string, std::string>> fv{
-        {"ipc_handle", to.ipc_handle},       {"offset", std::to_string(to.offset)},
-        {"alloc_bytes", std::to_string(to.alloc_bytes)}, {"alloc_id", std::to_string(to.alloc_id)},
-        {"owner", to.owner},                 {"owner_pid", std::to_string(to.owner_pid)},
-        {"epoch", std::to_string(to.epoch)}, {"device", std::to_string(to.device)},
-        {"device_uuid", to.device_uuid},     {"node", to.node}};
-    if (!to.alloc_kind.empty()) fv.emplace_back("alloc_kind", to.alloc_kind);
+    namespace f = store::field;
+    std::vector<std::pair<std::string_view, std::string>> fv{
+        {f::ipc_handle, to.ipc_handle},       {f::offset, std::to_string(to.offset)},
+        {f::alloc_bytes, std::to_string(to.alloc_bytes)}, {f::alloc_id, std::to_string(to.alloc_id)},
+        {f::owner, to.owner},                 {f::owner_pid, std::to_string(to.owner_pid)},
+        {f::epoch, std::to_string(to.epoch)}, {f::device, std::to_string(to.device)},
+        {f::device_uuid, to.device_uuid},     {f::node, to.node}};
+    if (!to.alloc_kind.empty()) fv.emplace_back(f::alloc_kind, to.alloc_kind);
     // Also written empty when the old record had one: a copy into legacy IPC
     // memory must clear the vmm source.
-    if (!to.fd_source.empty() || !from.fd_source.empty()) fv.emplace_back("fd_source", to.fd_source);
+    if (!to.fd_source.empty() || !from.fd_source.empty()) fv.emplace_back(f::fd_source, to.fd_source);
     for (const auto& [k, v] : fv) {
       args.emplace_back(k);
       args.emplace_back(v);
@@ -371,15 +377,15 @@ class Migration {
     std::vector<std::string> live;
     auto consider = [&](const std::string& h) {
       if (HolderId::is_session_id(h) && std::find(live.begin(), live.end(), h) == live.end() &&
-          (h == session || c.command({"EXISTS", ctx_.keys.session(h)}).integer() == 1))
+          (h == session || store::session_exists(c, ctx_.keys, h)))
         live.push_back(h);
     };
     for (const auto& [h, n] : t.holders) {
       if (n <= 0) continue;
-      if (h.starts_with("@dict:")) {  // held through a state dict's record: its holders map it
-        auto f = c.command({"HKEYS", ctx_.keys.own_prefix() + "dict:" + h.substr(6)});
+      if (h.starts_with(Keys::kDictHolder)) {  // held through a state dict's record: its holders map it
+        auto f = store::field_names(c, ctx_.keys.dict_of_holder(h));
         for (std::size_t i = 0; i < f.size(); ++i)
-          if (f[i].str().starts_with("holder:")) consider(std::string(f[i].str().substr(7)));
+          if (store::is_holder_field(f[i].str())) consider(std::string(store::holder_of_field(f[i].str())));
         continue;
       }
       consider(h);
@@ -496,7 +502,7 @@ class Migration {
       if (left.count() <= 0)
         throw TimeoutError("holder " + holder + " did not copy '" + from.name + "' within " +
                            std::to_string(ctx_.opts.request_timeout.count()) + " ms");
-      auto r = c->blocking(left, {"BLPOP", rk, seconds_arg(left)});
+      auto r = store::pop_wait(*c, rk, left);
       if (r.is_nil()) continue;
       auto ans = inbox::decode_answer(r[1].str());
       if (ans.id != id) continue;  // a late answer to an earlier ask
@@ -520,7 +526,7 @@ class Migration {
   // session among memcuda:owners and the cuda_vmm_fd allocations' owners.
   // Fills `owners` with memcuda:owners.
   bool orphans_possible(redis::Connection& c, std::vector<std::string>& owners) {
-    auto m = c.command({"SMEMBERS", ctx_.keys.owners()});
+    auto m = store::owner_members(c, ctx_.keys);
     for (std::size_t i = 0; i < m.size(); ++i) owners.emplace_back(m[i].str());
     bool pending;
     {
@@ -544,7 +550,8 @@ class Migration {
     for (std::size_t i = 0; i < todo.size(); ++i) {
       auto& p = todo[i];
       try {
-        auto r = c.command({"HMGET", ctx_.keys.tensor(p.info.name), "owner", "ipc_handle", "offset", "generation"});
+        namespace f = store::field;
+        auto r = store::read_fields(c, ctx_.keys.tensor(p.info.name), f::owner, f::ipc_handle, f::offset, f::generation);
         const bool ours = !r[0].is_nil() && !r[1].is_nil() && !r[2].is_nil() && !r[3].is_nil() &&
                           r[0].str() == ctx_.session && r[1].str() == p.info.ipc_handle &&
                           r[2].str() == std::to_string(p.info.offset);

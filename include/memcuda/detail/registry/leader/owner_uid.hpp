@@ -21,17 +21,18 @@
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "memcuda/detail/store/lease.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class OwnerUid {
  public:
-  explicit OwnerUid(const Keys& keys) : key_(keys.owner_uid()) {}
+  explicit OwnerUid(const Keys& keys) : keys_(keys), key_(keys.owner_uid()) {}
 
   // Whether this process may campaign: no owner recorded, or the same
   // effective uid. One GET per campaign.
   bool may_campaign(redis::Connection& c) {
-    auto v = c.command({"GET", key_});
+    auto v = store::read_owner_uid(c, keys_);
     const std::string me = std::to_string(::geteuid());
     if (v.is_nil() || v.str() == me) {
       refused_logged_.store(false, std::memory_order_relaxed);
@@ -56,10 +57,11 @@ class OwnerUid {
   }
 
   // Records this process's effective uid as the namespace's (on winning).
-  void claim(redis::Connection& c) { c.command({"SET", key_, std::to_string(::geteuid())}); }
+  void claim(redis::Connection& c) { store::write_owner_uid(c, keys_, std::to_string(::geteuid())); }
 
  private:
-  std::string key_;
+  Keys keys_;
+  std::string key_;  // its name, for messages
   std::atomic<bool> refused_logged_{false};
 };
 

@@ -22,7 +22,11 @@
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/detail/store/name_index.hpp"
+#include "memcuda/detail/store/allocations.hpp"
+#include "memcuda/detail/store/indexes.hpp"
 #include "memcuda/detail/store/quarantine.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/stats.hpp"
@@ -42,7 +46,7 @@ inline std::vector<std::string> record_keys(redis::Connection& c, const Keys& ke
   }
   std::string cursor = "0";
   do {
-    auto r = c.command({"SCAN", cursor, "MATCH", keys.removed_pattern(), "COUNT", "1000"});
+    auto r = store::scan_unlinked(c, keys, cursor, 1000);
     cursor = std::string(r[0].str());
     for (std::size_t i = 0; i < r[1].size(); ++i) out.emplace_back(r[1][i].str());
   } while (cursor != "0");
@@ -70,16 +74,13 @@ class Sessions {
   // re-registers what this process owns and holds (Recovery).
   bool refresh(redis::Connection& c) {
     std::vector<std::exception_ptr> errs;  // an index of the wrong type: the leader's check moves it aside
-    auto r = c.pipeline({{"SET", ctx_.keys.session(ctx_.session), session_value(), "PX",
-                          std::to_string(ctx_.opts.session_ttl.count()), "GET"},
-                         {"SADD", ctx_.keys.sessions(), ctx_.session}},
-                        &errs);
+    auto r = store::refresh_session(c, ctx_.keys, ctx_.session, session_value(), ctx_.opts.session_ttl, &errs);
     if (errs[0]) std::rethrow_exception(errs[0]);
     return !r[0].is_nil();
   }
 
   void end(redis::Connection& c) {
-    c.pipeline({{"DEL", ctx_.keys.session(ctx_.session)}, {"SREM", ctx_.keys.sessions(), ctx_.session}});
+    store::end_session(c, ctx_.keys, ctx_.session);
   }
 
   // Live sessions of this node, of other processes, that may become the
@@ -88,13 +89,13 @@ class Sessions {
   // is none: it would judge this process alive until it exits, and then
   // die with it.
   std::vector<std::string> standby_sessions(redis::Connection& c) {
-    auto members = c.command({"SMEMBERS", ctx_.keys.sessions()});
+    auto members = store::session_members(c, ctx_.keys);
     std::vector<std::string> ids;
     std::vector<redis::Command> ex;
     for (std::size_t i = 0; i < members.size(); ++i) {
       std::string id(members[i].str());
       if (id == ctx_.session) continue;
-      ex.push_back({"GET", ctx_.keys.session(id)});
+      ex.push_back(store::read_session_cmd(ctx_.keys, id));
       ids.push_back(std::move(id));
     }
     std::vector<std::string> out;
@@ -118,10 +119,10 @@ class Sessions {
   // its progress marker names the allocations Hash's current version (no
   // Hash: nothing to hold).
   bool standbys_synced(redis::Connection& c) {
-    auto v = c.command({"GET", standby::version_key(ctx_.keys)});
+    auto v = store::read_allocations_version(c, ctx_.keys);
     if (v.is_nil()) return true;
     for (const auto& id : standby_sessions(c)) {
-      auto m = c.command({"GET", standby::synced_key(ctx_.keys, id)});
+      auto m = store::read_standby_synced(c, ctx_.keys, id);
       if (m.is_nil() || m.str() != v.str()) return false;
     }
     return true;
@@ -129,11 +130,10 @@ class Sessions {
 
   std::uint64_t live(redis::Connection& c) {
     std::vector<std::exception_ptr> errs;  // an index of the wrong type counts none (index_repair.hpp)
-    auto set = c.pipeline({{"SMEMBERS", ctx_.keys.sessions()}}, &errs);
-    const auto& members = set[0];
+    const auto members = store::session_members_checked(c, ctx_.keys, &errs);
     if (members.is_error() || members.size() == 0) return 0;
     std::vector<redis::Command> ex;
-    for (std::size_t i = 0; i < members.size(); ++i) ex.push_back({"GET", ctx_.keys.session(members[i].str())});
+    for (std::size_t i = 0; i < members.size(); ++i) ex.push_back(store::read_session_cmd(ctx_.keys, members[i].str()));
     std::uint64_t n = 0;
     for (auto& r : c.pipeline(ex, &errs)) n += !r.is_error() && !r.is_nil() && !session_proves_death(r.str(), ctx_.node);
     return n;
@@ -158,12 +158,12 @@ class Sessions {
     collect_dicts(c, rep);
     collect_holders(c, token, rep);
     sweep(c, rep);
-    auto members = c.command({"SMEMBERS", keys.sessions()});
+    auto members = store::session_members(c, keys);
     std::vector<std::string> all;
     for (std::size_t i = 0; i < members.size(); ++i) all.emplace_back(members[i].str());
     if (!all.empty()) {
       std::vector<redis::Command> ex;
-      for (const auto& m : all) ex.push_back({"GET", keys.session(m)});
+      for (const auto& m : all) ex.push_back(store::read_session_cmd(keys, m));
       std::vector<std::exception_ptr> errs;
       auto r = c.pipeline(ex, &errs);
       std::vector<std::string> gone, live;
@@ -173,9 +173,9 @@ class Sessions {
       }
       for (const auto& g : gone) {
         // A key left by a process proven gone goes now rather than at expiry.
-        c.pipeline({{"DEL", keys.session(g)}, {"SREM", keys.sessions(), g}});
+        store::end_session(c, keys, g);
         // Its standby progress marker (standby.hpp) goes with it.
-        c.command({"DEL", keys.own_prefix() + "standby:" + g});
+        store::clear_standby_synced(c, keys, g);
         ++rep.sessions_pruned;
         // Processes that mapped its memory stop keeping idle mappings of it,
         // so a dead exporter's device memory is released by the driver.
@@ -188,8 +188,6 @@ class Sessions {
   }
 
  private:
-  static constexpr std::string_view kDictHolder = "@dict:";
-
   // Judges every holder that has an index of references and drops all the
   // references of the dead ones, a page of their index at a time (one
   // script per 1000 references).
@@ -198,7 +196,7 @@ class Sessions {
     // Registry sessions are not listed in memcuda:holders (one call less per
     // get): memcuda:sessions names them.
     std::vector<std::exception_ptr> herrs;  // a set of the wrong type reads as empty (index_repair.hpp)
-    auto hs = c.pipeline({{"SMEMBERS", keys.holders()}, {"SMEMBERS", keys.sessions()}}, &herrs);
+    auto hs = store::holders_and_sessions(c, keys, &herrs);
     std::map<std::string, bool> alive;
     for (const auto& set : hs)
       if (!set.is_error())
@@ -210,9 +208,15 @@ class Sessions {
       std::uint64_t dropped = 0, unlinked = 0;
       for (;;) {
         auto page = index_repair::refs_page(c, keys, h, kHolderPage);
-        std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders()};
+        std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders(),
+                                    keys.usage()};
         std::vector<std::string> args{token, h, keys.prefix(), ctx_.session};
-        for (auto& m : page) args.push_back(std::move(m));
+        for (auto& m : page) {
+          // each member's record key (the script touches only its KEYS)
+          const auto colon = m.find(':');
+          ks.push_back(keys.tensor(colon == std::string::npos ? std::string_view() : std::string_view(m).substr(colon + 1)));
+          args.push_back(std::move(m));
+        }
         std::vector<redis::Arg> kv(ks.begin(), ks.end()), av(args.begin(), args.end());
         auto r = ctx_.scripts.release_holder.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
         if (script_status(r) != "ok") lease_fail(r);
@@ -251,9 +255,9 @@ class Sessions {
     if (!at.unlinked) {
       for (auto& n : names_page(c, keys, "", at.after, kSweepPage)) names.push_back(keys.tensor(n));
       if (names.size() < kSweepPage) at = SweepAt{{}, true, "0"};
-      else at.after = names.back().substr(keys.tensor_prefix().size());
+      else at.after = keys.name_of(names.back());
     } else {
-      auto r = c.command({"SCAN", at.cursor, "MATCH", keys.removed_pattern(), "COUNT", std::to_string(kSweepPage)});
+      auto r = store::scan_unlinked(c, keys, at.cursor, kSweepPage);
       at.cursor = std::string(r[0].str());
       for (std::size_t i = 0; i < r[1].size(); ++i) names.emplace_back(r[1][i].str());
       if (at.cursor == "0") at = SweepAt{};
@@ -264,8 +268,10 @@ class Sessions {
     }
     if (names.empty()) return;
     std::vector<redis::Command> cmds, hk;
-    for (const auto& k : names) cmds.push_back({"HMGET", k, "name", "generation", "refcount", "republished"});
-    for (const auto& k : names) hk.push_back({"HKEYS", k});
+    for (const auto& k : names)
+      cmds.push_back(store::read_fields_cmd(k, {store::field::name, store::field::generation, store::field::refcount,
+                                                store::field::republished}));
+    for (const auto& k : names) hk.push_back(store::field_names_cmd(k));
     // One bad key must not fail the round for all: an error reply (a key
     // of the wrong type) is that record's alone.
     std::vector<std::exception_ptr> e1, e2;
@@ -291,12 +297,12 @@ class Sessions {
       const std::string name(ids[i][0].str()), gen(ids[i][1].str());
       if (free_unclaimed(c, names[i], name, gen, ids[i][2], ids[i][3], rep)) continue;
       for (std::size_t j = 0; j < fields[i].size(); ++j) {
-        std::string_view f = fields[i][j].str();
-        if (!f.starts_with("holder:") || f == "holder:@name") continue;
-        std::string h(f.substr(7));
-        index.push_back({"SADD", keys.refs(h), gen + ":" + name});
+        const std::string_view f = fields[i][j].str();
+        if (!store::is_holder_field(f) || store::holder_of_field(f) == HolderId::kName) continue;
+        const std::string h(store::holder_of_field(f));
+        index.push_back(store::add_ref_cmd(keys, h, store::ref_member(gen, name)));
         // a session no longer in memcuda:sessions is listed here, so it is judged
-        index.push_back({"SADD", keys.holders(), h});
+        index.push_back(store::add_holder_cmd(keys, h));
       }
     }
     if (!index.empty()) {
@@ -347,11 +353,11 @@ class Sessions {
       HolderId id(h);
       if (id.is_session()) sess.push_back(h);
       else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
-      else if (h.starts_with(kDictHolder)) dicts.push_back(h);
+      else if (h.starts_with(Keys::kDictHolder)) dicts.push_back(h);
     }
     std::vector<redis::Command> ex;
-    for (const auto& h : sess) ex.push_back({"GET", keys.session(h)});
-    for (const auto& h : dicts) ex.push_back({"EXISTS", keys.own_prefix() + "dict:" + h.substr(kDictHolder.size())});
+    for (const auto& h : sess) ex.push_back(store::read_session_cmd(keys, h));
+    for (const auto& h : dicts) ex.push_back(store::exists_cmd(keys.dict_of_holder(h)));
     if (ex.empty()) return;
     std::vector<std::exception_ptr> errs;
     auto r = c.pipeline(ex, &errs);
@@ -366,14 +372,14 @@ class Sessions {
   // forgets the ids of records that are gone.
   void collect_dicts(redis::Connection& c, GcReport& rep) {
     const Keys& keys = ctx_.keys;
-    auto ids = c.command({"SMEMBERS", keys.dict_ids()});
+    auto ids = store::dict_ids(c, keys);
     if (ids.size() == 0) return;
     std::vector<std::string> rks, idv;
     std::vector<redis::Command> hk;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       idv.emplace_back(ids[i].str());
-      rks.push_back(keys.own_prefix() + "dict:" + idv.back());
-      hk.push_back({"HKEYS", rks.back()});
+      rks.push_back(keys.dict(std::string_view(idv.back())));
+      hk.push_back(store::field_names_cmd(rks.back()));
     }
     std::vector<std::exception_ptr> errs;
     auto fields = c.pipeline(hk, &errs);
@@ -382,14 +388,15 @@ class Sessions {
     for (std::size_t i = 0; i < rks.size(); ++i) {
       if (fields[i].is_error()) continue;  // not a dict record: left alone
       if (fields[i].size() == 0) {
-        c.command({"SREM", keys.dict_ids(), idv[i]});
+        store::forget_dict_id(c, keys, idv[i]);
         continue;
       }
       for (std::size_t j = 0; j < fields[i].size(); ++j) {
-        std::string f(fields[i][j].str());
-        if (!f.starts_with("holder:")) continue;
-        refs.emplace_back(i, f.substr(7));
-        alive.emplace(f.substr(7), true);
+        const std::string_view f = fields[i][j].str();
+        if (!store::is_holder_field(f)) continue;
+        const std::string h(store::holder_of_field(f));
+        refs.emplace_back(i, h);
+        alive.emplace(h, true);
       }
     }
     judge(c, alive);
@@ -404,14 +411,10 @@ class Sessions {
   }
 
   // The name a record key is listed under ("" for an unlinked record).
-  std::string name_of(const std::string& record_key) const {
-    const std::string tp = ctx_.keys.tensor_prefix();
-    return record_key.starts_with(tp) ? record_key.substr(tp.size()) : std::string();
-  }
+  std::string name_of(const std::string& record_key) const { return ctx_.keys.name_of(record_key); }
 
   void quarantine_wrong_type(redis::Connection& c, const std::string& record_key, GcReport& rep) {
-    auto t = c.command({"TYPE", record_key});
-    const std::string type(t.str());
+    const std::string type = store::key_type(c, record_key);
     if (type == "hash" || type == "none") return;  // changed meanwhile
     if (quarantine::move(c, ctx_.keys, record_key, name_of(record_key), "type:" + type,
                          "a " + type + " where a tensor record (a hash) belongs"))

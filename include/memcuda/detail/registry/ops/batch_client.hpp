@@ -27,6 +27,8 @@
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
+#include "memcuda/detail/store/lists.hpp"
+#include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -109,7 +111,7 @@ class BatchClient {
   BatchGetResult get(const Selection& sel, std::optional<DType> dtype) {
     const auto& k = ctx_.keys;
     const std::string dt = dtype ? std::string(to_string(*dtype)) : std::string();
-    std::vector<std::string> keys{k.leader(), k.names()};
+    std::vector<std::string> keys{k.leader(), k.names(), k.refs(ctx_.session), k.holders()};
     std::vector<std::string> args{ctx_.session, ctx_.node, "", k.prefix(), sel.mode, sel.arg};
     if (sel.mode == "pattern") args.push_back(sel.literal);
     for (const auto& n : sel.names) {
@@ -312,9 +314,11 @@ class BatchClient {
     if (st == "lost") {
       std::map<std::string, std::string> m;
       for (auto& [f, v] : fields_from_reply(e[2])) m[f] = v;
-      return error_of(Lost("tensor '" + name + "' (generation " + m["generation"] +
-                           ") was lost: its allocator of record (pid " + m["owner_pid"] + ", session " + m["owner"] +
-                           ", epoch " + m["epoch"] + ") died and no live process held a copy"));
+      namespace f = store::field;
+      return error_of(Lost("tensor '" + name + "' (generation " + m[std::string(f::generation)] +
+                           ") was lost: its allocator of record (pid " + m[std::string(f::owner_pid)] + ", session " +
+                           m[std::string(f::owner)] + ", epoch " + m[std::string(f::epoch)] +
+                           ") died and no live process held a copy"));
     }
     if (st == "state") {
       if (e[2].str() == "lost")
@@ -380,7 +384,7 @@ class BatchClient {
                                                          const std::vector<std::uint64_t>& gens) {
     const std::size_t n = cmd.tensors.size();
     std::vector<redis::Command> reads;
-    for (const auto& e : cmd.tensors) reads.push_back({"HGETALL", ctx_.keys.tensor(e.name)});
+    for (const auto& e : cmd.tensors) reads.push_back(store::read_record_cmd(ctx_.keys.tensor(e.name)));
     std::map<std::string, SharedTensor<void>> out;
     std::size_t i = 0;
     bool i_taken_over = false;
@@ -471,7 +475,7 @@ class BatchClient {
     }
     const auto timeout = ctx_.opts.request_timeout;
     auto c = ctx_.waits.acquire();
-    c->command({"LPUSH", ctx_.keys.lifecycle(), payload});
+    store::push_command(*c, ctx_.keys, payload);
     auto deadline = std::chrono::steady_clock::now() + timeout;
     bool retract_tried = false;
     for (;;) {
@@ -482,14 +486,14 @@ class BatchClient {
                           " tensors but did not reply within " + std::to_string(2 * timeout.count()) +
                           " ms: " + silent_leader_reason(*c, ctx_.keys));
         retract_tried = true;
-        if (c->command({"LREM", ctx_.keys.lifecycle(), 1, payload}).integer() == 1)
+        if (store::retract_command(*c, ctx_.keys, payload))
           throw NotLeader("no allocator of record answered a create_many within " + std::to_string(timeout.count()) +
                           " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
         deadline = std::chrono::steady_clock::now() + timeout;
         continue;
       }
       auto wait = std::min(left, std::chrono::milliseconds(1000));
-      auto r = c->blocking(wait, {"BLPOP", reply_key, seconds_arg(wait)});
+      auto r = store::pop_wait(*c, reply_key, wait);
       if (r.is_nil()) continue;
       protocol::Reply rep = protocol::decode_reply(r[1].str());
       if (rep.id != cmd.id) continue;  // not ours

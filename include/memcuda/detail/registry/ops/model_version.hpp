@@ -36,6 +36,8 @@
 #include "memcuda/error.hpp"
 #include "memcuda/shape.hpp"
 #include "memcuda/stream.hpp"
+#include "memcuda/detail/store/lists.hpp"
+#include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -92,7 +94,7 @@ class ModelVersions {
   static std::uint64_t current(Core& core, std::string_view prefix) {
     validate_prefix(prefix);
     auto c = core.ctx.pool.acquire();
-    auto v = c->command({"HGET", core.ctx.keys.model(prefix), "version"});
+    auto v = store::read_model_version(*c, core.ctx.keys, prefix);
     if (!v.is_nil()) return reply_u64(v.view());
     if (!has_tensors(core, *c, prefix)) throw unknown(prefix);
     return 0;
@@ -112,20 +114,20 @@ class ModelVersions {
     {
       auto c = ctx.waits.acquire();
       // Registered before the read: a publish after the read pushes to us.
-      auto rs = c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}, {"HGETALL", key}});
+      auto rs = store::add_model_waiter_and_read(*c, ws, wl, kSetTtlMs, key);
       rec = decode(rs[2].view());
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       bool registered = true;
       while (rec.version <= after) {
         if (!rec.exists && !has_tensors(core, *c, prefix)) {
-          c->pipeline({{"SREM", ws, wl}, {"DEL", wl}});
+          store::remove_waiter(*c, ws, wl);
           throw unknown(prefix);
         }
         auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
         if (!registered) {  // woken, yet not past `after` (a stray push): register, then read again
-          auto rs3 = c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}, {"HGETALL", key}});
+          auto rs3 = store::add_model_waiter_and_read(*c, ws, wl, kSetTtlMs, key);
           registered = true;
           rec = decode(rs3[2].view());
           continue;
@@ -133,9 +135,9 @@ class ModelVersions {
         // In slices, each refreshing the set's expiry: one waiter's expiry
         // must never cut another's (longer) wait short.
         const auto slice = std::min(left, std::chrono::milliseconds(kSliceMs));
-        auto r = c->blocking(slice, {"BLPOP", wl, seconds_arg(slice)});
+        auto r = store::pop_wait(*c, wl, slice);
         if (r.is_nil()) {
-          c->pipeline({{"SADD", ws, wl}, {"PEXPIRE", ws, kSetTtlMs}});
+          store::add_waiter(*c, ws, wl, kSetTtlMs);
           continue;
         }
         // The push carries the record (no round trip: the publish dropped
@@ -146,10 +148,10 @@ class ModelVersions {
           rec = std::move(*pushed);
           continue;
         }
-        auto rs2 = c->pipeline({{"HGETALL", key}, {"SREM", ws, wl}, {"DEL", wl}});
+        auto rs2 = store::read_model_and_remove_waiter(*c, ws, wl, key);
         rec = decode(rs2[0].view());
       }
-      if (registered) c->pipeline({{"SREM", ws, wl}, {"DEL", wl}});
+      if (registered) store::remove_waiter(*c, ws, wl);
     }
     if (rec.version <= after) return std::nullopt;
     order_after(ctx, prefix, rec, stream);
@@ -185,13 +187,14 @@ class ModelVersions {
     for (std::size_t i = 0; i + 1 < r.size(); i += 2) {
       const auto f = r[i].str();
       const auto v = r[i + 1].str();
-      if (f == "version") m.version = reply_u64(r[i + 1]);
-      else if (f == "event_handle") m.event_handle = std::string(v);
-      else if (f == "backend") m.backend = std::string(v);
-      else if (f == "device") m.device = static_cast<int>(reply_int(r[i + 1]));
-      else if (f == "device_uuid") m.device_uuid = std::string(v);
-      else if (f == "node") m.node = std::string(v);
-      else if (f == "session") m.session = std::string(v);
+      namespace mf = store::model_field;
+      if (f == mf::version) m.version = reply_u64(r[i + 1]);
+      else if (f == mf::event_handle) m.event_handle = std::string(v);
+      else if (f == mf::backend) m.backend = std::string(v);
+      else if (f == mf::device) m.device = static_cast<int>(reply_int(r[i + 1]));
+      else if (f == mf::device_uuid) m.device_uuid = std::string(v);
+      else if (f == mf::node) m.node = std::string(v);
+      else if (f == mf::session) m.session = std::string(v);
     }
     return m;
   }

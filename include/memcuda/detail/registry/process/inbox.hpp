@@ -16,6 +16,7 @@
 
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/protocol/inbox.hpp"
+#include "memcuda/detail/store/lists.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::inbox {
 
@@ -125,8 +126,7 @@ inline MigrateAnswer decode_answer(std::string_view raw) {
 // Leaves a message in a session's inbox (kept a minute: a session that
 // never reads it is dead and its inbox expires).
 inline void send(redis::Connection& c, const Keys& keys, const std::string& sid, const Message& msg) {
-  const std::string k = keys.inbox(sid);
-  c.pipeline({{"LPUSH", k, encode(msg)}, {"PEXPIRE", k, "60000"}});
+  store::push_expiring(c, keys.inbox(sid), encode(msg));
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::inbox

@@ -14,6 +14,7 @@
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/process/dict_holds.hpp"
 #include "memcuda/detail/registry/process/holds.hpp"
+#include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -33,7 +34,8 @@ class Recovery {
       std::vector<redis::Arg> args{t.generation, keys.prefix(), persistent ? "1" : "0", t.name, now_ms()};
       const protocol::Fields fields = protocol::encode_record(r);  // args point into it
       for (const auto& [k, v] : fields) {
-        if (k == "generation" || k == "state" || k == "refcount" || k == "event_handle" || k == "event_version")
+        namespace f = store::field;
+        if (k == f::generation || k == f::state || k == f::refcount || k == f::event_handle || k == f::event_version)
           continue;
         args.emplace_back(k);
         args.emplace_back(v);

@@ -55,6 +55,7 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/store/release_calls.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -302,19 +303,16 @@ class ReleaseQueue {
     redis::Connection& c = **lease;
     const Keys& k = ctx.keys;
     const std::string& sha = ctx.scripts.release.sha();
-    // The keys every command of the session shares, built once per batch.
-    const std::string names = k.names(), lifecycle = k.lifecycle(), leader = k.leader(), prefix = k.prefix();
+    const store::ReleaseBatch batch(k, ctx.session);  // the keys every command of the session shares
     std::vector<redis::Command> cmds;
     cmds.reserve(items.size());
     const std::string& dict_sha = ctx.scripts.dict_release.sha();
     for (const auto& it : items) {
       if (it.dict_id) {
-        cmds.push_back({"EVALSHA", dict_sha, "1", k.dict(it.dict_id), ctx.session, "", prefix,
-                        std::to_string(it.dict_id)});
+        cmds.push_back(store::dict_release_cmd(batch, dict_sha, ctx.session, it.dict_id));
         continue;
       }
-      cmds.push_back({"EVALSHA", sha, "4", k.tensor(it.name), names, lifecycle, leader, std::to_string(it.gen),
-                      ctx.session, prefix, ctx.session, "", "", it.name});
+      cmds.push_back(store::release_cmd(batch, sha, ctx.session, it.name, it.gen));
     }
     std::vector<std::exception_ptr> errors;
     std::vector<redis::Reply> replies;

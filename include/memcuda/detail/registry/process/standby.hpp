@@ -56,75 +56,23 @@
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/redis/script.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// The allocations Hash's schema lives in store/allocations.hpp.
 namespace standby {
-
-inline std::string allocations_key(const Keys& k) { return k.own_prefix() + "allocations"; }
-inline std::string version_key(const Keys& k) { return k.own_prefix() + "allocations_version"; }
-// What a standby last synced (the allocations version), for tools and tests.
-inline std::string synced_key(const Keys& k, const std::string& session) {
-  return k.own_prefix() + "standby:" + session;
+inline std::string encode_entry(const std::string& owner, const std::string& source) {
+  return store::encode_allocation(owner, source);
 }
-
-// "<owner session> <fd_source>".
-inline std::string encode_entry(const std::string& owner, const std::string& source) { return owner + " " + source; }
-struct Entry {
-  std::string owner;
-  std::string source;
-};
-inline std::optional<Entry> decode_entry(std::string_view v) {
-  auto p = v.find(' ');
-  if (p == std::string_view::npos || p == 0 || p + 1 >= v.size()) return std::nullopt;
-  return Entry{std::string(v.substr(0, p)), std::string(v.substr(p + 1))};
-}
-
-// Applies `ops` ("S", field, value to set; "D", field to delete) to the
-// allocations Hash atomically, and gives it a new version: a random token
-// (never a counter: the version key is deleted with the Hash when it goes
-// empty, so no key is left behind once nothing is allocated, and a token
-// never comes back the way a restarted counter would). Returns the
-// version now ("" when the Hash is empty).
+inline auto decode_entry(std::string_view v) { return store::decode_allocation(v); }
 inline std::string apply(redis::Connection& c, const Keys& k, const std::vector<std::string>& ops) {
-  static const redis::Script script{R"lua(
-local i = 2
-while i <= #ARGV do
-  if ARGV[i] == 'S' then
-    redis.call('HSET', KEYS[1], ARGV[i + 1], ARGV[i + 2])
-    i = i + 3
-  else
-    redis.call('HDEL', KEYS[1], ARGV[i + 1])
-    i = i + 2
-  end
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[2])
-  return ''
-end
-redis.call('SET', KEYS[2], ARGV[1])
-return ARGV[1]
-)lua"};
-  static std::atomic<std::uint64_t> seq{0};
-  std::random_device rd;
-  char token[48];
-  std::snprintf(token, sizeof token, "%08x%08x-%llu", rd(), rd(), static_cast<unsigned long long>(++seq));
-  std::vector<redis::Arg> args{std::string_view(token)};
-  for (const auto& o : ops) args.emplace_back(o);
-  const std::string hk = allocations_key(k), vk = version_key(k);
-  redis::Arg keys[] = {hk, vk};
-  auto r = script.eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
-  return std::string(r.str());
+  return store::apply_allocations(c, k, ops);
 }
-
 inline std::map<std::string, std::string> read_all(redis::Connection& c, const Keys& k) {
-  std::map<std::string, std::string> out;
-  auto r = c.command({"HGETALL", allocations_key(k)});
-  for (std::size_t i = 0; i + 1 < r.size(); i += 2) out.emplace(std::string(r[i].str()), std::string(r[i + 1].str()));
-  return out;
+  return store::read_allocations(c, k);
 }
-
 }  // namespace standby
 
 // Deletes the allocations Hash fields owned by the dead session `owner`
@@ -184,7 +132,7 @@ class Standby {
     const auto& k = ctx_.keys;
     auto svc = FdService::existing();
     const std::uint64_t sv = svc ? svc->version() : 0;
-    auto vr = c.command({"GET", standby::version_key(k)});
+    auto vr = store::read_allocations_version(c, k);
     const std::string v = vr.is_nil() ? std::string() : std::string(vr.str());
     if (v == last_version_ && sv == last_service_version_ && !last_failed_ && ++quiet_ < kFullEvery) return p;
     quiet_ = 0;
@@ -252,11 +200,11 @@ class Standby {
     // The progress marker is a standby's: the leader holds nothing it
     // fetched, so it has none (and drops the one it had as a standby).
     if (fetch_missing && p.failed == 0) {
-      c.command({"SET", standby::synced_key(k, ctx_.session), synced, "PX",
-                 std::to_string(std::max<std::int64_t>(3 * ctx_.opts.session_ttl.count(), 1000))});
+      store::write_standby_synced(c, k, ctx_.session, synced,
+                                  std::chrono::milliseconds(std::max<std::int64_t>(3 * ctx_.opts.session_ttl.count(), 1000)));
       marker_ = true;
     } else if (!fetch_missing && marker_) {
-      c.command({"DEL", standby::synced_key(k, ctx_.session)});
+      store::clear_standby_synced(c, k, ctx_.session);
       marker_ = false;
     }
     return p;
@@ -326,7 +274,7 @@ class Standby {
     }
     // Its progress marker goes with it (a killed process's expires).
     try {
-      if (conn) conn->command({"DEL", standby::synced_key(ctx_.keys, ctx_.session)});
+      if (conn) store::clear_standby_synced(*conn, ctx_.keys, ctx_.session);
     } catch (const std::exception&) {
     }
   }
