@@ -24,6 +24,8 @@
 #include <string>
 #include <string_view>
 
+#include "memcuda/protocol/command.hpp"
+
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class HolderId {
@@ -85,5 +87,13 @@ class HolderId {
   std::string id_;
   Kind kind_;
 };
+
+// Holder id for a lifecycle command: the explicit holder, else the pid, else
+// "anonymous" (a plain redis-cli client).
+inline std::string holder_of(const protocol::Command& c) {
+  if (c.holder) return *c.holder;
+  if (c.pid) return HolderId::for_pid(*c.pid).str();
+  return std::string(HolderId::kAnonymous);
+}
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -36,14 +36,6 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-// Holder id for a lifecycle command: the explicit holder, else the pid, else
-// "anonymous" (a plain redis-cli client).
-inline std::string holder_of(const protocol::Command& c) {
-  if (c.holder) return *c.holder;
-  if (c.pid) return HolderId::for_pid(*c.pid).str();
-  return std::string(HolderId::kAnonymous);
-}
-
 class BatchAllocator;  // batch_allocator.hpp: create_many, one pool pass and one script
 
 class Allocator {
@@ -423,11 +415,9 @@ class Allocator {
 
   // The leader publishes its pool statistics so any process can read them.
   void publish_pool_stats(redis::Connection& c) {
-    store::write_pool_stats(c, ctx_.keys, encode_pool_stats(pool_stats()), 3 * ctx_.opts.lease_ttl);
+    store::write_pool_stats(c, ctx_.keys, protocol::encode_pool_stats(pool_stats()), 3 * ctx_.opts.lease_ttl);
   }
 
-  // ---- the wire form of pool statistics (protocol/pool_stats.hpp) ----
-  static std::string encode_pool_stats(const std::vector<PoolStats>& ps) { return protocol::encode_pool_stats(ps); }
   // Unreadable statistics are logged and read as none (they are advisory).
   static std::vector<PoolStats> decode_pool_stats(std::string_view json) {
     try {

@@ -29,46 +29,18 @@
 #include <string>
 #include <vector>
 
-#include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/leader/migration_copy.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
-#include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/records.hpp"
-#include "memcuda/detail/store/sessions.hpp"
-#include "memcuda/detail/store/lists.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
-
-// A record's allocation as log lines show it: the vmm key or the shm name;
-// a legacy IPC handle is 64 raw bytes, so only its kind.
-inline std::string handle_for_log(const TensorInfo& t) {
-  if (t.alloc_kind == alloc_kind::cuda_vmm_fd) return vmm_key(t.ipc_handle);
-  if (t.backend == BackendKind::cuda) return "(cuda IPC handle)";
-  return t.ipc_handle;
-}
-
-// Copies a tensor of a dead exporter, through this process's existing
-// mapping of it, into its replacement. Throws when this process no longer
-// maps the old memory.
-inline void copy_for_migration(const TensorInfo& from, const TensorInfo& to) {
-  auto [src, keep_src] = ProcessCache::instance().find(from.owner, from.alloc_id);
-  if (!src)
-    throw Unavailable("this process does not map the memory of '" + from.name + "' (owner " + from.owner + ")");
-  auto [dst, keep_dst] =
-      ProcessCache::instance().resolve(to.owner, to.alloc_id, [&] { return backend_for(to).open(to); });
-  int dev = -1;
-#if MEMCUDA_HAS_CUDA()
-  if (to.backend == BackendKind::cuda) dev = ordinal_of_uuid(to.device_uuid, to.device);
-#endif
-  backend_for(to).copy(static_cast<char*>(dst) + to.offset, static_cast<const char*>(src) + from.offset,
-                               from.bytes, dev);
-}
 
 class Migration {
  public:
@@ -313,7 +285,7 @@ class Migration {
     const bool persistent = t.holders.count(std::string(HolderId::kName)) > 0;
     redis::Reply r;
     try {
-      r = eval_migrate(c, token, t, n);
+      r = eval_migrate(ctx_, c, token, t, n);
       if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
     } catch (const IoError&) {
       std::lock_guard lk(mu_);
@@ -346,51 +318,9 @@ class Migration {
     lease_.fail_status("migrate", st, "adopting '" + t.name + "'");
   }
 
-  // Runs the migrate script: the record of `from` (a dead owner's) gets the
-  // placement fields of `to` and a new generation.
-  redis::Reply eval_migrate(redis::Connection& c, const std::string& token, const TensorInfo& from,
-                            const TensorInfo& to) {
-    std::vector<redis::Arg> args{token, from.generation, from.owner, ctx_.keys.prefix()};
-    namespace f = store::field;
-    std::vector<std::pair<std::string_view, std::string>> fv{
-        {f::ipc_handle, to.ipc_handle},       {f::offset, std::to_string(to.offset)},
-        {f::alloc_bytes, std::to_string(to.alloc_bytes)}, {f::alloc_id, std::to_string(to.alloc_id)},
-        {f::owner, to.owner},                 {f::owner_pid, std::to_string(to.owner_pid)},
-        {f::epoch, std::to_string(to.epoch)}, {f::device, std::to_string(to.device)},
-        {f::device_uuid, to.device_uuid},     {f::node, to.node}};
-    if (!to.alloc_kind.empty()) fv.emplace_back(f::alloc_kind, to.alloc_kind);
-    // Also written empty when the old record had one: a copy into legacy IPC
-    // memory must clear the vmm source.
-    if (!to.fd_source.empty() || !from.fd_source.empty()) fv.emplace_back(f::fd_source, to.fd_source);
-    for (const auto& [k, v] : fv) {
-      args.emplace_back(k);
-      args.emplace_back(v);
-    }
-    const std::string tk = ctx_.keys.tensor(from.name), lk = ctx_.keys.leader(), gk = ctx_.keys.generation();
-    redis::Arg kv[] = {tk, lk, gk};
-    return ctx_.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
-  }
-
   Adopted adopt_one(redis::Connection& c, const std::string& token, const TensorInfo& t) {
     const std::string& session = ctx_.session;
-    // Live registry sessions that hold it, this process first.
-    std::vector<std::string> live;
-    auto consider = [&](const std::string& h) {
-      if (HolderId::is_session_id(h) && std::find(live.begin(), live.end(), h) == live.end() &&
-          (h == session || store::session_exists(c, ctx_.keys, h)))
-        live.push_back(h);
-    };
-    for (const auto& [h, n] : t.holders) {
-      if (n <= 0) continue;
-      if (h.starts_with(Keys::kDictHolder)) {  // held through a state dict's record: its holders map it
-        auto f = store::field_names(c, ctx_.keys.dict_of_holder(h));
-        for (std::size_t i = 0; i < f.size(); ++i)
-          if (store::is_holder_field(f[i].str())) consider(std::string(store::holder_of_field(f[i].str())));
-        continue;
-      }
-      consider(h);
-    }
-    std::stable_partition(live.begin(), live.end(), [&](const std::string& h) { return h == session; });
+    const std::vector<std::string> live = live_copiers(ctx_, c, t);
     const std::string dead_owner = t.owner;
     for (const auto& h : live) {
       std::optional<PoolBlock> pb;
@@ -403,25 +333,12 @@ class Migration {
         auto [tok, epoch] = lease_.current();
         pool = &alloc_.pool_for(t.backend, device);
         pb = pool->allocate(t.bytes);
-        const Allocation& a = pb->slab->allocation();
-        TensorInfo n = t;
-        n.ipc_handle = a.handle;
-        n.alloc_kind = a.alloc_kind;
-        n.fd_source = a.fd_source;
-        n.offset = pb->block.offset;
-        n.alloc_bytes = a.size;
-        n.alloc_id = a.alloc_id;
-        n.owner = session;
-        n.owner_pid = ::getpid();
-        n.epoch = epoch;
-        n.device = a.device;
-        n.device_uuid = a.device_uuid;
-        n.node = ctx_.node;
+        TensorInfo n = placed_in(t, *pb, ctx_, epoch);
         if (h == session) copy_for_migration(t, n);
-        else ask_holder_to_copy(h, t, n);
+        else ask_holder_to_copy(ctx_, ++seq_, h, t, n);
         redis::Reply r;
         try {
-          r = eval_migrate(c, token, t, n);
+          r = eval_migrate(ctx_, c, token, t, n);
           if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
         } catch (const IoError&) {
           // The script may have run: the record may point at this block.
@@ -486,29 +403,6 @@ class Migration {
     if (st == "held") return Adopted::retry;  // a holder appeared meanwhile: next round
     if (st == "gone") return Adopted::gone;
     lease_.fail_status("mark_lost", st, "giving up '" + t.name + "'");
-  }
-
-  // Sends a holder the old and new places of a tensor and waits for it to
-  // copy (its registry thread executes the inbox message). The wait runs
-  // on a connection of the waiting pool; no lock is held meanwhile.
-  void ask_holder_to_copy(const std::string& holder, const TensorInfo& from, const TensorInfo& to) {
-    const std::string rk = ctx_.keys.migrate_reply(ctx_.session);
-    const std::uint64_t id = ++seq_;
-    auto c = ctx_.waits.acquire();
-    inbox::send(*c, ctx_.keys, holder, inbox::Migrate{id, rk, from, to});
-    auto deadline = std::chrono::steady_clock::now() + ctx_.opts.request_timeout;
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0)
-        throw TimeoutError("holder " + holder + " did not copy '" + from.name + "' within " +
-                           std::to_string(ctx_.opts.request_timeout.count()) + " ms");
-      auto r = store::pop_wait(*c, rk, left);
-      if (r.is_nil()) continue;
-      auto ans = inbox::decode_answer(r[1].str());
-      if (ans.id != id) continue;  // a late answer to an earlier ask
-      if (!ans.ok) throw Unavailable(ans.error);
-      return;
-    }
   }
 
   // Blocks of migrations whose script reply was lost: adopted when the
