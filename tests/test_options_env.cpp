@@ -158,7 +158,9 @@ TEST_CASE("TensorRegistry's default constructor takes its options from the envir
   CHECK_FALSE(reg.options().share_references);
   CHECK(reg.options().release_linger == 7ms);
   // share_references off: a second get takes a second reference in Redis
-  auto t = reg.create<float>("env/t", {2}, CreateOptions{.backend = BackendKind::host});
+  CreateOptions host;
+  host.backend = BackendKind::host;
+  auto t = reg.create<float>("env/t", {2}, host);
   auto a = reg.get<float>("env/t");
   CHECK(reg.info("env/t").refcount == 2);
 
