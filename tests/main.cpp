@@ -9,6 +9,14 @@
 // 77 is CTest's SKIP_RETURN_CODE on every memcuda_tests entry, so a test that
 // cannot run here shows as skipped, with its reason, never as passed. Every
 // run ends with the list of the cases it skipped and why.
+//
+// The library reads options from MEMCUDA_* variables (MEMCUDA_RELEASE_LINGER_MS,
+// MEMCUDA_SHARE_REFERENCES, MEMCUDA_REDIS_URL, MEMCUDA_FAULTS, ...). A test
+// must not pass or fail by what the caller's shell holds, so they are all
+// removed at start-up, before any is read, and the helper processes the tests
+// start inherit that clean environment. Kept: MEMCUDA_TEST_*, which the
+// harness itself reads (MEMCUDA_TEST_REDIS_SERVER, MEMCUDA_TEST_THREAD_OPS,
+// MEMCUDA_TEST_DLPACK_SCRIPT). A test that needs an option sets it itself.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -17,12 +25,35 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/gpu.hpp"
 #include "support/skip.hpp"
 
+extern char** environ;
+
+namespace {
+
+// Removes every MEMCUDA_* variable but MEMCUDA_TEST_*; says which, so that a
+// run with one set shows that it was not used.
+void clear_memcuda_environment() {
+  std::vector<std::string> names;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    if (name.rfind("MEMCUDA_", 0) == 0 && name.rfind("MEMCUDA_TEST_", 0) != 0) names.emplace_back(name);
+  }
+  for (const auto& n : names) {
+    ::unsetenv(n.c_str());
+    std::cout << "note: " << n << " is not used by the tests (removed from their environment)\n";
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  clear_memcuda_environment();
   std::vector<char*> args;
   int require_gpus = 0;
   bool report_skips = false;

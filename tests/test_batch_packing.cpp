@@ -19,6 +19,8 @@
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -31,13 +33,10 @@ constexpr std::uint64_t kMiB = 1 << 20;
 // Long lease and session: the registry's tick (which trims empty
 // allocations) stays out of the cases that watch an empty one.
 RegistryOptions pack_opts(const test::RedisServer& srv, bool control = true) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = control ? 60s : 300ms;
   o.session_ttl = 60s;
   o.request_timeout = 10s;
-  o.default_backend = BackendKind::host;
   o.pool.host_slab_bytes = kMiB;
   o.pool.pack_batches_min_bytes = kMiB;
   return o;
@@ -75,15 +74,7 @@ PoolStats host_pool(TensorRegistry& reg) {
   return {};
 }
 
-template <class F>
-bool eventually(F&& f, std::chrono::milliseconds within = 5s) {
-  const auto until = std::chrono::steady_clock::now() + within;
-  while (std::chrono::steady_clock::now() < until) {
-    if (f()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return f();
-}
+using test::eventually;
 
 }  // namespace
 

@@ -29,6 +29,9 @@
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/text.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -40,24 +43,8 @@ namespace {
 
 constexpr int kTtlMs = 400;
 
-// The tool is built in build/tools/ and the tests in build/tests/; on a GPU
-// host the binaries are flattened into one directory. So: next to this
-// binary first, then ../tools/. No absolute build path is compiled in.
-std::string cli_path() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  buf[n] = 0;
-  const auto dir = std::filesystem::path(buf).parent_path();
-  for (const auto& cand : {dir / "memcuda", dir / ".." / "tools" / "memcuda"}) {
-    struct stat st {};
-    if (::stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(cand.c_str(), X_OK) == 0)
-      return cand.lexically_normal().string();
-  }
-  FAIL("the memcuda binary is neither next to " << buf << " nor in " << (dir / ".." / "tools").string()
-                                                << ": build the memcuda_cli target");
-  return {};
-}
+using test::cli_path;
+using test::contains;
 
 struct Run {
   int code = -1;
@@ -167,21 +154,14 @@ json::value parse_json(const Run& r) {
 }
 
 RegistryOptions host_opts(const test::RedisServer& srv, bool control, std::string ns = {}) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = std::chrono::milliseconds(kTtlMs);
   o.request_timeout = 3s;
-  o.default_backend = BackendKind::host;
   o.name_space = std::move(ns);
   return o;
 }
 
-CreateOptions persistent() {
-  CreateOptions c;
-  c.persistent = true;
-  return c;
-}
+using test::persistent;
 
 std::vector<std::string> lines_of(const std::string& s) {
   std::vector<std::string> out;
@@ -189,8 +169,6 @@ std::vector<std::string> lines_of(const std::string& s) {
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 const json::object* find_holder(const json::array& holders, const std::string& id) {
   for (const auto& h : holders)
@@ -207,20 +185,7 @@ pid_t dead_pid() {
   return p;
 }
 
-// Reads the child's lines until one starts with `prefix`; all lines seen.
-std::string read_until(test::Child& c, const std::string& prefix, std::chrono::milliseconds limit = 10s) {
-  std::string seen;
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto l =
-        c.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
-    if (!l) break;
-    seen += *l + "\n";
-    if (l->rfind(prefix, 0) == 0) return seen;
-  }
-  FAIL("no line starting with '" << prefix << "' from the child; got:\n" << seen);
-  return seen;
-}
+using test::read_until;
 
 std::uint64_t leader_epoch(redis::Connection& c, const std::string& prefix = {}) {
   auto tok = std::string(c.command({"GET", prefix + "memcuda:leader"}).str());

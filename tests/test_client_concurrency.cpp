@@ -3,7 +3,9 @@
 // visible, and a moved-from registry refuses to be used.
 #include <catch2/catch.hpp>
 
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <set>
 #include <iostream>
 #include <thread>
@@ -11,6 +13,8 @@
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -18,30 +22,15 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions conc_opts(const test::RedisServer& srv, bool control = true) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 1s;
   o.request_timeout = 3s;
-  o.default_backend = BackendKind::host;
   return o;
 }
 
-CreateOptions persistent() {
-  CreateOptions c;
-  c.persistent = true;
-  return c;
-}
+using test::persistent;
 
-template <class F>
-bool eventually(F f, std::chrono::milliseconds limit = 5s) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return f();
-}
+using test::eventually;
 
 }  // namespace
 
@@ -51,7 +40,9 @@ bool eventually(F f, std::chrono::milliseconds limit = 5s) {
 TEST_CASE("a create waiting for a missing allocator of record blocks no other call of the registry",
           "[redis][registry][threads]") {
   test::RedisServer srv;
-  TensorRegistry reg(conc_opts(srv, false));  // nobody serves the lifecycle list
+  auto o = conc_opts(srv, false);
+  o.request_timeout = 10s;  // the create must still wait while the calls below run, however loaded the machine
+  TensorRegistry reg(o);  // nobody serves the lifecycle list
   redis::Connection probe(srv.options());
   auto create = std::async(std::launch::async, [&]() -> std::string {
     try {
@@ -128,13 +119,32 @@ TEST_CASE("a SharedTensor destructor returns while Redis is paused, and its rele
   auto h = leader.get<float>("paused");  // shares t's handle and reference
   t.release();                           // so that h is the last copy
   REQUIRE(leader.info("paused").refcount == 2);
-  redis::Connection admin(srv.options());
-  admin.command({"CLIENT", "PAUSE", "3000", "ALL"});
+  // Writes (a release is one) wait until CLIENT UNPAUSE, which this thread
+  // sends after the destructor returned. A destructor that waited for Redis
+  // would return only when the watchdog below ends the pause, 20 s on.
+  redis::Connection admin(srv.options()), watchdog_conn(srv.options());
+  admin.command({"CLIENT", "PAUSE", "60000", "WRITE"});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool returned = false, watchdog_unpaused = false;
+  std::thread watchdog([&] {
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, 20s, [&] { return returned; })) {
+      watchdog_unpaused = true;
+      watchdog_conn.command({"CLIENT", "UNPAUSE"});
+    }
+  });
   auto t0 = std::chrono::steady_clock::now();
   h.release();
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  std::cout << "destructor while Redis is paused for 3000 ms: " << ms.count() << " ms\n";
-  CHECK(ms < 1500ms);  // it did not wait for the pause (3000 ms) to end
+  {
+    std::lock_guard lk(mu);
+    returned = true;
+  }
+  cv.notify_all();
+  test::print_ms(__FILE__, __LINE__, "destructor while Redis holds every write", test::ms_since(t0));
+  watchdog.join();
+  CHECK_FALSE(watchdog_unpaused);  // it returned while the pause held
+  admin.command({"CLIENT", "UNPAUSE"});
   leader.flush(15s);
   CHECK(leader.info("paused").refcount == 1);
 }

@@ -21,13 +21,14 @@
 #include "memcuda/redis/connection.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 template <class F>
 std::string message_of(F&& f) {

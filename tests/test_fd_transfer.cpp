@@ -212,8 +212,10 @@ TEST_CASE("fetch_fd says so when no server listens or the server does not answer
     idle.stop();
   });
   t0 = std::chrono::steady_clock::now();
-  CHECK(idle.serve_once(10s) == ServeResult::stopped);
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(idle.serve_once(60s) == ServeResult::stopped);
+  const auto woke = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("timing: serve_once woken by stop() 100 ms on: %lld ms\n", static_cast<long long>(woke));
+  CHECK(woke < 20000);  // not its 60 s wait
 }
 
 TEST_CASE("bytes written through a memfd in one process are read through the fd in another", "[fd]") {

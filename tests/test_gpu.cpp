@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -137,7 +138,7 @@ TEST_CASE("cuda: local tensors are stream-ordered: the free does not wait, the r
   cudaMemPool_t pool{};
   REQUIRE(cudaDeviceGetMemPool(&pool, 0) == cudaSuccess);
   const std::size_t n = 1 << 20;
-  const unsigned spin_ms = 1500;
+  const unsigned spin_ms = 3000;  // far longer than a preempted host thread takes from launch to query
   LocalOptions on_s, on_s2;
   on_s.stream = s;
   on_s2.stream = s2;
@@ -156,9 +157,12 @@ TEST_CASE("cuda: local tensors are stream-ordered: the free does not wait, the r
   a.reset();  // enqueued on s behind the kernel
   const auto free_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(cudaStreamQuery(s) == cudaErrorNotReady);  // the kernel still runs: the free did not wait for it
-  cudaGetLastError();                               // "not ready" is a status, keep it out of later checks
-  CHECK(free_ms < spin_ms / 3);
+  // The order is the check: the kernel still runs after the free returned,
+  // so the free did not wait for it. The time is only printed.
+  CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+  cudaGetLastError();  // "not ready" is a status, keep it out of later checks
+  std::printf("timing: free of a tensor behind a %u ms kernel returned after %lld ms\n", spin_ms,
+              static_cast<long long>(free_ms));
 
   // A new tensor on another stream while the old block's free is pending.
   // The pool may give it the same block only after making s2 wait for s.

@@ -21,6 +21,9 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/skip.hpp"
+#include "support/text.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 #if MEMCUDA_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -62,42 +65,18 @@ std::unique_ptr<test::Child> worker(const test::RedisServer& srv, const std::str
   return std::make_unique<test::Child>(argv);
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const std::string& p) { return s.find(p) != std::string::npos; }
-
-bool ready(test::Child& w) {
-  auto l = w.read_line(30s);
-  REQUIRE(l);
-  INFO(*l);
-  REQUIRE(starts_with(*l, "READY"));
-  return contains(*l, "leader=1");
-}
-
-std::string field(const std::string& reply, const std::string& key) {
-  auto p = reply.find(key + "=");
-  if (p == std::string::npos) return {};
-  p += key.size() + 1;
-  return reply.substr(p, reply.find(' ', p) - p);
-}
-
-std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
-  auto r = c.command({"HGET", key, f});
-  return r.is_nil() ? std::string() : std::string(r.str());
-}
+using test::contains;
+using test::field;
+using test::hget;
+using test::ready;
+using test::starts_with;
 
 std::string get(redis::Connection& c, const std::string& key) {
   auto r = c.command({"GET", key});
   return r.is_nil() ? std::string() : std::string(r.str());
 }
 
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 20s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!done()) {
-    if (std::chrono::steady_clock::now() - t0 > limit) return done();
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
+using test::eventually;
 
 std::size_t free_device_memory() {
   std::size_t free = 0, total = 0;

@@ -27,6 +27,8 @@
 #include "memcuda/redis/connection.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -34,14 +36,11 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions idx_opts(const test::RedisServer& srv, bool control) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 400ms;
   o.session_ttl = 1000ms;
   o.gc_interval = 1h;  // GC runs when the test says (collect_garbage), unless a case sets it
   o.request_timeout = 5s;
-  o.default_backend = BackendKind::host;
   o.share_references = false;
   o.release_linger = 0ms;
   return o;
@@ -63,15 +62,7 @@ CreateOptions kept() {
 bool begins(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-template <class F>
-bool eventually(F&& pred, std::chrono::milliseconds limit = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
+using test::eventually;
 
 std::string type_of(redis::Connection& c, const std::string& key) { return std::string(c.command({"TYPE", key}).str()); }
 

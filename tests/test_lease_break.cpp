@@ -26,6 +26,8 @@
 #include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -35,10 +37,8 @@ namespace {
 constexpr const char* kLongTtl = "30000";
 
 std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--ttl",
-                                kLongTtl, "--session-ttl", kLongTtl, "--backend", "host"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return std::make_unique<test::Child>(argv);
+  extra.insert(extra.begin(), {"--ttl", kLongTtl, "--session-ttl", kLongTtl, "--backend", "host"});
+  return test::start_worker(srv.unix_url(), extra);
 }
 
 bool ready_as_leader(test::Child& w) {
@@ -59,12 +59,7 @@ bool within(std::chrono::milliseconds limit, const std::function<bool()>& done) 
   return true;
 }
 
-std::string field(const std::string& reply, const std::string& key) {
-  auto p = reply.find(key + "=");
-  if (p == std::string::npos) return {};
-  p += key.size() + 1;
-  return reply.substr(p, reply.find(' ', p) - p);
-}
+using test::field;
 
 // A pid no process has: a child that exited and was reaped.
 pid_t dead_pid() {

@@ -42,7 +42,10 @@
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
 #include "support/skip.hpp"
+#include "support/text.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -50,17 +53,16 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions host_opts(const test::RedisServer& srv, bool control = true) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 300ms;
   o.request_timeout = 3s;
   o.gc_interval = std::chrono::hours(1);  // rounds run when the test asks (collect_garbage)
-  o.default_backend = BackendKind::host;
   return o;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::cli_path;
+using test::contains;
+using test::hget;
 
 // A shm object of another program: created here, with known bytes, removed
 // by the destructor (whatever the registry did).
@@ -102,11 +104,6 @@ class ForeignObject {
   unsigned char fill_ = 0;
 };
 
-std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
-  auto r = c.command({"HGET", key, f});
-  return r.is_nil() ? std::string() : std::string(r.str());
-}
-
 // A pid that no process has any more (a child that exited and was reaped).
 pid_t dead_pid() {
   pid_t p = ::fork();
@@ -146,19 +143,6 @@ void write_dead_owner_record(redis::Connection& c, const TensorRegistry& reg, co
   }
   c.command(hset);
   c.command({"ZADD", "memcuda:names", "0", name});
-}
-
-// The memcuda binary: next to the test binary, or in ../tools/.
-std::string cli_path() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  buf[n] = 0;
-  const auto dir = std::filesystem::path(buf).parent_path();
-  for (const auto& cand : {dir / "memcuda", dir / ".." / "tools" / "memcuda"})
-    if (::access(cand.c_str(), X_OK) == 0) return cand.lexically_normal().string();
-  FAIL("the memcuda binary is neither next to " << buf << " nor in ../tools: build the memcuda_cli target");
-  return {};
 }
 
 int run_cli(const test::RedisServer& srv, std::vector<std::string> args) {

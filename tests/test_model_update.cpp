@@ -20,6 +20,7 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/skip.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -114,14 +115,15 @@ TEST_CASE("model version: waiting consumers are woken by the publish, not by pol
   fill(t, 5.f);
   const auto t0 = std::chrono::steady_clock::now();
   CHECK(publish_version(reg, "llm/") == 2);
-  // ... and every one answers soon after it, with the new bytes.
+  // ... and every one answers after it, woken with the new version and
+  // bytes (a wait that ran out its 60 s would answer otherwise, and later
+  // than this read waits).
   for (auto& w : ws) {
-    auto l = w->read_line(10s);
+    auto l = w->read_line(30s);
     REQUIRE(l);
     CHECK(*l == "OK version=2 sum=" + sum_of(n, 5.f));
   }
-  const auto waited = std::chrono::steady_clock::now() - t0;
-  CHECK(waited < 5s);  // far below the 60 s timeout: woken, not timed out
+  test::print_ms(__FILE__, __LINE__, "publish to every waiter's answer", test::ms_since(t0));
   // The waiters cleaned up after themselves.
   redis::Connection raw(srv.options());
   CHECK(raw.command({"EXISTS", "memcuda:model_waiters:llm/"}).integer() == 0);
@@ -146,9 +148,9 @@ TEST_CASE("model version: a waiter in another thread of the same process is woke
   const auto t0 = std::chrono::steady_clock::now();
   CHECK(publish_version(reg, "th/") == 1);
   waiter.join();
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  test::print_ms(__FILE__, __LINE__, "publish to the waiter's return", test::ms_since(t0));
   CHECK(error.empty());
-  REQUIRE(got);
+  REQUIRE(got);  // woken with a version: a wait that ran out returns nullopt
   CHECK(*got == 1);
 }
 
@@ -272,7 +274,7 @@ TEST_CASE("model version: errors are typed", "[redis][model]") {
   CHECK_FALSE(wait_version(reg, "known/", 1, 200ms));
   const auto took = std::chrono::steady_clock::now() - t0;
   CHECK(took >= 190ms);
-  CHECK(took < 5s);
+  MEMCUDA_CHECK_MS_BELOW(std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), 20000);
 
   // A version published from another node cannot order this process's stream.
   redis::Connection raw(srv.options());

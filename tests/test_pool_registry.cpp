@@ -11,17 +11,15 @@
 #include "memcuda/memcuda.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
 
 namespace {
 RegistryOptions pool_opts(const test::RedisServer& srv, bool control = true) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 300ms;
-  o.default_backend = BackendKind::host;
   o.pool.host_slab_bytes = 1 << 20;  // 1 MiB slabs, dedicated from 512 KiB
   return o;
 }

@@ -23,6 +23,9 @@
 #include "memcuda/redis/connection.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -256,19 +259,15 @@ TEST_CASE("desc: a malformed or stale desc is a typed ProtocolError naming desc"
 namespace {
 
 RegistryOptions desc_opts(const test::RedisServer& srv, bool control) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = control ? 30s : 300ms;
   o.request_timeout = 5s;
-  o.default_backend = BackendKind::host;
   return o;
 }
 
-std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
-  auto r = c.command({"HGET", key, f});
-  return r.is_nil() ? std::string() : std::string(r.str());
-}
+using test::cli_path;
+using test::hget;
+using test::ready;
 
 std::vector<float> read_floats(const SharedTensor<void>& t) {
   std::vector<float> v(t.bytes() / sizeof(float));
@@ -375,35 +374,7 @@ std::unique_ptr<test::Child> worker(const test::RedisServer& srv) {
                                                                 "--backend", "host"});
 }
 
-bool ready(test::Child& w) {
-  auto l = w.read_line(10s);
-  REQUIRE(l);
-  INFO(*l);
-  REQUIRE(l->rfind("READY", 0) == 0);
-  return l->find("leader=1") != std::string::npos;
-}
-
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 15s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!done()) {
-    if (std::chrono::steady_clock::now() - t0 > limit) return done();
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
-// The memcuda binary: next to the test binary, or in ../tools/.
-std::string cli_path() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  buf[n] = 0;
-  const auto dir = std::filesystem::path(buf).parent_path();
-  for (const auto& cand : {dir / "memcuda", dir / ".." / "tools" / "memcuda"})
-    if (::access(cand.c_str(), X_OK) == 0) return cand.lexically_normal().string();
-  FAIL("the memcuda binary is neither next to " << buf << " nor in ../tools: build the memcuda_cli target");
-  return {};
-}
+using test::eventually;
 
 }  // namespace
 

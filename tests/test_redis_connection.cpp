@@ -20,18 +20,17 @@
 
 #include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
+using test::Clock;
+using test::ms_since;
 
 namespace {
 
-long long ms_since(Clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 // Runs `fn` on another thread after `delay`; joins on destruction.
 class After {
@@ -224,7 +223,7 @@ TEST_CASE("blocking commands: BLPOP times out with nil or is woken by a push", "
   auto took = ms_since(t0);
   CHECK(r.is_nil());
   CHECK(took >= 90);
-  CHECK(took < 1000);
+  MEMCUDA_CHECK_MS_BELOW(took, 10000);
 
   {
     After push(50ms, [&] {
@@ -233,7 +232,8 @@ TEST_CASE("blocking commands: BLPOP times out with nil or is woken by a push", "
     });
     t0 = Clock::now();
     r = c.blocking(5000ms, {"BLPOP", "q", "5"});
-    CHECK(ms_since(t0) < 2000);
+    // Woken by the push: a BLPOP that ran out its 5 s would be nil.
+    test::print_ms(__FILE__, __LINE__, "BLPOP woken by a push 50 ms on", ms_since(t0));
   }
   REQUIRE(r.size() == 2);
   CHECK(r[0].str() == "q");
@@ -259,15 +259,15 @@ TEST_CASE("the socket timeout is restored after a blocking command, even one tha
   c.command({"SET", "str", "v"});
 
   SECTION("after an error reply") {
-    CHECK_THROWS_AS(c.blocking(5000ms, {"BLPOP", "str", "5"}), ReplyError);  // WRONGTYPE
+    CHECK_THROWS_AS(c.blocking(60000ms, {"BLPOP", "str", "60"}), ReplyError);  // WRONGTYPE
   }
   SECTION("after a nil reply") {
-    CHECK(c.blocking(5000ms, {"BLPOP", "nothing", "0.05"}).is_nil());
+    CHECK(c.blocking(60000ms, {"BLPOP", "nothing", "0.05"}).is_nil());
   }
   srv.pause();
   auto t0 = Clock::now();
   CHECK_THROWS_AS(c.command({"PING"}), TimeoutError);
-  CHECK(ms_since(t0) < 1500);  // 5200 ms if the blocking timeout had stayed
+  MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 20000);  // 60 s if the blocking timeout had stayed
   srv.resume();
   CHECK(c.command({"PING"}).str() == "PONG");
 }
@@ -470,7 +470,7 @@ TEST_CASE("a refused connection says the URL and what to do", "[redis]") {
       CHECK(contains(m, "redis-server"));
       CHECK(contains(m, "MEMCUDA_REDIS_URL"));
     }
-    CHECK(ms_since(t0) < 1000);
+    MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 10000);
   };
   redis::Options tcp;
   tcp.port = test::free_tcp_port();
@@ -523,7 +523,7 @@ TEST_CASE("a connect that gets no answer is bounded by connect_timeout", "[redis
   }
   auto took = ms_since(t0);
   CHECK(took >= 150);
-  CHECK(took < 1500);
+  MEMCUDA_CHECK_MS_BELOW(took, 10000);
   for (int f : fillers) ::close(f);
   ::close(l);
 }
@@ -547,7 +547,7 @@ TEST_CASE("a server killed mid-session: typed error, then recovery after restart
     CHECK(contains(e.what(), o.describe()));
     CHECK(contains(e.what(), "gave up reconnecting"));
   }
-  CHECK(ms_since(t0) < o.reconnect_timeout.count() + 1500);
+  MEMCUDA_CHECK_MS_BELOW(ms_since(t0), o.reconnect_timeout.count() + 10000);
   CHECK(!c.connected());
   CHECK(c.reconnects() == 0);
 
@@ -582,9 +582,9 @@ TEST_CASE("the server going away under a command in flight", "[redis]") {
   auto t0 = Clock::now();
   {
     After kill(100ms, [&] { srv.kill(SIGKILL); });
-    CHECK_THROWS_AS(c.blocking(10s, {"BLPOP", "q", "10"}), ConnectionError);
+    CHECK_THROWS_AS(c.blocking(60s, {"BLPOP", "q", "60"}), ConnectionError);
   }
-  CHECK(ms_since(t0) < 2000);
+  MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 20000);  // not the BLPOP's 60 s
   srv.start();
   CHECK(c.command({"PING"}).str() == "PONG");
 }
@@ -620,7 +620,7 @@ TEST_CASE("command timeouts: a stopped or busy server gives TimeoutError, not a 
     }
     auto took = ms_since(t0);
     CHECK(took >= 150);
-    CHECK(took < 1500);
+    MEMCUDA_CHECK_MS_BELOW(took, 10000);
     CHECK(!c.connected());
     // Still stopped: the reconnect succeeds (the kernel accepts) but the
     // command times out again.
@@ -637,11 +637,11 @@ TEST_CASE("command timeouts: a stopped or busy server gives TimeoutError, not a 
     o.command_timeout = 100ms;
     redis::Connection c(o);
     auto t0 = Clock::now();
-    CHECK_THROWS_AS(c.command({"DEBUG", "SLEEP", "0.3"}), TimeoutError);
-    CHECK(ms_since(t0) < 1000);
+    CHECK_THROWS_AS(c.command({"DEBUG", "SLEEP", "0.3"}), TimeoutError);  // it did not wait for the reply
+    test::print_ms(__FILE__, __LINE__, "100 ms command timeout beside DEBUG SLEEP 0.3", ms_since(t0));
     // Usable again once the server is done sleeping.
     bool ok = false;
-    while (!ok && ms_since(t0) < 3000) {
+    while (!ok && ms_since(t0) < 15000) {
       try {
         ok = c.command({"PING"}).str() == "PONG";
       } catch (const TimeoutError&) {
@@ -658,7 +658,7 @@ TEST_CASE("command timeouts: a stopped or busy server gives TimeoutError, not a 
     srv.pause();
     auto t0 = Clock::now();
     CHECK_THROWS_AS(redis::Connection(o), TimeoutError);
-    CHECK(ms_since(t0) < 1000);
+    MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 10000);
     srv.resume();
     CHECK(redis::Connection(o).command({"PING"}).str() == "PONG");
   }
@@ -675,13 +675,13 @@ TEST_CASE("interrupt() from another thread", "[redis]") {
     {
       After stop(100ms, [&] { c.interrupt(); });
       try {
-        c.blocking(10s, {"BLPOP", "q", "10"});
+        c.blocking(60s, {"BLPOP", "q", "60"});
         FAIL("BLPOP returned");
       } catch (const ConnectionError& e) {
         CHECK(contains(e.what(), "interrupted"));
       }
     }
-    CHECK(ms_since(t0) < 2000);
+    MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 20000);  // not the BLPOP's 60 s
     CHECK(c.command({"PING"}).str() == "PONG");
     CHECK(c.reconnects() == 1);
   }
@@ -697,7 +697,7 @@ TEST_CASE("interrupt() from another thread", "[redis]") {
   }
   SECTION("ends a reconnect backoff") {
     auto slow = o;
-    slow.reconnect_timeout = 10s;
+    slow.reconnect_timeout = 60s;
     redis::Connection w(slow);
     srv.kill(SIGKILL);
     auto t0 = Clock::now();
@@ -705,11 +705,11 @@ TEST_CASE("interrupt() from another thread", "[redis]") {
       After stop(200ms, [&] { w.interrupt(); });
       CHECK_THROWS_AS(w.command({"PING"}), ConnectionError);
     }
-    CHECK(ms_since(t0) < 2000);
+    MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 20000);  // not the 60 s backoff
   }
   SECTION("unblocks a send stuck on a stopped server, without SIGPIPE") {
     auto big = o;
-    big.command_timeout = 10s;
+    big.command_timeout = 60s;
     redis::Connection w(big);
     srv.pause();
     const std::string payload(16 << 20, 'x');  // far more than the socket buffers
@@ -718,7 +718,7 @@ TEST_CASE("interrupt() from another thread", "[redis]") {
       After stop(200ms, [&] { w.interrupt(); });
       CHECK_THROWS_AS(w.command({"SET", "big", payload}), ConnectionError);
     }
-    CHECK(ms_since(t0) < 3000);
+    MEMCUDA_CHECK_MS_BELOW(ms_since(t0), 20000);  // not the 60 s command timeout
     srv.resume();
     CHECK(w.command({"EXISTS", "big"}).integer() == 0);
   }

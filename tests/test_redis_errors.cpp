@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,18 +21,14 @@
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/redis/connection_pool.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-long long ms_since(Clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-}
+using test::contains;
 
 // Runs `fn` and returns the ReplyError it throws (fails the test otherwise).
 template <class F>
@@ -56,14 +53,6 @@ AuthError auth_error_of(F fn) {
   return AuthError("unreachable");
 }
 
-void wait_blocked_clients(redis::Connection& admin, int n) {
-  const auto t0 = Clock::now();
-  while (!contains(std::string(admin.command({"INFO", "clients"}).str()),
-                   "blocked_clients:" + std::to_string(n) + "\r")) {
-    REQUIRE(ms_since(t0) < 5000);
-    std::this_thread::sleep_for(2ms);
-  }
-}
 
 }  // namespace
 
@@ -139,25 +128,29 @@ TEST_CASE("BUSY from a script that runs long, READONLY from a replica", "[redis]
     so.config_lines = {"busy-reply-threshold 50"};
     test::RedisServer srv(so);
     auto o = srv.options();
-    o.command_timeout = 5000ms;
+    o.command_timeout = 30000ms;  // the runner waits out the script
     redis::Connection runner(o), other(o);
-    // Spins on the server's clock for 600 ms (TIME is allowed in scripts
-    // since Redis 5's effect replication).
+    // Spins on the server's clock for 2 s (TIME is allowed in scripts
+    // since Redis 5's effect replication): PINGs sent meanwhile get BUSY.
     redis::Script spin(
         "local t = redis.call('TIME') "
         "while true do local n = redis.call('TIME') "
-        "if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 600000 then return 1 end end");
-    std::thread t([&] { spin.eval(runner, {}, {}); });
+        "if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 2000000 then return 1 end end");
+    std::atomic<bool> spun{false};
+    std::thread t([&] {
+      spin.eval(runner, {}, {});
+      spun = true;
+    });
     ReplyError e("none");
-    const auto t0 = Clock::now();
-    for (;;) {
+    // Until the script has ended: however late its thread starts, the PINGs
+    // overlap it (and each then waits out no more than one busy reply).
+    while (!spun) {
       try {
         other.command({"PING"});
       } catch (const ReplyError& got) {
         e = got;
         break;
       }
-      if (ms_since(t0) > 3000) break;
       std::this_thread::sleep_for(10ms);
     }
     t.join();
@@ -225,7 +218,7 @@ TEST_CASE("I/O failures keep hiredis's error code", "[redis][redis_errors]") {
     redis::Connection c(o), admin(o);
     const auto id = c.command({"CLIENT", "ID"}).integer();
     std::thread killer([&] {
-      wait_blocked_clients(admin, 1);
+      REQUIRE(test::wait_blocked_clients(admin, 1));
       admin.command({"CLIENT", "KILL", "ID", id});
     });
     try {

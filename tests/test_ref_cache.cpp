@@ -19,6 +19,8 @@
 #include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -26,26 +28,15 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions rc_opts(const test::RedisServer& srv, bool control = true) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 1s;
   o.request_timeout = 5s;
   o.gc_interval = 3600s;  // the leader's GC reads every record: keep it out of the command counts
-  o.default_backend = BackendKind::host;
   o.share_references = true;
   return o;
 }
 
-template <class F>
-bool eventually(F f, std::chrono::milliseconds limit = 5s) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (f()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return f();
-}
+using test::eventually;
 
 // Until the registry's invalidation connection is subscribed, gets go to
 // Redis; this waits until a get of `held` shares its handle.
@@ -244,7 +235,7 @@ TEST_CASE("a cached get after a remove and re-create in another process sees the
     REQUIRE(eventually([&] {
       now = reg.get<float>("x");
       return now.generation() == g2;
-    }, 2s));
+    }, 20s, 2ms));
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
     std::cout << "remove + re-create in another process seen by a cached get after " << us.count() << " us\n";
     now.copy_to_host(buf);
@@ -362,7 +353,7 @@ TEST_CASE("threads mixing cached gets with removes and re-creates", "[redis][ref
   for (int i = 0; i < kNames; ++i) {
     if (last[i] == 0) continue;
     const std::string name = "n" + std::to_string(i);
-    CHECK(eventually([&] { return reg.get<float>(name).generation() == last[i]; }, 2s));
+    CHECK(eventually([&] { return reg.get<float>(name).generation() == last[i]; }, 20s));
   }
   keep.clear();
   reg.flush();

@@ -32,8 +32,12 @@
 #include "memcuda/redis/connection.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
+#include "support/registry_options.hpp"
 #include "support/skip.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -41,33 +45,16 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions opts_for(const test::RedisServer& srv, bool control) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 400ms;
   o.request_timeout = 5s;
-  o.default_backend = BackendKind::host;
   o.share_references = false;
   o.release_linger = 0ms;
   return o;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::string cli_path() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  buf[n] = 0;
-  const auto dir = std::filesystem::path(buf).parent_path();
-  for (const auto& cand : {dir / "memcuda", dir / ".." / "tools" / "memcuda"}) {
-    struct stat st {};
-    if (::stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(cand.c_str(), X_OK) == 0)
-      return cand.lexically_normal().string();
-  }
-  FAIL("the memcuda binary is not next to " << buf << " nor in ../tools: build the memcuda_cli target");
-  return {};
-}
+using test::cli_path;
+using test::contains;
 
 // A `memcuda serve` child (host backend) on `url`.
 std::unique_ptr<test::Child> serve(const std::string& url) {
@@ -75,18 +62,7 @@ std::unique_ptr<test::Child> serve(const std::string& url) {
       std::vector<std::string>{cli_path(), "--url", url, "serve", "--backend", "host", "--lease-ttl", "400"});
 }
 
-std::string read_until(test::Child& c, const std::string& prefix, std::chrono::milliseconds limit = 10s) {
-  std::string seen;
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto l = c.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
-    if (!l) break;
-    seen += *l + "\n";
-    if (l->rfind(prefix, 0) == 0) return seen;
-  }
-  FAIL("no line starting with '" << prefix << "' from the child; got:\n" << seen);
-  return seen;
-}
+using test::read_until;
 
 // A raw JSON lifecycle command; the reply popped from its reply_to.
 boost::json::object ask(redis::Connection& c, boost::json::object cmd, std::chrono::seconds wait = 5s) {
@@ -101,16 +77,7 @@ boost::json::object ask(redis::Connection& c, boost::json::object cmd, std::chro
 
 std::string status_of(const boost::json::object& rep) { return rep.at("ok").as_bool() ? "ok" : "error"; }
 
-// Waits until `pred` holds (at most `limit`); returns whether it did.
-template <class F>
-bool eventually(F&& pred, std::chrono::milliseconds limit = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
+using test::eventually;
 
 std::vector<std::int32_t> pattern(int seed, std::size_t n) {
   std::vector<std::int32_t> v(n);

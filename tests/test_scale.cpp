@@ -19,6 +19,7 @@
 #include "memcuda/memcuda.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -28,13 +29,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 RegistryOptions scale_opts(const test::RedisServer& srv, bool control) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 2s;  // a busy 2-core machine must not lose the lease to a slow tick
   o.gc_interval = 100ms;
   o.request_timeout = 30s;
-  o.default_backend = BackendKind::host;
   o.share_references = false;
   o.release_linger = 0ms;
   return o;

@@ -24,6 +24,8 @@
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/text.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -31,17 +33,14 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions host_opts(const test::RedisServer& srv, bool control = true, std::string ns = {}) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.lease_ttl = 300ms;
   o.request_timeout = 3s;
-  o.default_backend = BackendKind::host;
   o.name_space = std::move(ns);
   return o;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 // Every key with its type and, for strings/hashes/sets/lists, its contents:
 // enough to tell that nothing was written.

@@ -31,6 +31,7 @@
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -46,7 +47,9 @@ struct SoakConfig {
   int kills = 6;             // SIGKILLs at random points, each followed by a replacement
   int with_control_every = 4;  // every 4th worker also hosts a control thread (a standby candidate)
   int worker_ttl_ms = 1500;
-  int worker_timeout_ms = 5000;  // request_timeout of the workers
+  // request_timeout of the workers: far beyond what a loaded machine takes
+  // to answer, so that a NotLeader (no reply in time) means a lost command.
+  int worker_timeout_ms = 30000;
   std::chrono::seconds deadline{150};  // for the whole run
 };
 
@@ -56,16 +59,8 @@ std::uint64_t soak_seed() {
   return (std::uint64_t{rd()} << 32 | rd()) % 1000000000ULL;
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-
-// "key=value" out of a worker's line.
-std::string field(const std::string& line, const std::string& key) {
-  std::istringstream in(line);
-  std::string tok;
-  while (in >> tok)
-    if (starts_with(tok, key + "=")) return tok.substr(key.size() + 1);
-  return "";
-}
+using test::field;
+using test::starts_with;
 
 // True once the process has exited (a zombie waiting for waitpid).
 bool exited(pid_t pid) {
@@ -326,11 +321,24 @@ void soak(const SoakConfig& cfg) {
   }
   std::ostringstream summary;
   for (const auto& [k, v] : total) summary << " " << k << "=" << v;
+  std::cout << "soak(" << cfg.backend << ") workers' totals:" << summary.str() << std::endl;
   INFO("workers' totals:" << summary.str());
   CHECK(total["creates"] > 0);
   CHECK(total["gets"] > 0);
   CHECK(total["verified"] > 0);
   CHECK(total["audits"] > 0);
+  // The test process is the allocator of record all along (epoch 1, checked
+  // below) and only workers die. So no request goes unanswered (NotLeader,
+  // and with it a create of unknown outcome), no Redis call times out, and
+  // no tensor's memory is lost: it belongs to the allocator of record, not
+  // to the killed workers. Races make only not_found, already_exists and
+  // stale_handle normal.
+  CHECK(total["not_leader"] == 0);
+  CHECK(total["timeout"] == 0);
+  CHECK(total["lost"] == 0);
+  CHECK(total["uncertain_creates"] == 0);
+  CHECK(total["leaked_refs"] == 0);
+  CHECK(total["errors"] == total["not_found"] + total["already_exists"] + total["stale_handle"]);
 
   // Garbage collection: the killed sessions expire (session_ttl) and the
   // allocator of record drops their references every gc_interval; the
@@ -351,10 +359,10 @@ void soak(const SoakConfig& cfg) {
   }
   INFO("garbage collected " << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t_gc).count()
                             << " ms after the last worker finished");
-  for (const auto& [s, t] : collected_after) {
-    INFO("killed session " << s << ": references collected after " << t.count() << " ms");
-    CHECK(t < 10s);  // ~2.5 s by default; generous on a loaded 2-core machine
-  }
+  // How long each killed worker's references took to go, as the audits of
+  // the run saw it: printed, not asserted (the loop above bounds the rest).
+  for (const auto& [s, t] : collected_after)
+    std::cout << "timing: killed session " << s << ": references collected after " << t.count() << " ms\n";
   for (const auto& v : a.violations) FAIL_CHECK("after the run: " << v);
   // Every holder left is a live session or a name's own reference; the
   // only live session is the test's, and it holds nothing.

@@ -16,6 +16,7 @@
 #include "memcuda/state_dict.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -23,10 +24,7 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions opts(const test::RedisServer& srv, bool control = true) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
-  o.default_backend = BackendKind::host;
+  auto o = test::host_options(srv, control);
   o.session_ttl = 600ms;
   o.gc_interval = 100ms;
   return o;

@@ -9,6 +9,8 @@
 
 #include "memcuda/memcuda.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/text.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -16,11 +18,8 @@ using namespace std::chrono_literals;
 namespace {
 
 RegistryOptions stray_opts(const test::RedisServer& srv, bool control) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   o.request_timeout = 5s;
-  o.default_backend = BackendKind::host;
   return o;
 }
 
@@ -38,7 +37,7 @@ std::string error_of(F&& f, bool& already_exists) {
   return "nothing thrown";
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 }  // namespace
 

@@ -27,6 +27,9 @@
 #include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -36,43 +39,18 @@ namespace {
 constexpr int kTtlMs = 400;
 
 std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--ttl",
-                                std::to_string(kTtlMs), "--backend", "host"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return std::make_unique<test::Child>(argv);
+  extra.insert(extra.begin(), {"--ttl", std::to_string(kTtlMs), "--backend", "host"});
+  return test::start_worker(srv.unix_url(), extra);
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const std::string& p) { return s.find(p) != std::string::npos; }
+using test::cli_path;
+using test::contains;
+using test::field;
+using test::hget;
+using test::ready;
+using test::starts_with;
 
-// Reads the READY line; true when the worker came up as leader.
-bool ready(test::Child& w) {
-  auto l = w.read_line(10s);
-  REQUIRE(l);
-  INFO(*l);
-  REQUIRE(starts_with(*l, "READY"));
-  return contains(*l, "leader=1");
-}
-
-// The value of `key=` in a worker's reply line.
-std::string field(const std::string& reply, const std::string& key) {
-  auto p = reply.find(key + "=");
-  if (p == std::string::npos) return {};
-  p += key.size() + 1;
-  return reply.substr(p, reply.find(' ', p) - p);
-}
-
-// Our shm objects: those whose names carry a session id of one of `pids`
-// (a session id is "<pid>-<random>"), whatever other tests on this machine
-// keep in /dev/shm.
-int shm_objects_of(const std::vector<pid_t>& pids) {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    const std::string f = e.path().filename().string();
-    for (pid_t p : pids) n += starts_with(f, "memcuda." + std::to_string(p) + "-");
-  }
-  return n;
-}
+using test::shm_objects_of;
 
 // The inode of a shm object (0 when it does not exist).
 ino_t inode_of(const std::string& shm_name) {
@@ -80,16 +58,7 @@ ino_t inode_of(const std::string& shm_name) {
   return ::stat(("/dev/shm" + shm_name).c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
-// Polls `done` until it holds or `limit` passes (a bound for a slow
-// machine, not an assertion on timing); returns its last value.
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 15s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!done()) {
-    if (std::chrono::steady_clock::now() - t0 > limit) return done();
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
+using test::eventually;
 
 struct Tensor {
   std::string name;
@@ -105,11 +74,6 @@ std::vector<Tensor> sample_tensors() {
           {"t_tiny", "3", 3, {}},
           {"t_empty", "0", 0, {}},
           {"t_big", "5000000", 5000000, {}}};
-}
-
-std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
-  auto r = c.command({"HGET", key, f});
-  return r.is_nil() ? std::string() : std::string(r.str());
 }
 
 // The allocator of record `a` creates persistent tensors, writes a
@@ -292,19 +256,6 @@ void takeover_adopts(bool holder) {
   for (auto* w : {s2.get(), d.get(), e.get(), h.get()})
     if (w) CHECK(w->ask("exit") == "OK");
   CHECK(shm_objects_of(pids) == 0);
-}
-
-// The memcuda binary: next to the test binary, or in ../tools/.
-std::string cli_path() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  buf[n] = 0;
-  const auto dir = std::filesystem::path(buf).parent_path();
-  for (const auto& cand : {dir / "memcuda", dir / ".." / "tools" / "memcuda"})
-    if (::access(cand.c_str(), X_OK) == 0) return cand.lexically_normal().string();
-  FAIL("the memcuda binary is neither next to " << buf << " nor in ../tools: build the memcuda_cli target");
-  return {};
 }
 
 // Runs the tool to its end; returns {exit code, stdout}.

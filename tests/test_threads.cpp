@@ -23,6 +23,9 @@
 
 #include "memcuda/memcuda.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
+#include "support/thread_tally.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -40,60 +43,24 @@ int ops_per_thread() {
 }
 
 RegistryOptions host_opts(const test::RedisServer& srv, bool control) {
-  RegistryOptions o;
-  o.redis = srv.options();
-  o.control_thread = control;
+  auto o = test::host_options(srv, control);
   // Long enough that a starved control thread (TSan, two busy cores) never
   // loses the lease mid-test: a leader change is not what this test is about.
   o.lease_ttl = 10s;
   // Generous: under TSan on two shared cores the leader's single control
   // thread serves eight followers' requests one after another.
   o.request_timeout = 60s;
-  o.default_backend = BackendKind::host;
+  // The baseline checks below count Redis references once every handle is
+  // gone: a release must not linger past the threads (whatever the
+  // environment says; tests/main.cpp clears it too).
+  o.release_linger = std::chrono::microseconds(0);
   return o;
 }
 
 std::string shared_name(int k) { return "th/n" + std::to_string(k); }
 
-// What the threads saw, merged under a lock; Catch2 assertions are not
-// thread-safe, so the checks run on the test's thread afterwards.
-struct Tally {
-  std::mutex mu;
-  std::vector<std::string> failures;
-  std::map<std::string, int> counts;  // "op:outcome" -> times
-
-  void add(std::map<std::string, int>& local, std::vector<std::string>& fails) {
-    std::lock_guard lk(mu);
-    for (auto& [k, v] : local) counts[k] += v;
-    failures.insert(failures.end(), fails.begin(), fails.end());
-  }
-  int count(const std::string& k) {
-    auto it = counts.find(k);
-    return it == counts.end() ? 0 : it->second;
-  }
-};
-
-// Runs `f`; returns "ok" or the name of the allowed error it threw. Any other
-// exception becomes a failure message.
-template <class... Allowed, class F>
-std::string outcome(const char* op, const std::string& name, std::vector<std::string>& fails, F&& f) {
-  try {
-    f();
-    return "ok";
-  } catch (const NotFound& e) {
-    if constexpr ((std::is_same_v<Allowed, NotFound> || ...)) return "NotFound";
-    fails.push_back(std::string(op) + " " + name + ": unexpected NotFound: " + e.what());
-  } catch (const AlreadyExists& e) {
-    if constexpr ((std::is_same_v<Allowed, AlreadyExists> || ...)) return "AlreadyExists";
-    fails.push_back(std::string(op) + " " + name + ": unexpected AlreadyExists: " + e.what());
-  } catch (const StaleHandle& e) {
-    if constexpr ((std::is_same_v<Allowed, StaleHandle> || ...)) return "StaleHandle";
-    fails.push_back(std::string(op) + " " + name + ": unexpected StaleHandle: " + e.what());
-  } catch (const std::exception& e) {
-    fails.push_back(std::string(op) + " " + name + ": unexpected exception: " + e.what());
-  }
-  return "error";
-}
+using test::outcome;
+using test::Tally;
 
 // One thread's random mix on `reg`. `follower` widens what a create may
 // throw: its create is a request to the leader, and another thread's remove
@@ -187,17 +154,9 @@ void worker(TensorRegistry& reg, bool follower, int idx, int ops, Tally& tally) 
   tally.add(counts, fails);
 }
 
-// Polls until `done()` or the deadline: frees that the last release queues
-// to the leader's control thread land a moment later.
-template <class F>
-bool eventually(F&& done, std::chrono::seconds limit = 60s) {
-  auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
+// Frees that the last release queues to the leader's control thread land a
+// moment later; under TSan on two busy cores, many moments.
+using test::eventually;
 
 std::uint64_t host_pool_in_use(TensorRegistry& leader) {
   std::uint64_t n = 0;
@@ -253,7 +212,7 @@ void run_mix(TensorRegistry& leader, TensorRegistry& reg, bool follower) {
 
   // Every handle is gone: the shared names are freed (non-persistent, no
   // holder), and the baselines hold exactly what they held before.
-  CHECK(eventually([&] { return leader.list("th/n*").empty() && leader.list("th/own*").empty(); }));
+  CHECK(eventually([&] { return leader.list("th/n*").empty() && leader.list("th/own*").empty(); }, 60s));
   CHECK(leader.list("th/n*").empty());
   CHECK(leader.list("th/own*").empty());
   CHECK(leader.info("th/base").refcount == base_ref);
@@ -262,8 +221,8 @@ void run_mix(TensorRegistry& leader, TensorRegistry& reg, bool follower) {
 
   base.release();
   leader.remove("th/pin");
-  CHECK(eventually([&] { return leader.list("th/*").empty(); }));
-  CHECK(eventually([&] { return host_pool_in_use(leader) == 0; }));
+  CHECK(eventually([&] { return leader.list("th/*").empty(); }, 60s));
+  CHECK(eventually([&] { return host_pool_in_use(leader) == 0; }, 60s));
   CHECK(host_pool_in_use(leader) == 0);
   CHECK(leader.stats().process.owned_allocations == 0);
 }

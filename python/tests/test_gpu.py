@@ -64,7 +64,7 @@ SLOW_PRODUCER = textwrap.dedent("""
     sys.path.insert(0, {pkg!r})
     import memcuda
     reg = memcuda.Registry({url!r}, {ns!r}, control_thread=False)
-    t = reg.create("g.slow", ({n},), "f32", device=0)
+    t = reg.create({name!r}, ({n},), "f32", device=0)
     x = torch.from_dlpack(t)
     x.zero_()
     torch.cuda.synchronize()
@@ -78,21 +78,63 @@ SLOW_PRODUCER = textwrap.dedent("""
 """)
 
 
+def _start(template, redis_url, namespace, n, **names):
+    code = template.format(pkg=PKG, url=redis_url, ns=namespace, n=n, **names)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "READY"
+    return p
+
+
+def _stop(p):
+    p.stdin.close()
+    p.wait(timeout=60)
+
+
+def _unordered_view(t):
+    """A torch view of `t` that orders nothing: __dlpack__(stream=-1) skips
+    the stream wait that torch.from_dlpack would ask for. Whatever ordering
+    a test sees then comes from the call under test alone."""
+    return torch.utils.dlpack.from_dlpack(t.__dlpack__(stream=-1))
+
+
 def test_stream_ordered_consumer_of_a_slow_producer(greg, redis_url, namespace):
     n = 1 << 20
-    code = SLOW_PRODUCER.format(pkg=PKG, url=redis_url, ns=namespace, n=n)
-    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = _start(SLOW_PRODUCER, redis_url, namespace, n, name="g.slow")
     try:
-        assert p.stdout.readline().strip() == "READY"
         s = torch.cuda.Stream()
-        t = greg.get("g.slow", stream=s)  # s waits for the producer's event
+        t = greg.get("g.slow", stream=s)  # the only ordering: s waits for the producer's event
         with torch.cuda.stream(s):
-            total = torch.from_dlpack(t).sum()
+            total = _unordered_view(t).sum()
         s.synchronize()
         assert total.item() == 7.0 * n
     finally:
-        p.stdin.close()
-        p.wait(timeout=60)
+        _stop(p)
+
+
+def test_negative_control_a_consumer_that_skips_the_wait_reads_before_the_write(greg, redis_url, namespace):
+    """The test above can fail: the same producer and read, with the stream
+    wait left out, reads the tensor while the producer's stream still sleeps
+    (zeros, or a part of the 7.0s), not 7.0 everywhere. The producer sleeps
+    1-2 s of GPU time, so the first try nearly always shows it; three tries
+    make a slow start of the reader's kernel harmless. Were get(stream=)
+    to order nothing, the test above would read what this one reads."""
+    n = 1 << 20
+    seen = []
+    for i in range(3):
+        name = f"g.unordered{i}"
+        p = _start(SLOW_PRODUCER, redis_url, namespace, n, name=name)
+        try:
+            s = torch.cuda.Stream()
+            t = greg.get(name)  # no stream: nothing waits for the producer
+            with torch.cuda.stream(s):
+                total = _unordered_view(t).sum()
+            s.synchronize()
+            seen.append(total.item())
+        finally:
+            _stop(p)
+        if seen[-1] != 7.0 * n:
+            break
+    assert any(v != 7.0 * n for v in seen), f"every unordered read saw the finished write: {seen}"
 
 
 SLOW_STATE_DICT = textwrap.dedent("""
@@ -100,7 +142,7 @@ SLOW_STATE_DICT = textwrap.dedent("""
     sys.path.insert(0, {pkg!r})
     import memcuda
     reg = memcuda.Registry({url!r}, {ns!r}, control_thread=False)
-    ts = reg.create_many([("g.sd/" + k, ({n},), "f32") for k in "abc"], device=0)
+    ts = reg.create_many([({prefix!r} + k, ({n},), "f32") for k in "abc"], device=0)
     xs = [torch.from_dlpack(t) for t in ts]
     for x in xs:
         x.zero_()
@@ -121,10 +163,8 @@ def test_state_dict_is_stream_ordered_without_a_round_trip_per_tensor(greg, redi
     """get_state_dict(framework="torch") orders torch's current stream after
     each tensor's publish through the events its one batch read (wait_opened)."""
     n = 1 << 20
-    code = SLOW_STATE_DICT.format(pkg=PKG, url=redis_url, ns=namespace, n=n)
-    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = _start(SLOW_STATE_DICT, redis_url, namespace, n, prefix="g.sd/")
     try:
-        assert p.stdout.readline().strip() == "READY"
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
             sd = greg.get_state_dict("g.sd/", framework="torch")
@@ -133,8 +173,32 @@ def test_state_dict_is_stream_ordered_without_a_round_trip_per_tensor(greg, redi
         assert sorted(sd) == ["a", "b", "c"]
         assert total.item() == 7.0 * n * 3
     finally:
-        p.stdin.close()
-        p.wait(timeout=60)
+        _stop(p)
+
+
+def test_negative_control_a_state_dict_read_without_its_events_reads_before_the_writes(greg, redis_url, namespace):
+    """The test above can fail: the same dict opened as plain memcuda Tensors
+    (framework=None orders nothing) and viewed without a stream wait is read
+    while the producer's stream still sleeps, so its sum is not 3 x 7.0 x n.
+    Were framework="torch" to skip the events its batch read, the test above
+    would read what this one reads."""
+    n = 1 << 20
+    seen = []
+    for i in range(3):
+        prefix = f"g.sdu{i}/"
+        p = _start(SLOW_STATE_DICT, redis_url, namespace, n, prefix=prefix)
+        try:
+            s = torch.cuda.Stream()
+            sd = greg.get_state_dict(prefix)  # memcuda Tensors: no stream waits
+            with torch.cuda.stream(s):
+                total = sum(_unordered_view(t).sum() for t in sd.values())
+            s.synchronize()
+            seen.append(total.item())
+        finally:
+            _stop(p)
+        if seen[-1] != 7.0 * n * 3:
+            break
+    assert any(v != 7.0 * n * 3 for v in seen), f"every unordered read saw the finished writes: {seen}"
 
 
 def test_bf16_through_torch_from_dlpack(greg):

@@ -213,4 +213,23 @@ class RedisServer {
   bool stopped_ = false;
 };
 
+// A Hash field's value, or "" when the key or field does not exist.
+inline std::string hget(redis::Connection& c, const std::string& key, const std::string& f) {
+  auto r = c.command({"HGET", key, f});
+  return r.is_nil() ? std::string() : std::string(r.str());
+}
+
+// Waits until the server reports `n` clients blocked (BLPOP and the like),
+// polling every 2 ms for at most `limit`; false if it never did.
+inline bool wait_blocked_clients(redis::Connection& admin, int n,
+                                 std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  const std::string want = "blocked_clients:" + std::to_string(n) + "\r";
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (std::string(admin.command({"INFO", "clients"}).str()).find(want) != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
 }  // namespace memcuda::test
