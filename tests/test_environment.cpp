@@ -1,7 +1,7 @@
 // The tests do not take mem-cuda options from the environment they are run
 // in (tests/main.cpp removes every MEMCUDA_* variable but the harness's own
 // MEMCUDA_TEST_*), so a developer's shell cannot make them pass or fail.
-// The CTest entry tests_ignore_memcuda_env runs this case and the [threads]
+// The CTest entry tests_ignore_memcuda_env runs this case and the two
 // cases of test_threads.cpp with such variables set (tests/CMakeLists.txt).
 #include <catch2/catch.hpp>
 

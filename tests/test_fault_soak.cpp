@@ -196,11 +196,12 @@ TEST_CASE("fault soak: bad commands, a wrong-type key, SIGTERM and kill -9 of le
   // adopted). Only not_found, already_exists and stale_handle are normal.
   std::map<std::string, long> total;
   for (auto& w : workers) {
-    INFO("worker " << w->pid());
+    const pid_t pid = w->pid();
+    INFO("worker " << pid);
     const std::string done = read_line_starting(*w, "DONE", 180s);
     CHECK_FALSE(done.empty());
     CHECK(w->wait() == 0);
-    std::cout << "fault soak: worker " << w->pid() << ": " << done << std::endl;
+    std::cout << "fault soak: worker " << pid << ": " << done << std::endl;
     std::istringstream in(done);
     std::string tok;
     while (in >> tok)
