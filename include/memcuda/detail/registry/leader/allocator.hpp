@@ -25,6 +25,7 @@
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/leader/placement.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/store/reply.hpp"
@@ -86,7 +87,6 @@ class Allocator {
     std::optional<Owned> parked = unpark(create_id);
     DevicePool& pool = parked ? *parked->pool : pool_for(kind, device);
     PoolBlock pb = parked ? parked->pb : pool.allocate(bytes);
-    const Allocation& a = pb.slab->allocation();
     // Until the script has published it, the block is ours to give back.
     struct Giveback {
       DevicePool* pool;
@@ -106,21 +106,10 @@ class Allocator {
       t.dtype = *cmd.dtype;
       t.shape = *cmd.shape;
       t.ctime_ms = now_ms();
-      t.node = ctx_.node;
-      t.device = a.device;
-      t.device_uuid = a.device_uuid;
       t.bytes = bytes;
       t.backend = kind;
-      t.ipc_handle = a.handle;
-      t.alloc_kind = a.alloc_kind;
-      t.fd_source = a.fd_source;
-      t.offset = pb.block.offset;
-      t.alloc_bytes = a.size;
-      t.alloc_id = a.alloc_id;
+      place_in(t, pb, ctx_, epoch);
       t.state = TensorState::ready;
-      t.epoch = epoch;
-      t.owner = ctx_.session;
-      t.owner_pid = ::getpid();
       t.create_id = create_id;
     }
 

@@ -249,27 +249,15 @@ class BatchAllocator {
 
   static TensorInfo record_for(Allocator& A, const protocol::CreateEntry& e, const PoolBlock& pb, std::uint64_t bytes,
                                BackendKind kind, std::uint64_t epoch, const std::string& create_id) {
-    const Allocation& a = pb.slab->allocation();
     TensorInfo t;
     t.name = e.name;
     t.dtype = e.dtype;
     t.shape = e.shape;
     t.ctime_ms = now_ms();
-    t.node = A.ctx_.node;
-    t.device = a.device;
-    t.device_uuid = a.device_uuid;
     t.bytes = bytes;
     t.backend = kind;
-    t.ipc_handle = a.handle;
-    t.alloc_kind = a.alloc_kind;  // as Allocator::create writes it
-    t.fd_source = a.fd_source;
-    t.offset = pb.block.offset;
-    t.alloc_bytes = a.size;
-    t.alloc_id = a.alloc_id;
+    place_in(t, pb, A.ctx_, epoch);  // as Allocator::create writes it
     t.state = TensorState::ready;
-    t.epoch = epoch;
-    t.owner = A.ctx_.session;
-    t.owner_pid = ::getpid();
     t.create_id = create_id;
     return t;
   }

@@ -19,6 +19,7 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/placement.hpp"
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"
@@ -78,20 +79,8 @@ inline std::vector<std::string> live_copiers(const Context& ctx, redis::Connecti
 
 // The record of `t` as it reads once moved into block `pb` of this leader.
 inline TensorInfo placed_in(const TensorInfo& t, const PoolBlock& pb, const Context& ctx, std::uint64_t epoch) {
-  const Allocation& a = pb.slab->allocation();
   TensorInfo n = t;
-  n.ipc_handle = a.handle;
-  n.alloc_kind = a.alloc_kind;
-  n.fd_source = a.fd_source;
-  n.offset = pb.block.offset;
-  n.alloc_bytes = a.size;
-  n.alloc_id = a.alloc_id;
-  n.owner = ctx.session;
-  n.owner_pid = ::getpid();
-  n.epoch = epoch;
-  n.device = a.device;
-  n.device_uuid = a.device_uuid;
-  n.node = ctx.node;
+  place_in(n, pb, ctx, epoch);
   return n;
 }
 
