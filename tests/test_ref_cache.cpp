@@ -1,4 +1,4 @@
-// In-process reference sharing (include/memcuda/detail/registry/client/ref_cache.hpp,
+// In-process reference sharing (include/memcuda/detail/registry/client/holdings.hpp,
 // invalidation.hpp; docs/design.md, "In-process reference sharing"), against
 // a real redis-server and real worker processes: a second get of a held
 // tensor sends nothing to Redis and shares the one reference; refcounts and
@@ -359,4 +359,60 @@ TEST_CASE("threads mixing cached gets with removes and re-creates", "[redis][ref
   reg.flush();
   other.flush();
   for (auto& t : reg.list()) CHECK(t.holders.count(reg.session_id()) == 0);
+}
+
+// The holdings table: a get notes its reference and keeps the record in one
+// row; the invalidation of a remove drops the share and the record together,
+// and the reference stays noted (Redis still counts it) until the last
+// local copy gives it back.
+TEST_CASE("one holdings row per name: reference, record and share, and one invalidation path",
+          "[redis][ref-cache][holdings]") {
+  test::RedisServer srv;
+  TensorRegistry reg(rc_opts(srv));
+  auto& table = detail::RegistryAccess::core(reg).holdings;
+  auto w = worker(srv);
+  const std::uint64_t g1 = gen_of(w->ask("create x 16 1"));
+  auto held = reg.get<float>("x");
+  REQUIRE(held.generation() == g1);
+  REQUIRE(cache_live(reg, held));
+
+  auto refs_of = [&](std::uint64_t gen) {
+    std::int64_t n = 0;
+    for (const auto& [k, count] : table.snapshot())
+      if (k.first == "x" && k.second == gen) n += count;
+    return n;
+  };
+  CHECK(refs_of(g1) == 1);  // shared gets take no second reference
+  CHECK(table.records() == 1);
+  CHECK(table.held_generation("x") == g1);
+
+  REQUIRE(w->ask("release x").rfind("OK", 0) == 0);
+  REQUIRE(w->ask("remove x") == "OK");
+  REQUIRE(eventually([&] { return !table.held_generation("x"); }));
+  CHECK(table.records() == 0);  // the same message dropped the record
+  CHECK(refs_of(g1) == 1);      // ours is still held: the removed tensor lives until we let go
+
+  held = {};
+  reg.flush();
+  CHECK(refs_of(g1) == 0);
+  CHECK(table.snapshot().empty());
+}
+
+TEST_CASE("the holdings table keeps a bounded number of records", "[redis][ref-cache][holdings]") {
+  test::RedisServer srv;
+  TensorRegistry reg(rc_opts(srv));
+  auto& table = detail::RegistryAccess::core(reg).holdings;
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 4200; ++i) specs.push_back({"r/" + std::to_string(i), DType::u8, {8}});
+  { auto made = reg.create_many(specs); }
+  std::size_t most = 0;
+  for (const auto& s : specs) {
+    (void)reg.get<std::uint8_t>(s.name);  // the handle goes at once: its record stays for the next get
+    most = std::max(most, table.records());
+  }
+  std::cout << "records kept after 4200 gets of distinct names: " << table.records() << " (at most " << most << ")\n";
+  CHECK(most <= 4096);
+  CHECK(table.records() > 0);
+  reg.flush();
+  CHECK(table.snapshot().empty());
 }

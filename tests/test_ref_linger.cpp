@@ -1,4 +1,4 @@
-// Lingering releases (RegistryOptions::release_linger; ref_cache.hpp,
+// Lingering releases (RegistryOptions::release_linger; holdings.hpp,
 // "Lingering"), against a real redis-server and real worker processes: the
 // last local handle of a shared reference lingers for the window, a get
 // within it takes the handle back with no round trip, and after it the
@@ -37,7 +37,7 @@ RegistryOptions lg_opts(const test::RedisServer& srv, bool control, std::chrono:
 
 using test::eventually;
 
-detail::RefCache& cache_of(TensorRegistry& reg) { return detail::RegistryAccess::core(reg).refs; }
+detail::Holdings& cache_of(TensorRegistry& reg) { return detail::RegistryAccess::core(reg).holdings; }
 
 // Until the invalidation connection is subscribed, gets go to Redis.
 bool cache_live(TensorRegistry& reg) {

@@ -64,7 +64,7 @@ std::uint64_t TensorRegistry::trim() { return core().trim_now(); }
 void TensorRegistry::reset_peak() { core().alloc.reset_peaks(); }
 void TensorRegistry::remove(std::string_view name) {
   core().client.remove(name);
-  core_ref().refs.forget_name_everywhere(name);  // this process's remove is seen at once by its caches
+  core_ref().holdings.forget_name_everywhere(name);  // this process's remove is seen at once by its caches
 }
 bool TensorRegistry::wait(std::string_view name, std::chrono::milliseconds timeout) {
   return core().client.wait(name, timeout);
@@ -125,7 +125,7 @@ std::map<std::string, SharedTensor<void>> TensorRegistry::create_many(const std:
 BatchRemoveResult TensorRegistry::remove_many(const std::vector<std::string>& names) {
   core();
   auto r = detail::BatchClient(core_).remove(detail::Selection::of(names));
-  for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
+  for (const auto& n : r.removed) core_ref().holdings.forget_name_everywhere(n);
   return r;
 }
 BatchRemoveResult TensorRegistry::remove_prefix(std::string_view prefix) {
@@ -134,13 +134,13 @@ BatchRemoveResult TensorRegistry::remove_prefix(std::string_view prefix) {
                           "call remove_all() to mean that");
   core();
   auto r = detail::BatchClient(core_).remove(detail::Selection::prefix(prefix));
-  for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
+  for (const auto& n : r.removed) core_ref().holdings.forget_name_everywhere(n);
   return r;
 }
 BatchRemoveResult TensorRegistry::remove_all() {
   core();
   auto r = detail::BatchClient(core_).remove(detail::Selection::prefix(""));
-  for (const auto& n : r.removed) core_ref().refs.forget_name_everywhere(n);
+  for (const auto& n : r.removed) core_ref().holdings.forget_name_everywhere(n);
   return r;
 }
 
@@ -171,7 +171,7 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_
     throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
 #endif
   }
-  const auto token = c.refs.begin();  // reference sharing: a later get shares the creator's handle
+  const auto token = c.holdings.begin();  // reference sharing: a later get shares the creator's handle
   auto o = c.client.create(std::move(cmd));
   return detail::remember(c, make_handle(std::move(o)), token);
 }

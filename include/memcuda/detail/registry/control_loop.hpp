@@ -260,7 +260,7 @@ class ControlLoop {
       try {
         if (!core_->sessions.refresh(beat_conn_)) {
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
-          core_->refs.flush();  // GC may have dropped what we held: no cached get until re-registered
+          core_->holdings.flush();  // GC may have dropped what we held: no cached get until re-registered
           recover_.store(true);
         }
         if (core_->is_leader()) {

@@ -6,7 +6,10 @@
 //   Lease        the allocator-of-record lease                 lease.hpp
 //   Allocator    pools and owned allocations: create, free,
 //                release, trim, pool statistics                allocator.hpp
-//   Holds        references this process holds                 holds.hpp
+//   Holdings     what this registry holds, by name: references
+//                taken (for recovery), the record last read,
+//                the handle a second get() shares (no Redis
+//                round trip)                                   holdings.hpp
 //   DictHolds    its references to state-dict records          dict_holds.hpp
 //   Client       get, create, remove, info, list, wait         client.hpp
 //   Executor     a lifecycle command, as the allocator of record executor.hpp
@@ -16,12 +19,10 @@
 //   inbox        messages from the leader to one session       inbox.hpp
 //   ReleaseQueue releases from destructors, sent in batches by one
 //                thread per process                            release_queue.hpp
-//   RefCache     handles this registry holds, by name: a second
-//                get() shares one (no Redis round trip)         ref_cache.hpp
 //   Standby     cuda_vmm_fd fds: publishes what this session serves,
 //                holds (unimported) every other allocation's fd when
 //                not the leader, so a takeover adopts in place  standby.hpp
-//   Invalidation the connection that keeps RefCache correct
+//   Invalidation the connection that keeps Holdings correct
 //                (client tracking; its thread runs beside the
 //                ControlLoop)                                  invalidation.hpp
 //   ControlLoop  the registry's thread (control/control_loop.hpp)
@@ -42,14 +43,14 @@
 // event path holds TensorHandle::event_mu_ and, inside it, EventCache::mu_
 // across CUDA event calls (shared_tensor.hpp, ipc_event.hpp).
 //   Context::fatal_mu_, Lease::mu_, Allocator::pools_mu_,
-//   Allocator::owned_mu_, Holds::mu_, DictHolds::mu_, Client::cache_mu_, Migration::mu_
+//   Allocator::owned_mu_, DictHolds::mu_, Migration::mu_
 //   (a second migration round waits on its condition variable, not under
 //   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
 //   ProcessCache's mutex (its maps and the opens in flight),
-//   RefCache::mu_ (its maps; no handle is ever destroyed under it, so a
-//   last copy's release never nests ReleaseQueue::mu_ or Holds::mu_ in it;
-//   the one nesting: RefCache's process-wide directory mutex, then each
-//   cache's mu_, to drop a removed name from every registry's cache),
+//   Holdings::mu_ (its table; no handle is ever destroyed under it, so a
+//   last copy's release never nests ReleaseQueue::mu_ or itself in it;
+//   the one nesting: the holdings' process-wide directory mutex, then
+//   each table's mu_, to drop a removed name from every registry's table),
 //   Invalidation::mu_ (only for its retry wait), Standby::mu_ (its thread
 //   handle and tick wait), FdService's and FdHolds' mutexes (their maps;
 //   an fd is closed after they are released).
@@ -65,7 +66,7 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/registry/client/client.hpp"
 #include "memcuda/detail/registry/client/invalidation.hpp"
-#include "memcuda/detail/registry/client/ref_cache.hpp"
+#include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/executor.hpp"
@@ -73,7 +74,6 @@
 #include "memcuda/detail/registry/leader/migration.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
 #include "memcuda/detail/registry/process/dict_holds.hpp"
-#include "memcuda/detail/registry/process/holds.hpp"
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/registry/process/recovery.hpp"
 #include "memcuda/detail/registry/process/release_queue.hpp"
@@ -103,15 +103,14 @@ class Core {
   Context ctx;
   Lease lease{ctx};
   Allocator alloc{ctx, lease};
-  Holds holds;
+  Holdings holdings{ctx.keys.prefix()};
   DictHolds dicts;
-  Client client{ctx, lease, alloc, holds};
+  Client client{ctx, lease, alloc, holdings};
   Executor executor{ctx, lease, alloc, client};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
-  Recovery recovery{ctx, alloc, holds, dicts};
-  RefCache refs{ctx.keys.prefix()};
-  Invalidation invalidation{ctx, refs};
+  Recovery recovery{ctx, alloc, holdings, dicts};
+  Invalidation invalidation{ctx, holdings};
   // Last: its thread stops (~Standby) before the members it uses go.
   Standby standby{ctx, lease};
 
@@ -121,13 +120,13 @@ class Core {
   // queued release keeps the core alive until it is sent.
   static void release_later(std::shared_ptr<Core> self, std::string name, std::uint64_t gen) noexcept {
     Core& c = *self;
-    c.holds.note(name, gen, -1);
+    c.holdings.note(name, gen, -1);
     ReleaseQueue::instance().push(std::move(self), c.ctx, c.alloc, std::move(name), gen);
   }
 
   // Waits until the releases this process queued so far are in Redis.
   static void flush(std::chrono::milliseconds timeout) {
-    RefCache::end_lingering_everywhere();  // flush() means "released now": no window outlives it
+    Holdings::end_lingering_everywhere();  // flush() means "released now": no window outlives it
     if (!ReleaseQueue::instance().flush(timeout))
       throw TimeoutError("queued releases did not reach Redis within " + std::to_string(timeout.count()) + " ms");
   }

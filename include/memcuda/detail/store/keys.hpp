@@ -123,7 +123,7 @@ class Keys {
   std::string removed_pattern() const { return prefix_ + "memcuda:removed:*"; }
   // The prefixes of the keys written only when a name stops meaning its
   // generation (remove, migration, loss): the reference cache's
-  // invalidation connection tracks them (ref_cache.hpp, invalidation.hpp).
+  // invalidation connection tracks them (holdings.hpp, invalidation.hpp).
   std::string removed_prefix() const { return prefix_ + "memcuda:removed:"; }
   std::string moved_prefix() const { return prefix_ + "memcuda:moved:"; }
   std::string lost_prefix() const { return prefix_ + "memcuda:lost:"; }

@@ -2,7 +2,8 @@
 // create, remove, info, list, wait, publish. Each call borrows a
 // connection from the context's pools for its own duration, so no call
 // waits behind another thread's; the only state shared between calls is
-// the record cache (a leaf lock held for a map lookup, never across Redis).
+// the registry's holdings table (holdings.hpp: a leaf lock held for a map
+// operation, never across Redis).
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -21,11 +22,11 @@
 #include <vector>
 
 #include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/client/silent_leader.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
-#include "memcuda/detail/registry/process/holds.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"
@@ -46,21 +47,21 @@ struct Opened {
 
 class Client {
  public:
-  Client(Context& ctx, Lease& lease, Allocator& alloc, Holds& holds)
-      : ctx_(ctx), lease_(lease), alloc_(alloc), holds_(holds) {}
+  Client(Context& ctx, Lease& lease, Allocator& alloc, Holdings& holdings)
+      : ctx_(ctx), lease_(lease), alloc_(alloc), holdings_(holdings) {}
 
   // The get fast path: one script checks state, dtype and node and takes
   // the reference atomically; then the memory is mapped (once per process).
+  // A record never changes after creation except refcount, holders and
+  // the event: when `cached` (the record last read, from the holdings
+  // table) has the current generation and event version, the script skips
+  // sending the whole Hash.
   Opened acquire(std::string_view name, std::optional<DType> dtype) {
     ::memcuda::validate_name(name);
-    // A record never changes after creation except refcount, holders and
-    // the event: when our cached copy has the current generation and
-    // event version, the script skips sending the whole Hash.
-    std::optional<TensorInfo> cached;
-    {
-      std::lock_guard lk(cache_mu_);
-      if (auto it = cache_.find(std::string(name)); it != cache_.end()) cached = it->second;
-    }
+    return acquire(name, dtype, holdings_.record(name));
+  }
+  Opened acquire(std::string_view name, std::optional<DType> dtype, Holdings::Record cached) {
+    ::memcuda::validate_name(name);
     std::string cgen, cver;
     if (cached) {
       cgen = std::to_string(cached->generation);
@@ -76,18 +77,17 @@ class Client {
            name});
     }
     TensorInfo t;
+    Holdings::Record read;
     if (cached && r[0].str() == "same") {
-      t = std::move(*cached);
+      t = *cached;
       t.refcount = reply_int(r[1]);
     } else {
       t = checked(r, std::string(name), dtype, ctx_.session);
-      TensorInfo keep = t;
-      keep.holders.clear();  // changes all the time; reg.info() has the truth
-      std::lock_guard lk(cache_mu_);
-      if (cache_.size() >= 4096) cache_.clear();
-      cache_.insert_or_assign(std::string(name), std::move(keep));
+      auto keep = std::make_shared<TensorInfo>(t);
+      keep->holders.clear();  // changes all the time; reg.info() has the truth
+      read = std::move(keep);
     }
-    return adopt_reference(std::move(t));
+    return adopt_reference(std::move(t), std::move(read));
   }
 
   // check_acquire, and when the script took a reference to a record that
@@ -161,7 +161,7 @@ class Client {
         auto cr = alloc_.create(*c, cmd);
         if (cr.block.slab) {
           void* p = static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
-          holds_.note(cr.info.name, cr.info.generation, +1);
+          holdings_.took(cr.info);
           return {std::move(cr.info), p, std::move(cr.block.slab)};
         }
       } catch (const NotLeader&) {
@@ -384,10 +384,11 @@ class Client {
  private:
   // Maps a tensor whose reference this process has just taken and records
   // the reference; gives it back when the mapping fails.
-  Opened adopt_reference(TensorInfo t) {
+  // `read`: the record the script just sent, kept for the next get.
+  Opened adopt_reference(TensorInfo t, Holdings::Record read = nullptr) {
     try {
       auto [p, keep] = map(t);
-      holds_.note(t.name, t.generation, +1);
+      holdings_.took(t, std::move(read));
       return {std::move(t), p, std::move(keep)};
     } catch (...) {
       release_now(t.name, t.generation);
@@ -398,10 +399,8 @@ class Client {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
-  Holds& holds_;
+  Holdings& holdings_;
   std::atomic<std::uint64_t> seq_{0};  // request and wait ids of this session
-  std::mutex cache_mu_;                // leaf: guards cache_
-  std::unordered_map<std::string, TensorInfo> cache_;  // records by name
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,4 +1,4 @@
-// The reference cache's invalidation connection: one Redis connection per
+// The holdings table's invalidation connection: one Redis connection per
 // registry, with client tracking in broadcast mode redirected to itself and
 // SUBSCRIBEd to __redis__:invalidate (RESP2; works with Redis >= 6 and any
 // hiredis, Debian 12's 0.14 included).
@@ -17,9 +17,9 @@
 // releases too: those messages name a generation this process no longer
 // caches, and cost one map lookup.)
 //
-// Liveness: the cache is served only between a confirmed SUBSCRIBE and the
-// first error on this connection (RefCache::set_live). A break (Redis
-// restart, CLIENT KILL, network) flushes the cache; until the connection is
+// Liveness: shares are served only between a confirmed SUBSCRIBE and the
+// first error on this connection (Holdings::set_live). A break (Redis
+// restart, CLIENT KILL, network) flushes the table; until the connection is
 // back (retried every kRetry), every get goes to Redis.
 #pragma once
 
@@ -36,7 +36,7 @@
 
 #include "memcuda/detail/base/fault.hpp"
 #include "memcuda/detail/base/log.hpp"
-#include "memcuda/detail/registry/client/ref_cache.hpp"
+#include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/redis/connection.hpp"
 
@@ -48,8 +48,8 @@ class Invalidation {
   static constexpr std::string_view kChannel = "__redis__:invalidate";
   static constexpr auto kRetry = std::chrono::milliseconds(100);
 
-  Invalidation(Context& ctx, RefCache& cache) : ctx_(ctx), cache_(cache) {
-    cache_.set_linger(ctx.opts.release_linger);  // windows only while the cache is live (set_live)
+  Invalidation(Context& ctx, Holdings& holdings) : ctx_(ctx), holdings_(holdings) {
+    holdings_.set_linger(ctx.opts.release_linger);  // windows only while the table is live (set_live)
   }
 
   // Subscribes once, synchronously (the registry's constructor), so that
@@ -59,10 +59,10 @@ class Invalidation {
   void start() {
     try {
       first_.emplace(connect());
-      cache_.set_live(true);
+      holdings_.set_live(true);
     } catch (const std::exception& e) {
       first_.reset();
-      log(LogLevel::warn, std::string("reference cache: no invalidation connection yet (gets go to Redis): ") +
+      log(LogLevel::warn, std::string("reference sharing: no invalidation connection yet (gets go to Redis): ") +
                               e.what());
     }
   }
@@ -79,21 +79,21 @@ class Invalidation {
         redis::Connection c = fresh ? connect() : std::move(*first_);
         first_.reset();
         std::stop_callback on_stop(st, [&c] { c.interrupt(); });
-        if (failures > 0) log(LogLevel::info, "reference cache: invalidation connection is back");
+        if (failures > 0) log(LogLevel::info, "reference sharing: invalidation connection is back");
         failures = 0;
-        if (fresh) cache_.set_live(true);
+        if (fresh) holdings_.set_live(true);
         while (!st.stop_requested()) apply(c.receive(redis::kWaitForever));
       } catch (const std::exception& e) {
-        cache_.set_live(false);
+        holdings_.set_live(false);
         if (st.stop_requested()) break;
         if (++failures <= 3 || failures % 50 == 0)
-          log(LogLevel::warn, std::string("reference cache: invalidation connection lost (gets go to Redis until it "
+          log(LogLevel::warn, std::string("reference sharing: invalidation connection lost (gets go to Redis until it "
                                           "is back): ") + e.what());
       }
       std::unique_lock lk(mu_);
       cv_.wait_for(lk, st, kRetry, [] { return false; });
     }
-    cache_.set_live(false);
+    holdings_.set_live(false);
   }
 
  private:
@@ -122,7 +122,7 @@ class Invalidation {
     if (!m.is_array() || m.size() != 3 || m[0].str() != "message" || m[1].str() != kChannel) return;
     auto keys = m[2];
     if (!keys.is_array()) {  // nil: FLUSHALL/FLUSHDB (or tracking table overflow)
-      cache_.flush();
+      holdings_.flush();
       return;
     }
     const auto& k = ctx_.keys;
@@ -131,7 +131,7 @@ class Invalidation {
       std::string_view key = keys[i].str();
       if (key.starts_with(removed)) forget_gen(key.substr(removed.size()));
       else if (key.starts_with(moved)) forget_gen(key.substr(moved.size()));
-      else if (key.starts_with(lost)) cache_.forget_lost(key.substr(lost.size()));
+      else if (key.starts_with(lost)) holdings_.forget_lost(key.substr(lost.size()));
     }
   }
 
@@ -139,11 +139,11 @@ class Invalidation {
     std::uint64_t g = 0;
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), g);
     if (ec != std::errc() || p != digits.data() + digits.size()) return;
-    cache_.forget_generation(g);
+    holdings_.forget_generation(g);
   }
 
   Context& ctx_;
-  RefCache& cache_;
+  Holdings& holdings_;
   std::optional<redis::Connection> first_;  // start()'s, until run() takes it
   std::mutex mu_;  // leaf: only for the retry wait
   std::condition_variable_any cv_;

@@ -105,7 +105,7 @@ class BatchClient {
           std::vector<std::pair<TensorInfo, void*>> ts;
           std::vector<std::shared_ptr<void>> keeps;
           for (auto& m : made) {
-            c_.holds.note(m.info.name, m.info.generation, +1);
+            c_.holdings.note(m.info.name, m.info.generation, +1);
             ts.emplace_back(m.info, static_cast<char*>(m.block.slab->base()) + m.info.offset);
             keeps.push_back(m.block.slab);
           }
@@ -273,7 +273,7 @@ class BatchClient {
       c_.client.release_now(t.name, t.generation);
       throw;
     }
-    c_.holds.note(t.name, t.generation, +1);
+    c_.holdings.note(t.name, t.generation, +1);
     return handle(std::move(t), p, std::move(keep));
   }
 

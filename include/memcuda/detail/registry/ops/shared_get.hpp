@@ -1,5 +1,5 @@
-// get() with in-process reference sharing (ref_cache.hpp): the handle this
-// registry already holds for the name when the cache has one (no Redis),
+// get() with in-process reference sharing (holdings.hpp): the handle this
+// registry already holds for the name when the table has one (no Redis),
 // else one acquire script, whose handle is remembered for the next get.
 // Apart from TensorRegistry so that its body stays a thin layer; needs the
 // complete TensorHandle, hence after shared_tensor.hpp.
@@ -45,37 +45,39 @@ struct SharedGet {
 inline std::shared_ptr<TensorHandle> remember(Core& c, std::shared_ptr<TensorHandle> h, std::uint64_t token) {
   if (!c.ctx.opts.share_references || !h) return h;
   const auto& i = h->info();
-  return c.refs.insert(i.name, i.generation, i.dtype, std::move(h), token);
+  return c.holdings.insert(i.name, i.generation, i.dtype, std::move(h), token);
 }
 
 // The body of TensorRegistry::get. Like every call it first rethrows the
 // registry thread's fatal error; only a call that goes to Redis waits for
-// this process's queued releases (a cached get talks to nobody).
+// this process's queued releases (a shared get talks to nobody). One look
+// in the holdings table gives the shared handle, or the token and the
+// record the acquire goes to Redis with.
 inline SharedGet get_shared(const std::shared_ptr<Core>& core, std::string_view name, std::optional<DType> want,
                             const GetOptions& o) {
   Core& c = *core;
   c.ctx.check_fatal();
   const bool share = c.ctx.opts.share_references;
-  if (share && !o.fresh)
-    if (auto h = c.refs.find(name, want)) return {std::move(h), true};
+  auto found = c.holdings.find(name, want, share && !o.fresh);
+  if (found.handle) return {std::move(found.handle), true};
   c.see_own_releases();
   if (share && o.fresh) {
     // Held: one HGET says whether the name still means our generation; if
     // so the held handle is shared (no second reference).
-    if (auto held = c.refs.held_generation(name)) {
-      const std::uint64_t token = c.refs.begin();
+    if (auto held = c.holdings.held_generation(name)) {
+      const std::uint64_t token = c.holdings.begin();
       auto now = c.client.current_generation(name);
       if (now && *now == *held) {
-        if (auto h = c.refs.find(name, want)) return {std::move(h), true};
+        if (auto h = c.holdings.find(name, want, true).handle) return {std::move(h), true};
       } else if (token != 0) {
-        c.refs.forget_generation(*held);  // the message is on its way; don't wait for it
+        c.holdings.forget_generation(*held);  // the message is on its way; don't wait for it
       }
     }
+    found.token = c.holdings.begin();
   }
-  const std::uint64_t token = share ? c.refs.begin() : 0;
-  auto h = handle_of(core, c.client.acquire(name, want));
+  auto h = handle_of(core, c.client.acquire(name, want, std::move(found.record)));
   const TensorHandle* taken = h.get();
-  auto use = remember(c, std::move(h), token);
+  auto use = remember(c, std::move(h), found.token);
   const bool shared = use.get() != taken;
   return {std::move(use), shared};
 }

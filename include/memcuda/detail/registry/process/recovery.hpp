@@ -10,18 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/process/dict_holds.hpp"
-#include "memcuda/detail/registry/process/holds.hpp"
 #include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Recovery {
  public:
-  Recovery(Context& ctx, Allocator& alloc, Holds& holds, DictHolds& dicts)
-      : ctx_(ctx), alloc_(alloc), holds_(holds), dicts_(dicts) {}
+  Recovery(Context& ctx, Allocator& alloc, Holdings& holdings, DictHolds& dicts)
+      : ctx_(ctx), alloc_(alloc), holdings_(holdings), dicts_(dicts) {}
 
   // Returns true when every reference found its record (false: some owner
   // has not republished yet; call again).
@@ -47,7 +47,7 @@ class Recovery {
     }
     redeclare_dicts(c);
     bool all = true;
-    for (const auto& [k, n] : holds_.snapshot()) {
+    for (const auto& [k, n] : holdings_.snapshot()) {
       auto res = ctx_.scripts.reregister.eval(c, {keys.tensor(k.first)}, {k.second, ctx_.session, n, keys.prefix(), k.first});
       if (res[0].str() == "absent") all = false;
     }
@@ -72,7 +72,7 @@ class Recovery {
       auto res = ctx_.scripts.dict_reregister.eval(c, {rk}, {ctx_.session, std::to_string(refs.size())});
       if (res[0].str() == "ok") continue;
       for (auto& r : refs) {
-        for (const auto& [name, gen] : r->members) holds_.note(name, gen, +1);
+        for (const auto& [name, gen] : r->members) holdings_.note(name, gen, +1);
         r->per_name.store(true);
       }
     }
@@ -80,7 +80,7 @@ class Recovery {
 
   Context& ctx_;
   Allocator& alloc_;
-  Holds& holds_;
+  Holdings& holdings_;
   DictHolds& dicts_;
 };
 

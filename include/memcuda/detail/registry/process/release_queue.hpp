@@ -108,7 +108,7 @@ class ReleaseQueue {
   using TimerFn = Clock::time_point (*)(Clock::time_point now) noexcept;
 
   // Calls `fn(now)` on the queue's thread once `at` has passed: the end of
-  // the reference cache's lingering windows (RefCache::expire_all, the one
+  // the reference cache's lingering windows (Holdings::expire_all, the one
   // timer of the process), whose dropped handles queue their releases
   // right here. `fn` returns when it wants to be called next
   // (time_point::max(): not). Never blocks on I/O.
