@@ -368,7 +368,7 @@ int child_tput(const ChildCtx& c) {
   std::uint64_t ops = 0;
   // Gets answered by the cache (a held or lingering reference); the others
   // went to Redis (also every get while the cache was not live).
-  const auto hits0 = linger ? detail::RegistryAccess::core(*reg).refs.stats().hits : 0;
+  const auto hits0 = linger ? detail::RegistryAccess::core(*reg).holdings.stats().hits : 0;
   while (t < t_end) {
     op();
     auto t2 = mb::now_ns();
@@ -378,7 +378,7 @@ int child_tput(const ChildCtx& c) {
   }
   std::uint64_t acquires = ops;
   if (linger) {
-    acquires = ops - (detail::RegistryAccess::core(*reg).refs.stats().hits - hits0);
+    acquires = ops - (detail::RegistryAccess::core(*reg).holdings.stats().hits - hits0);
     reg->flush();  // the lingering reference back in Redis: part of the elapsed time
     t = mb::now_ns();
   }
