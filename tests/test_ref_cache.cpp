@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -404,9 +405,10 @@ TEST_CASE("the holdings table keeps a bounded number of records", "[redis][ref-c
   auto& table = detail::RegistryAccess::core(reg).holdings;
   std::vector<TensorSpec> specs;
   for (int i = 0; i < 4200; ++i) specs.push_back({"r/" + std::to_string(i), DType::u8, {8}});
-  for (std::size_t at = 0; at < specs.size(); at += 2000) {  // a batch holds at most 2048
+  std::vector<std::map<std::string, SharedTensor<void>>> made;  // held: a tensor goes with its last reference
+  for (std::size_t at = 0; at < specs.size(); at += 2000) {      // a batch holds at most 2048
     std::vector<TensorSpec> part(specs.begin() + at, specs.begin() + std::min(specs.size(), at + 2000));
-    (void)reg.create_many(part);
+    made.push_back(reg.create_many(part));
   }
   std::size_t most = 0;
   for (const auto& s : specs) {
@@ -416,6 +418,7 @@ TEST_CASE("the holdings table keeps a bounded number of records", "[redis][ref-c
   std::cout << "records kept after 4200 gets of distinct names: " << table.records() << " (at most " << most << ")\n";
   CHECK(most <= 4096);
   CHECK(table.records() > 0);
+  made.clear();
   reg.flush();
   CHECK(table.snapshot().empty());
 }
