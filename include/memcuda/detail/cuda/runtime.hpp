@@ -130,20 +130,47 @@ inline void copy_synchronously(void* dst, const void* src, std::uint64_t n, int 
     if (st != cudaSuccess) throw_cuda(st, "cudaMemcpyAsync (migration copy)");
 }
 
-// Zeroes the (pointer, bytes) ranges of `device`, all on one stream of its
-// own, and returns when they are done: a new tensor reads as zeros before
-// its record is published, whoever maps it and on whatever stream.
-inline void zero_synchronously(const std::vector<std::pair<void*, std::uint64_t>>& ranges, int device) {
+// A non-blocking stream of one device, made on first use and kept for its
+// owner's life: making and destroying a stream for each short job (a new
+// tensor's memset) cost more than the job. Any thread; CUDA orders the work
+// of threads that share it, and a wait for it waits for theirs too.
+class KeptStream {
+ public:
+  explicit KeptStream(int device) noexcept : device_(device < 0 ? 0 : device) {}
+  ~KeptStream() {
+    if (s_) MEMCUDA_CUDA_LOG(cudaStreamDestroy(s_));  // no context switch needed: a stream knows its device
+  }
+  KeptStream(const KeptStream&) = delete;
+  KeptStream& operator=(const KeptStream&) = delete;
+
+  // Throws CudaError when the stream cannot be made (tried again next time).
+  cudaStream_t get() {
+    std::call_once(once_, [&] {
+      DeviceGuard g(device_);
+      MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    });
+    return s_;
+  }
+  int device() const noexcept { return device_; }
+
+ private:
+  const int device_;
+  std::once_flag once_;
+  cudaStream_t s_{};
+};
+
+// Zeroes the (pointer, bytes) ranges of the stream's device and returns
+// when they are done: a new tensor reads as zeros before its record is
+// published, whoever maps it and on whatever stream.
+inline void zero_synchronously(const std::vector<std::pair<void*, std::uint64_t>>& ranges, KeptStream& stream) {
   if (ranges.empty()) return;
-  DeviceGuard g(device < 0 ? 0 : device);
-  cudaStream_t s{};
-  MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = stream.get();
+  DeviceGuard g(stream.device());
   cudaError_t st = cudaSuccess;
   for (const auto& [p, n] : ranges)
     if (n && (st = cudaMemsetAsync(p, 0, n, s)) != cudaSuccess) break;
   const cudaError_t sync = cudaStreamSynchronize(s);
   if (st == cudaSuccess) st = sync;
-  MEMCUDA_CUDA_LOG(cudaStreamDestroy(s));
   if (st != cudaSuccess) throw_cuda(st, "cudaMemsetAsync (zeroing a new tensor)");
 }
 

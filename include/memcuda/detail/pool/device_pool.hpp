@@ -86,7 +86,7 @@ class DevicePool {
   // Makes each block's first `bytes` (a new tensor's contents) read as
   // zeros before its record is published: a freed tensor's bytes are never
   // handed to the next creator. Runs outside the pool's lock; host: memset,
-  // cuda: one stream, waited for. Skips fresh blocks (PoolBlock::fresh).
+  // cuda: the pool's own stream, waited for. Skips fresh blocks (PoolBlock::fresh).
   void zero(const std::vector<std::pair<const PoolBlock*, std::uint64_t>>& blocks) {
     std::vector<std::pair<void*, std::uint64_t>> ranges;
     for (const auto& [pb, bytes] : blocks)
@@ -97,7 +97,7 @@ class DevicePool {
       return;
     }
 #if MEMCUDA_HAS_CUDA()
-    zero_synchronously(ranges, device_);
+    zero_synchronously(ranges, zero_stream_);
 #endif
   }
 
@@ -426,6 +426,9 @@ class DevicePool {
   // The dead owner's handle (the records' before adoption) -> slab id of adopted allocations
   std::unordered_map<std::string, std::uint64_t> adopted_;
   std::atomic<std::uint64_t> adopted_bytes_{0}, copied_bytes_{0};
+#if MEMCUDA_HAS_CUDA()
+  KeptStream zero_stream_{device_};  // zero(): one stream for the pool's life
+#endif
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
