@@ -108,11 +108,20 @@ fi
 elapsed=$(( $(date +%s) - start ))
 
 # ---- 3. docs/benchmarks.md ----
+# The sections after this script's own (Machine, How to reproduce, Results)
+# belong to other scripts (run_model.sh, run_scale.sh write between their
+# markers) and to dated runs recorded there: they are carried over as they are.
+kept=""
+if [[ -f $doc ]]; then
+  kept=$(awk 'f { print; next }
+              /^## / && $0 != "## Machine" && $0 != "## How to reproduce" && $0 != "## Results" { f = 1; print }' "$doc")
+fi
 {
   echo "# mem-cuda benchmarks"
   echo
   echo "Written by \`benchmarks/run_all.sh\` on $date_utc (commit $commit, total run ${elapsed} s)."
-  echo "Do not edit by hand: run the script again."
+  echo "Do not edit the sections down to \"Targets\" by hand: run the script again. The sections after"
+  echo "them are written by run_model.sh and run_scale.sh, or record dated runs; this script keeps them."
   echo
   echo "## Machine"
   echo
@@ -157,7 +166,11 @@ elapsed=$(( $(date +%s) - start ))
     tail -n 30 "$out/memcuda_bench.log" 2>/dev/null
     echo '```'
   fi
-} > "$doc"
+  if [[ -n $kept ]]; then
+    echo
+    printf '%s\n' "$kept"
+  fi
+} > "$doc.new" && mv "$doc.new" "$doc"
 cp "$doc" "$out/benchmarks.md"
 say "wrote $doc (and $out/benchmarks.md) in ${elapsed} s"
 exit $rc
