@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "memcuda/c/memcuda.h"
 
@@ -53,6 +54,10 @@ static void test_appended_fields(void) {
   o.release_linger_ms = 250;
   o.cuda_allocation = MEMCUDA_CUDA_ALLOCATION_IPC;
   o.serve_stall_timeout_ms = 4000;
+  static const uint32_t uids[] = {1234, 5678};
+  o.runtime_dir = "/tmp/memcuda-copt-test/";
+  o.allowed_uids = uids;
+  o.allowed_uids_count = 2;
   CHECK_OK(memcuda_registry_open(&o, &r));
   if (!r) return;
   memcuda_registry_options_init(&got);
@@ -63,6 +68,9 @@ static void test_appended_fields(void) {
   CHECK(got.release_linger_ms == 250);
   CHECK(got.cuda_allocation == MEMCUDA_CUDA_ALLOCATION_IPC);
   CHECK(got.serve_stall_timeout_ms == 4000);
+  CHECK(got.runtime_dir && strcmp(got.runtime_dir, "/tmp/memcuda-copt-test") == 0); /* '/' dropped */
+  CHECK(got.allowed_uids_count == 2 && got.allowed_uids[0] == 1234 && got.allowed_uids[1] == 5678);
+  CHECK(got.allowed_gids_count == 0 && got.allowed_gids == NULL);
   CHECK(got.control_thread == 0);
   CHECK(got.default_backend == MEMCUDA_BACKEND_HOST);
   CHECK(got.name_space && strcmp(got.name_space, "copt") == 0);
@@ -82,6 +90,12 @@ static void test_appended_fields(void) {
   CHECK(got.cuda_allocation == MEMCUDA_CUDA_ALLOCATION_AUTO);
   CHECK(got.serve_stall_timeout_ms == 30000);
   CHECK(got.request_timeout_ms == 5000);
+  {
+    char want[64];
+    snprintf(want, sizeof want, "/tmp/memcuda-%u", (unsigned)geteuid());
+    CHECK(got.runtime_dir && strcmp(got.runtime_dir, want) == 0);
+    CHECK(got.allowed_uids_count == 0 && got.allowed_gids_count == 0);
+  }
   memcuda_registry_close(r);
 
   /* Bad values: INVALID_ARGUMENT, no registry. */
@@ -94,6 +108,9 @@ static void test_appended_fields(void) {
   CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
   base_options(&o, 0);
   o.cuda_allocation = 9;
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+  base_options(&o, 0);
+  o.runtime_dir = "relative/dir";
   CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
   base_options(&o, 0);
   o.client_connections = -1;
