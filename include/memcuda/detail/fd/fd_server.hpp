@@ -51,7 +51,7 @@ struct FdServerOptions {
   int backlog = 64;
   // Who is served besides this uid and root (allowed_uids, allowed_gids),
   // and so the mode of a path socket; runtime_dir is not used here.
-  FdAccess access;
+  FdAccess access{};
 };
 
 enum class ServeResult {
