@@ -231,10 +231,16 @@ class FdService : public std::enable_shared_from_this<FdService> {
       try {
         const ServeResult r = server_.serve_once(std::chrono::milliseconds(1000));
         if (r == ServeResult::stopped) return;
-        // The server side of a refusal (the peer has it too); a peer that
-        // keeps trying is logged at first and then every 100th time.
-        if (r == ServeResult::refused && (++refusals <= 10 || refusals % 100 == 0))
-          log(LogLevel::warn, "fd service at '" + server_.address() + "': " + server_.last_error());
+        // The server side of a refused peer (the peer has it too), at warn;
+        // a peer that keeps trying is logged at first and then every 100th
+        // time. Other errors answered (an unknown id: a stale record) at debug.
+        if (r == ServeResult::refused) {
+          std::string why = server_.last_error();
+          const bool creds = why.starts_with("refused: ");
+          if (!creds) log(LogLevel::debug, "fd service at '" + server_.address() + "': " + why);
+          else if (++refusals <= 10 || refusals % 100 == 0)
+            log(LogLevel::warn, "fd service at '" + server_.address() + "': " + why);
+        }
         failures = 0;
       } catch (const std::exception& e) {  // poll() failed: should not happen; do not spin
         if (++failures <= 3) log(LogLevel::warn, std::string("fd service: ") + e.what());
