@@ -43,6 +43,32 @@ static int64_t refcount_of(memcuda_registry* r, const char* name) {
   return info.refcount;
 }
 
+/* The runtime directory and peer policy reach the registry and read back.
+ * They are the process's, one at a time: run while no other registry is open. */
+static void test_transfer_fields(void) {
+  memcuda_registry_options o, got;
+  memcuda_registry* r = NULL;
+  static const uint32_t uids[] = {1234, 5678};
+  base_options(&o, 0);
+  o.runtime_dir = "/tmp/memcuda-copt-test/";
+  o.allowed_uids = uids;
+  o.allowed_uids_count = 2;
+  CHECK_OK(memcuda_registry_open(&o, &r));
+  if (!r) return;
+  memcuda_registry_options_init(&got);
+  CHECK_OK(memcuda_registry_get_options(r, &got));
+  CHECK(got.runtime_dir && strcmp(got.runtime_dir, "/tmp/memcuda-copt-test") == 0); /* '/' dropped */
+  CHECK(got.allowed_uids_count == 2 && got.allowed_uids[0] == 1234 && got.allowed_uids[1] == 5678);
+  CHECK(got.allowed_gids_count == 0 && got.allowed_gids == NULL);
+  {
+    memcuda_registry* other = NULL; /* another directory while r is open: refused */
+    base_options(&o, 0);
+    o.runtime_dir = "/tmp/memcuda-copt-other";
+    CHECK(memcuda_registry_open(&o, &other) == MEMCUDA_ERR_INVALID_ARGUMENT && other == NULL);
+  }
+  memcuda_registry_close(r);
+}
+
 /* Every appended field reaches the registry, and reads back as set. */
 static void test_appended_fields(void) {
   memcuda_registry_options o, got;
@@ -54,10 +80,6 @@ static void test_appended_fields(void) {
   o.release_linger_ms = 250;
   o.cuda_allocation = MEMCUDA_CUDA_ALLOCATION_IPC;
   o.serve_stall_timeout_ms = 4000;
-  static const uint32_t uids[] = {1234, 5678};
-  o.runtime_dir = "/tmp/memcuda-copt-test/";
-  o.allowed_uids = uids;
-  o.allowed_uids_count = 2;
   CHECK_OK(memcuda_registry_open(&o, &r));
   if (!r) return;
   memcuda_registry_options_init(&got);
@@ -68,9 +90,6 @@ static void test_appended_fields(void) {
   CHECK(got.release_linger_ms == 250);
   CHECK(got.cuda_allocation == MEMCUDA_CUDA_ALLOCATION_IPC);
   CHECK(got.serve_stall_timeout_ms == 4000);
-  CHECK(got.runtime_dir && strcmp(got.runtime_dir, "/tmp/memcuda-copt-test") == 0); /* '/' dropped */
-  CHECK(got.allowed_uids_count == 2 && got.allowed_uids[0] == 1234 && got.allowed_uids[1] == 5678);
-  CHECK(got.allowed_gids_count == 0 && got.allowed_gids == NULL);
   CHECK(got.control_thread == 0);
   CHECK(got.default_backend == MEMCUDA_BACKEND_HOST);
   CHECK(got.name_space && strcmp(got.name_space, "copt") == 0);
@@ -204,6 +223,7 @@ int main(void) {
     printf("SKIPPED: MEMCUDA_TEST_REDIS_URL is not set (run through tests/c_api_with_redis.sh)\n");
     return 77;
   }
+  test_transfer_fields();
   base_options(&o, 1);
   o.lease_ttl_ms = 30000;
   if (memcuda_registry_open(&o, &leader) != MEMCUDA_OK) {
