@@ -14,9 +14,15 @@
 #include <iostream>
 #include <sstream>
 
+#include "memcuda/detail/fd/fd_holds.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/memcuda.hpp"
 #include "support/process.hpp"
+#include "support/redis_server.hpp"
 
 using namespace memcuda::detail;
 using memcuda::ProtocolError;
@@ -255,6 +261,53 @@ TEST_CASE("a SIGKILLed server's socket: a reader gets no_server, the next server
   CHECK(sockets_in(dir) == 2);
   CHECK(reader.ask("open socket " + std::to_string(live.pid()) + " " + live_src) == "ok socket alive");
   CHECK(live.ask("stats").starts_with("ok 1 0 "));  // the sweep's probe is no refusal
+}
+
+// A registry's standby (real Redis) with runtime_dir set: it holds the fd
+// another process publishes from a socket of that directory, and refuses an
+// entry whose socket is in another directory before it asks (a pidfd fetch
+// would succeed here as root: only the check keeps it out).
+TEST_CASE("standby: holds what another process serves in its runtime directory, refuses another directory's",
+          "[fd][vmm][redis]") {
+  TempDir t;
+  memcuda::test::RedisServer srv;
+  memcuda::RegistryOptions o;
+  o.redis = srv.options();
+  o.name_space = "rd";
+  o.runtime_dir = t.sub("rt") + "/";
+  Context cb(o);
+  CHECK(cb.opts.runtime_dir == t.sub("rt"));  // normalized, as options() shows it
+  CHECK(FdService::access().runtime_dir == t.sub("rt"));
+  Lease lb(cb);
+  Standby sb(cb, lb);
+  Child owner = peer(), stranger = peer();
+  REQUIRE(owner.ask("use " + t.sub("rt") + " - -") == "ok");
+  REQUIRE(stranger.ask("use " + t.sub("other") + " - -") == "ok");
+  const std::string src = after_ok(owner.ask("servefd 1 in-the-dir"));
+  const std::string src2 = after_ok(stranger.ask("servefd 2 elsewhere"));
+  const std::string s1 = std::to_string(owner.pid()) + "-0123456789abcdef";
+  const std::string s2 = std::to_string(stranger.pid()) + "-0123456789abcdef";
+  const std::string k1 = "vmm:" + s1 + ":1", k2 = "vmm:" + s2 + ":2";
+  auto c = srv.connect();
+  c.command({"HSET", "rd:memcuda:allocations", k1, s1 + " " + src, k2, s2 + " " + src2});
+  c.command({"SET", "rd:memcuda:allocations_version", "by-hand"});
+  auto p = sb.sync_once(c, true);
+  CHECK(p.fetched == 1);
+  CHECK(p.failed == 1);
+  auto& holds = FdHolds::instance();
+  CHECK_FALSE(holds.held(k2));
+  {
+    UniqueFd fd = holds.dup(k1);
+    REQUIRE(fd);
+    char buf[16] = {};
+    CHECK(::pread(fd.get(), buf, 10, 0) == 10);
+    CHECK(std::string(buf) == "in-the-dir");
+  }
+  CHECK(stranger.ask("stats").starts_with("ok 0 0 "));  // never asked
+  c.command({"DEL", "rd:memcuda:allocations"});
+  c.command({"SET", "rd:memcuda:allocations_version", "by-hand-2"});
+  CHECK(sb.sync_once(c, true).dropped == 1);
+  CHECK_FALSE(holds.held(k1));
 }
 
 // Needs root: a peer of another uid (setuid), and new network and pid
