@@ -203,7 +203,7 @@ class FdService : public std::enable_shared_from_this<FdService> {
   }
 
   struct State {
-    std::mutex mu;  // leaf
+    std::mutex mu;  // taken before pinned_fd_access().mu, never the other way; no wait under it
     std::weak_ptr<FdService> current;
   };
   static State& state() {
