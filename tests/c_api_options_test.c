@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "memcuda/c/memcuda.h"
 
@@ -40,6 +41,32 @@ static int64_t refcount_of(memcuda_registry* r, const char* name) {
   memcuda_tensor_info_init(&info);
   if (memcuda_info(r, name, &info) != MEMCUDA_OK) return -1;
   return info.refcount;
+}
+
+/* The runtime directory and peer policy reach the registry and read back.
+ * They are the process's, one at a time: run while no other registry is open. */
+static void test_transfer_fields(void) {
+  memcuda_registry_options o, got;
+  memcuda_registry* r = NULL;
+  static const uint32_t uids[] = {1234, 5678};
+  base_options(&o, 0);
+  o.runtime_dir = "/tmp/memcuda-copt-test/";
+  o.allowed_uids = uids;
+  o.allowed_uids_count = 2;
+  CHECK_OK(memcuda_registry_open(&o, &r));
+  if (!r) return;
+  memcuda_registry_options_init(&got);
+  CHECK_OK(memcuda_registry_get_options(r, &got));
+  CHECK(got.runtime_dir && strcmp(got.runtime_dir, "/tmp/memcuda-copt-test") == 0); /* '/' dropped */
+  CHECK(got.allowed_uids_count == 2 && got.allowed_uids[0] == 1234 && got.allowed_uids[1] == 5678);
+  CHECK(got.allowed_gids_count == 0 && got.allowed_gids == NULL);
+  {
+    memcuda_registry* other = NULL; /* another directory while r is open: refused */
+    base_options(&o, 0);
+    o.runtime_dir = "/tmp/memcuda-copt-other";
+    CHECK(memcuda_registry_open(&o, &other) == MEMCUDA_ERR_INVALID_ARGUMENT && other == NULL);
+  }
+  memcuda_registry_close(r);
 }
 
 /* Every appended field reaches the registry, and reads back as set. */
@@ -82,6 +109,12 @@ static void test_appended_fields(void) {
   CHECK(got.cuda_allocation == MEMCUDA_CUDA_ALLOCATION_AUTO);
   CHECK(got.serve_stall_timeout_ms == 30000);
   CHECK(got.request_timeout_ms == 5000);
+  {
+    char want[64];
+    snprintf(want, sizeof want, "/tmp/memcuda-%u", (unsigned)geteuid());
+    CHECK(got.runtime_dir && strcmp(got.runtime_dir, want) == 0);
+    CHECK(got.allowed_uids_count == 0 && got.allowed_gids_count == 0);
+  }
   memcuda_registry_close(r);
 
   /* Bad values: INVALID_ARGUMENT, no registry. */
@@ -94,6 +127,9 @@ static void test_appended_fields(void) {
   CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
   base_options(&o, 0);
   o.cuda_allocation = 9;
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+  base_options(&o, 0);
+  o.runtime_dir = "relative/dir";
   CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
   base_options(&o, 0);
   o.client_connections = -1;
@@ -187,6 +223,7 @@ int main(void) {
     printf("SKIPPED: MEMCUDA_TEST_REDIS_URL is not set (run through tests/c_api_with_redis.sh)\n");
     return 77;
   }
+  test_transfer_fields();
   base_options(&o, 1);
   o.lease_ttl_ms = 30000;
   if (memcuda_registry_open(&o, &leader) != MEMCUDA_OK) {

@@ -9,7 +9,13 @@
 //   limit EXTRA                soft = hard RLIMIT_NOFILE = lowest free fd + EXTRA -> ok LOWEST
 //   setuid UID                 drop to UID (and gid UID, no groups)  -> ok
 //   newpidns                   continue in a child in a new pid namespace -> ok
-// Failures answer "err REASON message" (REASON: FdErrc name, or "error").
+//   newnetns                   move to a new network namespace      -> ok
+// The registry's fd service (fd_service.hpp), IDS a comma list or "-":
+//   use DIR UIDS GIDS          pin the process's runtime dir and policy -> ok
+//   service                    start the service                    -> ok ADDRESS
+//   servefd ID TEXT            a memfd holding TEXT, served by it    -> ok FD_SOURCE
+//   open MODE OWNER_PID FD_SOURCE   check the source as a reader does, fetch -> ok socket|pidfd TEXT
+// Failures answer "err REASON message" (REASON: FdErrc name, bad_record, or "error").
 #include <sched.h>
 #include <grp.h>
 #include <signal.h>
@@ -26,6 +32,8 @@
 
 #include "memcuda/detail/fd/fd_client.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
+#include "memcuda/detail/fd/fd_service.hpp"
+#include "memcuda/detail/fd/fd_source.hpp"
 
 using namespace memcuda::detail;
 
@@ -34,6 +42,13 @@ namespace {
 std::unique_ptr<FdServer> server;
 std::jthread server_thread;
 std::map<std::uint64_t, UniqueFd> fds;  // made or held, by allocation id
+std::shared_ptr<void> pin;
+std::shared_ptr<FdService> service;
+std::map<std::uint64_t, std::unique_ptr<ServedFd>> served;
+
+std::vector<std::uint32_t> ids(const std::string& text) {
+  return text == "-" ? std::vector<std::uint32_t>{} : parse_id_list(text, "ids");
+}
 
 std::string read_all(int fd) {
   std::string out(4096, '\0');
@@ -99,8 +114,8 @@ std::string run(const std::string& line) {
     return it == fds.end() ? "err error no such id" : "ok " + read_all(it->second.get());
   }
   if (cmd == "stats") {
-    return "ok " + std::to_string(server ? server->served() : 0) + " " +
-           std::to_string(server ? server->refused() : 0) + " " +
+    return "ok " + std::to_string(server ? server->served() : service ? service->served() : 0) + " " +
+           std::to_string(server ? server->refused() : service ? service->refused() : 0) + " " +
            std::to_string(pidfd_fast_path_disabled_errno());
   }
   if (cmd == "limit") {
@@ -118,6 +133,45 @@ std::string run(const std::string& line) {
     if (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0)
       return std::string("err error setuid: ") + std::strerror(errno);
     return "ok";
+  }
+  if (cmd == "newnetns") {
+    if (::unshare(CLONE_NEWNET) != 0) return std::string("err error unshare(CLONE_NEWNET): ") + std::strerror(errno);
+    return "ok";
+  }
+  if (cmd == "use") {
+    std::string dir, uids, gids;
+    in >> dir >> uids >> gids;
+    pin.reset();
+    pin = FdService::pin(FdAccess{dir, ids(uids), ids(gids)});
+    return "ok";
+  }
+  if (cmd == "service") {
+    service = FdService::acquire();
+    return "ok " + service->address();
+  }
+  if (cmd == "servefd") {
+    std::uint64_t id;
+    std::string text;
+    in >> id >> text;
+    UniqueFd fd(::memfd_create("memcuda-fd-peer", MFD_CLOEXEC));
+    if (!fd || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      return std::string("err error memfd: ") + std::strerror(errno);
+    if (!service) service = FdService::acquire();
+    auto s = std::make_unique<ServedFd>(service, std::move(fd), "k" + std::to_string(id), "t");
+    std::string r = "ok " + s->source_text();
+    served[id] = std::move(s);
+    return r;
+  }
+  if (cmd == "open") {
+    std::string mode, text;
+    std::int64_t owner = 0;
+    in >> mode >> owner >> text;
+    ServedSource src = decode_fd_source(text);
+    check_fd_source(src, owner, "open");
+    FetchOptions opt;
+    opt.path = mode == "socket" ? FdPath::socket_only : mode == "pidfd" ? FdPath::pidfd_only : FdPath::automatic;
+    Fetched f = fetch(src.source, src.id, opt);
+    return std::string("ok ") + (f.via_pidfd ? "pidfd " : "socket ") + read_all(f.fd.get());
   }
   if (cmd == "newpidns") {
     if (::unshare(CLONE_NEWPID) != 0) return std::string("err error unshare(CLONE_NEWPID): ") + std::strerror(errno);
@@ -145,11 +199,15 @@ int main() {
       reply = run(line);
     } catch (const FdTransferError& e) {
       reply = std::string("err ") + to_string(e.reason()) + " " + e.what();
+    } catch (const memcuda::ProtocolError& e) {
+      reply = std::string("err bad_record ") + e.what();
     } catch (const std::exception& e) {
       reply = std::string("err error ") + e.what();
     }
     std::cout << reply << std::endl;
   }
   if (server) server->stop();
+  served.clear();
+  service.reset();  // a clean stop: the socket file goes
   return 0;
 }

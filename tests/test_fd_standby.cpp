@@ -167,7 +167,11 @@ TEST_CASE("fd service: serves an fd to this process, withdraws it, stops with it
     CHECK(detail::FdService::acquire() == svc);  // one per process
     CHECK(detail::FdService::existing() == svc);
     address = svc->address();
-    CHECK(address.rfind("@memcuda-fd-" + std::to_string(::getpid()) + "-", 0) == 0);
+    // A socket of this process in the process's runtime directory (the default here).
+    const std::string dir = detail::FdService::access().runtime_dir;
+    CHECK(dir == detail::default_runtime_dir());
+    CHECK(address.rfind(dir + "/fd-" + std::to_string(::getpid()) + "-", 0) == 0);
+    CHECK(detail::is_registry_fd_address(address, ::getpid(), dir));
     detail::ServedFd served(svc, memfd_with("hello"), "vmm:k:1", "tag-a");
     auto src = served.source();
     CHECK(svc->entries("tag-a").size() == 1);
@@ -190,6 +194,7 @@ TEST_CASE("fd service: serves an fd to this process, withdraws it, stops with it
     }
   }
   CHECK_FALSE(detail::FdService::existing());  // the last user went: thread joined, socket closed
+  CHECK(::access(address.c_str(), F_OK) != 0);  // and its file removed
   detail::FetchOptions fo;
   fo.path = detail::FdPath::socket_only;
   CHECK_THROWS_AS(detail::fetch(detail::FdSource{address, 0, -1, {}}, 1, fo), detail::FdTransferError);

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "memcuda/memcuda.hpp"
 #include "support/redis_server.hpp"
@@ -45,7 +46,8 @@ class EnvGuard {
 
 const char* const kRegistryVars[] = {"MEMCUDA_REDIS_URL",         "MEMCUDA_REDIS_PASSWORD",    "MEMCUDA_REDIS_USER",
                                      "MEMCUDA_REDIS_PASSWORD_FILE", "MEMCUDA_SHARE_REFERENCES", "MEMCUDA_RELEASE_LINGER_MS",
-                                     "MEMCUDA_CUDA_ALLOCATION",   "MEMCUDA_DEBUG_POISON"};
+                                     "MEMCUDA_CUDA_ALLOCATION",   "MEMCUDA_DEBUG_POISON",     "MEMCUDA_RUNTIME_DIR",
+                                     "MEMCUDA_ALLOWED_UIDS",      "MEMCUDA_ALLOWED_GIDS"};
 
 std::string what_of(void (*f)()) {
   try {
@@ -68,6 +70,9 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   env.set("MEMCUDA_RELEASE_LINGER_MS", "250");
   env.set("MEMCUDA_CUDA_ALLOCATION", "ipc");
   env.set("MEMCUDA_DEBUG_POISON", "1");
+  env.set("MEMCUDA_RUNTIME_DIR", "/shared/memcuda");
+  env.set("MEMCUDA_ALLOWED_UIDS", "1000, 1001");
+  env.set("MEMCUDA_ALLOWED_GIDS", "100");
 
   const RegistryOptions plain{};
   CHECK(plain.redis.host == "127.0.0.1");
@@ -79,6 +84,9 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   CHECK(plain.release_linger == 0us);
   CHECK_FALSE(plain.cuda_allocation);
   CHECK_FALSE(plain.pool.poison);
+  CHECK(plain.runtime_dir.empty());
+  CHECK(plain.allowed_uids.empty());
+  CHECK(plain.allowed_gids.empty());
 
   const auto e = RegistryOptions::from_env();
   CHECK(e.redis.host == "10.1.2.3");
@@ -90,6 +98,9 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   CHECK(e.release_linger == 250ms);
   CHECK(e.cuda_allocation == CudaAllocation::ipc);
   CHECK(e.pool.poison);
+  CHECK(e.runtime_dir == "/shared/memcuda");
+  CHECK(e.allowed_uids == std::vector<std::uint32_t>{1000, 1001});
+  CHECK(e.allowed_gids == std::vector<std::uint32_t>{100});
   // everything else is the plain default
   CHECK(e.client_connections == plain.client_connections);
   CHECK(e.lease_ttl == plain.lease_ttl);
@@ -105,6 +116,8 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   CHECK(d.release_linger == 0us);
   CHECK_FALSE(d.cuda_allocation);
   CHECK_FALSE(d.pool.poison);
+  CHECK(d.runtime_dir.empty());
+  CHECK(d.allowed_uids.empty());
 }
 
 TEST_CASE("from_env() refuses a malformed variable with InvalidArgument naming it", "[options]") {
@@ -127,6 +140,19 @@ TEST_CASE("from_env() refuses a malformed variable with InvalidArgument naming i
   env.unset("MEMCUDA_CUDA_ALLOCATION");
   env.set("MEMCUDA_REDIS_URL", "http://x");
   CHECK(what_of(from_env).find("MEMCUDA_REDIS_URL") != std::string::npos);
+  env.unset("MEMCUDA_REDIS_URL");
+  env.set("MEMCUDA_RUNTIME_DIR", "relative/dir");
+  CHECK(what_of(from_env).find("MEMCUDA_RUNTIME_DIR is 'relative/dir'") != std::string::npos);
+  env.unset("MEMCUDA_RUNTIME_DIR");
+  for (const char* bad : {"1000,", "alice", "-1", "1000;1001", "4294967295"}) {
+    INFO(bad);
+    env.set("MEMCUDA_ALLOWED_UIDS", bad);
+    CHECK(what_of(from_env).find("MEMCUDA_ALLOWED_UIDS") != std::string::npos);
+    env.unset("MEMCUDA_ALLOWED_UIDS");
+    env.set("MEMCUDA_ALLOWED_GIDS", bad);
+    CHECK(what_of(from_env).find("MEMCUDA_ALLOWED_GIDS") != std::string::npos);
+    env.unset("MEMCUDA_ALLOWED_GIDS");
+  }
 }
 
 TEST_CASE("the option groups are views of one RegistryOptions", "[options]") {

@@ -25,6 +25,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/format.hpp"
 #include "cli/prometheus.hpp"
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/memcuda.hpp"
 
 namespace memcuda::cli {
@@ -122,6 +123,9 @@ int run(const std::vector<std::string>& argv) {
       c.redis = redis::options_from_env();
     }
     c.name_space = c.args.get("--namespace").value_or("");
+    c.runtime_dir = c.args.get("--runtime-dir");
+    c.allowed_uids = c.args.get("--allowed-uids");
+    c.allowed_gids = c.args.get("--allowed-gids");
     return dispatch(c);
   } catch (...) {
     Failure f = classify_current_exception();

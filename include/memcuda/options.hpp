@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/memory_resource.hpp"
 
@@ -88,7 +89,7 @@ struct PoolOptions {
   bool poison = false;
 };
 
-// RegistryOptions, in four groups. Every field has a plain default and
+// RegistryOptions, in five groups. Every field has a plain default and
 // RegistryOptions{} reads no environment; RegistryOptions::from_env() starts
 // from the same defaults and applies the MEMCUDA_* variables (the list:
 // docs/operations.md, "Environment"). The groups are bases of
@@ -183,7 +184,30 @@ struct AllocationOptions {
   PoolOptions pool;
 };
 
-struct RegistryOptions : ConnectionOptions, ControlOptions, SharingOptions, AllocationOptions {
+// How processes hand each other the fds of their memory (cuda_vmm_fd;
+// docs/fd-transfer.md, "Runtime directory and peer policy"). These are the
+// process's: every registry of a process must give the same values (another
+// one throws InvalidArgument while the first lives).
+struct TransferOptions {
+  // The directory of this process's fd server socket. Readers accept an fd
+  // source only when it is a socket in their own runtime directory, so
+  // processes that share memory (containers included: share it as a volume,
+  // mounted at one path) use one directory. Empty: /tmp/memcuda-<euid> (the
+  // constructor fills it in). An absolute path of at most 63 bytes; created
+  // (its parent must exist) with the policy's mode; a symlink or a directory
+  // of a uid the policy does not allow is refused. from_env:
+  // MEMCUDA_RUNTIME_DIR.
+  std::string runtime_dir;
+  // Peers served besides this process's uid and root: by uid, and by
+  // effective gid (SO_PEERCRED's). With gids the directory and sockets are
+  // group-accessible (2770/0660, group: the first gid); with uids only,
+  // open to all (1777/0666) with the uid check as the gate. from_env:
+  // MEMCUDA_ALLOWED_UIDS, MEMCUDA_ALLOWED_GIDS ("1000,1001").
+  std::vector<std::uint32_t> allowed_uids;
+  std::vector<std::uint32_t> allowed_gids;
+};
+
+struct RegistryOptions : ConnectionOptions, ControlOptions, SharingOptions, AllocationOptions, TransferOptions {
   // The defaults with every MEMCUDA_* variable of docs/operations.md
   // ("Environment") applied; what TensorRegistry's default constructor, the
   // C ABI, Python and the memcuda tool start from. Unset or empty variables
@@ -198,6 +222,8 @@ struct RegistryOptions : ConnectionOptions, ControlOptions, SharingOptions, Allo
   const SharingOptions& sharing() const noexcept { return *this; }
   AllocationOptions& allocation() noexcept { return *this; }
   const AllocationOptions& allocation() const noexcept { return *this; }
+  TransferOptions& transfer() noexcept { return *this; }
+  const TransferOptions& transfer() const noexcept { return *this; }
 };
 
 // Options of one get().

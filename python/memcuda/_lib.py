@@ -47,6 +47,11 @@ class RegistryOptions(ctypes.Structure):
         ("release_linger_ms", c_int64),
         ("cuda_allocation", c_int),
         ("serve_stall_timeout_ms", c_int64),
+        ("runtime_dir", c_char_p),
+        ("allowed_uids", ctypes.POINTER(c_uint32)),
+        ("allowed_uids_count", ctypes.c_size_t),
+        ("allowed_gids", ctypes.POINTER(c_uint32)),
+        ("allowed_gids_count", ctypes.c_size_t),
     ]
 
 

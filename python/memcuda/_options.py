@@ -1,7 +1,8 @@
 """Registry options between Python keywords and the C struct memcuda_registry_options."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import ctypes
+from typing import Any, Dict, Iterable, List, Optional
 
 from .errors import InvalidArgument
 
@@ -32,6 +33,37 @@ def _ms_or_off(seconds: Optional[float], what: str) -> int:
     if seconds < 0:
         raise InvalidArgument(f"{what} must not be negative seconds, got {seconds!r}")
     return -1 if seconds == 0 else max(1, int(round(seconds * 1000)))
+
+
+def _ids(ids: Optional[Iterable[int]], what: str) -> Optional[Any]:
+    """None (the default: the MEMCUDA_* variable) or a uint32 array the
+    struct points to; the caller keeps it alive until the open returns."""
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)):
+        raise InvalidArgument(f"{what} must be a list of ints, got {ids!r}")
+    out: List[int] = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 0xFFFFFFFF:
+            raise InvalidArgument(f"{what} must hold uids/gids (ints 0..4294967294), got {i!r}")
+        out.append(i)
+    return (ctypes.c_uint32 * max(1, len(out)))(*out), len(out)
+
+
+def fill_transfer(o: Any, *, runtime_dir: Optional[str], allowed_uids: Optional[Iterable[int]],
+                  allowed_gids: Optional[Iterable[int]]) -> List[Any]:
+    """Sets runtime_dir and the peer policy; returns the arrays to keep alive."""
+    if runtime_dir is not None and not isinstance(runtime_dir, str):
+        raise InvalidArgument(f"runtime_dir must be a str path, got {runtime_dir!r}")
+    o.runtime_dir = runtime_dir.encode() if runtime_dir else None
+    keep = []
+    for field, ids in (("allowed_uids", allowed_uids), ("allowed_gids", allowed_gids)):
+        arr = _ids(ids, field)
+        if arr is not None:
+            setattr(o, field, ctypes.cast(arr[0], ctypes.POINTER(ctypes.c_uint32)))
+            setattr(o, field + "_count", arr[1])
+            keep.append(arr[0])
+    return keep
 
 
 def fill(o: Any, *, request_timeout: Optional[float], lease_ttl: Optional[float], session_ttl: Optional[float],
@@ -78,4 +110,7 @@ def as_dict(o: Any) -> Dict[str, Any]:
         "release_linger": max(0, o.release_linger_ms) / 1000,
         "cuda_allocation": kinds[o.cuda_allocation],
         "serve_stall_timeout": max(0, o.serve_stall_timeout_ms) / 1000,
+        "runtime_dir": (o.runtime_dir or b"").decode() or None,
+        "allowed_uids": [o.allowed_uids[i] for i in range(o.allowed_uids_count)],
+        "allowed_gids": [o.allowed_gids[i] for i in range(o.allowed_gids_count)],
     }

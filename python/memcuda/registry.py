@@ -96,6 +96,13 @@ class Registry:
             else "auto").
         serve_stall_timeout: seconds after which a leader whose loop stalls gives
             up its lease (None: 30; 0: never).
+        runtime_dir: directory of the fd server sockets through which processes
+            hand each other cuda_vmm_fd memory; processes that share memory
+            (containers: one volume at one path) use one (None:
+            ``$MEMCUDA_RUNTIME_DIR``, else /tmp/memcuda-<uid>).
+        allowed_uids, allowed_gids: peers served besides this uid and root
+            (None: ``$MEMCUDA_ALLOWED_UIDS`` / ``$MEMCUDA_ALLOWED_GIDS``, else
+            none). One runtime_dir and policy per process.
 
     Options left None take the MEMCUDA_* variables (docs/operations.md,
     "Environment"), else the C++ defaults; ``options`` shows what the registry
@@ -112,7 +119,9 @@ class Registry:
                  default_backend: Optional[str] = None, default_device: int = 0,
                  client_connections: Optional[int] = None, waiting_connections: Optional[int] = None,
                  share_references: Optional[bool] = None, release_linger: Optional[float] = None,
-                 cuda_allocation: Optional[str] = None, serve_stall_timeout: Optional[float] = None) -> None:
+                 cuda_allocation: Optional[str] = None, serve_stall_timeout: Optional[float] = None,
+                 runtime_dir: Optional[str] = None, allowed_uids: Optional[Sequence[int]] = None,
+                 allowed_gids: Optional[Sequence[int]] = None) -> None:
         self._h: Optional[int] = None
         self._pid = os.getpid()
         o = RegistryOptions()
@@ -127,8 +136,11 @@ class Registry:
                       client_connections=client_connections, waiting_connections=waiting_connections,
                       share_references=share_references, release_linger=release_linger,
                       cuda_allocation=cuda_allocation, serve_stall_timeout=serve_stall_timeout)
+        keep = _options.fill_transfer(o, runtime_dir=runtime_dir, allowed_uids=allowed_uids,
+                                      allowed_gids=allowed_gids)
         h = ctypes.c_void_p()
         check(lib.memcuda_registry_open(ctypes.byref(o), ctypes.byref(h)))
+        del keep
         self._h = h.value
         self.url = url
         self.namespace = namespace

@@ -4,13 +4,18 @@ MEMCUDA_* variables for what is left None) and get_many's contract
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
 import memcuda
 
-ENV = ("MEMCUDA_SHARE_REFERENCES", "MEMCUDA_RELEASE_LINGER_MS", "MEMCUDA_CUDA_ALLOCATION")
+ENV = ("MEMCUDA_SHARE_REFERENCES", "MEMCUDA_RELEASE_LINGER_MS", "MEMCUDA_CUDA_ALLOCATION", "MEMCUDA_RUNTIME_DIR",
+       "MEMCUDA_ALLOWED_UIDS", "MEMCUDA_ALLOWED_GIDS")
 
 
 @pytest.fixture
@@ -54,6 +59,40 @@ def test_variables_fill_what_is_left_none(redis_url, namespace, clean_env):
     clean_env.setenv("MEMCUDA_RELEASE_LINGER_MS", "soon")
     with pytest.raises(memcuda.InvalidArgument, match="MEMCUDA_RELEASE_LINGER_MS"):
         memcuda.Registry(redis_url, namespace, control_thread=False)
+
+
+def test_runtime_dir_and_peer_policy(redis_url, namespace, clean_env, tmp_path):
+    """In a child interpreter: the runtime directory and policy are the
+    process's, one at a time, so they must not meet this process's registries."""
+    code = textwrap.dedent(f"""
+        import os, memcuda
+        url, ns, d = {redis_url!r}, {namespace!r}, {str(tmp_path / "rt")!r}
+        with memcuda.Registry(url, ns, control_thread=False, runtime_dir=d + "/", allowed_uids=[1234, 5678],
+                              allowed_gids=[]) as r:
+            o = r.options
+            assert o["runtime_dir"] == d, o
+            assert o["allowed_uids"] == [1234, 5678] and o["allowed_gids"] == [], o
+            try:  # another directory while the first registry lives
+                memcuda.Registry(url, ns, control_thread=False, runtime_dir=d + "2")
+                raise SystemExit("a second runtime_dir was accepted")
+            except memcuda.InvalidArgument as e:
+                assert "runtime_dir" in str(e), e
+        os.environ["MEMCUDA_ALLOWED_GIDS"] = "100,101"
+        with memcuda.Registry(url, ns, control_thread=False) as r:
+            o = r.options
+            assert o["runtime_dir"] == "/tmp/memcuda-%d" % os.geteuid(), o
+            assert o["allowed_gids"] == [100, 101] and o["allowed_uids"] == [], o
+        for bad in ({{"runtime_dir": "rel/dir"}}, {{"allowed_uids": [-1]}}, {{"allowed_gids": "100"}}):
+            try:
+                memcuda.Registry(url, ns, control_thread=False, **bad)
+                raise SystemExit("accepted %r" % (bad,))
+            except memcuda.InvalidArgument:
+                pass
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr + out.stdout
 
 
 @pytest.mark.parametrize("kw", [{"cuda_allocation": "cumem"}, {"client_connections": 0},

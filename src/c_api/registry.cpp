@@ -92,6 +92,18 @@ memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
     if (v == -1) o.serve_stall_timeout = ms(0);
     if (v > 0) o.serve_stall_timeout = ms(v);
   }
+  if (has(c, offsetof(memcuda_registry_options, runtime_dir), sizeof c->runtime_dir) && c->runtime_dir &&
+      *c->runtime_dir)
+    o.runtime_dir = c->runtime_dir;
+  auto ids = [](const std::uint32_t* p, std::size_t n, std::vector<std::uint32_t>& field, const char* what) {
+    if (!p) return;  // the default (the variable)
+    if (n > 65536) throw memcuda::InvalidArgument(std::string(what) + "_count " + std::to_string(n) + " is too large");
+    field.assign(p, p + n);
+  };
+  if (has(c, offsetof(memcuda_registry_options, allowed_uids_count), sizeof c->allowed_uids_count))
+    ids(c->allowed_uids, c->allowed_uids_count, o.allowed_uids, "allowed_uids");
+  if (has(c, offsetof(memcuda_registry_options, allowed_gids_count), sizeof c->allowed_gids_count))
+    ids(c->allowed_gids, c->allowed_gids_count, o.allowed_gids, "allowed_gids");
   return o;
 }
 
@@ -123,6 +135,11 @@ void from_options(const memcuda::RegistryOptions& o, memcuda_registry_options* c
                           ? MEMCUDA_CUDA_ALLOCATION_IPC
                           : MEMCUDA_CUDA_ALLOCATION_AUTO;
   f.serve_stall_timeout_ms = o.serve_stall_timeout.count() > 0 ? o.serve_stall_timeout.count() : -1;
+  f.runtime_dir = o.runtime_dir.c_str();
+  f.allowed_uids = o.allowed_uids.empty() ? nullptr : o.allowed_uids.data();
+  f.allowed_uids_count = o.allowed_uids.size();
+  f.allowed_gids = o.allowed_gids.empty() ? nullptr : o.allowed_gids.data();
+  f.allowed_gids_count = o.allowed_gids.size();
   std::memcpy(c, &f, std::min<std::size_t>(c->struct_size, sizeof f));
 }
 

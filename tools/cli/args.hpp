@@ -32,8 +32,11 @@ struct OptionSpec {
 };
 
 // Options every command accepts.
-inline constexpr OptionSpec kGlobalOptions[] = {{"--url", true},   {"--namespace", true}, {"--json", false},
-                                                {"--help", false}, {"-h", false},         {"--version", false}};
+inline constexpr OptionSpec kGlobalOptions[] = {{"--url", true},          {"--namespace", true},
+                                                {"--json", false},        {"--help", false},
+                                                {"-h", false},            {"--version", false},
+                                                {"--runtime-dir", true},  {"--allowed-uids", true},
+                                                {"--allowed-gids", true}};
 
 struct ParsedArgs {
   std::string command;  // "" when none was given

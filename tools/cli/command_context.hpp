@@ -12,6 +12,9 @@ struct Context {
   redis::Options redis;
   std::string url_origin;  // "--url", "MEMCUDA_REDIS_URL" or "the default"
   std::string name_space;
+  // --runtime-dir, --allowed-uids, --allowed-gids: override the MEMCUDA_*
+  // variables of the same options (docs/operations.md).
+  std::optional<std::string> runtime_dir, allowed_uids, allowed_gids;
 
   // The registry as seen by this command; see memcuda_cli.cpp for why
   // only `serve` hosts the control thread.
@@ -20,6 +23,9 @@ struct Context {
     o.redis = redis;
     o.name_space = name_space;
     o.control_thread = control_thread;
+    if (runtime_dir) o.runtime_dir = *runtime_dir;
+    if (allowed_uids) o.allowed_uids = memcuda::detail::parse_id_list(*allowed_uids, "option '--allowed-uids'");
+    if (allowed_gids) o.allowed_gids = memcuda::detail::parse_id_list(*allowed_gids, "option '--allowed-gids'");
     return o;
   }
 

@@ -164,13 +164,21 @@ typedef struct memcuda_registry_options {
                                      0: the default ($MEMCUDA_RELEASE_LINGER_MS, else none); -1: none; at most 60000 */
   int cuda_allocation;            /* MEMCUDA_CUDA_ALLOCATION_* */
   int64_t serve_stall_timeout_ms; /* a leader whose loop stalls this long gives up its lease (default 30000; -1: never) */
+  /* The fd servers' runtime directory and peer policy (docs/fd-transfer.md); one per process. */
+  const char* runtime_dir;        /* NULL or "": $MEMCUDA_RUNTIME_DIR, else /tmp/memcuda-<uid> */
+  const uint32_t* allowed_uids;   /* peers served besides this uid and root; NULL: $MEMCUDA_ALLOWED_UIDS,
+                                     else none; else allowed_uids_count entries (0: none) */
+  size_t allowed_uids_count;
+  const uint32_t* allowed_gids;   /* by effective gid; NULL: $MEMCUDA_ALLOWED_GIDS, else none */
+  size_t allowed_gids_count;
 } memcuda_registry_options;
 
 MEMCUDA_C_EXPORT void memcuda_registry_options_init(memcuda_registry_options* opts);
 /* The options an open registry runs with (after the environment and the
  * defaults), in the struct's terms: every field set, none left 0 for "the
  * default" (release_linger_ms: -1 for none, serve_stall_timeout_ms: -1 for
- * never); url is NULL and name_space valid while reg is open. Set
+ * never); url is NULL; name_space, runtime_dir, allowed_uids and
+ * allowed_gids are valid while reg is open (the id arrays NULL when empty). Set
  * out->struct_size first (memcuda_registry_options_init); only the fields
  * it covers are written. */
 MEMCUDA_C_EXPORT int memcuda_registry_get_options(const memcuda_registry* reg, memcuda_registry_options* out);

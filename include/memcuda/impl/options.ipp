@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/redis/options.hpp"
@@ -47,6 +48,14 @@ RegistryOptions RegistryOptions::from_env() {
     o.cuda_allocation = *k;
   }
   if (auto v = detail::env_value("MEMCUDA_DEBUG_POISON")) o.pool.poison = *v != "0";
+  if (auto v = detail::env_value("MEMCUDA_RUNTIME_DIR")) {
+    if (v->front() != '/') detail::bad_env("MEMCUDA_RUNTIME_DIR", *v, "an absolute path");
+    o.runtime_dir = std::string(*v);
+  }
+  if (auto v = detail::env_value("MEMCUDA_ALLOWED_UIDS"))
+    o.allowed_uids = detail::parse_id_list(*v, "MEMCUDA_ALLOWED_UIDS (fix or unset the variable)");
+  if (auto v = detail::env_value("MEMCUDA_ALLOWED_GIDS"))
+    o.allowed_gids = detail::parse_id_list(*v, "MEMCUDA_ALLOWED_GIDS (fix or unset the variable)");
   return o;
 }
 

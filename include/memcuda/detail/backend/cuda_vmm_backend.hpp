@@ -262,8 +262,8 @@ class CudaVmmBackend final : public Backend {
       try {
         fd = fetch(src.source, src.id).fd;
       } catch (const FdTransferError& e) {
-        // Nothing listens: the owner's process is gone (its abstract socket
-        // went with it). As with a legacy handle whose exporter exited, this
+        // Nothing listens: the owner's process is gone (its socket file went
+        // with it, or refuses connections). As with a legacy handle whose exporter exited, this
         // process cannot open it; a standby that held the fd adopts it at
         // the takeover, which republishes the record.
         if (e.reason() != FdErrc::no_server) throw;

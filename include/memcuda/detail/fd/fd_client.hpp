@@ -6,7 +6,9 @@
 // path, pidfd_open + pidfd_getfd (Linux >= 5.6), copies the fd straight out
 // of the owner without waking its thread, but needs ptrace rights over the
 // owner (PTRACE_MODE_ATTACH_REALCREDS); where they are missing it fails with
-// EPERM/EACCES (or ENOSYS under seccomp / old kernels). The first such
+// EPERM/EACCES (or ENOSYS under seccomp / old kernels), and it needs the
+// owner in this pid namespace: an owner whose socket name says another
+// (fd_socket_dir.hpp) is asked over the socket only. The first such
 // failure turns the fast path off for the rest of the process, so each fetch
 // does not pay a failing syscall.
 #pragma once
@@ -28,6 +30,7 @@
 
 #include "memcuda/detail/fd/fd_error.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
+#include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 
@@ -135,13 +138,20 @@ inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chro
       continue;
     }
     if (e == ECONNREFUSED || e == ENOENT)
-      fail(FdErrc::no_server, ctx + ": no server listens there (" + std::strerror(e) +
-                                  "); its owner has exited or serves no fds. Check that the owner "
-                                  "process is alive and that both run in one network namespace "
-                                  "(abstract sockets are per network namespace)", e);
+      fail(FdErrc::no_server,
+           ctx + ": no server listens there (" + std::strerror(e) + "); its owner has exited or serves no fds" +
+               (address.starts_with("@")
+                    ? ". Check that the owner is alive and that both run in one network namespace "
+                      "(an abstract socket, of an older version, is per network namespace)"
+                    : " (a socket file left by a killed process is swept when a server starts). Check "
+                      "that the owner is alive and that both processes see the same runtime directory "
+                      "(one volume, mounted at one path)"),
+           e);
     if (e == EACCES || e == EPERM)
-      fail(FdErrc::permission, ctx + ": permission denied on the socket path; run both processes "
-                                     "as the same user", e);
+      fail(FdErrc::permission, ctx + ": permission denied on the socket file or its directory (" +
+                                     std::strerror(e) + "); the runtime directory's mode follows the "
+                                     "owner's peer policy: run both as one user, or allow this one's gid "
+                                     "(MEMCUDA_ALLOWED_GIDS) on the owner's side", e);
     if (e == EAGAIN) fail(FdErrc::timeout, ctx + ": the server's backlog stayed full for " +
                                                std::to_string(timeout.count()) + " ms", e);
     fail(FdErrc::system, ctx + ": connect failed: " + std::strerror(e), e);
@@ -202,13 +212,18 @@ inline int pidfd_fast_path_disabled_errno() noexcept { return fdclient::pidfd_di
 // a bad address.
 inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {
   raise_nofile_limit();
-  const bool fast_possible = src.pid > 0 && src.remote_fd >= 0 && src.identity != FdIdentity{};
+  // The pid must name the owner here too: not so for an owner in another
+  // pid namespace (another container), which the socket still reaches.
+  const bool fast_possible = src.pid > 0 && src.remote_fd >= 0 && src.identity != FdIdentity{} &&
+                             owner_pid_is_ours(src.address);
   if (opt.path == FdPath::pidfd_only ||
       (opt.path == FdPath::automatic && fast_possible && pidfd_fast_path_disabled_errno() == 0)) {
     std::string ctx = "pidfd_getfd of fd " + std::to_string(src.remote_fd) + " (allocation " +
                       std::to_string(id) + ") from pid " + std::to_string(src.pid);
     if (!fast_possible)
-      fdclient::fail(FdErrc::pidfd_failed, ctx + ": the source names no pid, fd or identity");
+      fdclient::fail(FdErrc::pidfd_failed, ctx + ": the source names no pid, fd or identity, or an owner in "
+                                                 "another pid namespace (pidfd_getfd needs one pid namespace "
+                                                 "and ptrace rights; the socket path needs neither)");
     int err = 0;
     UniqueFd fd = fdclient::try_pidfd(src, &err);
     if (fd && fd_identity(fd.get()) == src.identity) return {std::move(fd), true};
@@ -226,7 +241,8 @@ inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& 
                      ctx + " failed: " + std::strerror(err) +
                          (err == EPERM || err == EACCES
                               ? " (no ptrace rights over the owner: Yama ptrace_scope, another "
-                                "user, or a container without CAP_SYS_PTRACE; the socket path needs none)"
+                                "user, or a container without CAP_SYS_PTRACE; pidfd_getfd needs one pid "
+                                "namespace and ptrace rights, the socket path needs neither)"
                               : ""),
                      err);
     // ESRCH (owner gone), EBADF/ESTALE (fd closed or reused): the socket

@@ -17,7 +17,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 enum class FdErrc {
   no_server,     // nothing listens at the address (owner gone, wrong address)
-  permission,    // the server refused our credentials (uid, pid namespace)
+  permission,    // the server's peer policy refused our uid/gid
   unknown_id,    // the server does not serve that allocation id (any more)
   refused,       // the server answered with another error (bad request, ...)
   timeout,       // no answer within the timeout
@@ -25,6 +25,7 @@ enum class FdErrc {
   protocol,      // the answer did not follow docs/fd-transfer.md
   pidfd_failed,  // the pidfd_getfd fast path failed and no fallback was allowed
   system,        // any other failed system call
+  runtime_dir,   // the runtime directory is unusable (symlink, other owner, ...)
 };
 
 inline const char* to_string(FdErrc e) noexcept {
@@ -38,6 +39,7 @@ inline const char* to_string(FdErrc e) noexcept {
     case FdErrc::protocol: return "protocol";
     case FdErrc::pidfd_failed: return "pidfd_failed";
     case FdErrc::system: return "system";
+    case FdErrc::runtime_dir: return "runtime_dir";
   }
   return "unknown";
 }

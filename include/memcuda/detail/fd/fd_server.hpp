@@ -1,5 +1,8 @@
-// FdServer: hands the fds this process owns to other processes of the same
-// user, node and pid namespace (docs/fd-transfer.md).
+// FdServer: hands the fds this process owns to other processes that its
+// peer policy allows (docs/fd-transfer.md): by default the same uid, or
+// root; FdAccess (fd_access.hpp) adds uids and gids. SO_PEERCRED is the
+// check, so peers in other pid or network namespaces (containers sharing
+// the runtime directory) are served like any other.
 //
 // The owner (the registry's control thread) drives it: poll_fd()
 // goes into the owner's own poll set, or the owner calls serve_once(timeout)
@@ -31,6 +34,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
@@ -39,15 +43,15 @@
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 struct FdServerOptions {
-  // "@name" (abstract, the default choice: see fd_wire.hpp) or a path.
+  // A path (what FdService uses: a socket in the runtime directory) or
+  // "@name" (abstract: one network namespace only; tests, older setups).
   std::string address;
   // Time a connected peer has to send its request.
   std::chrono::milliseconds io_timeout{500};
   int backlog = 64;
-  // Refuse peers in another pid namespace (a peer whose pid we cannot see,
-  // or whose /proc/<pid>/ns/pid differs from ours). Off only for tests of
-  // setups that knowingly share fds across containers.
-  bool require_same_pid_namespace = true;
+  // Who is served besides this uid and root (allowed_uids, allowed_gids),
+  // and so the mode of a path socket; runtime_dir is not used here.
+  FdAccess access{};
 };
 
 enum class ServeResult {
@@ -71,17 +75,22 @@ class FdServer {
     // Non-blocking: a peer that gives up between poll() and accept() must not
     // leave the owner's thread blocked in accept().
     ::fcntl(listen_.get(), F_SETFL, ::fcntl(listen_.get(), F_GETFL) | O_NONBLOCK);
-    if (opt_.address[0] != '@') ::unlink(opt_.address.c_str());  // a dead owner's leftover
-    if (::bind(listen_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) fail("bind", errno);
-    if (::listen(listen_.get(), opt_.backlog) != 0) fail("listen", errno);
+    if (opt_.address[0] == '@') {
+      if (::bind(listen_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) fail("bind", errno);
+      if (::listen(listen_.get(), opt_.backlog) != 0) fail("listen", errno);
+    } else {
+      bind_path();
+    }
     wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_) fail("eventfd()", errno);
     // The spare fd lets an exhausted server still accept and tell the peer
     // why, instead of leaving it in the backlog, where poll() keeps waking.
     spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   }
+  // Removes the socket file: a clean shutdown leaves nothing behind (a
+  // SIGKILL leaves a file no one listens on; servers that start sweep it).
   ~FdServer() {
-    if (!opt_.address.empty() && opt_.address[0] != '@') ::unlink(opt_.address.c_str());
+    if (owns_path_) ::unlink(opt_.address.c_str());
   }
   FdServer(const FdServer&) = delete;
   FdServer& operator=(const FdServer&) = delete;
@@ -158,6 +167,32 @@ class FdServer {
   }
 
  private:
+  // A path socket appears under its name only once it listens: bound under
+  // "<name>.new" (".sock" replaced), given the policy's mode and group, then
+  // renamed. So a sweeper (fd_service.hpp) that finds a name whose connect
+  // is refused knows its server is gone, never one between bind and listen.
+  void bind_path() {
+    const std::string& path = opt_.address;
+    std::string tmp = path.ends_with(".sock") ? path.substr(0, path.size() - 5) + ".new" : path + ".new";
+    sockaddr_un sa;
+    socklen_t len = fdwire::make_address(tmp, &sa);
+    ::unlink(tmp.c_str());  // a leftover of this very name: ours to replace
+    if (::bind(listen_.get(), reinterpret_cast<const sockaddr*>(&sa), len) != 0) fail("bind", errno);
+    auto undo = [&](const char* call, int err) {
+      ::unlink(tmp.c_str());
+      fail(call, err);
+    };
+    if (!opt_.access.allowed_gids.empty() &&
+        ::chown(tmp.c_str(), static_cast<uid_t>(-1), opt_.access.allowed_gids.front()) != 0)
+      undo("chown of the socket to the first allowed gid", errno);
+    if (::chmod(tmp.c_str(), socket_mode(opt_.access)) != 0) undo("chmod of the socket", errno);
+    if (::listen(listen_.get(), opt_.backlog) != 0) undo("listen", errno);
+    struct stat st{};
+    if (::lstat(path.c_str(), &st) == 0) undo("bind", EADDRINUSE);  // never replace another's socket
+    if (::rename(tmp.c_str(), path.c_str()) != 0) undo("rename into place", errno);
+    owns_path_ = true;
+  }
+
   [[noreturn]] void fail(const std::string& call, int err) const {
     std::string what = "fd server at '" + opt_.address + "': " + call;
     if (is_fd_exhaustion(err)) throw_fd_exhausted(what, err);
@@ -185,61 +220,17 @@ class FdServer {
   }
 
   // The credential check. SO_PEERCRED holds the peer's credentials from the
-  // time it called connect(), translated into our namespaces by the kernel:
-  // a uid our user namespace cannot map reads as the overflow uid (65534),
-  // a pid our pid namespace cannot see reads as 0.
+  // time it called connect(), translated into our namespaces by the kernel
+  // (a uid our user namespace cannot map reads as the overflow uid, 65534;
+  // a pid our pid namespace cannot see reads as 0). Pid namespaces do not
+  // matter here: a peer that reached the socket file and passes the uid/gid
+  // policy is served wherever it runs.
   std::string check_peer(int conn) const {
     ucred cr{};
     socklen_t len = sizeof cr;
     if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0)
       return std::string("cannot read the peer's credentials (SO_PEERCRED): ") + std::strerror(errno);
-    uid_t me = ::geteuid();
-    if (cr.uid != me && cr.uid != 0)
-      return "peer pid " + std::to_string(cr.pid) + " runs as uid " + std::to_string(cr.uid) +
-             " but this fd server (pid " + std::to_string(::getpid()) + ") serves only uid " +
-             std::to_string(me) + " and root: run both processes as the same user";
-    if (!opt_.require_same_pid_namespace) return {};
-    if (cr.pid <= 0)
-      return "peer is in a pid namespace this fd server (pid " + std::to_string(::getpid()) +
-             ") cannot see (another container?): run both processes in one pid namespace "
-             "(docker run --pid=host or --pid=container:<id>)";
-    int mine = pid_ns_depth(::getpid()), theirs = pid_ns_depth(cr.pid);
-    if (mine < 0 || theirs < 0)
-      return "cannot verify the pid namespace of peer pid " + std::to_string(cr.pid) +
-             " (/proc/<pid>/status has no NSpid line); mount /proc (Linux >= 4.1)";
-    if (theirs != mine)
-      return "peer pid " + std::to_string(cr.pid) +
-             " is in another pid namespace than this fd server (pid " + std::to_string(::getpid()) +
-             "; a nested container or unshare --pid): run both processes in one pid namespace";
-    return {};
-  }
-
-  // How deep a process's pid namespace is: the number of pids on the NSpid
-  // line of /proc/<pid>/status (-1 if unreadable). A peer we can see at all
-  // is in our pid namespace or one nested in it, so the same depth means the
-  // same namespace. The status file is world-readable, unlike
-  // /proc/<pid>/ns/pid, which needs ptrace read rights over the peer (a
-  // server of an ordinary user could not check a root peer).
-  static int pid_ns_depth(pid_t pid) {
-    std::string path = "/proc/" + std::to_string(pid) + "/status";
-    UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!f) return -1;
-    char buf[4096];
-    ssize_t n = ::read(f.get(), buf, sizeof buf - 1);
-    if (n <= 0) return -1;
-    std::string_view text(buf, static_cast<std::size_t>(n));
-    auto at = text.find("\nNSpid:");
-    if (at == std::string_view::npos) return -1;
-    auto end = text.find('\n', at + 1);
-    if (end == std::string_view::npos) return -1;  // cut by the buffer: not expected
-    int depth = 0;
-    bool in_word = false;
-    for (char c : text.substr(at + 7, end - at - 7)) {
-      bool digit = c >= '0' && c <= '9';
-      if (digit && !in_word) ++depth;
-      in_word = digit;
-    }
-    return depth;
+    return peer_refusal(opt_.access, cr);
   }
 
   // Waits up to io_timeout for the peer's one message. Every answer, a
@@ -259,7 +250,9 @@ class FdServer {
     fdwire::Received msg;
     ssize_t got = read_request(conn, &msg);
     if (got < 0) return refuse("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms");
-    if (got == 0) return refuse("peer closed the connection without a request");
+    // A peer that connects and closes at once is a sweeper (fd_service.hpp)
+    // probing that this server lives: not a refusal.
+    if (got == 0) return ServeResult::idle;
     if (std::string why = check_peer(conn); !why.empty())
       return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
     if (msg.fd) return reply_error(conn, fdwire::Status::bad_request, 0, "requests must not carry fds");
@@ -319,6 +312,7 @@ class FdServer {
 
   FdServerOptions opt_;
   UniqueFd listen_, wake_, spare_;
+  bool owns_path_ = false;  // a socket file of ours to remove
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> served_{0}, refused_{0};
   mutable std::mutex mu_;  // guards fds_ and last_error_; never held across a wait

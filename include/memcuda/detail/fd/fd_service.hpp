@@ -10,9 +10,13 @@
 // peer gets io_timeout to ask): it never talks to Redis, so joining it is
 // quick.
 //
-// Address: "@memcuda-fd-<pid>-<16 hex>": abstract (no file left behind by a
-// SIGKILL), unique per process even across pid namespaces that share one
-// network namespace (a random part beside the pid).
+// Address: a socket in the process's runtime directory,
+// "<dir>/fd-<pid>-<pid ns>-<16 hex>.sock" (fd_socket_dir.hpp), so processes
+// in other containers (own pid and network namespaces) that share the
+// directory reach it. The directory and the peer policy (FdAccess) are the
+// process's: every registry of the process uses the same ones, and pins
+// them while it lives (pin()). A start creates or checks the directory and
+// sweeps the sockets of dead servers; a clean stop removes the socket.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -32,7 +36,9 @@
 #include <vector>
 
 #include "memcuda/detail/base/log.hpp"
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
+#include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 
@@ -50,21 +56,64 @@ class FdService : public std::enable_shared_from_this<FdService> {
     ServedSource source;
   };
 
-  // The process's service, started on first use. Throws FdTransferError
-  // when the socket cannot be made.
+  // The process's service, started on first use with the process's
+  // FdAccess (access()). Throws FdTransferError when the runtime directory
+  // is refused (runtime_dir) or the socket cannot be made.
   static std::shared_ptr<FdService> acquire() {
-    auto& [mu, current] = slot();
-    std::lock_guard lk(mu);
-    if (auto s = current.lock()) return s;
-    auto s = std::shared_ptr<FdService>(new FdService());
-    current = s;
+    auto& st = state();
+    std::lock_guard lk(st.mu);
+    if (auto s = st.current.lock()) return s;
+    FdAccess a = process_fd_access();
+    prepare_runtime_dir(a);
+    sweep_stale_sockets(a.runtime_dir);
+    auto s = std::shared_ptr<FdService>(new FdService(std::move(a)));
+    st.current = s;
     return s;
   }
   // The running service, or null (starts nothing).
   static std::shared_ptr<FdService> existing() {
-    auto& [mu, current] = slot();
-    std::lock_guard lk(mu);
-    return current.lock();
+    auto& st = state();
+    std::lock_guard lk(st.mu);
+    return st.current.lock();
+  }
+
+  // The process's FdAccess: the one pinned, else the default (the default
+  // runtime directory, own uid only). A reader checks fd sources against
+  // its runtime directory.
+  static FdAccess access() {
+    auto& st = state();
+    std::lock_guard lk(st.mu);
+    if (auto s = st.current.lock()) return s->access_;
+    return process_fd_access();
+  }
+
+  // Makes `a` the process's FdAccess while the returned handle lives (each
+  // registry holds one). Throws InvalidArgument when another is pinned, or
+  // a service still runs with another (a tensor of a closed registry keeps
+  // it): one runtime directory and peer policy per process at a time.
+  static std::shared_ptr<void> pin(FdAccess a) {
+    a.runtime_dir = normalize_runtime_dir(a.runtime_dir);
+    auto& st = state();
+    std::lock_guard lk(st.mu);
+    auto& p = pinned_fd_access();
+    std::lock_guard lp(p.mu);  // order: the service's mutex, then this one
+    auto running = st.current.lock();
+    const FdAccess* other = running && !(running->access_ == a) ? &running->access_
+                            : p.pins && !(p.access == a)        ? &p.access
+                                                                : nullptr;
+    if (other)
+      throw InvalidArgument("this process's fd server already uses runtime directory '" + other->runtime_dir +
+                            "' serving " + describe_policy(*other) + "; a registry asks for '" + a.runtime_dir +
+                            "' serving " + describe_policy(a) +
+                            ": every registry of a process must use the same runtime_dir, allowed_uids and "
+                            "allowed_gids");
+    p.access = std::move(a);
+    ++p.pins;
+    return std::shared_ptr<void>(nullptr, [](void*) {
+      auto& q = pinned_fd_access();
+      std::lock_guard l(q.mu);
+      --q.pins;
+    });
   }
 
   ~FdService() {
@@ -148,29 +197,50 @@ class FdService : public std::enable_shared_from_this<FdService> {
   std::uint64_t refused() const noexcept { return server_.refused(); }
 
  private:
-  FdService() : server_(FdServerOptions{make_address()}) {
+  explicit FdService(FdAccess a)
+      : access_(std::move(a)), server_(server_options(access_)) {
     thread_ = std::thread([this] { loop(); });
   }
 
-  static std::pair<std::mutex, std::weak_ptr<FdService>>& slot() {
-    static std::pair<std::mutex, std::weak_ptr<FdService>> s;  // process-wide by design
+  struct State {
+    std::mutex mu;  // taken before pinned_fd_access().mu, never the other way; no wait under it
+    std::weak_ptr<FdService> current;
+  };
+  static State& state() {
+    static State s;  // process-wide by design
     return s;
   }
 
-  static std::string make_address() {
+  static FdServerOptions server_options(const FdAccess& a) {
+    FdServerOptions o;
+    o.address = make_address(a.runtime_dir);
+    o.access = a;
+    return o;
+  }
+
+  static std::string make_address(const std::string& dir) {
     std::random_device rd;
     std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "@memcuda-fd-%d-%016llx", static_cast<int>(::getpid()),
-                  static_cast<unsigned long long>(r));
-    return buf;
+    return dir + "/" + socket_name(::getpid(), pid_namespace_inode(), r);
   }
 
   void loop() {
     int failures = 0;
+    std::uint64_t refusals = 0;
     for (;;) {
       try {
-        if (server_.serve_once(std::chrono::milliseconds(1000)) == ServeResult::stopped) return;
+        const ServeResult r = server_.serve_once(std::chrono::milliseconds(1000));
+        if (r == ServeResult::stopped) return;
+        // The server side of a refused peer (the peer has it too), at warn;
+        // a peer that keeps trying is logged at first and then every 100th
+        // time. Other errors answered (an unknown id: a stale record) at debug.
+        if (r == ServeResult::refused) {
+          std::string why = server_.last_error();
+          const bool creds = why.starts_with("refused: ");
+          if (!creds) log(LogLevel::debug, "fd service at '" + server_.address() + "': " + why);
+          else if (++refusals <= 10 || refusals % 100 == 0)
+            log(LogLevel::warn, "fd service at '" + server_.address() + "': " + why);
+        }
         failures = 0;
       } catch (const std::exception& e) {  // poll() failed: should not happen; do not spin
         if (++failures <= 3) log(LogLevel::warn, std::string("fd service: ") + e.what());
@@ -179,6 +249,7 @@ class FdService : public std::enable_shared_from_this<FdService> {
     }
   }
 
+  const FdAccess access_;
   FdServer server_;
   std::thread thread_;
   mutable std::mutex mu_;  // leaf: guards the maps and counters; never held across a wait

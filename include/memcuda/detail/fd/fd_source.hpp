@@ -18,7 +18,9 @@
 #include <string_view>
 #include <type_traits>
 
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/detail/fd/fd_client.hpp"
+#include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/error.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -86,28 +88,36 @@ inline ServedSource decode_fd_source(std::string_view text) {
   return s;
 }
 
-// The address FdService gives the fd server of process `pid`:
-// "@memcuda-fd-<pid>-<16 hex>" (fd_service.hpp).
-inline bool is_registry_fd_address(std::string_view a, std::int64_t pid) {
-  const std::string head = "@memcuda-fd-" + std::to_string(pid) + "-";
-  if (pid <= 0 || !a.starts_with(head) || a.size() != head.size() + 16) return false;
-  for (char c : a.substr(head.size()))
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
+// Whether `a` is an address FdService gives the fd server of process
+// `pid`: a socket of the runtime directory `dir` named for that pid
+// ("<dir>/fd-<pid>-<pid ns>-<16 hex>.sock"), or the abstract
+// "@memcuda-fd-<pid>-<16 hex>" of older versions (their records still open).
+inline bool is_registry_fd_address(std::string_view a, std::int64_t pid, std::string_view dir) {
+  if (is_abstract_fd_address(a, pid)) return true;
+  auto s = parse_socket_path(a, dir);
+  return s && s->pid == pid;
 }
 
 // A source read from Redis is used only when it names what the registry
 // itself serves: the fd server of the process `owner_pid` (the record's
-// owner) under FdService's naming, and an fd of that same process. Throws
-// ProtocolError(bad_record) otherwise, before anything is connected to or
-// taken from another process.
-inline void check_fd_source(const ServedSource& s, std::int64_t owner_pid, const std::string& what) {
-  if (s.source.pid != owner_pid || !is_registry_fd_address(s.source.address, owner_pid))
+// owner) under FdService's naming, in this process's own runtime directory
+// `dir`, and an fd of that same process. Throws ProtocolError(bad_record)
+// otherwise, before anything is connected to or taken from another process.
+inline void check_fd_source(const ServedSource& s, std::int64_t owner_pid, const std::string& what,
+                            std::string_view dir) {
+  if (s.source.pid != owner_pid || !is_registry_fd_address(s.source.address, owner_pid, dir))
     throw ProtocolError(ProtocolErrc::bad_record,
                         what + ": its fd source (pid " + std::to_string(s.source.pid) + ", server '" +
-                            s.source.address.substr(0, 80) + "') is not the fd server of its owner (pid " +
-                            std::to_string(owner_pid) + ", '@memcuda-fd-" + std::to_string(owner_pid) +
-                            "-<16 hex>'); refused (a record edited in Redis?)");
+                            s.source.address.substr(0, 120) + "') is not the fd server of its owner (pid " +
+                            std::to_string(owner_pid) + ") in this process's runtime directory ('" +
+                            std::string(dir) + "/fd-" + std::to_string(owner_pid) +
+                            "-<pid ns>-<16 hex>.sock', or '@memcuda-fd-" + std::to_string(owner_pid) +
+                            "-<16 hex>' of older versions); refused (a record edited in Redis, or "
+                            "processes configured with different runtime directories?)");
+}
+// The same against the process's runtime directory (FdService::pin).
+inline void check_fd_source(const ServedSource& s, std::int64_t owner_pid, const std::string& what) {
+  check_fd_source(s, owner_pid, what, process_fd_access().runtime_dir);
 }
 
 // The ipc_handle of a cuda_vmm_fd allocation: "vmm:<owner session>:<alloc

@@ -7,16 +7,13 @@
 // next one: strict parsing needs no framing of our own.
 //
 // Addresses: "@name" is a Linux abstract socket, anything else a filesystem
-// path. Abstract is what mem-cuda uses: the name vanishes with the last
-// socket, so an allocator killed by SIGKILL (the case fd holding exists for)
-// leaves no stale file that would make its successor's bind fail, and it
-// needs no writable runtime directory. Its scope is the network namespace:
-// processes of one container, or containers sharing the host network
-// (--network=host, --ipc=host setups), reach it; a container with its own
-// network namespace cannot. Anyone in that namespace may connect (abstract
-// sockets have no file permissions), which is why the server checks
-// SO_PEERCRED on every connection. A path remains possible for setups that
-// share a directory between network namespaces.
+// path. The fd service uses a path in the process's runtime directory
+// (fd_socket_dir.hpp): a file is reached from other network and pid
+// namespaces (containers sharing the directory), and its mode and
+// directory follow the peer policy. An abstract name is reached only within
+// one network namespace and has no permissions; versions before the
+// runtime directory used one, and tests still do. Either way the server
+// checks SO_PEERCRED on every connection.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -50,7 +47,7 @@ enum class Status : std::uint8_t {
   bad_request = 1,   // malformed request (size, magic, reserved bytes, op)
   bad_version = 2,   // a version this server does not speak
   unknown_id = 3,    // no fd registered under that id
-  refused = 4,       // credentials refused (uid, pid namespace)
+  refused = 4,       // credentials refused (the uid/gid policy)
   server_error = 5,  // the server failed (out of fds, ...)
 };
 

@@ -18,6 +18,7 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
+#include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/registry/option_checks.hpp"
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/detail/store/scripts.hpp"
@@ -30,6 +31,7 @@ class Context {
  public:
   explicit Context(RegistryOptions o)
       : opts(validated(std::move(o))),
+        fd_pin(FdService::pin(FdAccess{opts.runtime_dir, opts.allowed_uids, opts.allowed_gids})),
         keys(opts.name_space),
         session(new_session_id()),
         node(node_id()),
@@ -40,6 +42,9 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   const RegistryOptions opts;
+  // The process's fd service uses this registry's runtime directory and
+  // peer policy while it lives (FdService::pin: others are refused).
+  const std::shared_ptr<void> fd_pin;
   const Keys keys;
   const std::string session;
   const std::string node;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/options.hpp"
 
@@ -21,6 +22,10 @@ inline RegistryOptions validated(RegistryOptions o) {
   if (requested_cuda_allocation(o) == CudaAllocation::vmm && o.pool.upstream)
     throw InvalidArgument("cuda_allocation = vmm cannot use a user upstream resource (PoolOptions::upstream): "
                           "cuMem allocations are made by the backend; use ipc, or drop the upstream");
+  o.runtime_dir = normalize_runtime_dir(o.runtime_dir);  // "": the default, filled in
+  for (const auto* ids : {&o.allowed_uids, &o.allowed_gids})
+    for (auto id : *ids)
+      if (id == 4294967295u) throw InvalidArgument("allowed_uids / allowed_gids must not hold 4294967295 (-1)");
   return o;
 }
 

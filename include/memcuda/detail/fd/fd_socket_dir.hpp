@@ -1,0 +1,136 @@
+// The fd servers' sockets in the runtime directory (docs/fd-transfer.md,
+// "Runtime directory and peer policy"): their names, how a reader checks an
+// address, and the sweep of sockets whose server died.
+//
+//   <runtime dir>/fd-<pid>-<pid ns>-<16 hex>.sock
+//
+// pid: the server's pid in its own pid namespace; pid ns: the inode of that
+// namespace (/proc/self/ns/pid), so a reader can tell whether the pid means
+// the same process to it (the pidfd fast path addresses the owner by pid);
+// 16 hex: random, so names never repeat across containers or restarts.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "memcuda/detail/fd/fd_access.hpp"
+#include "memcuda/detail/fd/fd_wire.hpp"
+#include "memcuda/detail/fd/unique_fd.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+struct SocketName {
+  std::int64_t pid = 0;
+  std::uint64_t pid_ns = 0;
+};
+
+inline std::string socket_name(std::int64_t pid, std::uint64_t pid_ns, std::uint64_t random) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "fd-%lld-%llu-%016llx.sock", static_cast<long long>(pid),
+                static_cast<unsigned long long>(pid_ns), static_cast<unsigned long long>(random));
+  return buf;
+}
+
+// The pid and pid namespace of a name of the form above; nullopt otherwise
+// (every part strictly decimal or lower-case hex, no sign, no extra bytes).
+inline std::optional<SocketName> parse_socket_name(std::string_view n) {
+  if (!n.starts_with("fd-") || !n.ends_with(".sock")) return std::nullopt;
+  n = n.substr(3, n.size() - 8);
+  auto decimal = [&](auto* out) {
+    auto dash = n.find('-');
+    if (dash == 0 || dash == std::string_view::npos || n[0] == '0') return false;
+    auto [p, ec] = std::from_chars(n.data(), n.data() + dash, *out);
+    if (ec != std::errc() || p != n.data() + dash) return false;
+    n.remove_prefix(dash + 1);
+    return true;
+  };
+  SocketName s;
+  if (!decimal(&s.pid) || !decimal(&s.pid_ns) || s.pid <= 0 || n.size() != 16) return std::nullopt;
+  for (char c : n)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
+  return s;
+}
+
+// `address` as a socket of the runtime directory `dir`: exactly
+// "<dir>/<name>" with a name of the form above.
+inline std::optional<SocketName> parse_socket_path(std::string_view address, std::string_view dir) {
+  if (dir.empty() || address.size() <= dir.size() + 1 || !address.starts_with(dir) || address[dir.size()] != '/')
+    return std::nullopt;
+  std::string_view name = address.substr(dir.size() + 1);
+  if (name.find('/') != std::string_view::npos) return std::nullopt;
+  return parse_socket_name(name);
+}
+
+// The abstract form older versions publish: "@memcuda-fd-<pid>-<16 hex>".
+inline bool is_abstract_fd_address(std::string_view a, std::int64_t pid) {
+  const std::string head = "@memcuda-fd-" + std::to_string(pid) + "-";
+  if (pid <= 0 || !a.starts_with(head) || a.size() != head.size() + 16) return false;
+  for (char c : a.substr(head.size()))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// Whether the pid of a source served at `address` names the owner in this
+// process's pid namespace, so the pidfd fast path may address it by pid. A
+// socket name says its server's namespace; an abstract address is of a
+// server that refused other pid namespaces (older versions): assumed ours.
+// Any other path: no.
+inline bool owner_pid_is_ours(std::string_view address) {
+  if (address.starts_with("@")) return true;
+  auto slash = address.rfind('/');
+  auto s = parse_socket_name(slash == std::string_view::npos ? address : address.substr(slash + 1));
+  const std::uint64_t mine = pid_namespace_inode();
+  return s && mine != 0 && s->pid_ns == mine;
+}
+
+// Removes the sockets of `dir` whose server is gone: a connect refused
+// (ECONNREFUSED) means nothing listens on that file. A socket only takes
+// its name once it listens (FdServer::bind_path), so a live server is never
+// mistaken for a dead one; one that connects is closed at once (its server
+// reads it as a probe, not a refusal). "<name>.new" files left by a server
+// killed between bind and rename are removed once a minute old. Best
+// effort: returns how many files went; errors (a file of another uid in a
+// sticky directory) leave the file.
+inline std::size_t sweep_stale_sockets(const std::string& dir) {
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) return 0;
+  std::size_t removed = 0;
+  while (dirent* e = ::readdir(d.get())) {
+    std::string_view name = e->d_name;
+    const std::string path = dir + "/" + std::string(name);
+    if (name.starts_with("fd-") && name.ends_with(".new")) {
+      std::string as_sock = std::string(name.substr(0, name.size() - 4)) + ".sock";
+      struct stat st{};
+      if (parse_socket_name(as_sock) && ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+          st.st_mtime + 60 < std::time(nullptr) && ::unlink(path.c_str()) == 0)
+        ++removed;
+      continue;
+    }
+    if (!parse_socket_name(name)) continue;
+    struct stat st{};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_un sa;
+    socklen_t len = fdwire::make_address(path, &sa);
+    UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!s) return removed;
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 && errno == ECONNREFUSED &&
+        ::unlink(path.c_str()) == 0)
+      ++removed;
+  }
+  return removed;
+}
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
