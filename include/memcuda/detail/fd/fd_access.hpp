@@ -91,7 +91,10 @@ inline std::vector<std::uint32_t> parse_id_list(std::string_view text, const std
 
 inline std::string id_list_text(const std::vector<std::uint32_t>& ids) {
   std::string s;
-  for (auto id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  for (auto id : ids) {
+    if (!s.empty()) s += ',';  // appends, not "," + to_string(): GCC 12 warns -Wrestrict on the latter
+    s += std::to_string(id);
+  }
   return s;
 }
 
