@@ -404,7 +404,7 @@ TEST_CASE("the holdings table keeps a bounded number of records", "[redis][ref-c
   TensorRegistry reg(rc_opts(srv));
   auto& table = detail::RegistryAccess::core(reg).holdings;
   std::vector<TensorSpec> specs;
-  for (int i = 0; i < 4200; ++i) specs.push_back({"r/" + std::to_string(i), DType::u8, {8}});
+  for (int i = 0; i < 4200; ++i) specs.push_back({"r/" + std::to_string(i), DType::u8, {8}, {}});
   std::vector<std::map<std::string, SharedTensor<void>>> made;  // held: a tensor goes with its last reference
   for (std::size_t at = 0; at < specs.size(); at += 2000) {      // a batch holds at most 2048
     std::vector<TensorSpec> part(specs.begin() + at, specs.begin() + std::min(specs.size(), at + 2000));
