@@ -376,7 +376,7 @@ TEST_CASE("vmm: a graceful stop of the allocator of record with a standby hands 
   CHECK_FALSE(ready(*s));
   std::map<std::string, std::string> digest;
   std::uint64_t seed = 11;
-  for (const std::string& spec : {"g_small 1000", "g_big 50000000"}) {
+  for (const std::string spec : {"g_small 1000", "g_big 50000000"}) {
     const std::string name = spec.substr(0, spec.find(' '));
     REQUIRE(starts_with(a->ask("createp " + spec + " 0", 30s), "OK"));
     REQUIRE(a->ask("pattern " + name + " " + std::to_string(seed++), 30s) == "OK");
