@@ -54,12 +54,8 @@ class Client {
   // the reference atomically; then the memory is mapped (once per process).
   // A record never changes after creation except refcount, holders and
   // the event: when `cached` (the record last read, from the holdings
-  // table) has the current generation and event version, the script skips
-  // sending the whole Hash.
-  Opened acquire(std::string_view name, std::optional<DType> dtype) {
-    ::memcuda::validate_name(name);
-    return acquire(name, dtype, holdings_.record(name));
-  }
+  // table's find) has the current generation and event version, the
+  // script skips sending the whole Hash.
   Opened acquire(std::string_view name, std::optional<DType> dtype, Holdings::Record cached) {
     ::memcuda::validate_name(name);
     std::string cgen, cver;

@@ -154,13 +154,6 @@ class Holdings {
     return out;
   }
 
-  // The record last read for `name` (nullptr when none).
-  Record record(std::string_view name) const {
-    std::lock_guard lk(mu_);
-    auto it = by_name_.find(name);
-    return it == by_name_.end() ? nullptr : it->second.record;
-  }
-
   // This process took a reference to `t` (mapped, about to become a handle);
   // `read`, when given, is the record just read (kept for the next get).
   void took(const TensorInfo& t, Record read = nullptr) {
