@@ -31,17 +31,18 @@ CONFIGURE = ["-DCMAKE_BUILD_TYPE=Release", "-DMEMCUDA_BUILD_C_API=ON", "-DMEMCUD
 
 
 def build_library(build_dir: str) -> str:
-    """Configures (once) and builds memcuda_c in build_dir; returns the .so's path."""
+    """Configures and builds memcuda_c in build_dir; returns the .so's path."""
     if not os.path.isfile(os.path.join(REPO, "CMakeLists.txt")):
         raise SystemExit(f"memcuda: {REPO} has no CMakeLists.txt: build the package from a checkout of "
                          "the repository (pip install ./python), not from a copy of python/ alone")
     cmake = shutil.which("cmake")
     if not cmake:
         raise SystemExit("memcuda: cmake not found (Debian: apt-get install cmake); it builds libmemcuda_c.so")
-    if not os.path.isfile(os.path.join(build_dir, "CMakeCache.txt")):
-        gen = ["-G", "Ninja"] if shutil.which("ninja") and "CMAKE_GENERATOR" not in os.environ else []
-        extra = shlex.split(os.environ.get("MEMCUDA_CMAKE_ARGS", ""))
-        subprocess.check_call([cmake, "-S", REPO, "-B", build_dir, *gen, *CONFIGURE, *extra])
+    # Configured every time, so that MEMCUDA_CMAKE_ARGS applies to a reused folder too.
+    fresh = not os.path.isfile(os.path.join(build_dir, "CMakeCache.txt"))
+    gen = ["-G", "Ninja"] if fresh and shutil.which("ninja") and "CMAKE_GENERATOR" not in os.environ else []
+    extra = shlex.split(os.environ.get("MEMCUDA_CMAKE_ARGS", ""))
+    subprocess.check_call([cmake, "-S", REPO, "-B", build_dir, *gen, *CONFIGURE, *extra])
     # --parallel with no number takes CMAKE_BUILD_PARALLEL_LEVEL when it is set.
     jobs = [] if "CMAKE_BUILD_PARALLEL_LEVEL" in os.environ else [str(os.cpu_count() or 1)]
     subprocess.check_call([cmake, "--build", build_dir, "--target", "memcuda_c", "--parallel", *jobs])
