@@ -42,14 +42,16 @@ def build_library(build_dir: str) -> str:
     fresh = not os.path.isfile(os.path.join(build_dir, "CMakeCache.txt"))
     gen = ["-G", "Ninja"] if fresh and shutil.which("ninja") and "CMAKE_GENERATOR" not in os.environ else []
     extra = shlex.split(os.environ.get("MEMCUDA_CMAKE_ARGS", ""))
-    subprocess.check_call([cmake, "-S", REPO, "-B", build_dir, *gen, *CONFIGURE, *extra])
     # --parallel with no number takes CMAKE_BUILD_PARALLEL_LEVEL when it is set.
     jobs = [] if "CMAKE_BUILD_PARALLEL_LEVEL" in os.environ else [str(os.cpu_count() or 1)]
-    subprocess.check_call([cmake, "--build", build_dir, "--target", "memcuda_c", "--parallel", *jobs])
-    lib = os.path.join(build_dir, "src", "c_api", LIBNAME)
-    if not os.path.isfile(lib):
-        raise SystemExit(f"memcuda: the build made no {lib} (is <dlpack/dlpack.h> there? Debian: libdlpack-dev)")
-    return lib
+    try:
+        subprocess.check_call([cmake, "-S", REPO, "-B", build_dir, *gen, *CONFIGURE, *extra])
+        subprocess.check_call([cmake, "--build", build_dir, "--target", "memcuda_c", "--parallel", *jobs])
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"memcuda: building libmemcuda_c.so failed ({e}; CMake's output above). It needs "
+                         "cmake, a C++20 compiler and the dev packages of hiredis, Boost.JSON and DLPack "
+                         "(Debian: libhiredis-dev libboost-json1.81-dev libdlpack-dev); see docs/python.md") from e
+    return os.path.join(build_dir, "src", "c_api", LIBNAME)
 
 
 class BuildWithLibrary(build_py):
