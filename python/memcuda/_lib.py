@@ -2,11 +2,14 @@
 
 The library is looked up, in order, at:
 
-1. ``$MEMCUDA_LIBRARY`` (a path to the .so);
-2. next to this package (``memcuda/libmemcuda_c.so``: what the CMake option
-   ``MEMCUDA_BUILD_PYTHON`` stages and what ``pip install`` ships when the .so
-   was copied there first);
-3. the build trees of a source checkout (``<repo>/build*/src/c_api/``);
+1. ``$MEMCUDA_LIBRARY`` (a path to the .so, or a name for the loader): an
+   override for developers, tried alone: a path that does not exist or does
+   not load is an error, not a fallback to the others;
+2. inside this package (``memcuda/libmemcuda_c.so``: what ``pip install
+   ./python`` builds and ships, and what the CMake option
+   ``MEMCUDA_BUILD_PYTHON`` stages);
+3. the build trees of a source checkout (``<repo>/build*/src/c_api/``), for
+   ``PYTHONPATH=python``;
 4. the dynamic loader's search path (``libmemcuda_c.so`` after ``cmake --install``).
 """
 from __future__ import annotations
@@ -226,12 +229,14 @@ _SIGNATURES = [
 
 
 def _candidates() -> list:
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = []
     env = os.environ.get("MEMCUDA_LIBRARY")
     if env:
-        out.append(env)
-    out.append(os.path.join(here, _LIBNAME))
+        if os.sep in env and not os.path.isfile(env):
+            raise ImportError(f"memcuda: MEMCUDA_LIBRARY={env} is not a file (unset it to use the library "
+                              "shipped inside the package)")
+        return [env]  # an override: nothing else is tried
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = [os.path.join(here, _LIBNAME)]
     repo = os.path.dirname(os.path.dirname(here))  # <repo>/python/memcuda -> <repo>
     out += sorted(glob.glob(os.path.join(repo, "build*", "src", "c_api", _LIBNAME)))
     out.append(_LIBNAME)
@@ -240,7 +245,8 @@ def _candidates() -> list:
 
 def _load() -> ctypes.CDLL:
     errors = []
-    for path in _candidates():
+    candidates = _candidates()
+    for path in candidates:
         if os.sep in path and not os.path.exists(path):
             continue
         try:
@@ -250,9 +256,9 @@ def _load() -> ctypes.CDLL:
             errors.append(f"{path}: {e}")
     else:
         raise ImportError(
-            "memcuda: cannot load libmemcuda_c.so (build it with CMake, target memcuda_c, then set "
-            "MEMCUDA_LIBRARY to its path or copy it into the memcuda package directory); tried: "
-            + "; ".join(errors or _candidates()))
+            "memcuda: cannot load libmemcuda_c.so (pip install ./python builds it into the package; "
+            "or set MEMCUDA_LIBRARY to a libmemcuda_c.so built with CMake, target memcuda_c); tried: "
+            + "; ".join(errors or candidates))
     for name, restype, argtypes in _SIGNATURES:
         fn = getattr(lib, name)
         fn.restype = restype

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -61,12 +63,15 @@ def test_variables_fill_what_is_left_none(redis_url, namespace, clean_env):
         memcuda.Registry(redis_url, namespace, control_thread=False)
 
 
-def test_runtime_dir_and_peer_policy(redis_url, namespace, clean_env, tmp_path):
+def test_runtime_dir_and_peer_policy(redis_url, namespace, clean_env):
     """In a child interpreter: the runtime directory and policy are the
     process's, one at a time, so they must not meet this process's registries."""
+    # Not pytest's tmp_path: from its tenth run (/tmp/pytest-of-<user>/pytest-10/...)
+    # that path is longer than the 63 bytes a runtime_dir may have.
+    top = tempfile.mkdtemp(prefix="mc-rt-")
     code = textwrap.dedent(f"""
         import os, memcuda
-        url, ns, d = {redis_url!r}, {namespace!r}, {str(tmp_path / "rt")!r}
+        url, ns, d = {redis_url!r}, {namespace!r}, {os.path.join(top, "rt")!r}
         with memcuda.Registry(url, ns, control_thread=False, runtime_dir=d + "/", allowed_uids=[1234, 5678],
                               allowed_gids=[]) as r:
             o = r.options
@@ -91,7 +96,10 @@ def test_runtime_dir_and_peer_policy(redis_url, namespace, clean_env, tmp_path):
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr + out.stdout
 
 

@@ -63,3 +63,11 @@ set_tests_properties(python_bench_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 
 add_test(NAME python_session
   COMMAND bash ${PROJECT_SOURCE_DIR}/examples/python/session.sh --device cpu --python ${MEMCUDA_PYTHON})
 set_tests_properties(python_session PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 ENVIRONMENT "${_pyenv}")
+
+# pip install ./python in a fresh venv, from a copy of the sources (nothing
+# built before is reused; setup.py builds libmemcuda_c itself, through ccache
+# when present), then a round trip between two processes of that venv.
+# Skipped (77) without python3-venv, pip, setuptools, wheel or redis-server.
+add_test(NAME python_pip_install COMMAND ${MEMCUDA_PYTHON} ${PROJECT_SOURCE_DIR}/python/tests/pip_install_check.py)
+set_tests_properties(python_pip_install PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77 LABELS packaging
+                     ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
