@@ -71,7 +71,7 @@ pid_t dead_pid() {
 }
 
 std::string session_value(std::int64_t pid, const std::string& node, const std::string& pid_ns) {
-  return protocol::encode_session({pid, node, 1, true, pid_ns});
+  return protocol::encode_session({pid, node, 1, true, pid_ns, {}});
 }
 
 }  // namespace
@@ -135,7 +135,7 @@ TEST_CASE("lease break: a stopped allocator of record is alive, its lease stays 
 
 TEST_CASE("lease break: only a session of this node and pid namespace whose pid is gone proves a death",
           "[lease]") {
-  using detail::judgeable_pid;
+  auto judgeable_pid = [](const std::string& v, const std::string& n) { return detail::death_watch(v, n).pid; };
   using detail::session_proves_death;
   const std::string node = detail::node_id();
   const std::string ns = detail::pid_namespace_id();
@@ -197,6 +197,11 @@ TEST_CASE("lease break: only a session of this node and pid namespace whose pid 
   // Nor a pid of another node, another pid namespace, or a writer that did
   // not say its namespace (an older version): expiry decides those.
   CHECK_FALSE(session_proves_death(session_value(gone, node + "x", ns), node));
+  // A container of this machine has a hostname of its own and this boot id:
+  // the same node (detail::same_node).
+  const auto slash = node.rfind('/');
+  if (slash != std::string::npos)
+    CHECK(session_proves_death(session_value(gone, "another-hostname" + node.substr(slash), ns), node));
   CHECK_FALSE(session_proves_death(session_value(gone, node, "pid:[1]"), node));
   CHECK_FALSE(session_proves_death(session_value(gone, node, ""), node));
   CHECK(judgeable_pid(session_value(gone, node, ""), node) == 0);

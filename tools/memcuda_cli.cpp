@@ -25,6 +25,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/format.hpp"
 #include "cli/prometheus.hpp"
+#include "memcuda/detail/base/node.hpp"
 #include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/memcuda.hpp"
 

@@ -101,7 +101,7 @@ int cmd_info(Context& c) {
   const TensorInfo t = reg.info(name);
   const auto now = now_ms();
   const auto holders = holders_of(t);
-  const bool same_node = t.node == reg.node_id();
+  const bool same_node = ::memcuda::detail::same_node(t.node, reg.node_id());
   const auto owner_pid = static_cast<pid_t>(t.owner_pid);
 
   if (c.json) {

@@ -3,12 +3,17 @@
 // alive (docs/protocol.md, "Redis keys and scripts"):
 //
 //   {"pid":123,"node":"host/1a2b3c4d","started":1732350000000,"allocator_capable":true,
-//    "pidns":"pid:[4026531836]"}
+//    "pidns":"pid:[4026531836]","live":"64769:1234567/live-123-4026531836-0123456789abcdef.lock"}
 //
 // "pidns" (optional; older writers leave it out) names the process's pid
 // namespace, so that a process of the same node can tell whether `pid` means
 // the same process to it: only then may a follower judge the allocator of
 // record dead by its pid (lease.hpp) instead of waiting for its lease to expire.
+//
+// "live" (optional) names the lock file the process holds in its runtime
+// directory ("<dir device>:<dir inode>/<file>", fd/live_lock.hpp): a process
+// sharing that directory, in any pid namespace, proves the death by the
+// lock's absence.
 //
 // Expiry of the key means the process is gone; the value tells tools and the
 // leader who it was. Any client can write the key, so decode_session is
@@ -29,6 +34,7 @@
 MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 
 inline constexpr std::size_t kMaxPidNsBytes = 64;
+inline constexpr std::size_t kMaxLiveBytes = 160;
 
 struct SessionInfo {
   std::int64_t pid = 0;            // 1..kMaxPid
@@ -36,13 +42,15 @@ struct SessionInfo {
   std::int64_t started_ms = 0;     // wire "started": Unix time in ms the registry started, >= 0
   bool allocator_capable = false;  // it runs a control thread, so it may become the leader
   std::string pid_ns;              // wire "pidns", optional: readlink of /proc/self/ns/pid, or empty
+  std::string live;                // wire "live", optional: the liveness lock file, or empty
   friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
 };
 
 // Throws ProtocolError: too_large, bad_json, trailing_garbage, not_object;
 // missing_field for any of the four fields; wrong_type; bad_value for a pid
 // outside 1..kMaxPid, a negative "started", an empty, over-long or
-// control-character node, or a "pidns" that is not text of 1..64 bytes.
+// control-character node, a "pidns" that is not text of 1..64 bytes, or a
+// "live" that is not text of 1..160 bytes.
 inline SessionInfo decode_session(std::string_view text) {
   namespace json = boost::json;
   constexpr std::string_view what = "session";
@@ -56,10 +64,11 @@ inline SessionInfo decode_session(std::string_view text) {
   s.allocator_capable =
       detail::get_bool(detail::require(o, "allocator_capable", what), "allocator_capable");
   if (const auto* ns = detail::find(o, "pidns")) s.pid_ns = detail::get_bounded_text(*ns, "pidns", kMaxPidNsBytes);
+  if (const auto* l = detail::find(o, "live")) s.live = detail::get_bounded_text(*l, "live", kMaxLiveBytes);
   return s;
 }
 
-// Compact JSON in the order pid, node, started, allocator_capable[, pidns]. Checked
+// Compact JSON in the order pid, node, started, allocator_capable[, pidns][, live]. Checked
 // with decode_session: a value it would reject throws that ProtocolError.
 inline std::string encode_session(const SessionInfo& s) {
   namespace json = boost::json;
@@ -69,6 +78,7 @@ inline std::string encode_session(const SessionInfo& s) {
   o["started"] = s.started_ms;
   o["allocator_capable"] = s.allocator_capable;
   if (!s.pid_ns.empty()) o["pidns"] = detail::sv(s.pid_ns);
+  if (!s.live.empty()) o["live"] = detail::sv(s.live);
   std::string out = json::serialize(o);
   (void)decode_session(out);
   return out;

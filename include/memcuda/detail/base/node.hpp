@@ -16,11 +16,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Node id: hostname plus the kernel boot id, so that a reboot (after which no
 // IPC handle or shm object of before can be valid) is a different node.
+// Which node a process is on is the boot id's to say (same_node): a
+// container has a hostname of its own (its UTS namespace), a boot id it
+// shares with every container of the machine. The hostname part is there
+// for people reading records.
 inline const std::string& node_id() {
   static const std::string id = [] {
     char host[256] = {};
@@ -39,6 +44,17 @@ inline const std::string& node_id() {
     return boot.empty() ? h : h + "/" + boot.substr(0, 8);
   }();
   return id;
+}
+
+// Whether two node ids name the same machine since the same boot: equal,
+// or their boot ids (the parts after the last '/') equal. The Lua scripts
+// compare the same way (store/node_fn.hpp).
+inline bool same_node(std::string_view a, std::string_view b) noexcept {
+  if (a == b) return true;
+  const auto sa = a.rfind('/'), sb = b.rfind('/');
+  if (sa == std::string_view::npos || sb == std::string_view::npos) return false;
+  const auto ba = a.substr(sa + 1), bb = b.substr(sb + 1);
+  return !ba.empty() && ba == bb;
 }
 
 // This process's pid namespace as the kernel names it ("pid:[4026531836]"),

@@ -19,6 +19,7 @@
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
+#include "memcuda/detail/fd/live_lock.hpp"
 #include "memcuda/detail/registry/option_checks.hpp"
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/detail/store/scripts.hpp"
@@ -32,6 +33,7 @@ class Context {
   explicit Context(RegistryOptions o)
       : opts(validated(std::move(o))),
         fd_pin(FdService::pin(FdAccess{opts.runtime_dir, opts.allowed_uids, opts.allowed_gids})),
+        live(LiveLock::acquire()),
         keys(opts.name_space),
         session(new_session_id()),
         node(node_id()),
@@ -45,6 +47,10 @@ class Context {
   // The process's fd service uses this registry's runtime directory and
   // peer policy while it lives (FdService::pin: others are refused).
   const std::shared_ptr<void> fd_pin;
+  // The process's liveness lock in that directory (null when it cannot
+  // hold one): named in the session value, so processes of other pid
+  // namespaces that share the directory can prove this one's death.
+  const std::shared_ptr<LiveLock> live;
   const Keys keys;
   const std::string session;
   const std::string node;

@@ -1,5 +1,5 @@
-// Whether a session's process is alive: by its session key, and, where the
-// session names a process of this node and pid namespace, by the process.
+// Whether a session's process is alive: by its session key, and, where this
+// process can judge it (death_watch), by the process or its liveness lock.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
+#include "memcuda/detail/fd/live_lock.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/redis/connection.hpp"
@@ -20,36 +22,60 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-// The pid a session value names, when it means the same process here: the
-// session is of this node and this pid namespace (and not this process).
-// 0 otherwise (another node or namespace, an older writer without "pidns",
-// a value that does not decode): then only its key's expiry says it died.
-inline pid_t judgeable_pid(std::string_view session_value, const std::string& node) {
+// How this process can prove a session's process dead before its key
+// expires: by its pid, when the session is of this node and pid namespace
+// (and not this process); else by its liveness lock (fd/live_lock.hpp),
+// when it holds one in this process's runtime directory, which works
+// across pid namespaces and containers. Neither (another node, another
+// directory, an older writer, a value that does not decode): only its key's
+// expiry says it died.
+struct DeathWatch {
+  pid_t pid = 0;                    // judge by process_ended(pid)
+  std::string live;                 // else by the lock this field names
+  std::shared_ptr<LiveLock> judge;  // this process's lock: the directory the field must name
+
+  bool armed() const noexcept { return pid > 0 || (judge && !live.empty()); }
+  // Proof only: a live pid or a held lock proves nothing either way.
+  bool proves_death() const {
+    if (pid > 0) return process_ended(pid);
+    return judge && !live.empty() && judge->judge(live) == LiveVerdict::dead;
+  }
+};
+
+inline DeathWatch death_watch(std::string_view session_value, const std::string& node) {
   protocol::SessionInfo s;
   try {
     s = protocol::decode_session(session_value);
   } catch (const ProtocolError&) {
-    return 0;
+    return {};
   }
-  if (s.node != node || s.pid_ns.empty() || s.pid_ns != pid_namespace_id() || s.pid == ::getpid()) return 0;
-  return static_cast<pid_t>(s.pid);
+  if (!same_node(s.node, node)) return {};
+  DeathWatch w;
+  if (!s.pid_ns.empty() && s.pid_ns == pid_namespace_id()) {
+    if (s.pid != ::getpid()) w.pid = static_cast<pid_t>(s.pid);
+    return w;  // our namespace: the pid is exact, and this process is alive
+  }
+  if (!s.live.empty()) {
+    w.judge = LiveLock::existing();
+    if (w.judge) w.live = std::move(s.live);
+  }
+  return w;
 }
 
 // Whether a session's process is provably gone although its key has not
-// expired yet: its pid is judgeable here and that process has ended
-// (process_ended: no process has the pid, or it is a zombie; the process
-// kept its pid while it lived, so a reused pid can only make a dead one
-// look alive, never the reverse).
+// expired yet (death_watch). Its pid: the process kept its pid while it
+// lived, so a reused pid can only make a dead one look alive, never the
+// reverse. Its lock: the kernel drops it with the process.
 inline bool session_proves_death(std::string_view session_value, const std::string& node) {
-  return process_ended(judgeable_pid(session_value, node));
+  return death_watch(session_value, node).proves_death();
 }
 
 // Whether a tensor's owner session is alive: its session key exists, or
 // (no key: Redis lost it, or the process was stopped past its TTL) its
-// process still runs, so its memory is still good. A key that still
-// exists yet names a process of this node and pid namespace that no
-// longer exists (kill(2): ESRCH) is a dead owner whose key has not
-// expired yet: proven dead, so a takeover need not wait session_ttl.
+// process still runs, so its memory is still good (a pid of another pid
+// namespace may name a live process here: kept, the safe side). A key
+// that still exists yet whose process session_proves_death is a dead owner
+// whose key has not expired yet, so a takeover need not wait session_ttl.
 inline bool owner_alive(const Context& ctx, redis::Connection& c, const std::string& owner, std::int64_t pid) {
   if (owner.empty()) return false;
   if (auto v = store::read_session(c, ctx.keys, owner); !v.is_nil()) return !session_proves_death(v.str(), ctx.node);

@@ -52,7 +52,7 @@ end
 // One HMGET of 8 small fields instead of an HGETALL of ~23 per name: the
 // HGETALL and its nested reply were most of a 291-name batch's time in
 // Redis (docs/protocol.md, "The desc field").
-inline constexpr auto kAcquireMany = join(kIndexFn, R"lua(
+inline constexpr auto kAcquireMany = join(kNodeFn, kIndexFn, R"lua(
 if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[3] then
   return {'notleader', tostring(redis.call('GET', KEYS[1]))}
 end
@@ -65,7 +65,7 @@ local function take(name, tkey, lkey, dtype)
   end
   if f[1] ~= 'ready' then return {name, 'state', f[1]} end
   if dtype ~= '' and f[2] ~= dtype then return {name, 'dtype', f[2]} end
-  if f[3] ~= ARGV[2] then return {name, 'node', f[3]} end
+  if not same_node(f[3], ARGV[2]) then return {name, 'node', f[3]} end
   local n = tonumber(f[9])
   if not tonumber(f[5]) or (f[9] and (not n or n < 0)) then
     return {name, 'corrupt', 'generation ' .. tostring(f[5]) .. ', refcount ' .. tostring(f[9])}

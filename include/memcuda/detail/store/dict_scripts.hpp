@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/node_fn.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
 
@@ -153,16 +154,16 @@ return {'ok', id}
 // KEYS: link of the prefix   ARGV: key prefix, holder, node
 // -> {'ok', id, blob} | {'none'} (no linked record, or of another node:
 //    the caller opens per name, which reports what it finds)
-inline constexpr const char* kDictAcquire = R"lua(
+inline constexpr auto kDictAcquire = join(kNodeFn, R"lua(
 local id = redis.call('GET', KEYS[1])
 if not id then return {'none'} end
 local rk = ARGV[1] .. 'memcuda:dict:' .. id
 local f = redis.call('HMGET', rk, 'state', 'node', 'blob')
-if f[1] ~= 'linked' or f[2] ~= ARGV[3] then return {'none'} end
+if f[1] ~= 'linked' or not same_node(f[2], ARGV[3]) then return {'none'} end
 redis.call('HINCRBY', rk, 'refcount', 1)
 redis.call('HINCRBY', rk, 'holder:' .. ARGV[2], 1)
 return {'ok', id, f[3]}
-)lua";
+)lua");
 
 // Drops one reference (or, 'all', every reference) of a holder to a
 // record. The last reference to an unlinked record deletes it; the

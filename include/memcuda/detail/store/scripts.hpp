@@ -117,7 +117,7 @@ return {'ok', gen, rc}
 //    | {'notfound'} | {'lost', HGETALL of the marker} | {'state', s} | {'dtype', d}
 //    | {'node', n} | {'notleader', token} | {'corrupt', what} (no reference
 //    taken: the generation or refcount field does not parse, or is negative)
-inline constexpr auto kAcquire = join(kIndexFn, R"lua(
+inline constexpr auto kAcquire = join(kNodeFn, kIndexFn, R"lua(
 if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
   return {'notleader', tostring(redis.call('GET', KEYS[2]))}
 end
@@ -128,7 +128,7 @@ if not f[1] then
 end
 if f[1] ~= 'ready' then return {'state', f[1]} end
 if ARGV[2] ~= '' and f[2] ~= ARGV[2] then return {'dtype', f[2]} end
-if f[3] ~= ARGV[3] then return {'node', f[3]} end
+if not same_node(f[3], ARGV[3]) then return {'node', f[3]} end
 local n = tonumber(f[6])
 if not tonumber(f[4]) or (f[6] and (not n or n < 0)) then
   return {'corrupt', 'generation ' .. tostring(f[4]) .. ', refcount ' .. tostring(f[6])}

@@ -370,7 +370,7 @@ class Client {
   // Maps a tensor's allocation into this process (or finds our own): the
   // tensor's address and what keeps the mapping. Unavailable on another node.
   std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
-    if (t.node != ctx_.node)
+    if (!same_node(t.node, ctx_.node))
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
     auto [base, keep] =
         ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });

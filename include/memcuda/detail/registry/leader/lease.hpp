@@ -7,14 +7,14 @@
 //
 // A lease ends by expiry (up to lease_ttl after the holder's last renewal)
 // or sooner when its death is proven: a follower whose campaign fails notes
-// the holder's pid when the holder's session says it is a process of this
-// node and pid namespace, checks it every kWatchPeriod (no Redis), and when
-// it has ended (process_ended: ESRCH, or a zombie not yet reaped) deletes
-// the lease if it still holds exactly that token, then campaigns at once.
-// That is proof: the holder kept its pid while it lived, so no process with
-// that pid, or a zombie with it, means it died. A live pid proves nothing
-// (it may have been reused): then expiry decides, as it does for a holder on
-// another node, in another pid namespace, or stopped.
+// how the holder's death can be proven here (liveness.hpp, death_watch: its
+// pid in this pid namespace, else its liveness lock in a shared runtime
+// directory), checks it every kWatchPeriod (no Redis), and when it is
+// proven (process_ended: ESRCH or a zombie not yet reaped; or its lock
+// free) deletes the lease if it still holds exactly that token, then
+// campaigns at once. A live pid or a held lock proves nothing: then expiry
+// decides, as it does for a holder on another node, in a directory not
+// shared, or stopped.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -118,11 +118,11 @@ class Lease {
   // Redis): a proven death is acted on within about this long.
   static constexpr std::chrono::milliseconds kWatchPeriod{50};
 
-  // Whether a holder's pid is being watched (the control loop then wakes
-  // every kWatchPeriod to call break_if_holder_dead).
+  // Whether a holder is being watched (the control loop then wakes every
+  // kWatchPeriod to call break_if_holder_dead).
   bool watching() const {
     std::lock_guard lk(mu_);
-    return watched_pid_ > 0;
+    return watched_.armed();
   }
 
   // When the watched holder's process is gone, deletes its lease if it is
@@ -130,21 +130,22 @@ class Lease {
   // holder; false when nothing is proven (no pid watched, or it runs).
   bool break_if_holder_dead(redis::Connection& c) {
     std::string token;
-    pid_t pid;
+    DeathWatch w;
     {
       std::lock_guard lk(mu_);
       token = watched_token_;
-      pid = watched_pid_;
+      w = watched_;
     }
-    if (!process_ended(pid)) return false;
+    if (!w.armed() || !w.proves_death()) return false;
     {
       std::lock_guard lk(mu_);
-      if (watched_token_ == token) watched_pid_ = 0;
+      if (watched_token_ == token) watched_ = {};
     }
     // Compare-and-delete, the script a holder releases with: a lease taken
     // since (another token) is left alone.
     if (ctx_.scripts.lease_release.eval(c, {ctx_.keys.leader()}, {token}).integer() == 1)
-      log(LogLevel::info, "the allocator of record (lease " + token + ", pid " + std::to_string(pid) +
+      log(LogLevel::info, "the allocator of record (lease " + token +
+                              (w.pid > 0 ? ", pid " + std::to_string(w.pid) : std::string(", its liveness lock free")) +
                               ") is gone: broke its lease, campaigning now");
     return true;
   }
@@ -164,15 +165,14 @@ class Lease {
   }
 
  private:
-  // After a lost campaign: notes who holds the lease, and its pid when that
-  // pid can be judged here (same node, same pid namespace). Reads the
-  // holder's session once per token.
+  // After a lost campaign: notes who holds the lease, and how its death can
+  // be proven here (death_watch). Reads the holder's session once per token.
   void watch(redis::Connection& c, const std::string& token) {
     {
       std::lock_guard lk(mu_);
       if (token == watched_token_) return;
       watched_token_ = token;
-      watched_pid_ = 0;
+      watched_ = {};
     }
     const auto sp = token.find(' ');
     if (sp == std::string::npos) return;
@@ -182,9 +182,9 @@ class Lease {
       if (watched_token_ == token) watched_token_.clear();
       return;
     }
-    const pid_t pid = judgeable_pid(v.str(), ctx_.node);  // 0: not ours to judge, expiry decides
+    DeathWatch w = death_watch(v.str(), ctx_.node);  // not armed: not ours to judge, expiry decides
     std::lock_guard lk(mu_);
-    if (watched_token_ == token) watched_pid_ = pid;
+    if (watched_token_ == token) watched_ = std::move(w);
   }
 
   Context& ctx_;
@@ -194,7 +194,7 @@ class Lease {
   std::string token_;
   std::uint64_t epoch_ = 0;
   std::string watched_token_;  // the holder seen at the last lost campaign
-  pid_t watched_pid_ = 0;      // its pid when it can be judged here, else 0
+  DeathWatch watched_;         // how its death can be proven here (not armed: it cannot)
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -98,7 +98,7 @@ class Migration {
         if (!rs[i][4].is_nil()) seen.insert(std::string(rs[i][4].str()));
         if (rs[i][0].is_nil() || rs[i][2].is_nil() || rs[i][3].is_nil()) continue;
         std::string owner(rs[i][0].str());
-        if (owner == ctx_.session || rs[i][2].str() != ctx_.node) continue;
+        if (owner == ctx_.session || !same_node(rs[i][2].str(), ctx_.node)) continue;
         if (!dead.count(owner)) {
           std::int64_t pid = 0;
           try {

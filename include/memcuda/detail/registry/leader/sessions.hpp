@@ -63,8 +63,8 @@ class Sessions {
 
   // The session value (protocol/session.hpp).
   std::string session_value() const {
-    return protocol::encode_session(
-        {::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread, pid_namespace_id()});
+    return protocol::encode_session({::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread,
+                                     pid_namespace_id(), ctx_.live ? ctx_.live->field() : std::string()});
   }
 
   // Announces (and refreshes) this registry's session: a key that expires
@@ -107,7 +107,7 @@ class Sessions {
       try {
         auto s = protocol::decode_session(r[i].str());
         const bool same_process = s.pid == ::getpid() && s.pid_ns == pid_namespace_id();
-        if (s.allocator_capable && s.node == ctx_.node && !same_process) out.push_back(ids[i]);
+        if (s.allocator_capable && same_node(s.node, ctx_.node) && !same_process) out.push_back(ids[i]);
       } catch (const std::exception&) {  // unreadable: not a standby we can count on
       }
     }

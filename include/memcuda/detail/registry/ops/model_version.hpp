@@ -232,7 +232,7 @@ class ModelVersions {
   // happened before our read of the version).
   static void order_after(Context& ctx, std::string_view prefix, const ModelRecord& rec, StreamHandle stream) {
     if (rec.event_handle.empty()) return;
-    if (rec.node != ctx.node)
+    if (!same_node(rec.node, ctx.node))
       throw Unavailable("model '" + std::string(prefix) + "' version " + std::to_string(rec.version) +
                         " was published on node " + rec.node + ", this is " + ctx.node);
 #if MEMCUDA_HAS_CUDA()
