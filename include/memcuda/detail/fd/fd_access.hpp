@@ -143,7 +143,8 @@ inline mode_t socket_mode(const FdAccess& a) {
 // and gives it the policy's mode when it is ours. Refuses, with
 // FdTransferError(runtime_dir): a symlink, a non-directory, a directory
 // owned by a uid the policy does not allow (one another user made first,
-// e.g. in /tmp), and one writable by others without the sticky bit.
+// e.g. in /tmp; root's is allowed), and one writable by others without the
+// sticky bit.
 inline void prepare_runtime_dir(const FdAccess& a) {
   const std::string& dir = a.runtime_dir;
   const mode_t want = runtime_dir_mode(a);
@@ -166,7 +167,9 @@ inline void prepare_runtime_dir(const FdAccess& a) {
       bad_runtime_dir(dir, std::string("chmod: ") + std::strerror(errno), errno);
     return;
   }
-  if (!contains(a.allowed_uids, st.st_uid) && !(st.st_uid == 0 && contains(a.allowed_gids, st.st_gid)))
+  // Root is trusted as a peer, so a directory root made (a volume prepared
+  // for the pods) is too; the mode checks below still apply.
+  if (st.st_uid != 0 && !contains(a.allowed_uids, st.st_uid))
     bad_runtime_dir(dir, "is owned by uid " + std::to_string(st.st_uid) + ", not by this process's uid " +
                              std::to_string(me) + " nor by a uid the policy allows (" + describe_policy(a) +
                              "); refused (another user may have made it first)");
