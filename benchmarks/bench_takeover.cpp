@@ -14,7 +14,11 @@
 //
 //   memcuda_bench_takeover [--backend auto|host|cuda] [--kinds vmm,ipc]
 //       [--total-gb G] [--tensors N] [--reps 3] [--budget 120] [--device N]
-//       [--url URL] [--strict]
+//       [--url URL] [--strict] [--pods]
+//
+// --pods: every phase again with each process (leader, opener, standby,
+// recovering process) in a pod of its own (bench_pods.hpp): rows
+// takeover_<kind>_pods_*; legacy ipc is skipped there (one pid namespace).
 //
 // stdout: `row <name> <median> <min> n=<runs> [key=value ...]`, `skip <name>
 // <reason>`. --budget S caps the whole run (phases that no longer fit are
@@ -28,6 +32,7 @@
 #include <thread>
 
 #include "bench_common.hpp"
+#include "bench_pods.hpp"
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/memcuda.hpp"
 
@@ -281,6 +286,7 @@ struct Config {
   std::size_t tensors = 0;
   int device = 0, reps = 3;
   bool strict = false;
+  bool pods = false;  // --pods: the same phases again, every process in a pod of its own
 };
 
 class TakeoverBench {
@@ -301,6 +307,25 @@ class TakeoverBench {
         phase(k);
       } catch (const std::exception& e) {
         fail("takeover_" + k, e.what());
+      }
+    }
+    if (cfg_.pods) {
+      const auto why = mb::pods_unavailable(redis_.url());
+      pods_ = true;
+      for (const auto& k : cfg_.kinds) {
+        const std::string p = "takeover_" + k + "_pods";
+        const std::string no = why ? *why
+                               : k == "ipc" ? std::string("legacy CUDA IPC needs one pid namespace (cuda_vmm_fd crosses pods)")
+                                            : std::string();
+        if (!no.empty()) {
+          for (const char* r : {"_first_open_us", "_warm_get_us", "_recovery_ms"}) skip(p + r, no);
+          continue;
+        }
+        try {
+          phase(k);
+        } catch (const std::exception& e) {
+          fail(p, e.what());
+        }
       }
     }
     if (failed_) return 1;
@@ -332,6 +357,7 @@ class TakeoverBench {
                                   "--device", std::to_string(cfg_.device), "--count", std::to_string(count_),
                                   "--bytes", std::to_string(bytes_), "--reps", std::to_string(cfg_.reps)};
     argv.insert(argv.end(), extra.begin(), extra.end());
+    if (pods_) argv = mb::in_pod("bt-" + role, argv);
     return std::make_unique<mb::ChildProcess>(argv, std::vector<std::string>{std::string(redis::kUrlEnv) + "=" +
                                                                              redis_.url()});
   }
@@ -379,12 +405,12 @@ class TakeoverBench {
   }
 
   void phase(const std::string& kind) {
-    const std::string p = "takeover_" + kind;
+    const std::string p = "takeover_" + kind + (pods_ ? "_pods" : "");
     if (left_ms() < 10000) {
       for (const char* r : {"_first_open_us", "_warm_get_us", "_recovery_ms"}) skip(p + r, "--budget exhausted");
       return;
     }
-    ns_ = "bt" + std::to_string(::getpid()) + "-" + kind;
+    ns_ = "bt" + std::to_string(::getpid()) + "-" + kind + (pods_ ? "-pods" : "");
     const std::string sizes = size_phase(kind);
     const std::string base = "kind=" + kind + " " + sizes;
     std::cerr << "memcuda_bench_takeover: " << kind << ": " << sizes << "\n";
@@ -413,7 +439,7 @@ class TakeoverBench {
     }
     auto b = spawn("standby", kind, kind == "ipc" ? std::vector<std::string>{"--hold"} : std::vector<std::string>{});
     expect(*b, "READY", 60000);
-    if (kind == "vmm") {  // B holds every allocation's fd
+    if (kind != "ipc") {  // B holds every allocation's fd (cuMem and host memfds)
       while (!standbys_synced(rc, k, a_session)) {
         if (left_ms() < 5000) throw std::runtime_error("the standby did not sync its fds in time");
         std::this_thread::sleep_for(milliseconds(5));
@@ -468,6 +494,7 @@ class TakeoverBench {
   std::size_t count_ = 0;
   std::uint64_t bytes_ = 0, ctx_bytes_ = 0;
   bool failed_ = false, skipped_ = false;
+  bool pods_ = false;  // this phase runs every process in a pod of its own
 };
 
 int skip_all(const std::vector<std::string>& kinds, const std::string& why) {
@@ -485,7 +512,7 @@ int main(int argc, char** argv) {
     if (args.get("--child")) return run_child(args);
     if (args.has("--help") || args.has("-h")) {
       std::cout << "usage: memcuda_bench_takeover [--backend auto|host|cuda] [--kinds vmm,ipc] [--total-gb G]\n"
-                   "       [--tensors N] [--reps 3] [--budget 120] [--device N] [--url URL] [--strict]\n";
+                   "       [--tensors N] [--reps 3] [--budget 120] [--device N] [--url URL] [--strict] [--pods]\n";
       return 0;
     }
     const auto budget = std::chrono::seconds(std::stoi(args.get_or("--budget", "120")));
@@ -500,6 +527,7 @@ int main(int argc, char** argv) {
     cfg.reps = std::max(1, std::stoi(args.get_or("--reps", "3")));
     cfg.tensors = std::stoull(args.get_or("--tensors", "0"));
     cfg.strict = args.has("--strict");
+    cfg.pods = args.has("--pods");
     if (auto g = args.get("--total-gb")) cfg.total_gb = std::stod(*g);
     const std::string backend = args.get_or("--backend", "auto");
     bool cuda = MEMCUDA_HAS_CUDA() && backend != "host";

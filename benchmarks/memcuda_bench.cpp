@@ -26,6 +26,7 @@
 #include <set>
 
 #include "bench_common.hpp"
+#include "bench_pods.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/detail/registry/core.hpp"  // the reference cache's counters (the lingering row)
 
@@ -65,6 +66,7 @@ struct Config {
   bool torch = true;
   int torch_iters = 200;
   std::optional<std::string> bandwidth_json;
+  bool pods = false;  // --pods: the first-open and warm-get consumers also run in a pod of their own
 };
 
 std::vector<std::uint64_t> default_sizes(BackendKind b, bool quick) {
@@ -513,6 +515,17 @@ class Bench {
                      " iteration(s) failed with BudgetExceeded and were retried after a pause (not timed): " + first);
   }
 
+  // --pods and pods can be made here (the first call notes why not).
+  bool pods_ready() {
+    if (!cfg_.pods) return false;
+    if (!pods_ok_) {
+      auto why = mb::pods_unavailable(redis_.url());
+      pods_ok_ = !why;
+      if (why) notes_.push_back("The rows from another pod were not taken: " + *why + ".");
+    }
+    return *pods_ok_;
+  }
+
   std::vector<std::string> child_argv(const std::string& role, BackendKind b, const std::string& ns) {
     return {mb::self_exe().string(), "--child", role, "--ns", ns, "--backend", std::string(to_string(b)),
             "--device", std::to_string(cfg_.device), "--max-seconds", mb::fmt(loop_seconds(), 2)};
@@ -735,10 +748,15 @@ class Bench {
     argv.insert(argv.end(), {"--name", name, "--iters", std::to_string(cfg_.iters), "--warmup",
                              std::to_string(cfg_.warmup)});
     auto out = run_child_json(argv);
+    std::optional<json::object> pod;
+    if (out && pods_ready()) pod = run_child_json(mb::in_pod("bench-warm", argv));
     reg.remove(name);
     if (!out) return;
     add_series(b, "mem-cuda", "get_warm", "get (allocation already mapped)", size,
                mb::samples_from_json(out->at("get_warm")));
+    if (pod)
+      add_series(b, "mem-cuda", "get_warm_pod", "get (allocation already mapped), from another pod", size,
+                 mb::samples_from_json(pod->at("get_warm")));
     add_series(b, "mem-cuda", "release", "release (not the last handle)", size,
                mb::samples_from_json(out->at("release")));
     add_series(b, "mem-cuda", "get_reopen", "get, no handle kept (maps again)", size,
@@ -766,7 +784,7 @@ class Bench {
     held.push_back(reg.create_any(prefix + "/warm", DType::u8, {static_cast<std::int64_t>(size)}));
     for (int i = 0; i < n; ++i)
       held.push_back(reg.create_any(prefix + "/" + std::to_string(i), DType::u8, {static_cast<std::int64_t>(size)}));
-    Samples get;
+    Samples get, get_pod;
     std::uint64_t opens = 0, hits = 0;
     for (int r = 0; r < rounds; ++r) {
       auto argv = child_argv("cold", b, cold_ns);
@@ -777,11 +795,19 @@ class Bench {
       get.insert(get.end(), s.begin(), s.end());
       opens += out->at("import_opens").to_number<std::uint64_t>();
       hits += out->at("import_hits").to_number<std::uint64_t>();
+      // The same consumer in a pod, alternating with the one here.
+      if (pods_ready())
+        if (auto pod = run_child_json(mb::in_pod("bench-cold", argv))) {
+          auto ps = mb::samples_from_json(pod->at("get_cold"));
+          get_pod.insert(get_pod.end(), ps.begin(), ps.end());
+        }
     }
     for (auto& t : held) {
       reg.remove(t.name());  // before the release: the last release unlinks the name itself
       t.release();
     }
+    if (!get_pod.empty())
+      add_series(b, "mem-cuda", "get_cold_pod", "get (first open of its allocation), from another pod", size, get_pod);
     auto& row = add_series(b, "mem-cuda", "get_cold", "get (first open of its allocation)", size, get);
     row.extra = {{"tensors", n},
                  {"processes", rounds},
@@ -1447,6 +1473,7 @@ class Bench {
   mb::Clock::time_point start_ = mb::Clock::now();
   bool budget_noted_ = false;
   std::vector<std::string> notes_;
+  std::optional<bool> pods_ok_;  // --pods: whether pods can be made here (asked once)
   std::vector<Row> rows_;
   std::map<std::string, json::object> pool_;
   json::value torch_;
@@ -1478,6 +1505,9 @@ void usage() {
   --max-seconds S            stop any one timed loop after S seconds (default 20)
   --budget S                 soft limit for the whole run: once spent, every remaining loop runs
                              at most 0.5 s and one consumer process (the output says so)
+  --pods                     also run the first-open and warm-get consumers in a pod of their own
+                             (new pid, network, mount, UTS and IPC namespaces, private /dev/shm;
+                             root, unshare and the private Redis): rows get_cold_pod, get_warm_pod
 )";
 }
 
@@ -1509,6 +1539,7 @@ Config parse_config(const mb::Args& a) {
   if (auto v = a.get("--torch-iters")) c.torch_iters = std::stoi(*v);
   if (auto v = a.get("--bandwidth-json")) c.bandwidth_json = *v;
   c.torch = c.torch && !a.has("--no-torch");
+  c.pods = a.has("--pods");
   std::string why;
   std::string want = a.get_or("--backend", cuda_available() ? "both" : "host");
   if (want == "both") {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -68,6 +69,22 @@ inline DeathWatch death_watch(std::string_view session_value, const std::string&
 // reverse. Its lock: the kernel drops it with the process.
 inline bool session_proves_death(std::string_view session_value, const std::string& node) {
   return death_watch(session_value, node).proves_death();
+}
+
+// The pid namespace of `owner`'s process when its session says one other
+// than this process's (another container); nullopt otherwise (the same, not
+// said, no session). Legacy CUDA IPC handles open only within one pid
+// namespace: a failed open is told apart from a dead owner by this.
+inline std::optional<std::string> foreign_pid_namespace(const Context& ctx, redis::Connection& c,
+                                                        const std::string& owner) {
+  auto v = store::read_session(c, ctx.keys, owner);
+  if (v.is_nil()) return std::nullopt;
+  try {
+    auto s = protocol::decode_session(v.str());
+    if (!s.pid_ns.empty() && s.pid_ns != pid_namespace_id()) return s.pid_ns;
+  } catch (const ProtocolError&) {
+  }
+  return std::nullopt;
 }
 
 // Whether a tensor's owner session is alive: its session key exists, or

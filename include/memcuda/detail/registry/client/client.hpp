@@ -372,8 +372,25 @@ class Client {
   std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
     if (!same_node(t.node, ctx_.node))
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
-    auto [base, keep] =
-        ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] { return ctx_.backend(t.backend).open(t); });
+    auto [base, keep] = ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] {
+      try {
+        return ctx_.backend(t.backend).open(t);
+      } catch (const Error& e) {
+        // A legacy IPC handle of a live owner in another pid namespace fails
+        // as a dead owner's does (Lost), or with another CUDA error: say
+        // which it is.
+        if (t.alloc_kind != alloc_kind::cuda_ipc || (!dynamic_cast<const Lost*>(&e) && !dynamic_cast<const CudaError*>(&e)))
+          throw;
+        auto c = ctx_.pool.acquire();
+        if (auto ns = foreign_pid_namespace(ctx_, *c, t.owner))
+          throw Unavailable("tensor '" + t.name + "' is a legacy CUDA IPC allocation of a process in another pid "
+                            "namespace (" + *ns + ", this is " + pid_namespace_id() +
+                            "): legacy CUDA IPC opens only within one pid namespace; allocate with "
+                            "cuda_allocation=vmm (MEMCUDA_CUDA_ALLOCATION=vmm) to share across containers, or "
+                            "run both processes in one pid namespace");
+        throw;
+      }
+    });
     return {static_cast<char*>(base) + t.offset, std::move(keep)};
   }
 
