@@ -273,20 +273,6 @@ class DevicePool {
     blocks_.reset_peak();
   }
 
-  // A graceful stop with a standby: every allocation whose memory can
-  // outlive this process is kept for the standby to adopt (deallocate()
-  // only unmaps it). Returns how many allocations were retained.
-  std::size_t retain_for_handover() {
-    std::lock_guard lk(mu_);
-    std::size_t n = 0;
-    for (auto& [id, e] : slabs_)
-      if (const auto& r = e.exported->allocation().retained) {
-        r->store(true);
-        ++n;
-      }
-    return n;
-  }
-
  private:
   struct SlabEntry {
     std::shared_ptr<ExportedBlock> exported;

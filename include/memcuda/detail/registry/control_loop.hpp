@@ -210,8 +210,8 @@ class ControlLoop {
 
   // A graceful stop of the allocator of record. With a standby (another
   // live session that may lead), what this process allocated is handed
-  // over: objects that outlive it (host shm) are kept, not unlinked, and
-  // cuMem allocations stay alive in the standbys' fds; the standby adopts
+  // over: host memfds and cuMem allocations stay alive in the fds the
+  // standbys hold (standby.hpp); the standby adopts
   // them in place once this session is gone, as after a crash, so nothing
   // is lost. Without one, the tensors go with this process, and it says so.
   void hand_over() {
@@ -226,17 +226,15 @@ class ControlLoop {
       return;
     }
     wait_for_standbys(c);
-    const std::size_t kept = core_->alloc.retain_for_handover();
     log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) over to " +
-                            std::to_string(standbys) + " standby(s) (" + std::to_string(kept) +
-                            " shared-memory object(s) kept for adoption; cuMem memory lives on in their fds)");
+                            std::to_string(standbys) + " standby(s) (the memory lives on in the fds they hold)");
     if (owned.legacy_ipc)
       log(LogLevel::warn, std::to_string(owned.legacy_ipc) +
                               " tensor(s) are legacy CUDA IPC allocations, whose memory dies with this process: "
                               "only those another live process maps are copied (use cuda_allocation=vmm)");
   }
 
-  // cuda_vmm_fd: a standby adopts only what it holds the fd of. Waits (at
+  // A standby adopts only what it holds the fd of. Waits (at
   // most kHandoverWait) until every standby's progress marker has caught up
   // with the allocations Hash.
   void wait_for_standbys(redis::Connection& c) {

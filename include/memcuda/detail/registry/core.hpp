@@ -89,12 +89,10 @@ class Core {
   // Constructs the release queue first, so that it outlives every
   // registry, static ones included (statics go in reverse order).
   // The standby thread runs where this registry hosts the control thread
-  // (it resolves the cuda allocation kind on itself and ends unless vmm).
+  // (host memfds and cuMem allocations are both shared by fd).
   explicit Core(RegistryOptions o) : ctx(std::move(o)) {
     (void)ReleaseQueue::instance();
-#if MEMCUDA_HAS_CUDA()
-    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc) standby.start();
-#endif
+    if (ctx.opts.control_thread) standby.start();
   }
 
   Core(const Core&) = delete;
@@ -152,12 +150,9 @@ class Core {
   std::uint64_t trim_now() {
     auto c = ctx.pool.acquire();
     auto n = alloc.trim_and_announce(*c, true);
-#if MEMCUDA_HAS_CUDA()
-    // cuda_vmm_fd: the returned slabs' fields go now, so standbys close
-    // their fds (and the memory is freed) without waiting for a tick.
-    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc)
-      standby.withdraw_stale(*c);
-#endif
+    // The returned slabs' fields go now, so standbys close their fds (and
+    // the memory is freed) without waiting for a tick.
+    if (ctx.opts.control_thread) standby.withdraw_stale(*c);
     return n;
   }
 

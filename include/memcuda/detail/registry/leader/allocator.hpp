@@ -298,7 +298,7 @@ class Allocator {
     return v;
   }
 
-  // Host objects of dead owners, unlinked once no record uses them.
+  // Legacy host shm objects of dead owners, unlinked once no record uses them.
   void add_orphan(const TensorInfo& t) {
     std::lock_guard lk(owned_mu_);
     pending_reclaim_.emplace(t.ipc_handle, t);
@@ -356,16 +356,8 @@ class Allocator {
     return v;
   }
 
-  // A graceful stop with a standby: every allocation is kept for it to
-  // adopt (see DevicePool::retain_for_handover). Returns the count.
-  std::size_t retain_for_handover() {
-    std::size_t n = 0;
-    for (DevicePool* p : pools()) n += p->retain_for_handover();
-    return n;
-  }
-
   // What this process owns now: tensors, of them persistent, and by backend
-  // kind whether their memory can outlive it (host shm, cuMem) or not.
+  // kind whether their memory can outlive it (memfd, cuMem) or not.
   struct OwnedSummary {
     std::size_t tensors = 0, persistent = 0, legacy_ipc = 0;
   };

@@ -1,8 +1,9 @@
 // Standby holders (docs/design.md, "Standby holding").
 //
-// Every cuda_vmm_fd allocation's fd source is published in one Hash per
-// namespace, `<ns>:memcuda:allocations` (field: the allocation key
-// "vmm:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
+// Every allocation shared by fd (cuda_vmm_fd, host_memfd) has its fd source
+// published in one Hash per namespace, `<ns>:memcuda:allocations` (field:
+// the allocation key, "vmm:<creator session>:<alloc id>" or
+// "host:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
 // with `<ns>:memcuda:allocations_version`, a token renewed by every change
 // (one script: the change and the token are atomic; both keys are deleted
 // when the Hash goes empty).
@@ -228,8 +229,7 @@ class Standby {
     return ops.size() / 2;
   }
 
-  // Starts the thread (once). It resolves the registry's cuda allocation
-  // kind first, on itself, and ends at once unless it is vmm.
+  // Starts the thread (once).
   void start() {
     std::lock_guard lk(mu_);
     if (thread_.joinable()) return;
@@ -251,12 +251,6 @@ class Standby {
 
  private:
   void run(std::stop_token st) {
-    try {
-      if (ctx_.cuda_allocation() != CudaAllocation::vmm) return;
-    } catch (const std::exception& e) {
-      log(LogLevel::warn, std::string("standby: not holding fds: ") + e.what());
-      return;
-    }
     std::optional<redis::Connection> conn;
     int failures = 0;
     while (!st.stop_requested()) {
