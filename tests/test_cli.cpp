@@ -968,9 +968,9 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   {
     auto c = srv.connect();  // the standby holds w's fd before a dies: w's memory lives on in it
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while (!test::standby_synced(c, b->pid()) && std::chrono::steady_clock::now() < until)
+    while (!test::standby_synced(c, b->pid(), {"w"}) && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(20ms);
-    REQUIRE(test::standby_synced(c, b->pid()));
+    REQUIRE(test::standby_synced(c, b->pid(), {"w"}));
   }
   a->kill(SIGKILL);
   a->wait();

@@ -126,10 +126,10 @@ TEST_CASE("a standby of another user does not take the lease and loses nothing: 
   CHECK(std::string(c.command({"GET", "memcuda:owner_uid"}).str()) == "0");  // the leader's user
   auto s = worker(srv);
   CHECK_FALSE(ready(*s));
-  REQUIRE(eventually([&] { return test::standby_synced(c, s->pid()); }));  // s holds every fd
+  REQUIRE(eventually([&] { return test::standby_synced(c, s->pid(), {"u_small", "u_big"}); }));  // s holds every fd
   auto other = worker(srv, {"--uid", std::to_string(kOtherUid)});
   CHECK_FALSE(ready(*other));
-  CHECK_FALSE(test::standby_synced(c, other->pid()));  // refused by a's fd server: another uid
+  CHECK_FALSE(test::standby_synced(c, other->pid(), {"u_small", "u_big"}));  // refused by a's fd server: another uid
   const pid_t a_pid = a->pid();
   const auto a_memfds = memfds_of({a_pid});
   CHECK(a_memfds.size() == 2);

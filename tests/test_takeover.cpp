@@ -26,6 +26,7 @@
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
+#include "support/standby_sync.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/text.hpp"
@@ -173,6 +174,10 @@ void takeover_adopts(bool holder) {
   // kill -9 the allocator of record; the standby takes over and adopts
   auto takeover = [&](test::Child& dead, test::Child& next) {
     const std::string dead_pid = std::to_string(dead.pid()), next_pid = std::to_string(next.pid());
+    // the memory outlives `dead` only in the fds the standby holds
+    std::vector<std::string> names;
+    for (const auto& t : tensors) names.push_back(t.name);
+    REQUIRE(eventually([&] { return test::standby_synced(c, next.pid(), names); }));
     dead.kill(SIGKILL);
     dead.wait();
     REQUIRE(eventually([&] { return next.ask("leader") == "OK leader=1"; }));
@@ -355,6 +360,8 @@ TEST_CASE("takeover: memcuda serve killed with -9, its standby serves w on, noth
   const pid_t a_id = a->pid(), b_id = b->pid();  // Child::pid() is -1 once it was waited for
   const std::string a_pid = std::to_string(a_id), b_pid = std::to_string(b_id);
   CHECK(hget(c, "memcuda:tensor:w", "owner_pid") == a_pid);
+  // w's memory outlives a only in the fd the standby holds
+  REQUIRE(eventually([&] { return test::standby_synced(c, b_id, {"w"}); }));
 
   a->kill(SIGKILL);
   a->wait();

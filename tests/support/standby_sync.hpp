@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "memcuda/redis/connection.hpp"
 #include "support/text.hpp"
@@ -15,12 +16,20 @@
 namespace memcuda::test {
 
 // The standby process `pid` (namespace prefix `ns`, "" for the default)
-// has caught up with the allocations Hash: its progress marker
-// (memcuda:standby:<session>) names the Hash's current version. True when
-// nothing was ever published.
-inline bool standby_synced(redis::Connection& c, pid_t pid, const std::string& ns = "") {
+// holds the fd of every allocation the records of `names` use: each one's
+// allocation is published in the allocations Hash, and the standby's
+// progress marker (memcuda:standby:<session>) names the Hash's current
+// version. With no names, only the marker is checked (false when nothing
+// was published).
+inline bool standby_synced(redis::Connection& c, pid_t pid, const std::vector<std::string>& names = {},
+                           const std::string& ns = "") {
+  for (const auto& n : names) {
+    auto h = c.command({"HGET", ns + "memcuda:tensor:" + n, "ipc_handle"});
+    if (h.is_nil() || c.command({"HEXISTS", ns + "memcuda:allocations", std::string(h.str())}).integer() != 1)
+      return false;
+  }
   auto v = c.command({"GET", ns + "memcuda:allocations_version"});
-  if (v.is_nil()) return true;
+  if (v.is_nil()) return false;
   auto keys = c.command({"KEYS", ns + "memcuda:standby:" + std::to_string(pid) + "-*"});
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto m = c.command({"GET", std::string(keys[i].str())});
