@@ -48,8 +48,9 @@ inline int shm_objects_of(const std::vector<pid_t>& pids) {
 // memfd lives exactly as long as some process holds an fd or a mapping of
 // it, and both show its label ("/memfd:memcuda.<...> (deleted)") in
 // /proc/<pid>/fd and /proc/<pid>/maps. Processes that exit meanwhile are
-// skipped.
-inline std::set<std::string> memfds_of(const std::vector<pid_t>& pids) {
+// skipped; so is this process when `here` is false (its import cache may
+// keep an idle mapping of what it read: process_cache.hpp).
+inline std::set<std::string> memfds_of(const std::vector<pid_t>& pids, bool here = true) {
   std::set<std::string> out;
   auto note = [&](std::string_view text) {
     for (pid_t p : pids) {
@@ -65,6 +66,7 @@ inline std::set<std::string> memfds_of(const std::vector<pid_t>& pids) {
   for (const auto& proc : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string pid = proc.path().filename().string();
     if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (!here && pid == std::to_string(::getpid())) continue;
     std::error_code e2;
     for (const auto& fd : std::filesystem::directory_iterator(proc.path() / "fd", e2)) {
       std::error_code e3;

@@ -34,6 +34,14 @@ struct Allocation {
   // false until a record was republished pointing at it (migration.hpp).
   std::shared_ptr<std::atomic<bool>> adopted_committed;
   bool adopted() const noexcept { return adopted_committed != nullptr; }
+  // Set (true) when a stopping allocator of record hands its allocations to
+  // a standby (Allocator::retain_for_handover): a host_memfd deallocate()
+  // then only unmaps, and its fd is served on until this process exits, so
+  // readers still fetch it while the records name this process (a live
+  // pid keeps its records from adoption); the standby adopts it once the
+  // process is gone, from the fd it holds. Null for other kinds.
+  std::shared_ptr<std::atomic<bool>> retained;
+  bool is_retained() const noexcept { return retained && retained->load(); }
   // cuda_vmm_fd, host_memfd: the exported fd as this process serves it
   // (FdService), and its text form for the records' "fd_source". Empty for
   // other kinds.

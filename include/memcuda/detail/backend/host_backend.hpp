@@ -32,7 +32,9 @@
 #include <cstdint>
 #include <cstring>
 #include <set>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/backend/host_shm_legacy.hpp"
@@ -115,14 +117,21 @@ class HostBackend final : public Backend {
       throw;
     }
     a.base = p;
+    a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
 
   // Unmaps and stops serving the fd. The memory goes when no process holds
   // an fd (standbys drop theirs once the allocations Hash forgets it) or a
-  // mapping of it; an adopted allocation not yet committed is the same.
+  // mapping of it; an adopted allocation not yet committed is the same. A
+  // retained one (handed to a standby by a graceful stop) is served on
+  // until this process exits: its records name this process until then.
   void deallocate(const Allocation& a) noexcept override {
     if (a.base) ::munmap(a.base, a.size);
+    if (a.is_retained() && a.served) {
+      serve_until_exit(a.served);
+      return;
+    }
     if (a.served) a.served->withdraw();
   }
 
@@ -173,6 +182,7 @@ class HostBackend final : public Backend {
     }
     a.base = p;
     a.adopted_committed = std::make_shared<std::atomic<bool>>(false);
+    a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
 
@@ -186,6 +196,19 @@ class HostBackend final : public Backend {
   void copy(void* dst, const void* src, std::uint64_t n, int /*device*/) override { std::memcpy(dst, src, n); }
 
  private:
+  // Keeps `s` served until static destruction (process exit). Noexcept: a
+  // failure only ends the serving early (the standby still holds the fd).
+  static void serve_until_exit(const std::shared_ptr<ServedFd>& s) noexcept {
+    static std::mutex mu;                                // leaf
+    static std::vector<std::shared_ptr<ServedFd>> kept;  // process-wide by design
+    try {
+      std::lock_guard lk(mu);
+      kept.push_back(s);
+    } catch (...) {
+      s->withdraw();
+    }
+  }
+
   static void check_kind(const TensorInfo& t) {
     if (t.alloc_kind == alloc_kind::host_memfd) return;
     throw Unavailable("tensor '" + t.name + "' is a " + t.alloc_kind +

@@ -29,7 +29,6 @@
 #include <optional>
 
 #include "memcuda/detail/registry/core.hpp"
-#include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/lists.hpp"
 
@@ -167,10 +166,9 @@ class ControlLoop {
     // the garbage collector drops what is left once the session is gone).
     (void)ReleaseQueue::instance().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
     try {
-      const bool handed = core_->is_leader() && hand_over();
+      if (core_->is_leader()) hand_over();
       core_->lease.release(conn_);
       core_->sessions.end(conn_);
-      if (handed) wait_for_adoption(conn_);
     } catch (const std::exception& e) {
       log(LogLevel::warn, std::string("ending the session: ") + e.what());
     }
@@ -213,60 +211,30 @@ class ControlLoop {
   // A graceful stop of the allocator of record. With a standby (another
   // live session that may lead), what this process allocated is handed
   // over: host memfds and cuMem allocations stay alive in the fds the
-  // standbys hold (standby.hpp); the standby adopts
+  // standbys hold (standby.hpp), and host fds are served on until this
+  // process exits (Allocation::retained); the standby adopts
   // them in place once this session is gone, as after a crash, so nothing
   // is lost. Without one, the tensors go with this process, and it says so.
-  // Returns whether it handed tensors over.
-  bool hand_over() {
+  void hand_over() {
     auto& c = conn_;
     const auto owned = core_->alloc.owned_summary();
-    if (owned.tensors == 0) return false;
+    if (owned.tensors == 0) return;
     const std::size_t standbys = core_->sessions.standbys(c);
     if (standbys == 0) {
       log(LogLevel::warn, "stopping the allocator of record with no standby: its " + std::to_string(owned.tensors) +
                               " tensor(s), " + std::to_string(owned.persistent) +
                               " persistent, are freed with it (start a second `memcuda serve` first to keep them)");
-      return false;
+      return;
     }
-    // Empty slabs go now (their fields too): what is left is what records use.
-    core_->alloc.trim_and_announce(c, true);
-    core_->standby.withdraw_stale(c);
     wait_for_standbys(c);
+    const std::size_t kept = core_->alloc.retain_for_handover();
     log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) over to " +
-                            std::to_string(standbys) + " standby(s) (the memory lives on in the fds they hold)");
+                            std::to_string(standbys) + " standby(s) (the memory lives on in the fds they hold; " +
+                            std::to_string(kept) + " host allocation(s) served on until this process exits)");
     if (owned.legacy_ipc)
       log(LogLevel::warn, std::to_string(owned.legacy_ipc) +
                               " tensor(s) are legacy CUDA IPC allocations, whose memory dies with this process: "
                               "only those another live process maps are copied (use cuda_allocation=vmm)");
-    return true;
-  }
-
-  // Memory shared by fd is fetched from this process's fd server until the
-  // successor adopts it (its records then name the successor's), and that
-  // server stops with the registry: a reader in between would find nothing
-  // there. So the registry waits (at most kHandoverWait plus a lease ttl)
-  // until no field of the allocations Hash names this session any more
-  // (the successor republishes each under its own). The standby thread
-  // stops first: it would write this session's fields back.
-  void wait_for_adoption(redis::Connection& c) {
-    core_->standby.stop();
-    const std::string& me = core_->ctx.session;
-    const auto deadline = std::chrono::steady_clock::now() + kHandoverWait + core_->ctx.opts.lease_ttl;
-    try {
-      for (;;) {
-        bool mine = false;
-        for (const auto& [key, value] : store::read_allocations(c, core_->ctx.keys))
-          if (auto e = store::decode_allocation(value); e && e->owner == me) mine = true;
-        if (!mine) return;
-        if (std::chrono::steady_clock::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    } catch (const std::exception& e) {
-      log(LogLevel::warn, std::string("handing over: ") + e.what());
-      return;
-    }
-    log(LogLevel::warn, "handing over: the standby has not adopted every allocation yet; readers that open one "
-                        "before it does get Lost and must get again");
   }
 
   // A standby adopts only what it holds the fd of. Waits (at

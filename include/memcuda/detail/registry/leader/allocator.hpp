@@ -356,6 +356,14 @@ class Allocator {
     return v;
   }
 
+  // A graceful stop with a standby: every allocation is kept for it to
+  // adopt (see DevicePool::retain_for_handover). Returns the count.
+  std::size_t retain_for_handover() {
+    std::size_t n = 0;
+    for (DevicePool* p : pools()) n += p->retain_for_handover();
+    return n;
+  }
+
   // What this process owns now: tensors, of them persistent, and by backend
   // kind whether their memory can outlive it (memfd, cuMem) or not.
   struct OwnedSummary {
