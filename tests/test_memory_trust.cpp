@@ -180,6 +180,8 @@ TEST_CASE("get refuses a record pointed at a shm object the registry did not mak
     const auto* bytes = reinterpret_cast<const unsigned char*>(got.data());
     CHECK(std::all_of(bytes, bytes + 16, [](unsigned char b) { return b == 0x40; }));
     CHECK(legacy.intact());
+    got = {};
+    reader.flush();  // its reference goes, as the refused gets' never came
   }
 
   SECTION("another program's object: not the registry's name") {

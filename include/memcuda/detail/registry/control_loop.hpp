@@ -226,6 +226,10 @@ class ControlLoop {
                               " persistent, are freed with it (start a second `memcuda serve` first to keep them)");
       return;
     }
+    // Publish what this process serves now (its standby thread would at its
+    // next tick): the standbys' progress is measured against it.
+    core_->standby.stop();
+    core_->standby.sync_once(c, false);
     wait_for_standbys(c);
     const std::size_t kept = core_->alloc.retain_for_handover();
     log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) over to " +
