@@ -106,7 +106,8 @@ TEST_CASE("host tensors: one process makes a tensor, another reads and writes it
   const std::string source = hget(c, k, "fd_source");
   CHECK(starts_with(source, "v1;"));
   CHECK(contains(source, ";" + std::to_string(a->pid()) + ";"));
-  CHECK(contains(source, ";@memcuda-fd-" + std::to_string(a->pid()) + "-"));
+  CHECK(contains(source, "/fd-" + std::to_string(a->pid()) + "-"));  // its server's socket in the runtime directory
+  CHECK(source.ends_with(".sock"));
   const std::string label = label_of(handle);
   CHECK(maps_memfd(a->pid(), label));
   CHECK_FALSE(maps_memfd(b->pid(), label));
@@ -196,7 +197,7 @@ TEST_CASE("host tensors: a forged or unusable fd_source is refused with a typed 
   }
   SECTION("another process's fd server (this one's, under the registry's naming)") {
     forge(source_with(src, {{2, me}, {6, "@memcuda-fd-" + me + "-0123456789abcdef"}}));
-    refused("is not the fd server of its owner (pid " + a_pid + ",");
+    refused("is not the fd server of its owner (pid " + a_pid + ")");
   }
   SECTION("the owner's pid, but a server outside the registry's naming") {
     forge(source_with(src, {{6, "@not-memcuda-" + a_pid}}));
