@@ -101,4 +101,19 @@ inline void clear_standby_synced(redis::Connection& c, const Keys& k, std::strin
   c.command({"DEL", k.standby_synced(sid)});
 }
 
+// What a campaign weighs, in one round trip: whether the lease is held,
+// the Hash's version and session `sid`'s own progress marker (nil: none).
+struct SuccessionView {
+  bool lease_held = false;
+  std::optional<std::string> version, marker;
+};
+inline SuccessionView read_succession_view(redis::Connection& c, const Keys& k, std::string_view sid) {
+  auto r = c.pipeline({{"EXISTS", k.leader()}, {"GET", k.allocations_version()}, {"GET", k.standby_synced(std::string(sid))}});
+  SuccessionView v;
+  v.lease_held = r[0].integer() != 0;
+  if (!r[1].is_nil()) v.version = std::string(r[1].str());
+  if (!r[2].is_nil()) v.marker = std::string(r[2].str());
+  return v;
+}
+
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::store
