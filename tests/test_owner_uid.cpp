@@ -158,8 +158,40 @@ TEST_CASE("a standby of another user does not take the lease and loses nothing: 
   CHECK(shm_objects_of({a_pid}) == 0);
 }
 
+// Where the owner key is missing (deleted by hand), a process of another
+// user campaigns too. It holds none of the old user's fds (their fd server
+// refuses it), so it leaves the vacant lease to the same-user standby that
+// holds them all (leader/succession.hpp) instead of taking over and
+// finding every tensor lost; that standby adopts everything in place.
+TEST_CASE("without the owner key, a standby of another user leaves the lease to a same-user standby that holds "
+          "the fds",
+          "[security][takeover][multiprocess]") {
+  if (::geteuid() != 0) MEMCUDA_SKIP("a peer of another uid can only be started by root (CI runs the tests as root)");
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto a = worker(srv);
+  REQUIRE(ready(*a));
+  auto digest = make_tensors(*a);
+  auto s = worker(srv);
+  CHECK_FALSE(ready(*s));
+  REQUIRE(eventually([&] { return test::standby_synced(c, s->pid(), {"u_small", "u_big"}); }));
+  auto other = worker(srv, {"--uid", std::to_string(kOtherUid)});
+  CHECK_FALSE(ready(*other));
+  CHECK_FALSE(test::standby_synced(c, other->pid(), {"u_small", "u_big"}));
+  c.command({"DEL", "memcuda:owner_uid"});
+  const pid_t a_pid = a->pid();
+  a->kill(SIGKILL);
+  a->wait();
+  same_user_takes_over(srv, c, *s, digest, {s->pid(), other->pid(), a_pid});
+  CHECK(other->ask("leader") == "OK leader=0");
+  CHECK(std::string(c.command({"GET", "memcuda:owner_uid"}).str()) == "0");
+  CHECK(other->ask("exit") == "OK");
+  CHECK(s->ask("exit") == "OK");
+}
+
 // Where another user leads anyway (a namespace whose owner key was
-// deleted), it can fetch none of the memory of the old user's processes.
+// deleted, and no process of the old user runs), it can fetch none of the
+// memory of the old user's processes.
 // The documented way to hand a namespace over stops every process of the
 // old user first: then nothing holds that memory any more (it went with
 // its last holder, nothing is left in /dev/shm or anywhere), and the new
