@@ -1014,7 +1014,7 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   CHECK(j.at("owner_pid").as_int64() == b->pid());
   CHECK(std::string(j.at("ipc_handle").as_string()) == handle);
   CHECK(file_of(std::string(j.at("fd_source").as_string())) == file);
-  CHECK(contains(std::string(j.at("fd_source").as_string()), ";@memcuda-fd-" + std::to_string(b->pid()) + "-"));
+  CHECK(contains(std::string(j.at("fd_source").as_string()), "/fd-" + std::to_string(b->pid()) + "-"));
 
   b->kill(SIGINT);
   CHECK(b->wait() == 0);
