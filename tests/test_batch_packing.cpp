@@ -21,6 +21,7 @@
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
 #include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -196,7 +197,8 @@ TEST_CASE("removing a packed batch returns its space: reused while empty, freed 
   CHECK(st.slabs == base.slabs);
   CHECK(st.reserved == base.reserved);
   CHECK(st.in_use == base.in_use);
-  CHECK_FALSE(std::filesystem::exists("/dev/shm" + first.ipc_handle));
+  // trimmed: the memfd is gone (the leader served it: nobody else held it)
+  CHECK(test::memfds_of({::getpid()}).count("memcuda." + first.owner + "." + std::to_string(first.alloc_id)) == 0);
 }
 
 TEST_CASE("a packed batch over the budget falls back to per-tensor placement and succeeds", "[redis][batch][packing]") {
@@ -249,18 +251,27 @@ TEST_CASE("a batch get across a worker's many allocations opens each once and re
   for (int i = 0; i < kN; ++i) ids.insert(reader.info("t/" + std::to_string(i)).alloc_id);
   REQUIRE(ids.size() == kN);
 
-  // One allocation cannot be opened any more (its shm name is gone; the
-  // worker keeps its own mapping): that name alone fails, and gives its
-  // reference back.
+  // One allocation cannot be opened any more (its record names an fd its
+  // owner does not serve, and no fd number for the fast path; the worker
+  // keeps its own memory): that name alone fails, and gives its reference
+  // back.
   const TensorInfo lost = reader.info("t/3");
-  REQUIRE(::shm_unlink(lost.ipc_handle.c_str()) == 0);
+  {
+    auto c = srv.connect();
+    const std::string src = lost.fd_source;  // "v1;<id>;<pid>;<fd>;<dev>;<ino>;<address>"
+    auto p1 = src.find(';'), p2 = src.find(';', p1 + 1), p3 = src.find(';', p2 + 1), p4 = src.find(';', p3 + 1);
+    REQUIRE(p4 != std::string::npos);
+    const std::string stale = "v1;999999;" + src.substr(p2 + 1, p3 - p2 - 1) + ";-1;" + src.substr(p4 + 1);
+    c.command({"HSET", "memcuda:tensor:t/3", "fd_source", stale});
+  }
 
   const auto opens0 = reader.stats().process.import_opens;
   auto got = reader.get_prefix("t/");
   CHECK(reader.stats().process.import_opens - opens0 == kN - 1);  // one open per allocation, none twice
   REQUIRE(got.tensors.size() == kN - 1);
   REQUIRE(got.errors.size() == 1);
-  CHECK(got.errors.at("t/3").code == "lost");
+  CHECK(got.errors.at("t/3").code == "unavailable");
+  CHECK(got.errors.at("t/3").message.find("999999") != std::string::npos);
   for (int i = 0; i < kN; ++i) {
     if (i == 3) continue;
     const std::string n = "t/" + std::to_string(i);

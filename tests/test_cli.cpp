@@ -31,6 +31,7 @@
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
 #include "support/text.hpp"
+#include "support/standby_sync.hpp"
 #include "support/worker.hpp"
 
 using namespace memcuda;
@@ -301,7 +302,8 @@ TEST_CASE("memcuda info: every field, holders with their pids alive or not", "[c
   CHECK(j.at("ctime_ms").as_int64() == info.ctime_ms);
   CHECK(j.at("node").as_string() == info.node);
   CHECK(j.at("this_node").as_bool());
-  CHECK(j.at("shm_name").as_string() == info.ipc_handle);
+  CHECK_FALSE(j.as_object().contains("shm_name"));  // a memfd: no name in /dev/shm
+  CHECK(j.at("fd_source").as_string() == info.fd_source);
   CHECK(j.at("ipc_handle_bytes").to_number<std::uint64_t>() == info.ipc_handle.size());
   std::string hex;
   for (unsigned char ch : info.ipc_handle) {
@@ -925,18 +927,27 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   REQUIRE(memcuda_cli(at(srv, {"create", "w", "--dtype", "f32", "--shape", "1024", "--backend", "host"})).code == 0);
 
   auto j = parse_json(memcuda_cli(at(srv, {"info", "w", "--json"})));
-  CHECK(j.at("alloc_kind").as_string() == "host_shm");
+  CHECK(j.at("alloc_kind").as_string() == "host_memfd");
   CHECK(j.at("owner_pid").as_int64() == a->pid());
-  const std::string handle(j.at("shm_name").as_string());
-  auto inode_of = [](const std::string& shm_name) {
-    struct stat st {};
-    return ::stat(("/dev/shm" + shm_name).c_str(), &st) == 0 ? st.st_ino : 0;
+  CHECK_FALSE(j.as_object().contains("shm_name"));  // nothing named in /dev/shm
+  const std::string handle(j.at("ipc_handle").as_string());
+  // the memfd's identity (st_dev, st_ino), from the record's fd source
+  auto file_of = [](const std::string& source) {
+    std::vector<std::string> p;  // "v1;<id>;<pid>;<fd>;<dev>;<ino>;<address>"
+    std::size_t at = 0;
+    for (int i = 0; i < 6; ++i) {
+      const auto semi = source.find(';', at);
+      if (semi == std::string::npos) return std::string();
+      p.push_back(source.substr(at, semi - at));
+      at = semi + 1;
+    }
+    return p[4] + ":" + p[5];
   };
-  const auto inode = inode_of(handle);
-  REQUIRE(inode != 0);
+  const std::string file = file_of(std::string(j.at("fd_source").as_string()));
+  REQUIRE_FALSE(file.empty());
   auto text = memcuda_cli(at(srv, {"info", "w"})).out;
   CHECK(contains(text, "alloc_kind"));
-  CHECK(contains(text, "host_shm"));
+  CHECK(contains(text, "host_memfd"));
 
   // before any takeover both counters are there and zero (the leader
   // publishes its pool statistics at each lease renewal)
@@ -954,6 +965,13 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
 
   auto b = serve();
   read_until(*b, "follower");
+  {
+    auto c = srv.connect();  // the standby holds w's fd before a dies: w's memory lives on in it
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!test::standby_synced(c, b->pid(), {"w"}) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    REQUIRE(test::standby_synced(c, b->pid(), {"w"}));
+  }
   a->kill(SIGKILL);
   a->wait();
   read_until(*b, "allocator of record", 10s);
@@ -989,14 +1007,14 @@ TEST_CASE("memcuda info shows alloc_kind, stats shows adopted and copied bytes a
   CHECK(contains(text, R"(memcuda_pool_adopted_bytes_total{backend="host",device="-1",uuid=""} 4096)" "\n"));
   CHECK(contains(text, R"(memcuda_pool_copied_bytes_total{backend="host",device="-1",uuid=""} 0)" "\n"));
 
-  // the record now names the standby, and the same shm object (under the
-  // standby's own name): adopted, not copied
+  // the record now names the standby, and the same memfd (same key, same
+  // file, served by the standby now): adopted, not copied
   j = parse_json(memcuda_cli(at(srv, {"info", "w", "--json"})));
-  CHECK(j.at("alloc_kind").as_string() == "host_shm");
+  CHECK(j.at("alloc_kind").as_string() == "host_memfd");
   CHECK(j.at("owner_pid").as_int64() == b->pid());
-  const std::string now(j.at("shm_name").as_string());
-  CHECK(now.rfind("/memcuda." + std::to_string(b->pid()) + "-", 0) == 0);
-  CHECK(inode_of(now) == inode);
+  CHECK(std::string(j.at("ipc_handle").as_string()) == handle);
+  CHECK(file_of(std::string(j.at("fd_source").as_string())) == file);
+  CHECK(contains(std::string(j.at("fd_source").as_string()), "/fd-" + std::to_string(b->pid()) + "-"));
 
   b->kill(SIGINT);
   CHECK(b->wait() == 0);

@@ -25,6 +25,7 @@
 
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "support/standby_sync.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
@@ -374,6 +375,8 @@ TEST_CASE("a new allocator of record repairs wrong-type index keys when it takes
   REQUIRE(begins(old->ask("createp pa 16 3"), "OK"));
   REQUIRE(begins(old->ask("createp pb 8 5"), "OK"));
   auto admin = srv.connect();
+  // their memory outlives the old leader only in the fd the standby holds
+  REQUIRE(eventually([&] { return test::standby_synced(admin, ::getpid(), {"pa", "pb"}); }));
 
   old->kill(SIGSTOP);  // its GC cannot repair anything now
   const std::vector<std::pair<std::string, std::string>> broken{

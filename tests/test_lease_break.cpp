@@ -24,6 +24,7 @@
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
+#include "support/standby_sync.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/text.hpp"
@@ -92,6 +93,8 @@ TEST_CASE("lease break: a killed allocator of record is replaced at once, its te
   const std::string lease(c.command({"GET", "memcuda:leader"}).str());  // "<epoch> <session>"
   const std::string a_session = lease.substr(lease.find(' ') + 1);
   const std::string b_pid = std::to_string(b->pid());
+  // w's memory outlives a only in the fd the standby holds (docs/design.md, "What is lost when")
+  REQUIRE(within(10s, [&] { return test::standby_synced(c, b->pid(), {"w"}); }));
 
   a->kill(SIGKILL);
   a->wait();

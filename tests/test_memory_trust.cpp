@@ -165,10 +165,24 @@ TEST_CASE("get refuses a record pointed at a shm object the registry did not mak
   const std::string key = "memcuda:tensor:t";
   const std::string refcount = hget(c, key, "refcount");
   // a fresh alloc_id: no mapping of this process is found for it, the
-  // reader opens what the record names
+  // reader opens what the record names. The record is made one of an older
+  // version (host_shm, named in /dev/shm): this version still reads those.
   auto point_at = [&](const std::string& handle, std::uint64_t alloc_bytes) {
-    c.command({"HSET", key, "ipc_handle", handle, "alloc_bytes", std::to_string(alloc_bytes), "alloc_id", "9001"});
+    c.command({"HSET", key, "ipc_handle", handle, "alloc_bytes", std::to_string(alloc_bytes), "alloc_id", "9001",
+               "alloc_kind", "host_shm"});
+    c.command({"HDEL", key, "fd_source"});
   };
+
+  SECTION("an older version's object of the registry's name: read by name") {
+    ForeignObject legacy("/memcuda." + owner + ".9001", 4096, 0x40);
+    point_at(legacy.name(), 4096);
+    auto got = reader.get<float>("t");
+    const auto* bytes = reinterpret_cast<const unsigned char*>(got.data());
+    CHECK(std::all_of(bytes, bytes + 16, [](unsigned char b) { return b == 0x40; }));
+    CHECK(legacy.intact());
+    got = {};
+    reader.flush();  // its reference goes, as the refused gets' never came
+  }
 
   SECTION("another program's object: not the registry's name") {
     ForeignObject foreign("/trust-foreign-" + std::to_string(::getpid()), 4096, 0x5C);
@@ -290,13 +304,19 @@ TEST_CASE("host backend: reclaim leaves objects of other names and other users a
     CHECK(hb.reclaim_owner(tag, {odd.name(), sized.name()}) == 0);
     CHECK(theirs.intact());
   }
-  // what the registry made for this record goes
-  detail::Allocation mine = hb.allocate(4096, -1, 10, tag);
-  ::munmap(mine.base, mine.size);
+  // what an older version made for this record goes
+  ForeignObject mine("/memcuda." + tag + ".10", 4096, 2);
   t.alloc_id = 10;
-  t.ipc_handle = mine.handle;
+  t.ipc_handle = mine.name();
   hb.reclaim_orphan(t);
-  CHECK_FALSE(std::filesystem::exists("/dev/shm" + mine.handle));
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + mine.name()));
+  // a host_memfd record has no name to unlink: nothing is touched
+  ForeignObject named("/memcuda." + tag + ".11", 4096, 3);
+  t.alloc_id = 11;
+  t.ipc_handle = named.name();
+  t.alloc_kind = "host_memfd";
+  hb.reclaim_orphan(t);
+  CHECK(named.intact());
 }
 
 // A standby fetches an allocation's fd only from the fd server of the

@@ -436,9 +436,10 @@ TEST_CASE("a hostile reply_to cannot touch the registry's keys, and oversized co
 // live process holds is copied by that holder (the only one that can still
 // read it) into memory the successor allocates, and republished under a
 // new generation; a persistent tensor nobody holds is marked lost and its
-// name freed. On host the successor adopts the shm objects in place, held
-// or not (tests/test_takeover.cpp covers that in depth): nothing is lost. At the
-// end nothing is left: no keys, no pool memory, no shm objects, and on cuda
+// name freed. On host the successor adopts the memfds in place through the
+// fds it holds, held by a tensor or not (tests/test_takeover.cpp covers that
+// in depth): nothing is lost. At the end nothing is left: no keys, no pool
+// memory, no memfd anywhere, and on cuda
 // the driver's free memory is back.
 static void dead_allocator_tensors_migrate(const std::string& backend) {
   test::RedisServer srv;
@@ -569,12 +570,11 @@ static void dead_allocator_tensors_migrate(const std::string& backend) {
   INFO(r);
   CHECK(r.find(" in_use=0 reserved=0") != std::string::npos);
   if (!cuda) {
-    auto shm_of_a = [&] {
-      int n = 0;
-      for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
-        n += starts_with(e.path().filename().string(), "memcuda." + a_pid + "-");
-      return n;
-    };
+    // a's memfds (adopted by the successor) went with their last fd and
+    // mapping, wherever those were; nothing was ever named in /dev/shm
+    const std::vector<pid_t> a_only{static_cast<pid_t>(std::stoi(a_pid))};
+    CHECK(test::shm_objects_of(a_only) == 0);
+    auto shm_of_a = [&] { return test::memfds_of(a_only).size(); };
     t0 = std::chrono::steady_clock::now();
     while (std::chrono::steady_clock::now() - t0 < 5s && shm_of_a() != 0) std::this_thread::sleep_for(20ms);
     CHECK(shm_of_a() == 0);

@@ -21,6 +21,7 @@
 #include "memcuda/protocol.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "support/standby_sync.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
@@ -420,6 +421,8 @@ TEST_CASE("desc: a record republished by a takeover is read correctly by a batch
       CHECK(hget(c, k, "owner_pid") == a_pid);
     }
   }  // released: only the names hold them
+  // their memory outlives a only in the fd the standby holds
+  REQUIRE(eventually([&] { return test::standby_synced(c, s->pid(), names); }));
   a->kill(SIGKILL);
   a->wait();
   REQUIRE(eventually([&] { return s->ask("leader") == "OK leader=1"; }));

@@ -105,5 +105,10 @@ TEST_CASE("a leader killed right after replying: its successor does not answer t
   // the lease, so anything there is served before the sentinel.
   auto seen = replies_until_sentinel(c, "r");
   CHECK(seen["c1"] == 0);
-  CHECK(b->ask("get w").rfind("OK", 0) == 0);
+  // w was made moments before its allocator of record died: its create was
+  // answered only once the standby held its new allocation's fd
+  // (docs/design.md, "What is lost when"), so the standby adopted it.
+  const auto got = b->ask("get w");
+  INFO(got);
+  CHECK(got.rfind("OK", 0) == 0);
 }

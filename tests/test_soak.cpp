@@ -32,6 +32,8 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/text.hpp"
+#include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -161,7 +163,7 @@ std::set<std::string> smembers(redis::Connection& c, const std::string& key) {
   return s;
 }
 
-// /dev/shm objects of the host backend: "/memcuda.<session>.<alloc id>".
+// /dev/shm objects of older versions' host backend: "/memcuda.<session>.<alloc id>".
 std::vector<std::string> shm_objects_of(const std::set<std::string>& sessions) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -415,12 +417,24 @@ void soak(const SoakConfig& cfg) {
   CHECK(reg.is_leader());
   CHECK(c.command({"GET", "memcuda:epoch"}).str() == "1");  // nobody took over from the test
 
-  // Empty slabs go back to the OS on trim(): then no shm object of any
-  // process of this run is left, the killed ones' included.
+  // Empty slabs go back to the OS on trim(): then no memfd of any process
+  // of this run is left anywhere, the killed ones' included (their fds
+  // and mappings went with them), and nothing was ever named in /dev/shm.
   reg.trim();
   if (cfg.backend == "host") {
-    auto left = shm_objects_of(sessions_seen);
-    for (const auto& n : left) FAIL_CHECK("left in /dev/shm: " << n);
+    for (const auto& n : shm_objects_of(sessions_seen)) FAIL_CHECK("left in /dev/shm: " << n);
+    std::vector<pid_t> pids;
+    for (const auto& sid : sessions_seen) pids.push_back(static_cast<pid_t>(std::stol(sid)));
+    std::set<std::string> left;
+    test::eventually([&] {
+      left.clear();
+      for (const auto& label : test::memfds_of(pids)) {
+        auto rest = label.substr(8);  // "memcuda.<session>.<alloc id>"
+        if (sessions_seen.count(rest.substr(0, rest.rfind('.')))) left.insert(label);
+      }
+      return left.empty();
+    });
+    for (const auto& n : left) FAIL_CHECK("memfd left: " << n);
   }
 
   // No orphan keys. What may legitimately remain once every tensor is gone

@@ -1,7 +1,8 @@
 // Takeover without loss on the host backend: when
-// the allocator of record dies, its successor adopts the dead owner's POSIX
-// shm objects in place (no byte copied) and republishes every record, so
-// tensors held by nobody, persistent ones, survive. Real processes
+// the allocator of record dies, its successor adopts the dead owner's
+// memfds in place through the fds its standby thread holds (no byte copied)
+// and republishes every record, so tensors held by nobody, persistent
+// ones, survive. Real processes
 // (memcuda_test_worker, the memcuda CLI) against a real redis-server.
 // Also the pieces that adoption stands on: BlockAllocator::allocate_at, the
 // records' "alloc_kind" and the pool statistics' adopted/copied counters.
@@ -25,6 +26,7 @@
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
+#include "support/standby_sync.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/text.hpp"
@@ -50,12 +52,30 @@ using test::hget;
 using test::ready;
 using test::starts_with;
 
+using test::memfds_of;
 using test::shm_objects_of;
 
-// The inode of a shm object (0 when it does not exist).
-ino_t inode_of(const std::string& shm_name) {
-  struct stat st {};
-  return ::stat(("/dev/shm" + shm_name).c_str(), &st) == 0 ? st.st_ino : 0;
+// The parts of a record's fd_source ("v1;<id>;<pid>;<fd>;<dev>;<ino>;<address>").
+std::vector<std::string> source_parts(const std::string& fd_source) {
+  std::vector<std::string> parts;
+  std::size_t at = 0;
+  for (int i = 0; i < 6; ++i) {
+    auto semi = fd_source.find(';', at);
+    if (semi == std::string::npos) return parts;
+    parts.push_back(fd_source.substr(at, semi - at));
+    at = semi + 1;
+  }
+  parts.push_back(fd_source.substr(at));
+  return parts;
+}
+// The memfd a record's fd_source names ("<st_dev>:<st_ino>"): adoption keeps it.
+std::string file_of(const std::string& fd_source) {
+  auto p = source_parts(fd_source);
+  return p.size() == 7 ? p[4] + ":" + p[5] : std::string();
+}
+std::string source_pid(const std::string& fd_source) {
+  auto p = source_parts(fd_source);
+  return p.size() == 7 ? p[2] : std::string();
 }
 
 using test::eventually;
@@ -79,16 +99,17 @@ std::vector<Tensor> sample_tensors() {
 // The allocator of record `a` creates persistent tensors, writes a
 // distinct pattern into each and drops its own references: only their
 // names hold them. A standby is alive. `a` is killed with SIGKILL. The
-// standby takes the lease and adopts a's shm objects: every record names it
-// as owner (new generation) and still points at the same object and
+// standby takes the lease and adopts a's memfds through the fds it holds:
+// every record names it as owner (new generation), as the fd's source, and
+// still points at the same memory (its key, the file's identity) and
 // offset. A process started after the kill reads every tensor back
 // byte-identical; the leader's pool statistics show every byte adopted and
 // none copied. The standby's successor adopts them again when the standby
 // is killed in turn. With `holder`, a process maps every tensor before the
 // first kill and reads them through the same pointers, intact, after each
 // takeover; what it writes afterwards is what a new reader sees (one
-// memory, not a copy). At the end every tensor is removed and no shm object
-// of any of these processes is left in /dev/shm.
+// memory, not a copy). At the end every tensor is removed and no memfd of
+// any of these processes is left anywhere (nor anything in /dev/shm).
 void takeover_adopts(bool holder) {
   test::RedisServer srv;
   auto c = srv.connect();
@@ -105,11 +126,12 @@ void takeover_adopts(bool holder) {
   std::vector<pid_t> pids{a_pid, s1->pid()};
   if (h) pids.push_back(h->pid());
   REQUIRE(shm_objects_of(pids) == 0);
+  REQUIRE(memfds_of(pids).empty());
 
   auto tensors = sample_tensors();
   std::uint64_t total = 0;
   std::map<std::string, std::string> handle, offset, gen, ptr;
-  std::map<std::string, ino_t> inode;  // of each tensor's shm object: adoption keeps the object
+  std::map<std::string, std::string> file;  // of each tensor's memfd: adoption keeps it
   std::uint64_t seed = 11;
   for (auto& t : tensors) {
     INFO(t.name);
@@ -121,10 +143,13 @@ void takeover_adopts(bool holder) {
     REQUIRE(a->ask("release " + t.name) == "OK");  // only the name holds it now
     const std::string k = "memcuda:tensor:" + t.name;
     handle[t.name] = hget(c, k, "ipc_handle");
-    inode[t.name] = inode_of(handle[t.name]);
+    file[t.name] = file_of(hget(c, k, "fd_source"));
+    CHECK_FALSE(file[t.name].empty());
+    CHECK(source_pid(hget(c, k, "fd_source")) == std::to_string(a->pid()));
     offset[t.name] = hget(c, k, "offset");
     gen[t.name] = hget(c, k, "generation");
-    CHECK(hget(c, k, "alloc_kind") == "host_shm");
+    CHECK(hget(c, k, "alloc_kind") == "host_memfd");
+    CHECK(starts_with(handle[t.name], "host:" + std::to_string(a->pid()) + "-"));
     CHECK(hget(c, k, "refcount") == "1");
     total += t.elements * sizeof(float);
     if (h) {
@@ -136,18 +161,23 @@ void takeover_adopts(bool holder) {
   }
   CHECK(handle["t_small"] == handle["t_tiny"]);  // one slab, several tensors
   CHECK(handle["t_small"] != handle["t_big"]);
-  CHECK(shm_objects_of({a_pid}) == 2);
+  CHECK(memfds_of({a_pid}).size() == 2);
+  CHECK(shm_objects_of({a_pid}) == 0);  // nothing named in /dev/shm
   // a also keeps an empty slab (retain_empty_slabs): three 15 MiB tensors
   // need a second slab, and all three go again
   const std::vector<std::string> fills{"t_fill1", "t_fill2", "t_fill3"};
   for (const auto& n : fills) REQUIRE(starts_with(a->ask("create " + n + " 3932160 1", 20s), "OK"));
   for (const auto& n : fills) REQUIRE(a->ask("release " + n) == "OK");
   CHECK(eventually([&] { return c.command({"EXISTS", "memcuda:tensor:t_fill3"}).integer() == 0; }));
-  CHECK(shm_objects_of({a_pid}) == 3);
+  CHECK(memfds_of({a_pid}).size() == 3);
 
   // kill -9 the allocator of record; the standby takes over and adopts
   auto takeover = [&](test::Child& dead, test::Child& next) {
     const std::string dead_pid = std::to_string(dead.pid()), next_pid = std::to_string(next.pid());
+    // the memory outlives `dead` only in the fds the standby holds
+    std::vector<std::string> names;
+    for (const auto& t : tensors) names.push_back(t.name);
+    REQUIRE(eventually([&] { return test::standby_synced(c, next.pid(), names); }));
     dead.kill(SIGKILL);
     dead.wait();
     REQUIRE(eventually([&] { return next.ask("leader") == "OK leader=1"; }));
@@ -159,13 +189,13 @@ void takeover_adopts(bool holder) {
     for (const auto& t : tensors) {
       INFO(t.name);
       const std::string k = "memcuda:tensor:" + t.name;
-      // the same object, adopted (not copied), now under a name of the adopter's
-      const std::string now = hget(c, k, "ipc_handle");
-      CHECK(starts_with(now, "/memcuda." + next_pid + "-"));
-      CHECK(inode_of(now) == inode[t.name]);
+      // the same memfd, adopted (not copied), its fd now served by the adopter
+      CHECK(hget(c, k, "ipc_handle") == handle[t.name]);
+      CHECK(file_of(hget(c, k, "fd_source")) == file[t.name]);
+      CHECK(source_pid(hget(c, k, "fd_source")) == next_pid);
       CHECK(hget(c, k, "offset") == offset[t.name]);
       CHECK(hget(c, k, "generation") != gen[t.name]);      // republished under a new generation
-      CHECK(hget(c, k, "alloc_kind") == "host_shm");
+      CHECK(hget(c, k, "alloc_kind") == "host_memfd");
       CHECK(hget(c, k, "refcount") == (h ? "2" : "1"));
       CHECK(c.command({"EXISTS", "memcuda:lost:" + t.name}).integer() == 0);
       gen[t.name] = hget(c, k, "generation");
@@ -214,11 +244,14 @@ void takeover_adopts(bool holder) {
     REQUIRE(h->ask("pattern t_tiny 12") == "OK");
     CHECK(field(d->ask("digest t_tiny"), "fnv") == tensors[1].digest);
   }
-  // the dead owner's objects its records used are adopted under the
-  // adopter's names; every name of the dead owner (those, and the empty
-  // slab no record uses) is unlinked a round after all its records settled
-  CHECK(eventually([&] { return shm_objects_of({a_pid}) == 0; }));
-  CHECK(shm_objects_of({s1->pid()}) == 2);
+  // the dead owner's memfds its records use live on in the adopter; the
+  // empty slab no record uses is freed a round after all its records
+  // settled (its field leaves the allocations Hash, the standbys close
+  // their fds)
+  CHECK(eventually([&] { return memfds_of({a_pid}).size() == 2; }));
+  CHECK(memfds_of({a_pid}).size() == 2);
+  CHECK(memfds_of({s1->pid()}).empty());
+  CHECK(shm_objects_of(pids) == 0);
 
   // adoption is repeatable: the adopter dies too, its standby adopts again
   auto s2 = worker(srv);
@@ -248,13 +281,15 @@ void takeover_adopts(bool holder) {
     for (std::size_t j = 0; j + 1 < f.size(); j += 2)
       if (f[j].str() != "ipc_handle") UNSCOPED_INFO(left[i].str() << " " << f[j].str() << "=" << f[j + 1].str());
   }
-  CHECK(eventually([&] { return shm_objects_of(pids) == 0; }));
-  INFO(shm_objects_of(pids) << " shm object(s) left");
+  CHECK(eventually([&] { return memfds_of(pids).empty(); }));
+  for (const auto& m : memfds_of(pids)) UNSCOPED_INFO("left: " << m);
+  CHECK(shm_objects_of(pids) == 0);
   auto st = e->ask("stats");
   INFO(st);
   CHECK(field(st, "copied_bytes") == "0");
   for (auto* w : {s2.get(), d.get(), e.get(), h.get()})
     if (w) CHECK(w->ask("exit") == "OK");
+  CHECK(memfds_of(pids).empty());
   CHECK(shm_objects_of(pids) == 0);
 }
 
@@ -282,8 +317,8 @@ TEST_CASE("takeover: a holder's mappings of adopted host tensors stay valid and 
 // The issue's scenario with the tool: `memcuda serve`, a standby
 // `memcuda serve`, `memcuda create w`, kill -9 of the first serve. The
 // standby takes over, and `memcuda cat w` prints w's values (it used to
-// answer "was lost"). Removing w and stopping the standby leaves no shm
-// object of either serve behind.
+// answer "was lost"). Removing w and stopping the standby leaves no memory
+// of either serve behind.
 TEST_CASE("takeover: memcuda serve killed with -9, its standby serves w on, nothing lost",
           "[redis][cli][takeover]") {
   test::RedisServer srv;
@@ -325,6 +360,8 @@ TEST_CASE("takeover: memcuda serve killed with -9, its standby serves w on, noth
   const pid_t a_id = a->pid(), b_id = b->pid();  // Child::pid() is -1 once it was waited for
   const std::string a_pid = std::to_string(a_id), b_pid = std::to_string(b_id);
   CHECK(hget(c, "memcuda:tensor:w", "owner_pid") == a_pid);
+  // w's memory outlives a only in the fd the standby holds
+  REQUIRE(eventually([&] { return test::standby_synced(c, b_id, {"w"}); }));
 
   a->kill(SIGKILL);
   a->wait();
@@ -340,9 +377,11 @@ TEST_CASE("takeover: memcuda serve killed with -9, its standby serves w on, noth
 
   std::tie(code, out) = run_cli(srv, {"rm", "w"});
   CHECK(code == 0);
-  CHECK(eventually([&] { return shm_objects_of({a_id, b_id}) == 0; }));
+  // (this process read w: its import cache may keep an idle mapping)
+  CHECK(eventually([&] { return memfds_of({a_id, b_id}, false).empty(); }));
   b->kill(SIGINT);
   CHECK(b->wait() == 0);
+  CHECK(memfds_of({a_id, b_id}, false).empty());
   CHECK(shm_objects_of({a_id, b_id}) == 0);
 }
 
@@ -408,11 +447,16 @@ TEST_CASE("records say their allocation kind, and a reader of another kind gets 
     FAIL("opened a cuda_vmm_fd record with the host backend");
   } catch (const Unavailable& e) {
     CHECK(contains(e.what(), "cuda_vmm_fd"));
-    CHECK(contains(e.what(), "host_shm"));
+    CHECK(contains(e.what(), "host_memfd"));
   }
   CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(vmm));
-  CHECK(detail::backend_for(BackendKind::host).can_adopt(t));
-  CHECK(detail::backend_for(BackendKind::host).can_adopt(old));
+  // an older version's shm object is read, never adopted (the copy path saves it)
+  CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(t));
+  CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(old));
+  TensorInfo memfd = t;
+  memfd.alloc_kind = "host_memfd";
+  memfd.ipc_handle = "host:1-00000000000000aa:1";
+  CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(memfd));  // this process holds no fd of it
 
   // a malformed kind is a bad record
   auto bad = f;
@@ -440,57 +484,65 @@ TEST_CASE("pool statistics carry adopted and copied bytes, optional on the wire"
   CHECK(old[0].copied_bytes == 0);
 }
 
-// The host backend adopts an object another process created: the adopter
-// maps the same object and links it under its own name (records then name
-// it as any allocation of the adopter); freeing the adoption unlinks only
-// that name, the dead owner's name is left to the sweep (reclaim_owner,
-// which unlinks that owner's objects except those kept).
-TEST_CASE("host backend: adopt maps the same object under the adopter's name", "[takeover]") {
+// The host backend adopts a memfd whose owner freed it (as its death
+// would) through an fd this process holds (a standby's): the adopter maps
+// the same file, serves it from its own fd server under the same key, and a
+// reader then fetches it from there. Without a held fd there is nothing to
+// adopt; once the adopter frees it and no fd or mapping is left, the
+// memory is gone.
+TEST_CASE("host backend: adopt maps the same memfd through a held fd and serves it", "[takeover][fd]") {
   auto& hb = detail::backend_for(BackendKind::host);
   const std::string tag = std::to_string(::getpid()) + "-00000000adad7e57";
-  const std::string me = std::to_string(::getpid()) + "-00000000adad7e58";
+  const std::string label = "memcuda." + tag + ".1";
   detail::Allocation orig = hb.allocate(4096, -1, 1, tag);
-  detail::Allocation spare = hb.allocate(4096, -1, 2, tag);
+  CHECK(orig.alloc_kind == "host_memfd");
+  CHECK(orig.handle == "host:" + tag + ":1");
+  REQUIRE(orig.served);
+  CHECK(memfds_of({::getpid()}).count(label) == 1);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + label));
   std::memset(orig.base, 0x5A, 4096);
   TensorInfo t;
   t.name = "x";
   t.backend = BackendKind::host;
   t.ipc_handle = orig.handle;
   t.alloc_bytes = orig.size;
-  t.alloc_kind = "host_shm";
+  t.alloc_kind = "host_memfd";
   t.owner = tag;
+  t.owner_pid = ::getpid();
   t.alloc_id = 1;
-  auto exists = [](const std::string& name) { return std::filesystem::exists("/dev/shm" + name); };
-  auto inode = [](const std::string& name) {
-    struct stat st {};
-    REQUIRE(::stat(("/dev/shm" + name).c_str(), &st) == 0);
-    return st.st_ino;
-  };
+  t.fd_source = orig.fd_source;
+  CHECK_FALSE(hb.can_adopt(t));  // no fd of it held: nothing to adopt from
+  CHECK_THROWS_AS(hb.adopt(t, 76, tag), Lost);
 
-  detail::Allocation a = hb.adopt(t, 77, me);
+  // a standby's hold, fetched from the owner's fd server as the standby thread does
+  auto& holds = detail::FdHolds::instance();
+  const auto src = detail::decode_fd_source(orig.fd_source);
+  holds.hold("test-standby", orig.handle, detail::fetch(src.source, src.id).fd);
+  CHECK(hb.can_adopt(t));
+  hb.deallocate(orig);  // the owner lets go: the held fd keeps the memory
+  CHECK(memfds_of({::getpid()}).count(label) == 1);
+
+  detail::Allocation a = hb.adopt(t, 77, tag);
   CHECK(a.alloc_id == 77);
-  CHECK(a.handle == "/memcuda." + me + ".77");
-  CHECK(inode(a.handle) == inode(orig.handle));  // the same object
-  CHECK(a.alloc_kind == "host_shm");
+  CHECK(a.handle == orig.handle);  // the key names the memory for good
+  CHECK(a.alloc_kind == "host_memfd");
   REQUIRE(a.adopted());
+  REQUIRE(a.served);
   CHECK(static_cast<unsigned char*>(a.base)[4095] == 0x5A);
-  hb.deallocate(a);  // its own name goes, the dead owner's stays
-  CHECK_FALSE(exists(a.handle));
-  CHECK(exists(orig.handle));
+  const auto as = detail::decode_fd_source(a.fd_source);
+  CHECK(as.source.identity == src.source.identity);  // the same file
+  CHECK(as.id != src.id);                             // served anew
+  holds.drop("test-standby", orig.handle);
 
-  detail::Allocation b = hb.adopt(t, 78, me);
-  b.adopted_committed->store(true);
-  CHECK(hb.reclaim_owner(tag, {orig.handle}) == 1);  // the spare one, no record uses it
-  CHECK_FALSE(exists(spare.handle));
-  CHECK(exists(orig.handle));
-  CHECK(hb.reclaim_owner(tag, {}) == 1);  // the dead owner's name: the memory lives on under b's
-  CHECK_FALSE(exists(orig.handle));
-  CHECK(static_cast<unsigned char*>(b.base)[0] == 0x5A);
-  hb.deallocate(b);
-  CHECK_FALSE(exists(b.handle));
-  ::munmap(orig.base, orig.size);
-  ::munmap(spare.base, spare.size);
-
-  TensorInfo gone = t;
-  CHECK_THROWS_AS(hb.adopt(gone, 79, me), Lost);
+  // a reader fetches it from the adopter's source
+  t.fd_source = a.fd_source;
+  {
+    auto m = hb.open(t);
+    CHECK(static_cast<unsigned char*>(m->base())[0] == 0x5A);
+    static_cast<unsigned char*>(m->base())[1] = 0x11;  // one memory
+    CHECK(static_cast<unsigned char*>(a.base)[1] == 0x11);
+  }
+  hb.deallocate(a);
+  CHECK(memfds_of({::getpid()}).count(label) == 0);  // the last fd and mapping went: so did the memory
+  CHECK_THROWS(hb.open(t));
 }

@@ -10,8 +10,11 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "support/process.hpp"
@@ -29,7 +32,8 @@ inline std::unique_ptr<Child> start_worker(const std::string& url, const std::ve
 
 // How many shm objects of these processes /dev/shm holds: those whose names
 // carry a session id of one of `pids` (a session id is "<pid>-<random>"),
-// whatever other tests on this machine keep there.
+// whatever other tests on this machine keep there. Host allocations are
+// memfds and never appear there; older versions made such objects.
 inline int shm_objects_of(const std::vector<pid_t>& pids) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
@@ -37,6 +41,42 @@ inline int shm_objects_of(const std::vector<pid_t>& pids) {
     for (pid_t p : pids) n += starts_with(f, "memcuda." + std::to_string(p) + "-");
   }
   return n;
+}
+
+// The host allocations (memfds) made by sessions of `pids` that still exist
+// anywhere on this machine, by label ("memcuda.<session>.<alloc id>"): a
+// memfd lives exactly as long as some process holds an fd or a mapping of
+// it, and both show its label ("/memfd:memcuda.<...> (deleted)") in
+// /proc/<pid>/fd and /proc/<pid>/maps. Processes that exit meanwhile are
+// skipped; so is this process when `here` is false (its import cache may
+// keep an idle mapping of what it read: process_cache.hpp).
+inline std::set<std::string> memfds_of(const std::vector<pid_t>& pids, bool here = true) {
+  std::set<std::string> out;
+  auto note = [&](std::string_view text) {
+    for (pid_t p : pids) {
+      const std::string head = "/memfd:memcuda." + std::to_string(p) + "-";
+      auto at = text.find(head);
+      if (at == std::string_view::npos) continue;
+      auto label = text.substr(at + 7);
+      label = label.substr(0, label.find(' '));
+      out.insert(std::string(label));
+    }
+  };
+  std::error_code ec;
+  for (const auto& proc : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string pid = proc.path().filename().string();
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (!here && pid == std::to_string(::getpid())) continue;
+    std::error_code e2;
+    for (const auto& fd : std::filesystem::directory_iterator(proc.path() / "fd", e2)) {
+      std::error_code e3;
+      auto target = std::filesystem::read_symlink(fd.path(), e3);
+      if (!e3) note(target.string());
+    }
+    std::ifstream maps(proc.path() / "maps");
+    for (std::string line; std::getline(maps, line);) note(line);
+  }
+  return out;
 }
 
 // Reads a worker's READY line (waiting at most `limit`: a cuda worker's

@@ -131,7 +131,7 @@ constexpr std::string_view kGlobalHelp =
     "                   a URL on the command line is visible to every user in ps\n"
     "  --namespace NS   registry namespace (every key prefixed \"NS:\"); default: none\n"
     "  --runtime-dir DIR  directory of the fd server sockets (default: $MEMCUDA_RUNTIME_DIR,\n"
-    "                   else /tmp/memcuda-<uid>); processes that share cuda_vmm_fd memory use one\n"
+    "                   else /tmp/memcuda-<uid>); processes sharing host or vmm memory use one\n"
     "  --allowed-uids LIST, --allowed-gids LIST\n"
     "                   peers served besides this uid and root, e.g. 1000,1001 (default:\n"
     "                   $MEMCUDA_ALLOWED_UIDS, $MEMCUDA_ALLOWED_GIDS, else none)\n"

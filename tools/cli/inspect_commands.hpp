@@ -111,7 +111,10 @@ int cmd_info(Context& c) {
     o["this_node"] = same_node;
     o["ipc_handle"] = hex(t.ipc_handle);
     o["ipc_handle_bytes"] = t.ipc_handle.size();
-    if (t.backend == BackendKind::host) o["shm_name"] = t.ipc_handle;
+    // A host record of an older version names a /dev/shm object; a
+    // host_memfd one names a key (its memory has no name in /dev/shm).
+    if (alloc_kind_text(t) == "host_shm") o["shm_name"] = t.ipc_handle;
+    if (!t.fd_source.empty()) o["fd_source"] = t.fd_source;
     o["offset"] = t.offset;
     o["alloc_bytes"] = t.alloc_bytes;
     o["alloc_id"] = t.alloc_id;
@@ -141,7 +144,8 @@ int cmd_info(Context& c) {
   auto opt = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
   std::string handle = t.ipc_handle.empty() ? "-" : hex(t.ipc_handle);
   handle += " (" + std::to_string(t.ipc_handle.size()) + " bytes";
-  if (t.backend == BackendKind::host && !t.ipc_handle.empty()) handle += ", shm object " + t.ipc_handle;
+  if (alloc_kind_text(t) == "host_shm" && !t.ipc_handle.empty()) handle += ", shm object " + t.ipc_handle;
+  if (alloc_kind_text(t) == "host_memfd") handle += ", memfd " + t.ipc_handle;
   handle += ")";
   std::cout << key_values({
       {"name", t.name},
@@ -165,6 +169,7 @@ int cmd_info(Context& c) {
       {"alloc_bytes", std::to_string(t.alloc_bytes)},
       {"alloc_id", std::to_string(t.alloc_id)},
       {"alloc_kind", alloc_kind_text(t) + (t.alloc_kind.empty() ? " (not in the record: written before the field)" : "")},
+      {"fd_source", opt(t.fd_source)},
       {"create_id", opt(t.create_id)},
       {"event_handle", t.event_handle.empty() ? "-" : hex(t.event_handle)},
       {"event_version", std::to_string(t.event_version)},

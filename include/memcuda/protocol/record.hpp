@@ -232,7 +232,7 @@ inline TensorInfo decode_record(const Fields& fields) {
       bad(f::ipc_handle,
           "is " + std::to_string(t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
     if (t.backend == BackendKind::host && t.ipc_handle.empty())
-      bad(f::ipc_handle, "is empty, expected the shm object name of a host tensor");
+      bad(f::ipc_handle, "is empty, expected the allocation key (or an older version's shm object name) of a host tensor");
   }
 
   if (auto v = optional(f::ctime)) t.ctime_ms = as_i64(f::ctime, *v);

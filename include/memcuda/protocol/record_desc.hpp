@@ -309,7 +309,7 @@ class RecordReader {
       if (t.backend == BackendKind::cuda && t.ipc_handle.size() != kIpcHandleBytes)
         bad(f::ipc_handle, "is " + std::to_string(t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
       if (t.backend == BackendKind::host && t.ipc_handle.empty())
-        bad(f::ipc_handle, "is empty, expected the shm object name of a host tensor");
+        bad(f::ipc_handle, "is empty, expected the allocation key (or an older version's shm object name) of a host tensor");
     }
 
     if (has(kCtime)) t.ctime_ms = as_i64(f::ctime, v_[kCtime]);

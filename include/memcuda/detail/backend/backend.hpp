@@ -27,24 +27,24 @@ struct Allocation {
   std::string device_uuid;  // "" for host
   void* base = nullptr;     // the exporter's own pointer (it may not open its handle)
   std::uint64_t size = 0;   // bytes of the exported allocation
-  std::string handle;       // what an importer needs: 64-byte IPC handle, shm name
+  std::string handle;       // what an importer needs: 64-byte IPC handle, or the key of an fd-shared kind
   std::string alloc_kind;   // the records' "alloc_kind" (namespace alloc_kind below)
   DeviceMemoryResource* upstream = nullptr;  // cuda: where the memory came from
   // Set for an allocation adopted from a dead exporter (Backend::adopt):
   // false until a record was republished pointing at it (migration.hpp).
-  // Host adoption gives the object a name of the adopter's own (a link),
-  // which deallocate() unlinks either way; the dead owner's name is left
-  // to the migration's sweep of that owner.
   std::shared_ptr<std::atomic<bool>> adopted_committed;
   bool adopted() const noexcept { return adopted_committed != nullptr; }
   // Set (true) when a stopping allocator of record hands its allocations to
-  // a standby (Allocator::retain_for_handover): deallocate() then only
-  // unmaps, and the standby adopts the object as after a crash. Null for
-  // kinds whose memory cannot outlive its exporter.
+  // a standby (Allocator::retain_for_handover): a host_memfd deallocate()
+  // then only unmaps, and its fd is served on until this process exits, so
+  // readers still fetch it while the records name this process (a live
+  // pid keeps its records from adoption); the standby adopts it once the
+  // process is gone, from the fd it holds. Null for other kinds.
   std::shared_ptr<std::atomic<bool>> retained;
   bool is_retained() const noexcept { return retained && retained->load(); }
-  // cuda_vmm_fd: the exported fd as this process serves it (FdService), and
-  // its text form for the records' "fd_source". Empty for other kinds.
+  // cuda_vmm_fd, host_memfd: the exported fd as this process serves it
+  // (FdService), and its text form for the records' "fd_source". Empty for
+  // other kinds.
   std::shared_ptr<ServedFd> served;
   std::string fd_source;
 };
@@ -54,7 +54,8 @@ struct Allocation {
 // knows; records written before the field existed read as the backend's
 // legacy kind.
 namespace alloc_kind {
-inline constexpr std::string_view host_shm = "host_shm";    // POSIX shm object, named by ipc_handle
+inline constexpr std::string_view host_memfd = "host_memfd";  // memfd, POSIX fd from the owner (fd_source)
+inline constexpr std::string_view host_shm = "host_shm";  // older versions: POSIX shm object named by ipc_handle
 inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
 inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd from the owner (fd_source)
 }  // namespace alloc_kind
@@ -111,22 +112,21 @@ class Backend {
   virtual void deallocate(const Allocation& a) noexcept = 0;
   // Maps an allocation exported by another process of this node.
   virtual std::unique_ptr<Mapping> open(const TensorInfo& t) = 0;
-  // Frees what a dead exporter left behind, where the backend can (a shm
-  // object outlives its creator; CUDA memory does not).
+  // Frees what a dead exporter left behind, where the backend can (a legacy
+  // shm object outlives its creator; memory shared by fd goes by itself).
   virtual void reclaim_orphan(const TensorInfo&) noexcept {}
 
   // ---- adoption: a dead exporter's memory taken over in place ----
   // Whether this process can take ownership of the allocation holding `t`,
   // whose exporter died, without copying it: true where the memory outlives
-  // its exporter (a host shm object; later, a cuMem allocation whose fd a
-  // standby holds). Legacy CUDA IPC answers false: its memory dies with the
+  // its exporter (a memfd or a cuMem allocation whose fd this process
+  // holds). Legacy CUDA IPC answers false: its memory dies with the
   // exporter and only a copy through a live mapping saves it (migration.hpp).
   virtual bool can_adopt(const TensorInfo&) const noexcept { return false; }
   // Maps the allocation holding `t` and returns it as one this process now
   // owns (deallocate() frees it: see Allocation), under the new `alloc_id`;
-  // `handle` is what importers open from then on (host: the same object
-  // under this process's own name, `tag` being its session id; vmm: the
-  // same key). Throws Lost when it is gone, AccessDenied when it belongs to
+  // `handle` is what importers open from then on (the same key: fd-shared
+  // memory keeps its name). Throws Lost when it is gone, AccessDenied when it belongs to
   // another user, Unavailable or ProtocolError when it cannot be adopted.
   virtual Allocation adopt(const TensorInfo& t, std::uint64_t /*alloc_id*/, const std::string& /*tag*/) {
     throw Unavailable("tensor '" + t.name + "': its memory cannot be adopted by this backend");

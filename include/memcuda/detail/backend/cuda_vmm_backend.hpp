@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/backend/record_fd.hpp"
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/cuda/driver.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
@@ -251,27 +252,7 @@ class CudaVmmBackend final : public Backend {
     const int device = ordinal_of_uuid(t.device_uuid, t.device);
     const std::string key = vmm_key(t.ipc_handle);
     const std::string what = "tensor '" + t.name + "' (" + key + ")";
-    // A standby of this process holds the fd already: no transfer.
-    UniqueFd fd = FdHolds::instance().dup(key);
-    if (!fd) {
-      if (t.fd_source.empty())
-        throw Unavailable(what + ": its record has no fd_source (written by a build without the vmm backend?)");
-      ServedSource src = decode_fd_source(t.fd_source);
-      // Only an fd server of the registry's own naming, of the record's owner.
-      check_fd_source(src, t.owner_pid, what);
-      try {
-        fd = fetch(src.source, src.id).fd;
-      } catch (const FdTransferError& e) {
-        // Nothing listens: the owner's process is gone (its socket file went
-        // with it, or refuses connections). As with a legacy handle whose exporter exited, this
-        // process cannot open it; a standby that held the fd adopts it at
-        // the takeover, which republishes the record.
-        if (e.reason() != FdErrc::no_server) throw;
-        throw Lost(what + ": its allocator of record (pid " + std::to_string(t.owner_pid) +
-                   ") has exited and this process holds no fd of it (" + e.what() +
-                   "); unless a standby adopts it at the takeover (get again then), it is lost");
-      }
-    }
+    UniqueFd fd = record_fd(t, key, what);  // a standby's held fd, else fetched from fd_source
     CUdeviceptr p = vmm::import_and_map(fd.get(), t.alloc_bytes, device, what);
     return std::make_unique<VmmMapping>(p, t.alloc_bytes, device);
   }

@@ -1,157 +1,184 @@
-// Host backend: POSIX shared memory. A real backend for CPU tensors shared
-// between processes, with the CUDA backend's protocol, so the whole control
-// plane runs where there is no GPU.
+// Host backend: CPU memory shared between processes by file descriptor, with
+// the CUDA backend's protocol, so the whole control plane runs where there
+// is no GPU. alloc_kind "host_memfd" (docs/design.md, "Allocation kinds").
+//
+// allocate: memfd_create (unnamed: nothing in /dev/shm), its pages
+// committed (posix_fallocate: a full memory cgroup is a clear error here,
+// not a SIGBUS at a later write), sealed against shrinking and growing,
+// mapped, and the fd served by this process's FdService, exactly as a
+// cuMem allocation's: the record's ipc_handle is a unique key
+// ("host:<session>:<alloc id>", it names the memory for good, adoptions
+// included), its fd_source says where the fd is had.
+//
+// open: the fd comes from record_fd() (a standby's held fd, else fetched
+// from the owner and checked to be the file it published); its size and
+// seals are checked, then it is mapped. The mapping keeps the fd, held in
+// FdHolds: a process that maps an allocation can adopt it when its
+// allocator of record dies, as a standby can.
+//
+// The memory goes with the last fd or mapping of it, whoever holds them:
+// a SIGKILL of anyone leaves nothing behind. Records of older versions
+// (host_shm, named in /dev/shm) are still read: host_shm_legacy.hpp.
 #pragma once
 
 #include "memcuda/config.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
-#include <optional>
 #include <set>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/base/holder_id.hpp"
-#include "memcuda/detail/base/log.hpp"
+#include "memcuda/detail/backend/host_shm_legacy.hpp"
+#include "memcuda/detail/backend/record_fd.hpp"
+#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_limit.hpp"
+#include "memcuda/detail/fd/fd_service.hpp"
+#include "memcuda/detail/fd/unique_fd.hpp"
 #include "memcuda/error.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// The ipc_handle of a host_memfd allocation, and its key in the
+// allocations Hash and FdHolds: "host:<owner session>:<alloc id>".
+inline std::string host_handle(const std::string& session, std::uint64_t alloc_id) {
+  return "host:" + session + ":" + std::to_string(alloc_id);
+}
+
+// A host allocation mapped into this process. A host_memfd mapping keeps
+// its fd, held in FdHolds under a holder of its own, so that this process
+// can adopt the allocation (HostBackend::adopt) if its owner dies.
 class HostMapping final : public Mapping {
  public:
-  HostMapping(void* p, std::uint64_t n) {
+  HostMapping(void* p, std::uint64_t n, UniqueFd fd = {}, std::string key = {}) : key_(std::move(key)) {
     base_ = p;
     size_ = n;
+    if (fd && !key_.empty()) {
+      holder_ = "mapping:" + std::to_string(reinterpret_cast<std::uintptr_t>(p));
+      FdHolds::instance().hold(holder_, key_, std::move(fd));
+    }
   }
   ~HostMapping() override {
     if (base_) ::munmap(base_, size_);
+    if (!holder_.empty()) FdHolds::instance().drop(holder_, key_);
   }
+
+ private:
+  std::string key_, holder_;
 };
-
-// The shm name allocate() gives allocation `alloc_id` of the session `tag`.
-// Records name only such objects: a host record's ipc_handle must be
-// exactly shm_name(owner, alloc_id) (host_record_name_error).
-inline std::string shm_name(std::string_view tag, std::uint64_t alloc_id) {
-  return "/memcuda." + std::string(tag) + "." + std::to_string(alloc_id);
-}
-
-// Why a host record's ipc_handle is not a name the registry made for it,
-// or "" when it is: its owner must be a session id and its ipc_handle
-// exactly that owner's name of its alloc_id. Anything else (a record
-// pointed at another program's object, or at another owner's) is never
-// opened, adopted or unlinked.
-inline std::string host_record_name_error(const TensorInfo& t) {
-  auto shown = [](std::string_view v) {
-    std::string o;
-    for (char c : v.substr(0, 96)) o += (c >= 0x20 && c < 0x7f) ? c : '?';
-    return o + (v.size() > 96 ? "..." : "");
-  };
-  if (!HolderId::is_session_id(t.owner))
-    return "tensor '" + t.name + "': its owner \"" + shown(t.owner) +
-           "\" is not a session id (\"<pid>-<16 hex>\"), so its shared memory is not the registry's";
-  if (t.ipc_handle != shm_name(t.owner, t.alloc_id))
-    return "tensor '" + t.name + "': its ipc_handle \"" + shown(t.ipc_handle) +
-           "\" is not the shared memory name the registry gives allocation " + std::to_string(t.alloc_id) +
-           " of its owner (" + shm_name(t.owner, t.alloc_id) + "); refused (a record edited in Redis?)";
-  return {};
-}
 
 class HostBackend final : public Backend {
  public:
+  // What every host_memfd fd carries: its size can never change under a
+  // mapping (no SIGBUS from a shrink), nor can a holder add a seal that
+  // would stop others writing.
+  static constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
   BackendKind kind() const noexcept override { return BackendKind::host; }
-  std::string_view alloc_kind() const noexcept override { return alloc_kind::host_shm; }
+  std::string_view alloc_kind() const noexcept override { return alloc_kind::host_memfd; }
 
   Allocation allocate(std::uint64_t bytes, int /*device*/, std::uint64_t alloc_id, const std::string& tag,
                       DeviceMemoryResource* /*upstream*/ = nullptr) override {
     Allocation a;
     a.alloc_id = alloc_id;
     a.kind = BackendKind::host;
-    a.alloc_kind = std::string(alloc_kind::host_shm);
+    a.alloc_kind = std::string(alloc_kind::host_memfd);
     a.size = bytes == 0 ? 1 : bytes;
-    a.handle = shm_name(tag, alloc_id);
-    int fd = ::shm_open(a.handle.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) throw_errno("shm_open(" + a.handle + ")");
-    // Commit the pages now: a full /dev/shm is then a clear error here
-    // instead of a SIGBUS at some later write.
-    if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(a.size)); e != 0) {
-      ::close(fd);
-      ::shm_unlink(a.handle.c_str());
-      errno = e;
-      throw_errno("reserving " + std::to_string(a.size) + " bytes of shared memory in /dev/shm");
+    a.handle = host_handle(tag, alloc_id);
+    // The name shows in /proc/<pid>/fd and maps only ("/memfd:memcuda...").
+    const std::string label = "memcuda." + tag + "." + std::to_string(alloc_id);
+    UniqueFd fd(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd) {
+      if (is_fd_exhaustion(errno)) throw_fd_exhausted("memfd_create for " + a.handle, errno);
+      throw_errno("memfd_create for " + a.handle);
     }
-    void* p = ::mmap(nullptr, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      ::shm_unlink(a.handle.c_str());
+    if (::ftruncate(fd.get(), static_cast<off_t>(a.size)) != 0)
+      throw_errno("sizing " + a.handle + " to " + std::to_string(a.size) + " bytes");
+    if (int e = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(a.size)); e != 0) {
       errno = e;
-      throw_errno("mmap of " + std::to_string(a.size) + " bytes");
+      throw_errno("reserving " + std::to_string(a.size) + " bytes of shared host memory");
+    }
+    if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) throw_errno("sealing " + a.handle);
+    void* p = ::mmap(nullptr, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) throw_errno("mmap of " + std::to_string(a.size) + " bytes");
+    try {
+      a.served = std::make_shared<ServedFd>(FdService::acquire(), std::move(fd), a.handle, tag);
+      a.fd_source = a.served->source_text();
+    } catch (...) {
+      ::munmap(p, a.size);
+      throw;
     }
     a.base = p;
     a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
 
-  // The handle is this process's own name (allocate(), or the link adopt()
-  // made), whichever way the allocation ends; but a retained object (a
-  // graceful stop handed it to a standby) is only unmapped: the standby
-  // adopts it under its own name, and the new leader's sweep unlinks ours
-  // once no record names it.
+  // Unmaps and stops serving the fd. The memory goes when no process holds
+  // an fd (standbys drop theirs once the allocations Hash forgets it) or a
+  // mapping of it; an adopted allocation not yet committed is the same. A
+  // retained one (handed to a standby by a graceful stop) is served on
+  // until this process exits: its records name this process until then.
   void deallocate(const Allocation& a) noexcept override {
     if (a.base) ::munmap(a.base, a.size);
-    if (a.is_retained()) return;
-    ::shm_unlink(a.handle.c_str());
+    if (a.is_retained() && a.served) {
+      serve_until_exit(a.served);
+      return;
+    }
+    if (a.served) a.served->withdraw();
   }
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
-    expect_alloc_kind(t, alloc_kind::host_shm);
-    return std::make_unique<HostMapping>(map_object(t).first, t.alloc_bytes);
+    if (legacy_shm::is_legacy(t)) return std::make_unique<HostMapping>(legacy_shm::map_object(t), t.alloc_bytes);
+    check_kind(t);
+    const std::string what = "tensor '" + t.name + "' (" + t.ipc_handle + ")";
+    UniqueFd fd = record_fd(t, t.ipc_handle, what);
+    void* p = map_fd(fd.get(), t.alloc_bytes, what);
+    return std::make_unique<HostMapping>(p, t.alloc_bytes, std::move(fd), t.ipc_handle);
   }
 
-  // The shm object outlives its creator; a process that maps it is as good
-  // an owner as the one that created it. (adopt() checks the record.)
+  // A dead owner's allocation outlives it while some process holds its fd
+  // or a mapping: this one can adopt it when it holds the fd (a standby's,
+  // or one of its own mappings'). Legacy shm objects are never adopted.
   bool can_adopt(const TensorInfo& t) const noexcept override {
-    return t.backend == BackendKind::host && (t.alloc_kind.empty() || t.alloc_kind == alloc_kind::host_shm) &&
-           !t.ipc_handle.empty();
+    if (t.backend != BackendKind::host || t.alloc_kind != alloc_kind::host_memfd) return false;
+    try {
+      return FdHolds::instance().held(t.ipc_handle);
+    } catch (...) {
+      return false;
+    }
   }
 
-  // Maps the dead owner's object and links it under this process's own name
-  // (shm_name(tag, alloc_id)): the record republished to this process then
-  // names it as any of its allocations, and live mappings are untouched.
-  // The dead owner's name stays until the migration's sweep unlinks it, so
-  // a reader of the old record still opens it meanwhile.
-  Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id, const std::string& tag) override {
-    expect_alloc_kind(t, alloc_kind::host_shm);
+  // Maps the held fd and serves a copy of it from this process. The served
+  // entry is published by the session that commits it (ServedFd::retag,
+  // migration.hpp); the record keeps its ipc_handle (the same memory).
+  Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id, const std::string& /*tag*/) override {
+    check_kind(t);
+    const std::string what = "adopting " + t.ipc_handle + " of tensor '" + t.name + "'";
+    UniqueFd fd = FdHolds::instance().dup(t.ipc_handle);
+    if (!fd)
+      throw Lost(what + ": this process holds no fd of it (no standby fetched it and no mapping of this process "
+                        "has it)");
     Allocation a;
     a.alloc_id = alloc_id;
     a.kind = BackendKind::host;
-    a.alloc_kind = std::string(alloc_kind::host_shm);
+    a.alloc_kind = std::string(alloc_kind::host_memfd);
+    a.handle = t.ipc_handle;
     a.size = t.alloc_bytes;
-    a.handle = shm_name(tag, alloc_id);
-    auto [p, st] = map_object(t);
-    std::string why;
-    if (::link(path_of(t.ipc_handle).c_str(), path_of(a.handle).c_str()) != 0) {
-      why = std::string("link failed: ") + std::strerror(errno);
-    } else {
-      // The name must still be the object mapped (not replaced meanwhile).
-      struct stat now {};
-      if (::lstat(path_of(a.handle).c_str(), &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
-        ::shm_unlink(a.handle.c_str());
-        why = "it was replaced while being adopted";
-      }
-    }
-    if (!why.empty()) {
-      ::munmap(p, t.alloc_bytes);
-      throw Unavailable("adopting shared memory " + t.ipc_handle + " of tensor '" + t.name + "' as " + a.handle +
-                        ": " + why);
+    void* p = map_fd(fd.get(), a.size, what);
+    try {
+      a.served = std::make_shared<ServedFd>(FdService::acquire(), std::move(fd), a.handle, std::string());
+      a.fd_source = a.served->source_text();
+    } catch (...) {
+      ::munmap(p, a.size);
+      throw;
     }
     a.base = p;
     a.adopted_committed = std::make_shared<std::atomic<bool>>(false);
@@ -159,112 +186,60 @@ class HostBackend final : public Backend {
     return a;
   }
 
-  // Every /dev/shm/memcuda.<tag>.<id> (the names allocate() gives) not in
-  // `keep`, when it is a plain object of this user. The tag must be a
-  // session id ("<pid>-<16 hex>"), so no other session's objects match.
+  // Only legacy shm objects have names to unlink; memfd memory goes by
+  // itself with its last fd.
   std::size_t reclaim_owner(const std::string& tag, const std::set<std::string>& keep) noexcept override {
-    if (!HolderId::is_session_id(tag)) return 0;
-    const std::string prefix = "memcuda." + tag + ".";
-    std::vector<std::string> doomed;
-    if (DIR* d = ::opendir("/dev/shm")) {
-      while (const dirent* e = ::readdir(d)) {
-        std::string n(e->d_name);
-        if (!n.starts_with(prefix) || n.size() == prefix.size() || keep.count("/" + n)) continue;
-        if (n.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
-        doomed.push_back("/" + n);
-      }
-      ::closedir(d);
-    }
-    std::size_t n = 0;
-    for (const auto& name : doomed)
-      if (own_object(name, std::nullopt) && ::shm_unlink(name.c_str()) == 0) ++n;
-    return n;
+    return legacy_shm::reclaim_owner(tag, keep);
   }
-
-  // Only an object the registry made for this record (its name, this
-  // user's, the record's size); anything else is left alone.
-  void reclaim_orphan(const TensorInfo& t) noexcept override {
-    if (t.ipc_handle.empty()) return;
-    try {
-      if (auto why = host_record_name_error(t); !why.empty()) {
-        log(LogLevel::warn, "not unlinking the shared memory of a record: " + why);
-        return;
-      }
-      if (!own_object(t.ipc_handle, t.alloc_bytes)) {
-        log(LogLevel::warn, "not unlinking shared memory " + t.ipc_handle + " of tensor '" + t.name +
-                                "': it is not a plain object of this user of the size its record says");
-        return;
-      }
-    } catch (...) {
-      return;  // logging failed: leave it
-    }
-    ::shm_unlink(t.ipc_handle.c_str());
-  }
+  void reclaim_orphan(const TensorInfo& t) noexcept override { legacy_shm::reclaim_orphan(t); }
 
   void copy(void* dst, const void* src, std::uint64_t n, int /*device*/) override { std::memcpy(dst, src, n); }
 
  private:
-  static std::string path_of(const std::string& name) { return "/dev/shm" + name; }
-
-  // Whether `name` is a regular object of this effective user (of `size`
-  // bytes, when given). Does not follow links.
-  static bool own_object(const std::string& name, std::optional<std::uint64_t> size) noexcept {
-    struct stat st {};
-    if (::lstat(path_of(name).c_str(), &st) != 0) return false;
-    return S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-           (!size || static_cast<std::uint64_t>(st.st_size) == *size);
+  // Keeps `s` served until static destruction (process exit). Noexcept: a
+  // failure only ends the serving early (the standby still holds the fd).
+  static void serve_until_exit(const std::shared_ptr<ServedFd>& s) noexcept {
+    static std::mutex mu;                                // leaf
+    static std::vector<std::shared_ptr<ServedFd>> kept;  // process-wide by design
+    try {
+      std::lock_guard lk(mu);
+      kept.push_back(s);
+    } catch (...) {
+      s->withdraw();
+    }
   }
 
-  // Maps the whole object a record points at, once the record names an
-  // object the registry made (ProtocolError bad_record otherwise) and the
-  // object is a plain one of this user of the record's size (AccessDenied
-  // for another user's, Unavailable for anything else). Throws Lost when
-  // it is gone. Returns the mapping and the object's stat.
-  static std::pair<void*, struct stat> map_object(const TensorInfo& t) {
-    if (auto why = host_record_name_error(t); !why.empty()) throw ProtocolError(ProtocolErrc::bad_record, why);
-    const std::string what = "shared memory " + t.ipc_handle + " of tensor '" + t.name + "'";
-    int fd = ::shm_open(t.ipc_handle.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      const int e = errno;
-      if (e == ENOENT)
-        throw Lost(what + " no longer exists (its allocator of record freed it or exited)");
-      if (e == EACCES || e == EPERM)
-        throw AccessDenied(what + " cannot be opened by this process (uid " + std::to_string(::geteuid()) +
-                           "): " + std::strerror(e) + "; run every process of a namespace as the same user");
-      errno = e;
-      throw_errno("shm_open(" + t.ipc_handle + ")");
-    }
+  static void check_kind(const TensorInfo& t) {
+    if (t.alloc_kind == alloc_kind::host_memfd) return;
+    throw Unavailable("tensor '" + t.name + "' is a " + t.alloc_kind +
+                      " allocation, but this process's host backend opens only host_memfd allocations (and "
+                      "host_shm ones of older versions); its allocator of record runs another mem-cuda build");
+  }
+
+  // Maps n bytes of the memfd `fd` (not taken) once it is what a host
+  // allocation is: a regular file of exactly n bytes, sealed (kSeals).
+  static void* map_fd(int fd, std::uint64_t n, const std::string& what) {
     struct stat st {};
     std::string why;
     if (::fstat(fd, &st) != 0) {
       why = std::string("fstat failed: ") + std::strerror(errno);
-    } else if (st.st_uid != ::geteuid()) {
-      ::close(fd);
-      throw AccessDenied(what + " belongs to uid " + std::to_string(st.st_uid) + ", not to this process's uid " +
-                         std::to_string(::geteuid()) + ": refused (run every process of a namespace as one user)");
     } else if (!S_ISREG(st.st_mode)) {
-      why = "it is not a plain shared memory object";
-    } else if (static_cast<std::uint64_t>(st.st_size) != t.alloc_bytes) {
-      why = "it holds " + std::to_string(st.st_size) + " bytes, its record says " + std::to_string(t.alloc_bytes);
+      why = "it is not a memory file";
+    } else if (static_cast<std::uint64_t>(st.st_size) != n) {
+      why = "it holds " + std::to_string(st.st_size) + " bytes, its record says " + std::to_string(n);
+    } else if (int seals = ::fcntl(fd, F_GET_SEALS); seals < 0 || (seals & kSeals) != kSeals) {
+      why = "it is not sealed against resizing (not made by mem-cuda)";
     }
-    if (!why.empty()) {
-      ::close(fd);
-      throw Unavailable(what + " is not what its record says: " + why + "; refused");
-    }
-    void* p = ::mmap(nullptr, t.alloc_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      errno = e;
-      throw_errno("mmap of " + t.ipc_handle);
-    }
-    return {p, st};
+    if (!why.empty()) throw Unavailable(what + ": the fd obtained is not what its record says: " + why + "; refused");
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw_errno(what + ": mmap of " + std::to_string(n) + " bytes");
+    return p;
   }
 
   [[noreturn]] static void throw_errno(const std::string& what) {
     int e = errno;
     if (e == ENOMEM || e == ENOSPC)
-      throw BudgetExceeded(what + ": " + std::strerror(e) + " (is /dev/shm large enough?)");
+      throw BudgetExceeded(what + ": " + std::strerror(e) + " (host memory or the memory cgroup's limit is exhausted)");
     throw Error(what + " failed: " + std::strerror(e));
   }
 };

@@ -35,7 +35,7 @@ struct PoolBlock {
   std::shared_ptr<ExportedBlock> slab;
   Block block;
   // In an allocation the OS made for this very call and that it hands out
-  // zeroed (a new shm object): zero() has nothing to do.
+  // zeroed (a new memfd): zero() has nothing to do.
   bool fresh = false;
 };
 
@@ -273,9 +273,9 @@ class DevicePool {
     blocks_.reset_peak();
   }
 
-  // A graceful stop with a standby: every allocation whose memory can
-  // outlive this process is kept for the standby to adopt (deallocate()
-  // only unmaps it). Returns how many allocations were retained.
+  // A graceful stop with a standby: every allocation whose memory can be
+  // kept for the standby to adopt is marked (deallocate() then keeps its fd
+  // served, see Allocation::retained). Returns how many allocations were retained.
   std::size_t retain_for_handover() {
     std::lock_guard lk(mu_);
     std::size_t n = 0;
@@ -339,7 +339,7 @@ class DevicePool {
     return (n + a - 1) / a * a;
   }
 
-  // Whether a slab add_allocation() just made reads as zeros: a new shm
+  // Whether a slab add_allocation() just made reads as zeros: a new memfd
   // object does (unless poison() filled it); device memory need not.
   bool os_zeroed() const noexcept { return backend_.kind() == BackendKind::host && !opts_.poison; }
 

@@ -29,6 +29,7 @@
 #include <optional>
 
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/leader/succession.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/lists.hpp"
 
@@ -39,14 +40,17 @@ class ControlLoop {
   // `conn` is this thread's own connection, made by the caller so that a
   // bad address fails in the registry's constructor, not in the thread.
   ControlLoop(std::shared_ptr<Core> core, redis::Connection conn)
-      : core_(std::move(core)), conn_(std::move(conn)), beat_conn_(core_->ctx.opts.redis) {}
+      : core_(std::move(core)),
+        conn_(std::move(conn)),
+        beat_conn_(core_->ctx.opts.redis),
+        succession_(core_->ctx, core_->sessions) {}
 
   // Registers the session and, when this registry may be allocator of
   // record, campaigns once, synchronously: the first registry to start is
   // the allocator of record by the time its constructor returns.
   void start() {
     core_->sessions.refresh(conn_);
-    if (core_->ctx.opts.control_thread) core_->lease.try_acquire(conn_);
+    if (core_->ctx.opts.control_thread && !succession_.defer(conn_, defer_limit())) core_->lease.try_acquire(conn_);
     if (core_->ctx.opts.share_references) core_->invalidation.start();  // sharing from the first get on
   }
 
@@ -84,7 +88,11 @@ class ControlLoop {
           if (campaign) {
             // A new allocator of record takes over its dead predecessor's
             // tensors in its first GC round: run it now, not a gc_interval on.
-            if (!core_->is_leader() && !stalled() && core_->lease.try_acquire(conn_)) next_gc = now;
+            // A standby that holds every fd-shared allocation goes first
+            // (succession.hpp): it adopts what this process would lose.
+            if (!core_->is_leader() && !stalled() && !succession_.defer(conn_, defer_limit()) &&
+                core_->lease.try_acquire(conn_))
+              next_gc = now;
             if (core_->is_leader()) {
               task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
               task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
@@ -203,6 +211,14 @@ class ControlLoop {
   // Whether the loop has completed no pass for serve_stall_timeout. Such a
   // leader gives its lease up (heartbeat) and does not campaign again until
   // a pass completes.
+  // How long in a row a campaign waits for a standby that holds more fds:
+  // two of that standby's campaign periods.
+  std::chrono::milliseconds defer_limit() const {
+    const auto& o = core_->ctx.opts;
+    return std::max(2 * std::max(std::min(o.lease_ttl, o.session_ttl) / 3, std::chrono::milliseconds(10)),
+                    std::chrono::milliseconds(500));
+  }
+
   bool stalled() const {
     const auto limit = core_->ctx.opts.serve_stall_timeout;
     return limit.count() > 0 && std::chrono::steady_clock::now() - last_pass_.load() > limit;
@@ -210,8 +226,9 @@ class ControlLoop {
 
   // A graceful stop of the allocator of record. With a standby (another
   // live session that may lead), what this process allocated is handed
-  // over: objects that outlive it (host shm) are kept, not unlinked, and
-  // cuMem allocations stay alive in the standbys' fds; the standby adopts
+  // over: host memfds and cuMem allocations stay alive in the fds the
+  // standbys hold (standby.hpp), and host fds are served on until this
+  // process exits (Allocation::retained); the standby adopts
   // them in place once this session is gone, as after a crash, so nothing
   // is lost. Without one, the tensors go with this process, and it says so.
   void hand_over() {
@@ -225,18 +242,22 @@ class ControlLoop {
                               " persistent, are freed with it (start a second `memcuda serve` first to keep them)");
       return;
     }
+    // Publish what this process serves now (its standby thread would at its
+    // next tick): the standbys' progress is measured against it.
+    core_->standby.stop();
+    core_->standby.sync_once(c, false);
     wait_for_standbys(c);
     const std::size_t kept = core_->alloc.retain_for_handover();
     log(LogLevel::info, "handing " + std::to_string(owned.tensors) + " tensor(s) over to " +
-                            std::to_string(standbys) + " standby(s) (" + std::to_string(kept) +
-                            " shared-memory object(s) kept for adoption; cuMem memory lives on in their fds)");
+                            std::to_string(standbys) + " standby(s) (the memory lives on in the fds they hold; " +
+                            std::to_string(kept) + " host allocation(s) served on until this process exits)");
     if (owned.legacy_ipc)
       log(LogLevel::warn, std::to_string(owned.legacy_ipc) +
                               " tensor(s) are legacy CUDA IPC allocations, whose memory dies with this process: "
                               "only those another live process maps are copied (use cuda_allocation=vmm)");
   }
 
-  // cuda_vmm_fd: a standby adopts only what it holds the fd of. Waits (at
+  // A standby adopts only what it holds the fd of. Waits (at
   // most kHandoverWait) until every standby's progress marker has caught up
   // with the allocations Hash.
   void wait_for_standbys(redis::Connection& c) {
@@ -424,6 +445,7 @@ class ControlLoop {
   std::shared_ptr<Core> core_;
   redis::Connection conn_;
   redis::Connection beat_conn_;  // the heartbeat thread's own
+  Succession succession_;        // this thread's only (and start()'s, before it runs)
   std::optional<Pending> pending_;  // this thread's only
   bool sweep_ = false;              // this thread's only: a pass failed, sweep our processing list
   static constexpr int kMaxAttempts = 20;

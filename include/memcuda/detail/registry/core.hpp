@@ -59,8 +59,11 @@
 
 #include "memcuda/config.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
@@ -89,12 +92,13 @@ class Core {
   // Constructs the release queue first, so that it outlives every
   // registry, static ones included (statics go in reverse order).
   // The standby thread runs where this registry hosts the control thread
-  // (it resolves the cuda allocation kind on itself and ends unless vmm).
+  // (host memfds and cuMem allocations are both shared by fd).
   explicit Core(RegistryOptions o) : ctx(std::move(o)) {
     (void)ReleaseQueue::instance();
-#if MEMCUDA_HAS_CUDA()
-    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc) standby.start();
-#endif
+    if (ctx.opts.control_thread) {
+      standby.start();
+      alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });
+    }
   }
 
   Core(const Core&) = delete;
@@ -114,7 +118,52 @@ class Core {
   // Last: its thread stops (~Standby) before the members it uses go.
   Standby standby{ctx, lease};
 
+ private:
+  std::atomic<std::uint64_t> secured_version_{0};  // FdService version all standbys held at
+  std::atomic<std::uint64_t> secure_timeouts_{0};
+
+ public:
+
   bool is_leader() const noexcept { return lease.held(); }
+
+  // After a create of the allocator of record, before it is answered: when
+  // this process serves fds the standbys may not hold yet (a new slab or
+  // dedicated allocation; FdService's version moved since the last time),
+  // publishes them now, wakes every standby and waits, at most
+  // kSecureWait, until each one's progress marker names the allocations
+  // Hash's version, so that a kill -9 right after the answer loses nothing
+  // (docs/design.md, "What is lost when"). A create carved from an
+  // allocation the standbys hold already costs one comparison.
+  void secure_new_allocations(redis::Connection& c) {
+    auto svc = FdService::existing();
+    if (!svc) return;
+    const std::uint64_t v = svc->version();
+    if (v == secured_version_.load()) return;
+    try {
+      standby.publish_now(c);
+      const auto ids = sessions.standby_sessions(c);
+      if (!ids.empty()) {
+        store::wake_standbys(c, ctx.keys, ids);
+        const auto deadline = std::chrono::steady_clock::now() + kSecureWait;
+        while (!store::standbys_hold_current(c, ctx.keys, ids)) {
+          if (std::chrono::steady_clock::now() >= deadline) {
+            if (++secure_timeouts_ <= 3 || secure_timeouts_ % 100 == 0)
+              log(LogLevel::warn, "create answered before every standby holds the fd of its new allocation (waited " +
+                                      std::to_string(kSecureWait.count()) + " ms; " +
+                                      std::to_string(secure_timeouts_.load()) +
+                                      " time(s)): a kill -9 of this process now may lose it");
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      secured_version_.store(v);
+    } catch (const std::exception& e) {
+      // Redis trouble: the create stands; the standby threads catch up.
+      log(LogLevel::warn, std::string("create: could not make sure the standbys hold the new allocation: ") + e.what());
+    }
+  }
+  static constexpr auto kSecureWait = std::chrono::milliseconds(1000);
 
   // A SharedTensor's last copy, or a DLPack deleter: no I/O here. The
   // queued release keeps the core alive until it is sent.
@@ -152,12 +201,9 @@ class Core {
   std::uint64_t trim_now() {
     auto c = ctx.pool.acquire();
     auto n = alloc.trim_and_announce(*c, true);
-#if MEMCUDA_HAS_CUDA()
-    // cuda_vmm_fd: the returned slabs' fields go now, so standbys close
-    // their fds (and the memory is freed) without waiting for a tick.
-    if (ctx.opts.control_thread && requested_cuda_allocation(ctx.opts) != CudaAllocation::ipc)
-      standby.withdraw_stale(*c);
-#endif
+    // The returned slabs' fields go now, so standbys close their fds (and
+    // the memory is freed) without waiting for a tick.
+    if (ctx.opts.control_thread) standby.withdraw_stale(*c);
     return n;
   }
 

@@ -101,4 +101,48 @@ inline void clear_standby_synced(redis::Connection& c, const Keys& k, std::strin
   c.command({"DEL", k.standby_synced(sid)});
 }
 
+// Wakes the standbys `sids` (a pushed token on each one's wake list, at
+// most one kept, gone a minute later if nobody pops it).
+inline void wake_standbys(redis::Connection& c, const Keys& k, const std::vector<std::string>& sids) {
+  std::vector<redis::Command> cmds;
+  for (const auto& s : sids) {
+    const std::string key = k.standby_wake(s);
+    cmds.push_back({"LPUSH", key, "1"});
+    cmds.push_back({"LTRIM", key, "0", "0"});
+    cmds.push_back({"PEXPIRE", key, "60000"});
+  }
+  if (!cmds.empty()) c.pipeline(cmds);
+}
+// A standby's wait for a wake (BLPOP on its own list; `timeout_arg` in
+// seconds, as Connection::blocking's callers spell it).
+inline std::vector<std::string> standby_wake_wait_cmd(const Keys& k, std::string_view sid, std::string timeout_arg) {
+  return {"BLPOP", k.standby_wake(sid), std::move(timeout_arg)};
+}
+// Whether every standby of `sids` has synced the Hash's current version
+// (one round trip; no Hash: nothing to hold).
+inline bool standbys_hold_current(redis::Connection& c, const Keys& k, const std::vector<std::string>& sids) {
+  std::vector<redis::Command> cmds{{"GET", k.allocations_version()}};
+  for (const auto& s : sids) cmds.push_back({"GET", k.standby_synced(s)});
+  auto r = c.pipeline(cmds);
+  if (r[0].is_nil()) return true;
+  for (std::size_t i = 1; i < r.size(); ++i)
+    if (r[i].is_nil() || r[i].str() != r[0].str()) return false;
+  return true;
+}
+
+// What a campaign weighs, in one round trip: whether the lease is held,
+// the Hash's version and session `sid`'s own progress marker (nil: none).
+struct SuccessionView {
+  bool lease_held = false;
+  std::optional<std::string> version, marker;
+};
+inline SuccessionView read_succession_view(redis::Connection& c, const Keys& k, std::string_view sid) {
+  auto r = c.pipeline({{"EXISTS", k.leader()}, {"GET", k.allocations_version()}, {"GET", k.standby_synced(std::string(sid))}});
+  SuccessionView v;
+  v.lease_held = r[0].integer() != 0;
+  if (!r[1].is_nil()) v.version = std::string(r[1].str());
+  if (!r[2].is_nil()) v.marker = std::string(r[2].str());
+  return v;
+}
+
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::store

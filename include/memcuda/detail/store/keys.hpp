@@ -108,6 +108,9 @@ class Keys {
   std::string allocations() const { return prefix_ + "memcuda:allocations"; }
   std::string allocations_version() const { return prefix_ + "memcuda:allocations_version"; }
   std::string standby_synced(std::string_view sid) const { return prefix_ + "memcuda:standby:" + std::string(sid); }
+  // A standby's wake list: the allocator of record pushes to it when it
+  // made an allocation the standby should hold at once.
+  std::string standby_wake(std::string_view sid) const { return prefix_ + "memcuda:standby_wake:" + std::string(sid); }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
   // SCAN pattern of every named record, and the name a record key is the

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +45,8 @@ class Allocator {
 
  public:
   Allocator(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
+  // Runs after a create published, before it returns (Core::secure_new_allocations); set before threads start.
+  void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
 
   struct Created {
     std::uint64_t generation;
@@ -175,13 +178,13 @@ class Allocator {
       const std::int64_t rc = t.refcount;
       return Created{g, rc, std::move(t), pb};  // t is done with: the script's arguments are sent
     };
-    if (st == "ok") return keep(reply_u64(r[1]));
+    if (st == "ok") return after_create(c, keep(reply_u64(r[1])));
     if (st == "replay") {
       // The lost attempt published our parked block: adopt it, so the
       // creator gets its memory like a fresh create. No parked block: the
       // attempt that ran was answered and its block is in owned_ already.
-      if (parked) return keep(reply_u64(r[1]));
-      return {reply_u64(r[1]), reply_int(r[2]), {}, {}};
+      if (parked) return after_create(c, keep(reply_u64(r[1])));
+      return after_create(c, {reply_u64(r[1]), reply_int(r[2]), {}, {}});
     }
     if (parked && st != "exists" && st != "stray") {
       // Answered with an error (e.g. the lease moved): the record may still
@@ -298,7 +301,7 @@ class Allocator {
     return v;
   }
 
-  // Host objects of dead owners, unlinked once no record uses them.
+  // Legacy host shm objects of dead owners, unlinked once no record uses them.
   void add_orphan(const TensorInfo& t) {
     std::lock_guard lk(owned_mu_);
     pending_reclaim_.emplace(t.ipc_handle, t);
@@ -365,7 +368,7 @@ class Allocator {
   }
 
   // What this process owns now: tensors, of them persistent, and by backend
-  // kind whether their memory can outlive it (host shm, cuMem) or not.
+  // kind whether their memory can outlive it (memfd, cuMem) or not.
   struct OwnedSummary {
     std::size_t tensors = 0, persistent = 0, legacy_ipc = 0;
   };
@@ -442,6 +445,10 @@ class Allocator {
 #endif
   }
 
+  Created after_create(redis::Connection& c, Created cr) {
+    if (after_create_) after_create_(c);
+    return cr;
+  }
   static void log_limited(std::atomic<std::uint64_t>& n, const std::string& what) {
     const auto k = ++n;
     if (k <= 3 || k % 100 == 0) log(LogLevel::warn, what + (k > 3 ? " (" + std::to_string(k) + " times)" : ""));
@@ -473,15 +480,14 @@ class Allocator {
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
   std::multimap<std::string, TensorInfo> pending_reclaim_;
-  // Blocks of creates whose script reply was lost, by create_id: the record
-  // may point at them, so they stay out of the pool until a retry resolves
-  // them. A create that is never retried keeps its block (a leak, not a
-  // double use).
+  // Blocks of creates whose script reply was lost, by create_id: out of the pool until a
+  // retry resolves them (never retried: a leak, not a double use).
   std::unordered_map<std::string, Owned> parked_;
   std::vector<Owned> unresolved_;
   std::atomic<std::uint64_t> next_alloc_id_{1};
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
   std::atomic<std::uint64_t> stats_failures_{0};
+  std::function<void(redis::Connection&)> after_create_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

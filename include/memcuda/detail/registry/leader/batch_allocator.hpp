@@ -187,6 +187,7 @@ class BatchAllocator {
         ++A.creates_;
         out.push_back({gen, rc, s.info, s.pb});
       }
+      if (A.after_create_) A.after_create_(c);  // new allocations held by the standbys before the answer
       return out;
     }
     // Refused: nothing was written by this script. A parked block may

@@ -1,8 +1,9 @@
 // Standby holders (docs/design.md, "Standby holding").
 //
-// Every cuda_vmm_fd allocation's fd source is published in one Hash per
-// namespace, `<ns>:memcuda:allocations` (field: the allocation key
-// "vmm:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
+// Every allocation shared by fd (cuda_vmm_fd, host_memfd) has its fd source
+// published in one Hash per namespace, `<ns>:memcuda:allocations` (field:
+// the allocation key, "vmm:<creator session>:<alloc id>" or
+// "host:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
 // with `<ns>:memcuda:allocations_version`, a token renewed by every change
 // (one script: the change and the token are atomic; both keys are deleted
 // when the Hash goes empty).
@@ -12,7 +13,9 @@
 //   serving: whichever process owns an allocation keeps its field right,
 //   leader or not (an ex-leader still frees what it owns);
 // - when not the leader, fetches the fd of every allocation it does not
-//   hold yet and keeps it WITHOUT importing it (FdHolds): holding the fd
+//   hold yet (each kTick, and at once when woken through its wake list
+//   `<ns>:memcuda:standby_wake:<session>`) and keeps it WITHOUT importing
+//   it (FdHolds): holding the fd
 //   keeps the memory alive, so a standby that becomes the allocator of
 //   record adopts everything in place (can_adopt / adopt, migration.hpp);
 // - closes the fds of allocations that left the Hash.
@@ -21,10 +24,12 @@
 // what lets standbys close them: memory is freed once, after the last
 // reference and the last fd.
 //
-// The window (docs/design.md, "What is lost when"): an allocation created
-// less than about two ticks (the publisher's and a standby's, each at most
-// kTick) before its allocator of record dies, and not yet fetched by any
-// standby, dies with it; its tensors are then reported lost as before.
+// No window (docs/design.md, "What is lost when"): a create that made a new
+// allocation is answered only once every live standby holds its fd
+// (Core::secure_new_allocations publishes it, wakes the standbys and waits
+// for their markers, a few ms; at most 1 s, then it answers and logs a
+// warning). What can still die with its allocator of record: an allocation
+// no standby could fetch within that bound, or made while no standby ran.
 //
 // The thread talks to Redis on its own connection and holds no lock across
 // it. Its state (published_, last versions) is its own; FdHolds and
@@ -57,6 +62,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/store/allocations.hpp"
+#include "memcuda/detail/store/reply.hpp"
 #include "memcuda/redis/script.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -210,6 +216,26 @@ class Standby {
     return p;
   }
 
+  // Writes the entries this session serves that the Hash lacks (or has
+  // otherwise), at once: the create path of the allocator of record
+  // (Core::secure_new_allocations), rather than the thread's next tick.
+  // Never deletes (the thread's pass does, from what it serves after
+  // reading the Hash, so it never drops what this wrote for a served fd).
+  // Stateless, so safe beside the thread.
+  void publish_now(redis::Connection& c) {
+    const auto& k = ctx_.keys;
+    auto svc = FdService::existing();
+    if (!svc) return;
+    auto all = standby::read_all(c, k);
+    std::vector<std::string> ops;
+    for (const auto& e : svc->entries(ctx_.session)) {
+      std::string value = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
+      auto it = all.find(e.key);
+      if (it == all.end() || it->second != value) ops.insert(ops.end(), {"S", e.key, std::move(value)});
+    }
+    if (!ops.empty()) standby::apply(c, k, ops);
+  }
+
   // Deletes the fields this session owns but no longer serves, at once
   // (trim_now: a trimmed slab's field goes before the call returns, rather
   // than at the thread's next tick). Stateless, so safe beside the thread.
@@ -228,8 +254,7 @@ class Standby {
     return ops.size() / 2;
   }
 
-  // Starts the thread (once). It resolves the registry's cuda allocation
-  // kind first, on itself, and ends at once unless it is vmm.
+  // Starts the thread (once).
   void start() {
     std::lock_guard lk(mu_);
     if (thread_.joinable()) return;
@@ -251,37 +276,67 @@ class Standby {
 
  private:
   void run(std::stop_token st) {
-    try {
-      if (ctx_.cuda_allocation() != CudaAllocation::vmm) return;
-    } catch (const std::exception& e) {
-      log(LogLevel::warn, std::string("standby: not holding fds: ") + e.what());
-      return;
-    }
     std::optional<redis::Connection> conn;
+    // A stop ends the wait on the wake list at once.
+    std::stop_callback on_stop(st, [this] {
+      std::lock_guard lk(mu_);
+      if (blocked_on_) blocked_on_->interrupt();
+    });
     int failures = 0;
     while (!st.stop_requested()) {
+      bool standby = false;
       try {
         if (!conn) conn.emplace(ctx_.opts.redis);
-        sync_once(*conn, !lease_.held());
+        standby = !lease_.held();
+        sync_once(*conn, standby);
         failures = 0;
       } catch (const std::exception& e) {
         if (++failures <= 3 || failures % 50 == 0) log(LogLevel::warn, std::string("standby: ") + e.what());
         if (dynamic_cast<const ConnectionError*>(&e)) conn.reset();
         last_failed_ = true;
+        standby = false;
+      }
+      if (standby && conn && !st.stop_requested()) {
+        // A standby waits on its wake list: the allocator of record pushes
+        // to it as soon as it made an allocation (secure_new_allocations),
+        // so the fd is held within milliseconds, not at the next tick.
+        wait_for_wake(*conn);
+        continue;
       }
       std::unique_lock lk(mu_);
       cv_.wait_for(lk, st, kTick, [] { return false; });
     }
     // Its progress marker goes with it (a killed process's expires).
     try {
-      if (conn) store::clear_standby_synced(*conn, ctx_.keys, ctx_.session);
+      if (conn) {
+        conn->clear_interrupt();
+        store::clear_standby_synced(*conn, ctx_.keys, ctx_.session);
+      }
     } catch (const std::exception&) {
     }
   }
 
+  // At most kTick on the wake list; any failure (a stop's interrupt, a
+  // lost link) just ends the wait: the next pass finds out.
+  void wait_for_wake(redis::Connection& conn) {
+    {
+      std::lock_guard lk(mu_);
+      blocked_on_ = &conn;
+    }
+    try {
+      auto cmd = store::standby_wake_wait_cmd(ctx_.keys, ctx_.session, seconds_arg(kTick));
+      std::vector<redis::Arg> args(cmd.begin(), cmd.end());
+      (void)conn.blocking(kTick, std::span<const redis::Arg>(args));
+    } catch (const std::exception&) {
+    }
+    std::lock_guard lk(mu_);
+    blocked_on_ = nullptr;
+  }
+
   Context& ctx_;
   Lease& lease_;
-  std::mutex mu_;  // leaf: guards thread_ (start/stop) and the tick wait
+  std::mutex mu_;  // leaf: guards thread_ (start/stop), blocked_on_ and the tick wait
+  redis::Connection* blocked_on_ = nullptr;  // the thread's connection while it waits on its wake list
   std::condition_variable_any cv_;
   std::jthread thread_;
   // The pass's own state (one thread runs sync_once).
