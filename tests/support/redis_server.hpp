@@ -159,6 +159,8 @@ class RedisServer {
   bool paused() const { return stopped_; }
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
+  // The server's own directory (mode 0700): its socket, config and logs.
+  const std::filesystem::path& dir() const { return dir_; }
   std::string socket_path() const { return (dir_ / "redis.sock").string(); }
   std::string unix_url() const { return "unix://" + socket_path(); }
   std::string tcp_url() const { return "redis://127.0.0.1:" + std::to_string(port_); }

@@ -4,9 +4,12 @@
 
 #include "memcuda/config.hpp"
 
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +18,7 @@
 
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
+#include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/live_lock.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/protocol/session.hpp"
@@ -87,15 +91,33 @@ inline std::optional<std::string> foreign_pid_namespace(const Context& ctx, redi
   return std::nullopt;
 }
 
+// Whether a process still listens on the fd server socket at `address`: a
+// connect refused, or no such file, means it is gone (its listening socket
+// closed with it); anything else (it answers, the backlog is full, no
+// permission) is taken as alive, the safe side.
+inline bool fd_server_listens(const std::string& address) {
+  sockaddr_un sa;
+  socklen_t len = fdwire::make_address(address, &sa);
+  UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s) return true;
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) == 0) return true;
+  return errno != ECONNREFUSED && errno != ENOENT;
+}
+
 // Whether a tensor's owner session is alive: its session key exists, or
 // (no key: Redis lost it, or the process was stopped past its TTL) its
 // process still runs, so its memory is still good (a pid of another pid
 // namespace may name a live process here: kept, the safe side). A key
 // that still exists yet whose process session_proves_death is a dead owner
 // whose key has not expired yet, so a takeover need not wait session_ttl.
-inline bool owner_alive(const Context& ctx, redis::Connection& c, const std::string& owner, std::int64_t pid) {
+// `fd_address`, when given, is the owner's fd server socket from another pid
+// namespace (its pid means nothing here): with no session key, a server
+// still listening there says the owner lives.
+inline bool owner_alive(const Context& ctx, redis::Connection& c, const std::string& owner, std::int64_t pid,
+                        const std::string& fd_address = {}) {
   if (owner.empty()) return false;
   if (auto v = store::read_session(c, ctx.keys, owner); !v.is_nil()) return !session_proves_death(v.str(), ctx.node);
+  if (!fd_address.empty()) return fd_server_listens(fd_address);
   return pid > 0 && pid <= 0x7fffffff && HolderId::process_alive(static_cast<pid_t>(pid));
 }
 

@@ -1,17 +1,15 @@
 // A dead allocator of record's tensors (run by the leader, once the lease
 // is ours). Two ways to save them, tried in this order:
-// - adoption in place: where the backend's memory outlives its exporter
-//   (host shm; later cuMem with fds), this leader maps the dead owner's
-//   allocation, takes it into its own pool and republishes each record
-//   pointing at the same memory (new owner, new generation). No byte is
-//   copied; live holders' mappings are the same memory throughout.
+// - adoption in place: memory shared by fd (host memfds, cuMem) outlives
+//   its exporter in the fds standbys hold; this leader maps it, takes it
+//   into its pool and republishes each record pointing at the same memory
+//   (new owner, new generation): no byte copied, holders' mappings kept.
 // - copy: the dead exporter's handle cannot be opened anew (legacy CUDA
 //   IPC), but mappings that live holders already have still read its
 //   memory: a live holder copies the tensor into memory this leader
 //   allocates and the record is republished under a new generation; with
 //   no live holder the tensor is marked lost.
-// Then the dead owner's allocations that no record uses are freed (see
-// docs/design.md, "What is lost when").
+// Then the dead owner's unused allocations are freed (docs/design.md, "What is lost when").
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -90,7 +88,8 @@ class Migration {
       std::vector<redis::Command> cmds;
       namespace f = store::field;
       for (const auto& k : rkeys)
-        cmds.push_back(store::read_fields_cmd(k, {f::owner, f::owner_pid, f::node, f::state, f::ipc_handle}));
+        cmds.push_back(
+            store::read_fields_cmd(k, {f::owner, f::owner_pid, f::node, f::state, f::ipc_handle, f::fd_source}));
       std::vector<std::exception_ptr> errs;  // a key of the wrong type is GC's to quarantine, not the round's end
       auto rs = c.pipeline(cmds, &errs);
       for (std::size_t i = 0; i < rkeys.size(); ++i) {
@@ -101,11 +100,15 @@ class Migration {
         if (owner == ctx_.session || !same_node(rs[i][2].str(), ctx_.node)) continue;
         if (!dead.count(owner)) {
           std::int64_t pid = 0;
+          std::string foreign;  // the owner's fd server in another pid namespace: its pid means nothing here
           try {
             if (!rs[i][1].is_nil()) pid = reply_int(rs[i][1]);
+            if (!rs[i][5].is_nil()) foreign = decode_fd_source(rs[i][5].str()).source.address;
+            if (owner_pid_is_ours(foreign)) foreign.clear();
           } catch (const std::exception&) {  // unreadable: judged by the session alone
+            pid = 0;
           }
-          dead[owner] = !owner_alive(ctx_, c, owner, pid);
+          dead[owner] = !owner_alive(ctx_, c, owner, foreign.empty() ? pid : 0, foreign);
         }
         if (!dead[owner]) continue;
         if (rs[i][3].str() != to_string(TensorState::ready)) {
@@ -488,9 +491,7 @@ class Migration {
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
   std::vector<Parked> parked_;             // guarded by mu_
   bool scanned_ = false;                   // a full scan ran (only the round touches it)
-  // Dead owners to sweep at the next round (only the round, one at a time,
-  // touches it).
-  std::map<std::string, std::set<BackendKind>> sweep_next_;
+  std::map<std::string, std::set<BackendKind>> sweep_next_;  // dead owners to sweep next round (the round's own)
   std::set<std::string> denied_logged_;  // handles whose AccessDenied was logged once (only the round touches it)
   std::atomic<std::uint64_t> seq_{0};
 };
