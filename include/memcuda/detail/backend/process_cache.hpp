@@ -31,6 +31,7 @@
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"  // note_process_exit
+#include "memcuda/detail/fd/fd_holds.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -60,7 +61,9 @@ class ProcessCache {
   // Runs only at exit (static destruction), before the members close the
   // mappings they keep: CUDA may already be unloaded, and that is no error.
   ~ProcessCache() { note_process_exit(); }
-  ProcessCache() = default;
+  // FdHolds is made first, so that it is destroyed after this cache: a
+  // host mapping the cache still keeps at exit gives its fd back there.
+  ProcessCache() { (void)FdHolds::instance(); }
   ProcessCache(const ProcessCache&) = delete;
   ProcessCache& operator=(const ProcessCache&) = delete;
 
