@@ -182,28 +182,39 @@ TEST_CASE("model version: a woken waiter takes the version from the push, with n
   auto t = reg.create<float>("push/x", {16});
   CHECK(publish_version(reg, "push/") == 1);
   redis::Connection raw(srv.options());
-  std::optional<std::uint64_t> got;
-  std::string error;
-  std::jthread waiter([&] {
-    try {
-      got = wait_version(reg, "push/", 1, 30s);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  (void)waiter_list(raw, "push/");  // registered, its first read done: now blocked
-  std::this_thread::sleep_for(100ms);
-  const long long hgetall = calls_of(raw, "hgetall"), srem = calls_of(raw, "srem"), del = calls_of(raw, "del");
-  CHECK(publish_version(reg, "push/") == 2);
-  waiter.join();
-  CHECK(error.empty());
-  REQUIRE(got);
-  CHECK(*got == 2);
-  // Woken by the push: no read of the record, no clean-up (the publish
-  // dropped the set, BLPOP emptied the list).
-  CHECK(calls_of(raw, "hgetall") == hgetall);
-  CHECK(calls_of(raw, "srem") == srem);
-  CHECK(calls_of(raw, "del") <= del + 1);  // at most the publish script's DEL of the waiters set
+  // The counts are the server's, for every client: the allocator of
+  // record's standby thread reads and writes other keys now and then
+  // (HGETALL of the allocations Hash). A round it disturbs proves nothing
+  // either way and is run again; a waiter that reads the record after the
+  // push adds an HGETALL in every round, so it still fails.
+  int disturbed = 0;
+  bool clean = false;
+  for (std::uint64_t v = 1; v <= 8 && !clean; ++v) {
+    std::optional<std::uint64_t> got;
+    std::string error;
+    std::jthread waiter([&] {
+      try {
+        got = wait_version(reg, "push/", v, 30s);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    (void)waiter_list(raw, "push/");  // registered, its first read done: now blocked
+    std::this_thread::sleep_for(100ms);
+    const long long hgetall = calls_of(raw, "hgetall"), srem = calls_of(raw, "srem"), del = calls_of(raw, "del");
+    REQUIRE(publish_version(reg, "push/") == v + 1);
+    waiter.join();
+    CHECK(error.empty());
+    REQUIRE(got);
+    CHECK(*got == v + 1);
+    // Woken by the push: no read of the record, no clean-up (the publish
+    // dropped the set, BLPOP emptied the list).
+    clean = calls_of(raw, "hgetall") == hgetall && calls_of(raw, "srem") == srem &&
+            calls_of(raw, "del") <= del + 1;  // at most the publish script's DEL of the waiters set
+    disturbed += !clean;
+  }
+  INFO("rounds with other commands counted: " << disturbed);
+  CHECK(clean);
   CHECK(raw.command({"EXISTS", "memcuda:model_waiters:push/"}).integer() == 0);
 }
 
