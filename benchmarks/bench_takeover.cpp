@@ -1,5 +1,5 @@
 // memcuda_bench_takeover: the takeover rows, per
-// allocation kind (cuda: vmm and legacy ipc; host: shm adoption). Method and
+// allocation kind (cuda: vmm and legacy ipc; host: memfd adoption). Method and
 // extras: docs/benchmarks.md, "Takeover after kill -9".
 //   takeover_<kind>_first_open_us  another process's first get of each tensor
 //                                  (a new mapping), p50 over the tensors
@@ -25,8 +25,6 @@
 // skipped; at S + 5 s the program exits 1). Exit 77 when nothing can run;
 // 1 when something failed (a lost tensor, a child that died; with --strict
 // also a skipped row).
-#include <sys/statvfs.h>
-
 #include <atomic>
 #include <stop_token>
 #include <thread>
@@ -550,11 +548,7 @@ int main(int argc, char** argv) {
         cfg.kinds.push_back(k);
       }
     } else {
-      cfg.kinds = {"host"};
-      const double need = cfg.total_gb.value_or(0.2) * 1e9 * 1.5;
-      struct statvfs v {};
-      if (::statvfs("/dev/shm", &v) == 0 && static_cast<double>(v.f_bavail) * v.f_frsize < need)
-        return skip_all(cfg.kinds, "/dev/shm_has_too_little_room_for_--total-gb");
+      cfg.kinds = {"host"};  // memfds: no /dev/shm room needed
     }
     if (!args.get("--url") && !std::getenv(redis::kUrlEnv) && !args.get("--redis-server") &&
         mb::find_on_path("redis-server").empty())
