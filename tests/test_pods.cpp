@@ -19,6 +19,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "memcuda/protocol.hpp"
@@ -39,6 +40,17 @@ const std::vector<std::string> kLong{"--ttl", "30000", "--session-ttl", "30000"}
 std::vector<std::string> args(std::vector<std::string> extra) {
   extra.insert(extra.end(), kLong.begin(), kLong.end());
   return extra;
+}
+
+// Pod "pod-a", the allocator of record, then pod "pod-b", its standby
+// (host backend, long TTLs).
+std::pair<std::unique_ptr<Child>, std::unique_ptr<Child>> leader_and_standby(const test::RedisServer& srv,
+                                                                             const test::PodVolume& vol) {
+  auto a = test::start_pod_worker("pod-a", srv, vol, args({"--backend", "host"}));
+  REQUIRE(test::ready(*a));
+  auto b = test::start_pod_worker("pod-b", srv, vol, args({"--backend", "host"}));
+  REQUIRE_FALSE(test::ready(*b));
+  return {std::move(a), std::move(b)};
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -89,10 +101,7 @@ TEST_CASE("pods: two pods share host tensors both ways through the shared direct
   test::RedisServer srv;
   test::PodVolume vol(srv);
   auto c = srv.connect();
-  auto a = test::start_pod_worker("pod-a", srv, vol, args({"--backend", "host"}));
-  REQUIRE(test::ready(*a));
-  auto b = test::start_pod_worker("pod-b", srv, vol, args({"--backend", "host"}));
-  REQUIRE_FALSE(test::ready(*b));
+  auto [a, b] = leader_and_standby(srv, vol);
 
   REQUIRE(test::starts_with(a->ask("create x 1000 2", 20s), "OK"));
   // Memory by fd: nothing named in a /dev/shm (each pod has its own).
@@ -120,10 +129,7 @@ TEST_CASE("pods: kill -9 of the allocator of record's pod leaves every tensor re
   test::RedisServer srv;
   test::PodVolume vol(srv);
   auto c = srv.connect();
-  auto a = test::start_pod_worker("pod-a", srv, vol, args({"--backend", "host"}));
-  REQUIRE(test::ready(*a));
-  auto b = test::start_pod_worker("pod-b", srv, vol, args({"--backend", "host"}));
-  REQUIRE_FALSE(test::ready(*b));
+  auto [a, b] = leader_and_standby(srv, vol);
   constexpr int kTensors = 8;
   for (int i = 0; i < kTensors; ++i) {
     const std::string n = "k" + std::to_string(i);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -32,23 +33,30 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-struct SocketName {
+// A per-process file of the runtime directory: "<prefix><pid>-<pid ns>-<16
+// hex><suffix>" (the fd server's socket here, the liveness lock in
+// live_lock.hpp).
+struct ProcessName {
   std::int64_t pid = 0;
   std::uint64_t pid_ns = 0;
 };
+using SocketName = ProcessName;
 
-inline std::string socket_name(std::int64_t pid, std::uint64_t pid_ns, std::uint64_t random) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "fd-%lld-%llu-%016llx.sock", static_cast<long long>(pid),
+inline std::string process_name(std::string_view prefix, std::int64_t pid, std::uint64_t pid_ns,
+                                std::uint64_t random, std::string_view suffix) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%lld-%llu-%016llx", static_cast<long long>(pid),
                 static_cast<unsigned long long>(pid_ns), static_cast<unsigned long long>(random));
-  return buf;
+  return std::string(prefix) + buf + std::string(suffix);
 }
 
-// The pid and pid namespace of a name of the form above; nullopt otherwise
+// The pid and pid namespace of a name of that form; nullopt otherwise
 // (every part strictly decimal or lower-case hex, no sign, no extra bytes).
-inline std::optional<SocketName> parse_socket_name(std::string_view n) {
-  if (!n.starts_with("fd-") || !n.ends_with(".sock")) return std::nullopt;
-  n = n.substr(3, n.size() - 8);
+inline std::optional<ProcessName> parse_process_name(std::string_view n, std::string_view prefix,
+                                                     std::string_view suffix) {
+  if (n.size() <= prefix.size() + suffix.size() || !n.starts_with(prefix) || !n.ends_with(suffix))
+    return std::nullopt;
+  n = n.substr(prefix.size(), n.size() - prefix.size() - suffix.size());
   auto decimal = [&](auto* out) {
     auto dash = n.find('-');
     if (dash == 0 || dash == std::string_view::npos || n[0] == '0') return false;
@@ -57,12 +65,17 @@ inline std::optional<SocketName> parse_socket_name(std::string_view n) {
     n.remove_prefix(dash + 1);
     return true;
   };
-  SocketName s;
+  ProcessName s;
   if (!decimal(&s.pid) || !decimal(&s.pid_ns) || s.pid <= 0 || n.size() != 16) return std::nullopt;
   for (char c : n)
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
   return s;
 }
+
+inline std::string socket_name(std::int64_t pid, std::uint64_t pid_ns, std::uint64_t random) {
+  return process_name("fd-", pid, pid_ns, random, ".sock");
+}
+inline std::optional<SocketName> parse_socket_name(std::string_view n) { return parse_process_name(n, "fd-", ".sock"); }
 
 // `address` as a socket of the runtime directory `dir`: exactly
 // "<dir>/<name>" with a name of the form above.
@@ -96,6 +109,18 @@ inline bool owner_pid_is_ours(std::string_view address) {
   return s && mine != 0 && s->pid_ns == mine;
 }
 
+// Whether no server listens at the socket `path`: a connect refused
+// (ECONNREFUSED: nothing listens on that file, its process closed it) or no
+// such file. A connect that succeeds is closed at once (the server reads it
+// as a probe); any other error (a full backlog, no permission) is not proof.
+inline bool fd_server_gone(const std::string& path) {
+  sockaddr_un sa;
+  socklen_t len = fdwire::make_address(path, &sa);
+  UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s || ::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) == 0) return false;
+  return errno == ECONNREFUSED || errno == ENOENT;
+}
+
 // Removes the sockets of `dir` whose server is gone: a connect refused
 // (ECONNREFUSED) means nothing listens on that file. A socket only takes
 // its name once it listens (FdServer::bind_path), so a live server is never
@@ -122,13 +147,7 @@ inline std::size_t sweep_stale_sockets(const std::string& dir) {
     if (!parse_socket_name(name)) continue;
     struct stat st{};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_un sa;
-    socklen_t len = fdwire::make_address(path, &sa);
-    UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!s) return removed;
-    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 && errno == ECONNREFUSED &&
-        ::unlink(path.c_str()) == 0)
-      ++removed;
+    if (fd_server_gone(path) && ::unlink(path.c_str()) == 0) ++removed;
   }
   return removed;
 }

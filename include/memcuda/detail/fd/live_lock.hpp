@@ -34,7 +34,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -48,43 +47,19 @@
 
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/fd/fd_access.hpp"
+#include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 enum class LiveVerdict { unknown, alive, dead };
 
-struct LiveName {
-  std::int64_t pid = 0;
-  std::uint64_t pid_ns = 0;
-};
+using LiveName = ProcessName;
 
 inline std::string live_name(std::int64_t pid, std::uint64_t pid_ns, std::uint64_t random) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "live-%lld-%llu-%016llx.lock", static_cast<long long>(pid),
-                static_cast<unsigned long long>(pid_ns), static_cast<unsigned long long>(random));
-  return buf;
+  return process_name("live-", pid, pid_ns, random, ".lock");
 }
-
-// The pid and pid namespace of a name of the form above; nullopt for
-// anything else (strict: decimal without sign or leading zero, 16 lower hex).
-inline std::optional<LiveName> parse_live_name(std::string_view n) {
-  if (!n.starts_with("live-") || !n.ends_with(".lock")) return std::nullopt;
-  n = n.substr(5, n.size() - 10);
-  auto decimal = [&](auto* out) {
-    auto dash = n.find('-');
-    if (dash == 0 || dash == std::string_view::npos || n[0] == '0') return false;
-    auto [p, ec] = std::from_chars(n.data(), n.data() + dash, *out);
-    if (ec != std::errc() || p != n.data() + dash) return false;
-    n.remove_prefix(dash + 1);
-    return true;
-  };
-  LiveName s;
-  if (!decimal(&s.pid) || !decimal(&s.pid_ns) || s.pid <= 0 || n.size() != 16) return std::nullopt;
-  for (char c : n)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
-  return s;
-}
+inline std::optional<LiveName> parse_live_name(std::string_view n) { return parse_process_name(n, "live-", ".lock"); }
 
 // Whether a lock conflicting with a whole-file write lock is held on `fd`
 // by another process: nullopt when fcntl cannot say.

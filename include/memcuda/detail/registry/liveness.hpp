@@ -4,12 +4,9 @@
 
 #include "memcuda/config.hpp"
 
-#include <sys/socket.h>
 #include <sys/types.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -91,19 +88,6 @@ inline std::optional<std::string> foreign_pid_namespace(const Context& ctx, redi
   return std::nullopt;
 }
 
-// Whether a process still listens on the fd server socket at `address`: a
-// connect refused, or no such file, means it is gone (its listening socket
-// closed with it); anything else (it answers, the backlog is full, no
-// permission) is taken as alive, the safe side.
-inline bool fd_server_listens(const std::string& address) {
-  sockaddr_un sa;
-  socklen_t len = fdwire::make_address(address, &sa);
-  UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!s) return true;
-  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) == 0) return true;
-  return errno != ECONNREFUSED && errno != ENOENT;
-}
-
 // Whether a tensor's owner session is alive: its session key exists, or
 // (no key: Redis lost it, or the process was stopped past its TTL) its
 // process still runs, so its memory is still good (a pid of another pid
@@ -117,7 +101,7 @@ inline bool owner_alive(const Context& ctx, redis::Connection& c, const std::str
                         const std::string& fd_address = {}) {
   if (owner.empty()) return false;
   if (auto v = store::read_session(c, ctx.keys, owner); !v.is_nil()) return !session_proves_death(v.str(), ctx.node);
-  if (!fd_address.empty()) return fd_server_listens(fd_address);
+  if (!fd_address.empty()) return !fd_server_gone(fd_address);
   return pid > 0 && pid <= 0x7fffffff && HolderId::process_alive(static_cast<pid_t>(pid));
 }
 
