@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/detail/registry/core.hpp"
 #include "memcuda/memcuda.hpp"
+#include "memcuda/protocol.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/standby_sync.hpp"
@@ -177,4 +179,37 @@ TEST_CASE("loss window: a process started right after a graceful stop leaves the
   CHECK(late->wait() == 0);
   b->kill(SIGINT);
   CHECK(b->wait() == 0);
+}
+
+// A standby that never holds the new allocations (stuck, or refused by the
+// owner's policy) must not hold up every create for the full wait: after
+// one create timed out on it, creates no longer wait for it, until its
+// marker names the current version again.
+TEST_CASE("loss window: a standby that does not catch up costs one create's wait, not one per create",
+          "[redis][standby]") {
+  test::RedisServer srv;
+  auto c = srv.connect();
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.default_backend = BackendKind::host;
+  TensorRegistry reg(o);
+  REQUIRE(reg.is_leader());
+  // A standby session of a live process of this node (our parent) that
+  // never writes a progress marker.
+  const std::string fake = std::to_string(::getppid()) + "-00000000deadbeef";
+  const std::string value = protocol::encode_session(
+      {::getppid(), detail::node_id(), 1, true, detail::pid_namespace_id(), {}});
+  c.command({"SET", "memcuda:session:" + fake, value, "PX", "600000"});
+  c.command({"SADD", "memcuda:sessions", fake});
+  auto& core = detail::RegistryAccess::core(reg);
+  const std::int64_t big = 4200000;  // 16.8 MB: over the dedicated threshold, an allocation of its own each
+  std::vector<SharedTensor<float>> keep;
+  for (int i = 0; i < 3; ++i) keep.push_back(reg.create<float>("big" + std::to_string(i), {big}));
+  CHECK(core.secure_timeouts() == 1);  // the first create waited for it, the next two did not
+  // Caught up: waited for again (and, behind on the next allocation, timed out again).
+  c.command({"SET", "memcuda:standby:" + fake, std::string(c.command({"GET", "memcuda:allocations_version"}).str())});
+  keep.push_back(reg.create<float>("big3", {big}));
+  CHECK(core.secure_timeouts() == 2);
+  keep.push_back(reg.create<float>("big4", {big}));
+  CHECK(core.secure_timeouts() == 2);
 }

@@ -51,7 +51,8 @@
 //   last copy's release never nests ReleaseQueue::mu_ or itself in it;
 //   the one nesting: the holdings' process-wide directory mutex, then
 //   each table's mu_, to drop a removed name from every registry's table),
-//   Invalidation::mu_ (only for its retry wait), Standby::mu_ (its thread
+//   Invalidation::mu_ (only for its retry wait), Core::lagging_mu_ (the
+//   standbys a create no longer waits for), Standby::mu_ (its thread
 //   handle and tick wait), FdService's and FdHolds' mutexes (their maps;
 //   an fd is closed after they are released).
 // docs/design.md ("Threads, connections and locks") says the same.
@@ -62,8 +63,11 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
@@ -131,7 +135,8 @@ class Core {
   // dedicated allocation; FdService's version moved since the last time),
   // publishes them now, wakes every standby and waits, at most
   // kSecureWait, until each one's progress marker names the allocations
-  // Hash's version, so that a kill -9 right after the answer loses nothing
+  // Hash's version (but for a standby that let an earlier create time out
+  // and has not caught up since: waited_standbys), so that a kill -9 right after the answer loses nothing
   // (docs/design.md, "What is lost when"). A create carved from an
   // allocation the standbys hold already costs one comparison.
   void secure_new_allocations(redis::Connection& c) {
@@ -140,13 +145,18 @@ class Core {
     const std::uint64_t v = svc->version();
     if (v == secured_version_.load()) return;
     try {
+      const auto ids = waited_standbys(c);  // caught up with what was published before this create
       standby.publish_now(c);
-      const auto ids = sessions.standby_sessions(c);
       if (!ids.empty()) {
         store::wake_standbys(c, ctx.keys, ids);
         const auto deadline = std::chrono::steady_clock::now() + kSecureWait;
-        while (!store::standbys_hold_current(c, ctx.keys, ids)) {
+        for (auto behind = store::standbys_behind(c, ctx.keys, ids); !behind.empty();
+             behind = store::standbys_behind(c, ctx.keys, ids)) {
           if (std::chrono::steady_clock::now() >= deadline) {
+            {
+              std::lock_guard lk(lagging_mu_);
+              lagging_.insert(behind.begin(), behind.end());
+            }
             if (++secure_timeouts_ <= 3 || secure_timeouts_ % 100 == 0)
               log(LogLevel::warn, "create answered before every standby holds the fd of its new allocation (waited " +
                                       std::to_string(kSecureWait.count()) + " ms; " +
@@ -164,6 +174,37 @@ class Core {
     }
   }
   static constexpr auto kSecureWait = std::chrono::milliseconds(1000);
+  // How many creates were answered after kSecureWait without every standby.
+  std::uint64_t secure_timeouts() const noexcept { return secure_timeouts_.load(); }
+
+ private:
+  // The live standbys a create waits for: not one that let an earlier
+  // create time out and has not caught up since (stuck, or refused by an
+  // owner's policy), so that one such standby costs one wait, not one per
+  // create. It is waited for again once its marker names the current version.
+  std::vector<std::string> waited_standbys(redis::Connection& c) {
+    auto ids = sessions.standby_sessions(c);
+    std::set<std::string> lagging;
+    {
+      std::lock_guard lk(lagging_mu_);
+      lagging = lagging_;
+    }
+    if (lagging.empty()) return ids;
+    const std::vector<std::string> was(lagging.begin(), lagging.end());
+    const auto behind = store::standbys_behind(c, ctx.keys, was);
+    const std::set<std::string> still(behind.begin(), behind.end());
+    {
+      std::lock_guard lk(lagging_mu_);
+      for (const auto& id : was)
+        if (!still.count(id)) lagging_.erase(id);
+    }
+    std::erase_if(ids, [&](const std::string& id) { return still.count(id) != 0; });
+    return ids;
+  }
+  std::mutex lagging_mu_;  // leaf: guards lagging_; never held across Redis
+  std::set<std::string> lagging_;
+
+ public:
 
   // A SharedTensor's last copy, or a DLPack deleter: no I/O here. The
   // queued release keeps the core alive until it is sent.

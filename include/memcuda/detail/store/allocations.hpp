@@ -118,16 +118,18 @@ inline void wake_standbys(redis::Connection& c, const Keys& k, const std::vector
 inline std::vector<std::string> standby_wake_wait_cmd(const Keys& k, std::string_view sid, std::string timeout_arg) {
   return {"BLPOP", k.standby_wake(sid), std::move(timeout_arg)};
 }
-// Whether every standby of `sids` has synced the Hash's current version
-// (one round trip; no Hash: nothing to hold).
-inline bool standbys_hold_current(redis::Connection& c, const Keys& k, const std::vector<std::string>& sids) {
+// The standbys of `sids` that have not synced the Hash's current version
+// (one round trip; no Hash: none, nothing to hold).
+inline std::vector<std::string> standbys_behind(redis::Connection& c, const Keys& k,
+                                                const std::vector<std::string>& sids) {
   std::vector<redis::Command> cmds{{"GET", k.allocations_version()}};
   for (const auto& s : sids) cmds.push_back({"GET", k.standby_synced(s)});
   auto r = c.pipeline(cmds);
-  if (r[0].is_nil()) return true;
+  std::vector<std::string> behind;
+  if (r[0].is_nil()) return behind;
   for (std::size_t i = 1; i < r.size(); ++i)
-    if (r[i].is_nil() || r[i].str() != r[0].str()) return false;
-  return true;
+    if (r[i].is_nil() || r[i].str() != r[0].str()) behind.push_back(sids[i - 1]);
+  return behind;
 }
 
 // What a campaign weighs, in one round trip: whether the lease is held,
