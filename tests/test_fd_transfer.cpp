@@ -4,6 +4,7 @@
 // lives while any process holds an fd, whoever created it.
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -216,6 +217,64 @@ TEST_CASE("fetch_fd says so when no server listens or the server does not answer
   const auto woke = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   std::printf("timing: serve_once woken by stop() 100 ms on: %lld ms\n", static_cast<long long>(woke));
   CHECK(woke < 20000);  // not its 60 s wait
+}
+
+// Waits until the server keeps `n` connections (it updates the count
+// after its answer went out, so the client can be ahead of it).
+bool kept_becomes(const FdServer& srv, std::size_t n) {
+  for (auto until = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < until;) {
+    if (srv.kept() == n) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return srv.kept() == n;
+}
+
+TEST_CASE("a reader keeps one connection per owner, reconnects when it was dropped, and a forked child uses its own",
+          "[fd]") {
+  const std::string addr = unique_address("kept");
+  std::vector<UniqueFd> mems;
+  auto serve_all = [&](FdServer& srv) {
+    for (std::uint64_t id = 1; id <= 5; ++id) srv.add(id, mems[id - 1].get());
+  };
+  for (int i = 1; i <= 5; ++i) mems.push_back(make_memfd("allocation-" + std::to_string(i)));
+  {
+    ServedHere here({addr});
+    serve_all(here.srv);
+    for (std::uint64_t id = 1; id <= 5; ++id) {
+      UniqueFd got = fetch_fd(addr, id, 2s);
+      CHECK(read_fd(got.get()) == "allocation-" + std::to_string(id));
+    }
+    // Five fetches, one connection: each new one would be kept as well.
+    CHECK(kept_becomes(here.srv, 1));
+    CHECK(here.srv.served() == 5);
+
+    // A forked child closes the connection it inherited (its parent may be
+    // using it) and opens its own.
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      int rc = 1;
+      try {
+        rc = read_fd(fetch_fd(addr, 2, 2s).get()) == "allocation-2" ? 0 : 1;
+      } catch (...) {
+      }
+      ::_exit(rc);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    CHECK(here.srv.served() == 6);
+    UniqueFd again = fetch_fd(addr, 3, 2s);  // the parent's connection still works
+    CHECK(read_fd(again.get()) == "allocation-3");
+  }
+  // The owner restarted at the same address: the kept connection is closed
+  // under the reader, which finds out on its next fetch and reconnects.
+  ServedHere restarted({addr});
+  serve_all(restarted.srv);
+  UniqueFd got = fetch_fd(addr, 4, 2s);
+  CHECK(read_fd(got.get()) == "allocation-4");
+  CHECK(restarted.srv.refused() == 0);
+  CHECK(kept_becomes(restarted.srv, 1));
 }
 
 TEST_CASE("bytes written through a memfd in one process are read through the fd in another", "[fd]") {

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <thread>
 
+#include "memcuda/detail/fd/fd_conn_cache.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
 #include "memcuda/detail/fd/fd_socket_dir.hpp"
@@ -118,9 +119,9 @@ inline std::string where(std::string_view address, std::uint64_t id) {
          std::string(address) + "'";
 }
 
-inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const std::string ctx = where(address, id);
+// A new connection to the server at `address`.
+inline UniqueFd connect_to(std::string_view address, std::chrono::steady_clock::time_point deadline,
+                           std::chrono::milliseconds timeout, const std::string& ctx) {
   sockaddr_un sa;
   socklen_t len = fdwire::make_address(address, &sa);
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -156,14 +157,28 @@ inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chro
                                                std::to_string(timeout.count()) + " ms", e);
     fail(FdErrc::system, ctx + ": connect failed: " + std::strerror(e), e);
   }
+  return sock;
+}
+
+// One request and its answer on `sock`. Returns an empty fd, with *stale
+// set, when a kept connection (`reused`) turns out closed by its server
+// before it answered: the caller retries on a new one.
+inline UniqueFd exchange(int sock, std::uint64_t id, std::chrono::steady_clock::time_point deadline,
+                         std::chrono::milliseconds timeout, const std::string& ctx, bool reused, bool* stale) {
+  *stale = false;
   // A server that refuses us may answer and close before reading: our send
   // then fails (EPIPE), but its answer is still queued for us to read.
-  if (fdwire::send_message(sock.get(), fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, id})) < 0 &&
-      errno != EPIPE && errno != ECONNRESET)
-    fail(FdErrc::system, ctx + ": send failed: " + std::strerror(errno), errno);
+  if (fdwire::send_message(sock, fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, id})) < 0) {
+    if (reused && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)) {
+      *stale = true;
+      return {};
+    }
+    if (errno != EPIPE && errno != ECONNRESET)
+      fail(FdErrc::system, ctx + ": send failed: " + std::strerror(errno), errno);
+  }
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{sock.get(), POLLIN, 0};
+    pollfd p{sock, POLLIN, 0};
     int n = ::poll(&p, 1, left.count() > 0 ? static_cast<int>(left.count()) : 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(FdErrc::system, ctx + ": poll failed: " + std::strerror(errno), errno);
@@ -173,7 +188,11 @@ inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chro
     break;
   }
   fdwire::Received msg;
-  ssize_t got = fdwire::recv_message(sock.get(), fdwire::kMaxReply, &msg);
+  ssize_t got = fdwire::recv_message(sock, fdwire::kMaxReply, &msg);
+  if (reused && (got == 0 || (got < 0 && errno == ECONNRESET))) {
+    *stale = true;
+    return {};
+  }
   if (got < 0 && errno == ECONNRESET)
     fail(FdErrc::no_server, ctx + ": the server reset the connection without an answer "
                                   "(it crashed or is exiting?)", errno);
@@ -198,6 +217,29 @@ inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chro
   if (rep.id != id)
     fail(FdErrc::protocol, ctx + ": the answer is for allocation " + std::to_string(rep.id));
   return std::move(msg.fd);
+}
+
+// Asks the server at `address` for allocation `id`'s fd, on a connection
+// kept from an earlier fetch from that owner where there is one
+// (fd_conn_cache.hpp). A connection is kept again only after a full answer
+// with its fd; one that failed in any way is closed.
+inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string ctx = where(address, id);
+  FdConnCache& cache = FdConnCache::instance();
+  if (UniqueFd kept = cache.take(address)) {
+    bool stale = false;
+    UniqueFd fd = exchange(kept.get(), id, deadline, timeout, ctx, true, &stale);
+    if (!stale) {
+      cache.give(address, std::move(kept));
+      return fd;
+    }
+  }
+  UniqueFd sock = connect_to(address, deadline, timeout, ctx);
+  bool stale = false;
+  UniqueFd fd = exchange(sock.get(), id, deadline, timeout, ctx, false, &stale);
+  cache.give(address, std::move(sock));
+  return fd;
 }
 
 }  // namespace fdclient

@@ -10,9 +10,14 @@
 // with the owner's thread. wake() and stop() end a waiting serve_once() from
 // any thread.
 //
-// One connection carries one request, answered at once. A peer gets at most
-// io_timeout to send it, so a stuck peer delays the owner's thread by that
-// much at worst; nothing here waits on the network or on another machine.
+// A connection carries requests one at a time, each answered at once. A
+// new peer gets at most io_timeout to send its first, so a stuck peer
+// delays the owner's thread by that much at worst; nothing here waits on
+// the network or on another machine. A peer that was served may keep its
+// connection for its next fetch (fd_conn_cache.hpp): the server keeps up to
+// kMaxKept of them in its poll set, dropping the least recently used, so a
+// reader in another pid namespace, which cannot use pidfd_getfd, pays a
+// connect per owner instead of per allocation.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -33,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
@@ -53,6 +59,11 @@ struct FdServerOptions {
   // and so the mode of a path socket; runtime_dir is not used here.
   FdAccess access{};
 };
+
+// Connections a server keeps open for their next request. A peer whose
+// connection was dropped reconnects (the client retries a kept connection
+// that the server closed once).
+inline constexpr std::size_t kMaxKept = 128;
 
 enum class ServeResult {
   idle,     // nothing happened before the timeout (or a wake())
@@ -132,14 +143,21 @@ class FdServer {
   }
   bool stopping() const noexcept { return stopping_.load(); }
 
-  // Waits up to `timeout` for one peer and answers it. Call from one thread
-  // at a time (the owner's). Never throws for what a peer sends or does;
-  // throws FdTransferError only if poll() itself fails.
+  // Waits up to `timeout` for peers and answers every request ready: a new
+  // peer's, and those on kept connections. Returns `served` when any peer
+  // got its fd, else `refused` when one was refused or answered with an
+  // error, else `idle`. Call from one thread at a time (the owner's). Never
+  // throws for what a peer sends or does; throws FdTransferError only if
+  // poll() itself fails.
   ServeResult serve_once(std::chrono::milliseconds timeout) {
     if (stopping_.load()) return ServeResult::stopped;
-    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    std::vector<pollfd> p;
+    p.reserve(2 + kept_.size());
+    p.push_back({listen_.get(), POLLIN, 0});
+    p.push_back({wake_.get(), POLLIN, 0});
+    for (const UniqueFd& k : kept_) p.push_back({k.get(), POLLIN, 0});
     auto ms = std::clamp<std::int64_t>(timeout.count(), 0, std::numeric_limits<int>::max());
-    int n = ::poll(p, 2, static_cast<int>(ms));
+    int n = ::poll(p.data(), static_cast<nfds_t>(p.size()), static_cast<int>(ms));
     if (n < 0 && errno != EINTR) fail("poll", errno);
     if (p[1].revents) {
       std::uint64_t v;
@@ -147,15 +165,39 @@ class FdServer {
       (void)r;
     }
     if (stopping_.load()) return ServeResult::stopped;
-    if (n <= 0 || !(p[0].revents & POLLIN)) return ServeResult::idle;
-    UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!conn) {
-      int err = errno;
-      if (is_fd_exhaustion(err)) return answer_exhausted(err);
-      return ServeResult::idle;  // EAGAIN (the peer gave up), ECONNABORTED, ...
+    if (n <= 0) return ServeResult::idle;
+    ServeResult out = ServeResult::idle;
+    auto note = [&out](ServeResult r) {
+      if (r == ServeResult::served || (r == ServeResult::refused && out == ServeResult::idle)) out = r;
+    };
+    // Kept connections first (a new one may evict the oldest of them).
+    std::vector<int> ready;
+    for (std::size_t i = 2; i < p.size(); ++i)
+      if (p[i].revents) ready.push_back(p[i].fd);
+    for (int fd : ready) note(serve_kept(fd));
+    if (p[0].revents & POLLIN) {
+      UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!conn) {
+        int err = errno;
+        if (is_fd_exhaustion(err)) note(answer_exhausted(err));
+        // else EAGAIN (the peer gave up), ECONNABORTED, ...
+      } else {
+        fdwire::Received msg;
+        ssize_t got = read_request(conn.get(), &msg);
+        if (got < 0) {
+          note(refuse("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms"));
+        } else if (got > 0) {  // 0: a sweeper probing that this server lives (fd_service.hpp)
+          bool keep = false;
+          note(handle(conn.get(), msg, &keep));
+          if (keep) keep_open(std::move(conn));
+        }
+      }
     }
-    return handle(conn.get());
+    return out;
   }
+
+  // Connections kept open now (tests).
+  std::size_t kept() const noexcept { return kept_count_.load(); }
 
   // Counters for tests and stats.
   std::uint64_t served() const noexcept { return served_.load(); }
@@ -246,13 +288,11 @@ class FdServer {
     return fdwire::recv_message(conn, fdwire::kRequestSize + 16, msg);
   }
 
-  ServeResult handle(int conn) {
-    fdwire::Received msg;
-    ssize_t got = read_request(conn, &msg);
-    if (got < 0) return refuse("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms");
-    // A peer that connects and closes at once is a sweeper (fd_service.hpp)
-    // probing that this server lives: not a refusal.
-    if (got == 0) return ServeResult::idle;
+  // Answers one request read from `conn`. *keep: the connection may serve
+  // the peer's next request (it passed the policy and sent a well-formed
+  // request); a refused or malformed one is closed.
+  ServeResult handle(int conn, const fdwire::Received& msg, bool* keep) {
+    *keep = false;
     if (std::string why = check_peer(conn); !why.empty())
       return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
     if (msg.fd) return reply_error(conn, fdwire::Status::bad_request, 0, "requests must not carry fds");
@@ -263,6 +303,7 @@ class FdServer {
     std::string why;
     if (auto st = fdwire::decode_request(msg.bytes, &req, &why); st != fdwire::Status::ok)
       return reply_error(conn, st, 0, why);
+    *keep = true;  // an unknown id or a failed dup is the request's, not the peer's fault
     UniqueFd copy;
     bool known = false;
     int dup_errno = 0;
@@ -288,9 +329,37 @@ class FdServer {
     if (fdwire::send_message(conn, fdwire::encode_reply({fdwire::Status::ok, req.id, {}}), copy.get()) < 0) {
       int err = errno;
       served_.fetch_sub(1);
+      *keep = false;
       return refuse(std::string("sending the fd failed: ") + std::strerror(err));
     }
     return ServeResult::served;
+  }
+
+  // A kept connection is readable: its peer's next request, or its close.
+  // The request is already there, so nothing here waits.
+  ServeResult serve_kept(int fd) {
+    auto it = std::find_if(kept_.begin(), kept_.end(), [fd](const UniqueFd& k) { return k.get() == fd; });
+    if (it == kept_.end()) return ServeResult::idle;
+    fdwire::Received msg;
+    ssize_t got = fdwire::recv_message(fd, fdwire::kRequestSize + 16, &msg);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ServeResult::idle;
+    bool keep = false;
+    ServeResult r = got > 0 ? handle(fd, msg, &keep) : ServeResult::idle;  // 0 or an error: the peer left
+    if (!keep) {
+      kept_.erase(it);
+    } else {
+      UniqueFd k = std::move(*it);  // most recently used last
+      kept_.erase(it);
+      kept_.push_back(std::move(k));
+    }
+    kept_count_.store(kept_.size());
+    return r;
+  }
+
+  void keep_open(UniqueFd conn) {
+    if (kept_.size() >= kMaxKept) kept_.erase(kept_.begin());  // the least recently used
+    kept_.push_back(std::move(conn));
+    kept_count_.store(kept_.size());
   }
 
   // accept() hit EMFILE/ENFILE: free the spare fd, take the peer, tell it the
@@ -318,6 +387,10 @@ class FdServer {
   mutable std::mutex mu_;  // guards fds_ and last_error_; never held across a wait
   std::unordered_map<std::uint64_t, int> fds_;
   std::string last_error_;
+  // Connections kept for their peers' next requests, least recently used
+  // first. Only the serving thread touches them.
+  std::vector<UniqueFd> kept_;
+  std::atomic<std::size_t> kept_count_{0};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
