@@ -4,9 +4,8 @@
 // check, so peers in other pid or network namespaces (containers sharing
 // the runtime directory) are served like any other.
 //
-// The owner (the registry's control thread) drives it: poll_fd()
-// goes into the owner's own poll set, or the owner calls serve_once(timeout)
-// in its loop. The server has no thread of its own, so it starts and stops
+// The owner (the fd service's thread) drives it: it calls
+// serve_once(timeout) in its loop. The server has no thread of its own, so it starts and stops
 // with the owner's thread. wake() and stop() end a waiting serve_once() from
 // any thread.
 //
@@ -107,10 +106,6 @@ class FdServer {
   FdServer& operator=(const FdServer&) = delete;
 
   const std::string& address() const noexcept { return opt_.address; }
-  // The listening socket: POLLIN when a peer waits. For owners with a poll
-  // loop of their own; call serve_once(0ms) when it is readable.
-  int poll_fd() const noexcept { return listen_.get(); }
-
   // Serves `fd` under `id` until remove(id). The fd stays the caller's (it is
   // borrowed, never closed here) and must stay open until remove() returns;
   // after that the server never touches it again (it sends a dup taken under
