@@ -45,6 +45,7 @@
 // The out-of-line definitions of the public API.
 #include "memcuda/impl/model.ipp"
 #include "memcuda/impl/options.ipp"
+#include "memcuda/impl/safetensors.ipp"
 #include "memcuda/impl/shape.ipp"
 #include "memcuda/impl/shared_tensor.ipp"
 #include "memcuda/impl/state_dict.ipp"

@@ -13,6 +13,7 @@
 #include "memcuda/local_tensor.hpp"
 #include "memcuda/model.hpp"
 #include "memcuda/options.hpp"
+#include "memcuda/safetensors.hpp"
 #include "memcuda/shape.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/state_dict.hpp"

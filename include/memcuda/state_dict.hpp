@@ -14,6 +14,9 @@
 
 #include "memcuda/config.hpp"
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -38,11 +41,23 @@ struct StateDictEntry {
   // memory of any visible GPU, pinned or pageable host memory). nullptr:
   // the tensor is created but not filled.
   const void* data = nullptr;
+  // Or, where `data` is nullptr, a reader of the bytes (a file, a
+  // decompressor, a network stream): called in pieces of at most half of
+  // PublishOptions::staging_bytes, in order, as read(offset, destination,
+  // bytes). Host tensors are filled in place; device tensors through a
+  // pinned staging buffer, so a model larger than the host memory a producer
+  // can spare is published with staging_bytes of it. A reader may throw:
+  // the publish then removes what it made and rethrows.
+  std::function<void(std::uint64_t offset, void* dst, std::size_t bytes)> read;
 };
 
 struct PublishOptions {
   CreateOptions create;          // backend, device and persistence of every tensor
   StreamHandle stream = nullptr;  // cuda: the copies are ordered on it (synchronized before returning)
+  // The pinned host memory the copies from readers into device tensors may
+  // use (two halves: one is read into while the other is copied). Allocated
+  // only when a reader fills a device tensor; at least 8 KiB.
+  std::size_t staging_bytes = std::size_t{64} << 20;
 };
 
 // Names relative to the prefix -> this process's handle.
@@ -50,7 +65,7 @@ using StateDict = std::map<std::string, SharedTensor<void>>;
 
 // Creates every tensor under `prefix` + name with create_many (all or
 // nothing: AlreadyExists when one name is taken, and none is created), then
-// copies each given source into its tensor (device-to-device or
+// copies each given source (data, or read) into its tensor (device-to-device or
 // host-to-device on `stream`, memcpy on the host backend) and waits for the
 // copies, so other processes see the data once this returns. A failed copy
 // removes what the batch created and rethrows.

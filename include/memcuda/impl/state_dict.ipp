@@ -16,16 +16,20 @@ MEMCUDA_NAMESPACE_BEGIN
 
 StateDict publish_state_dict(TensorRegistry& reg, std::string_view prefix, const std::vector<StateDictEntry>& entries,
                              const PublishOptions& opts) {
+  if (opts.staging_bytes < 8192)
+    throw InvalidArgument("publish_state_dict: staging_bytes must be at least 8192, got " +
+                          std::to_string(opts.staging_bytes));
   std::vector<TensorSpec> specs;
   specs.reserve(entries.size());
   for (const auto& e : entries) specs.push_back({std::string(prefix) + e.name, e.dtype, e.shape, opts.create});
   auto made = reg.create_many(specs);
   StateDict out;
   try {
-    detail::StateDictCopier copier(opts.stream);
+    detail::StateDictCopier copier(opts.stream, opts.staging_bytes);
     for (const auto& e : entries) {
       auto& t = made.at(std::string(prefix) + e.name);
       if (e.data) copier.copy(t, e.data);
+      else if (e.read) copier.copy_from(t, e.read);
     }
     copier.finish();
   } catch (...) {

@@ -2,11 +2,19 @@
 // cudaMemcpyAsync (cudaMemcpyDefault: device-to-device or host-to-device,
 // whatever the source is) into device tensors, all on one stream, with one
 // synchronisation at the end instead of one per tensor.
+//
+// A reader (StateDictEntry::read) fills host tensors in place, and device
+// tensors through a pinned staging buffer of PublishOptions::staging_bytes
+// in two halves: the reader fills one while the other's copy runs. That
+// buffer is all the host memory a publish from a reader takes, whatever the
+// model's size.
 #pragma once
 
 #include "memcuda/config.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/error.hpp"
@@ -15,9 +23,57 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+using ReadPiece = std::function<void(std::uint64_t offset, void* dst, std::size_t bytes)>;
+
 class StateDictCopier {
  public:
-  explicit StateDictCopier(StreamHandle stream) : stream_(stream) {}
+  explicit StateDictCopier(StreamHandle stream, std::size_t staging_bytes = std::size_t{64} << 20)
+      : stream_(stream), half_(std::max<std::size_t>(staging_bytes / 2, 4096)) {}
+  StateDictCopier(const StateDictCopier&) = delete;
+  StateDictCopier& operator=(const StateDictCopier&) = delete;
+  ~StateDictCopier() {
+#if MEMCUDA_HAS_CUDA()
+    if (pending_) (void)cudaStreamSynchronize(stream_);  // never free staging a copy still reads
+    for (auto& e : done_)
+      if (e) (void)cudaEventDestroy(e);
+    if (staging_) (void)cudaFreeHost(staging_);
+#endif
+  }
+
+  // The largest piece a reader is asked for.
+  std::size_t piece_bytes() const noexcept { return half_; }
+  // Pinned host memory this copier allocated (0 until a reader fills a device tensor).
+  std::size_t staging_allocated() const noexcept { return staging_ ? 2 * half_ : 0; }
+
+  // Fills `t` from `read`, piece by piece.
+  void copy_from(const SharedTensor<void>& t, const ReadPiece& read) {
+    const std::uint64_t n = t.bytes();
+    if (t.backend() == BackendKind::host) {
+      auto* dst = static_cast<unsigned char*>(t.data());
+      for (std::uint64_t off = 0; off < n; off += half_)
+        read(off, dst + off, static_cast<std::size_t>(std::min<std::uint64_t>(half_, n - off)));
+      return;
+    }
+#if MEMCUDA_HAS_CUDA()
+    DeviceGuard g(t.device());
+    ensure_staging();
+    auto* dst = static_cast<unsigned char*>(t.data());
+    for (std::uint64_t off = 0; off < n; off += half_) {
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(half_, n - off));
+      unsigned char* buf = static_cast<unsigned char*>(staging_) + next_ * half_;
+      // The copy that last read this half must be done before it is refilled.
+      MEMCUDA_CUDA_TRY(cudaEventSynchronize(done_[next_]));
+      read(off, buf, len);
+      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(dst + off, buf, len, cudaMemcpyHostToDevice, stream_));
+      MEMCUDA_CUDA_TRY(cudaEventRecord(done_[next_], stream_));
+      pending_ = true;
+      next_ ^= 1;
+    }
+#else
+    (void)read;
+    throw Unavailable("cuda backend not built");
+#endif
+  }
 
   void copy(const SharedTensor<void>& t, const void* src) {
     const std::uint64_t n = t.bytes();
@@ -54,7 +110,21 @@ class StateDictCopier {
   }
 
  private:
+#if MEMCUDA_HAS_CUDA()
+  void ensure_staging() {
+    if (staging_) return;
+    MEMCUDA_CUDA_TRY(cudaMallocHost(&staging_, 2 * half_));
+    for (auto& e : done_) {
+      MEMCUDA_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      MEMCUDA_CUDA_TRY(cudaEventRecord(e, stream_));  // "done" before first use
+    }
+  }
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+#endif
   StreamHandle stream_;
+  std::size_t half_;
+  void* staging_ = nullptr;
+  int next_ = 0;
   bool pending_ = false;
 };
 
