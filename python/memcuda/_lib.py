@@ -186,6 +186,8 @@ _SIGNATURES = [
     ("memcuda_get_prefix", c_int, [c_void_p, c_char_p, P(P(c_void_p)), P(c_size_t)]),
     ("memcuda_free_tensor_array", None, [P(c_void_p)]),
     ("memcuda_open_state_dict", c_int, [c_void_p, c_char_p, P(P(c_void_p)), P(c_size_t)]),
+    ("memcuda_publish_safetensors", c_int, [c_void_p, c_char_p, c_char_p, c_void_p, c_size_t, P(P(c_void_p)),
+                                            P(c_size_t)]),
     ("memcuda_link_state_dict", c_int, [c_void_p, c_char_p, P(c_void_p), c_size_t, P(c_int)]),
     ("memcuda_tensor_spec_init", None, [P(TensorSpecC)]),
     ("memcuda_create_many", c_int, [c_void_p, P(TensorSpecC), c_size_t, P(c_void_p)]),

@@ -463,6 +463,31 @@ class Registry:
             self.link_state_dict(prefix, result.values())
         return result
 
+    def put_safetensors(self, prefix: str, path: str, *, device: Device = None, backend: Optional[str] = None,
+                        persistent: bool = False, staging_bytes: int = 64 << 20) -> Dict[str, Tensor]:
+        """Publishes every tensor of a safetensors file under ``prefix`` in C:
+        created all or nothing, then filled by reading the file in pieces;
+        device tensors go through at most ``staging_bytes`` of pinned host
+        memory, so a model larger than the memory a producer can spare is
+        published with that much (the file is never loaded whole). Returns the
+        handles by key (names without the prefix). NotFound for a missing
+        file, InvalidArgument naming the fault of a malformed one (a failed
+        read removes what was made); persistent=True links a state-dict
+        record, as ``put_state_dict`` does."""
+        co = CreateOptions()
+        lib.memcuda_create_options_init(ctypes.byref(co))
+        co.backend, co.device = _backend_device(backend, device)
+        co.persistent = 1 if persistent else 0
+        arr = ctypes.POINTER(ctypes.c_void_p)()
+        n = ctypes.c_size_t()
+        check(lib.memcuda_publish_safetensors(self._handle(), prefix.encode(), os.fsencode(path), ctypes.byref(co),
+                                              int(staging_bytes), ctypes.byref(arr), ctypes.byref(n)))
+        try:
+            tensors = Tensor.adopt_all(arr[:n.value])
+        finally:
+            lib.memcuda_free_tensor_array(arr)
+        return {t.name[len(prefix):]: t for t in tensors}
+
     def link_state_dict(self, prefix: str, tensors: Iterable[Tensor]) -> bool:
         """Links a state-dict record over `tensors`, a dict already published
         under `prefix` (``put_state_dict(..., persistent=True)`` does it): they

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "c_api_internal.hpp"
+#include "memcuda/safetensors.hpp"
 #include "memcuda/state_dict.hpp"
 
 using memcuda_c::guarded;
@@ -80,6 +81,23 @@ int memcuda_open_state_dict(memcuda_registry* reg, const char* prefix, memcuda_t
     *out = nullptr;
     *count = 0;
     to_array(memcuda::open_state_dict(memcuda_c::registry(reg), prefix ? prefix : ""), out, count);
+  });
+}
+
+int memcuda_publish_safetensors(memcuda_registry* reg, const char* prefix, const char* path,
+                                const memcuda_create_options* opts, size_t staging_bytes, memcuda_tensor*** out,
+                                size_t* count) {
+  return guarded([&] {
+    if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
+    *out = nullptr;
+    *count = 0;
+    if (!path) throw memcuda::InvalidArgument("path is NULL");
+    memcuda::PublishOptions po;
+    po.create = memcuda_c::create_spec("x", MEMCUDA_DTYPE_U8, nullptr, 0, opts).options;
+    if (staging_bytes) po.staging_bytes = staging_bytes;
+    to_array(memcuda::publish_state_dict(memcuda_c::registry(reg), prefix ? prefix : "",
+                                         memcuda::safetensors_entries(path), po),
+             out, count);
   });
 }
 
