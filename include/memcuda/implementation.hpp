@@ -46,6 +46,7 @@
 #include "memcuda/impl/model.ipp"
 #include "memcuda/impl/options.ipp"
 #include "memcuda/impl/shape.ipp"
+#include "memcuda/impl/share.ipp"
 #include "memcuda/impl/shared_tensor.ipp"
 #include "memcuda/impl/state_dict.ipp"
 #include "memcuda/impl/tensor_registry.ipp"
