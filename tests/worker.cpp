@@ -12,9 +12,12 @@
 //             | waitver-gpu PREFIX AFTER TIMEOUT_MS NAME | sumheld-nowait NAME (test kernels)
 //             | opensd PREFIX (open_state_dict, held) | closesd PREFIX
 //             | getprefix PREFIX (get_prefix, every tensor held: "OK n=<count>")
+//             | share NAME COUNT FILL (a memfd buffer of its own, shared without a copy: "OK gen=<g> ptr=<p>")
 #include <grp.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
@@ -138,6 +141,23 @@ int main(int argc, char** argv) {
         auto t = reg->create<float>(name, parse_dims(dims), co);
         fill(t, v);
         out << "OK gen=" << t.generation();
+        held.emplace(name, std::move(t));
+      } else if (cmd == "share") {  // TensorRegistry::share of a memfd buffer this worker makes
+        std::size_t n = 0;
+        float v = 0;
+        in >> n >> v;
+        const int fd = ::memfd_create("worker-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(n * sizeof(float))) != 0) throw Error("memfd failed");
+        void* p = ::mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) throw Error("mmap failed");
+        std::fill_n(static_cast<float*>(p), n, v);
+        ShareOptions so;
+        so.keep_alive = std::shared_ptr<void>(p, [fd, n](void* q) {
+          ::munmap(q, n * sizeof(float));
+          ::close(fd);
+        });
+        auto t = SharedTensor<float>(reg->share(name, p, DType::f32, {static_cast<std::int64_t>(n)}, so).handle());
+        out << "OK gen=" << t.generation() << " ptr=" << reinterpret_cast<std::uintptr_t>(t.data());
         held.emplace(name, std::move(t));
       } else if (cmd == "get") {
         auto t = reg->get<float>(name);

@@ -47,6 +47,7 @@
 #include "memcuda/impl/options.ipp"
 #include "memcuda/impl/safetensors.ipp"
 #include "memcuda/impl/shape.ipp"
+#include "memcuda/impl/share.ipp"
 #include "memcuda/impl/shared_tensor.ipp"
 #include "memcuda/impl/state_dict.ipp"
 #include "memcuda/impl/tensor_registry.ipp"

@@ -25,4 +25,5 @@
 
 #if __has_include(<dlpack/dlpack.h>)
 #include "memcuda/dlpack.hpp"
+#include "memcuda/share.hpp"
 #endif

@@ -94,6 +94,11 @@ struct TensorInfo {
   std::string event_handle;                  // "event_handle", "" or 64 raw bytes
   std::uint64_t event_version = 0;           // "event_version", 0 = none
   std::map<std::string, std::int64_t> holders;  // "holder:<id>" -> count, one field each
+  // "borrowed" ("1"; absent otherwise): the memory is a buffer the owner
+  // process shared without a copy (TensorRegistry::share). It lives only as
+  // long as that process keeps it: never pooled, adopted or migrated, and
+  // marked lost when the owner dies (docs/protocol.md, "Borrowed tensors").
+  bool borrowed = false;
 
   // Row-major strides in elements. Throws ProtocolError for an invalid shape.
   Shape strides() const { return contiguous_strides(shape); }

@@ -15,6 +15,7 @@
 
 #include "memcuda/batch.hpp"
 #include "memcuda/options.hpp"
+#include "memcuda/share_options.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/stats.hpp"
 
@@ -92,6 +93,20 @@ class TensorRegistry {
     return SharedTensor<T>(create_handle(name, dtype_of<std::remove_cv_t<T>>, std::move(shape), opts));
   }
   SharedTensor<void> create_any(std::string_view name, DType dtype, Shape shape, CreateOptions opts = {});
+
+  // Registers `data` (bytes of dtype x shape this process already has: host
+  // memory in a MAP_SHARED memfd mapping, or cudaMalloc device memory) under
+  // `name`, WITHOUT a copy, and returns this process's handle (refcount 1,
+  // as create). The record says `borrowed`: the memory is this process's,
+  // and lives only as long as this process keeps it. opts.keep_alive is kept
+  // until the last reference anywhere goes (or the process exits); after
+  // this process dies, other processes' next get() raises Lost. Copy into
+  // registry memory (create) instead when readers must outlive the owner
+  // (docs/design.md, "Borrowed tensors"; DLPack form: memcuda/share.hpp).
+  // Throws InvalidArgument (null pointer, no bytes, name, shape, no control
+  // thread), NotShareable (memory that cannot be shared without a copy:
+  // plain malloc'd memory, says why), AlreadyExists.
+  SharedTensor<void> share(std::string_view name, void* data, DType dtype, Shape shape, ShareOptions opts = {});
 
   // Opens a tensor by name: one Redis round trip (state, dtype and node are
   // checked and this process's reference taken atomically), then the

@@ -15,6 +15,7 @@ from .errors import (AlreadyExists, AuthError, BudgetExceeded, ConnectionError, 
                      InvalidArgument, Lost, MemcudaError, NotFound, NotLeader, OutOfMemory, ProtocolError,
                      RedisError, ReplyError, StaleHandle, TimeoutError, TypeMismatch, Unavailable, UnknownError)
 from .registry import GcReport, Registry, Stats
+from .share import shareable_empty
 from .tensor import Tensor, TensorInfo
 
 __version__: str = _lib.memcuda_version_string().decode()
@@ -27,7 +28,7 @@ def has_cuda() -> bool:
 
 
 __all__ = [
-    "Registry", "Tensor", "TensorInfo", "Stats", "GcReport", "DTYPES", "has_cuda", "library_path",
+    "Registry", "Tensor", "shareable_empty", "TensorInfo", "Stats", "GcReport", "DTYPES", "has_cuda", "library_path",
     "MemcudaError", "InvalidArgument", "NotFound", "AlreadyExists", "TypeMismatch", "StaleHandle",
     "BudgetExceeded", "Lost", "NotLeader", "Unavailable", "InternalError", "ProtocolError", "CudaError",
     "RedisError", "ConnectionError", "AuthError", "TimeoutError", "ReplyError", "OutOfMemory", "UnknownError",

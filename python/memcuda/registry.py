@@ -215,6 +215,13 @@ class Registry:
                                  ctypes.byref(h)))
         return Tensor(h.value)
 
+    def share(self, name: str, data: Any, *, persistent: bool = False) -> Tensor:
+        """Registers ``data`` (anything with ``__dlpack__``) under ``name`` WITHOUT a
+        copy: the tensor is borrowed, it lives only as long as this process
+        (memcuda/share.py; docs/python.md, "Borrow or copy")."""
+        from .share import share
+        return share(self, name, data, persistent=persistent)
+
     def get(self, name: str, dtype: Optional[dtypes.DType] = None, stream: Stream = None) -> Tensor:
         """Opens a tensor by name (one Redis round trip; the memory is mapped once
         per process). dtype: check the stored dtype (TypeMismatch). stream: make

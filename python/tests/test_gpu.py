@@ -271,3 +271,43 @@ def test_cupy_reads_the_same_tensor(greg):
     b = cupy.asarray(greg.get("g.cp"))  # __cuda_array_interface__
     assert int(a.data.ptr) == t.data_ptr == int(b.data.ptr)
     assert float(a.sum()) == 4950.0 and float(b.sum()) == 4950.0
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensor_shared_without_copy_read_with_cupy(redis_url, namespace):
+    """Registry.share of a caching-allocator tensor: no new device memory, and a
+    second process opens it (legacy CUDA IPC) and reads it with CuPy."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not memcuda.has_cuda():
+        pytest.skip("no CUDA device, or libmemcuda_c built without CUDA")
+    import subprocess
+    import sys
+    import textwrap
+    reg = memcuda.Registry(redis_url, namespace, default_backend="cuda")
+    try:
+        t = torch.arange(1 << 16, device="cuda", dtype=torch.float32)[1024:]  # an offset into its block
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        h = reg.share("gsh.t", t)
+        assert torch.cuda.memory_allocated() == before  # no copy
+        assert h.generation > 0
+        reader = textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {os.path.join(REPO, 'python')!r})
+            try:
+                import cupy
+            except ImportError:
+                print("SKIP no cupy"); sys.exit(0)
+            import memcuda
+            r = memcuda.Registry({redis_url!r}, {namespace!r}, control_thread=False)
+            a = cupy.from_dlpack(r.get("gsh.t"))
+            print("SUM", float(a.sum()))
+        """)
+        out = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        if out.stdout.startswith("SKIP"):
+            pytest.skip("cupy is not installed")
+        assert float(out.stdout.split()[1]) == float(t.sum().item())
+        del h
+    finally:
+        reg.close()

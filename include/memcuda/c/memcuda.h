@@ -492,8 +492,12 @@ MEMCUDA_C_EXPORT int memcuda_tensors_wait_opened(const memcuda_tensor* const* ts
 MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const* ts, size_t count,
                                                     struct DLManagedTensor** out);
 
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* Borrowed buffers (memcuda_share): declared apart, in the same C ABI. */
+#include "memcuda/c/memcuda_share.h"
 
 #endif /* MEMCUDA_C_MEMCUDA_H */

@@ -58,6 +58,8 @@ inline constexpr std::string_view event_version = "event_version";
 inline constexpr std::string_view republished = "republished";
 inline constexpr std::string_view migrated_from = "migrated_from";
 inline constexpr std::string_view dict = "dict";
+// "1" on a tensor whose memory is its owner's own buffer (TensorRegistry::share).
+inline constexpr std::string_view borrowed = "borrowed";
 // A holder's count is stored in the field kHolderPrefix + holder id.
 inline constexpr std::string_view holder_prefix = "holder:";
 }  // namespace record_field
@@ -105,6 +107,7 @@ void for_each_record_field(const TensorInfo& t, Put&& put) {
   // codec round-trips unchanged.
   if (!t.alloc_kind.empty()) put(f::alloc_kind, std::string_view(t.alloc_kind));
   if (!t.fd_source.empty()) put(f::fd_source, std::string_view(t.fd_source));
+  if (t.borrowed) put(f::borrowed, std::string_view("1"));
   for (const auto& [holder, count] : t.holders)
     put(std::string(f::holder_prefix) + holder, std::to_string(count));
 }
@@ -278,6 +281,10 @@ inline TensorInfo decode_record(const Fields& fields) {
     if (v->size() > 512 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
       bad(f::fd_source, "is " + shown(*v) + ", expected printable text of at most 512 bytes");
     t.fd_source = std::string(*v);
+  }
+  if (auto v = optional(f::borrowed)) {
+    if (*v != "1" && *v != "0") bad(f::borrowed, "is " + shown(*v) + ", expected \"1\" or \"0\"");
+    t.borrowed = *v == "1";
   }
   return t;
 }

@@ -47,6 +47,9 @@ struct Allocation {
   // other kinds.
   std::shared_ptr<ServedFd> served;
   std::string fd_source;
+  // Borrowed memory (borrow.hpp): what keeps the owner's buffer alive,
+  // dropped with the allocation (after deallocate() stopped serving it).
+  std::shared_ptr<void> keep_alive;
 };
 
 // Which kind of allocation a record points at ("alloc_kind" in the tensor

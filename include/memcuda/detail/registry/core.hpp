@@ -80,6 +80,7 @@
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/migration.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
+#include "memcuda/detail/registry/process/borrowed.hpp"
 #include "memcuda/detail/registry/process/dict_holds.hpp"
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/registry/process/recovery.hpp"
@@ -99,6 +100,7 @@ class Core {
   // (host memfds and cuMem allocations are both shared by fd).
   explicit Core(RegistryOptions o) : ctx(std::move(o)) {
     (void)ReleaseQueue::instance();
+    alloc.set_borrowed_free([this](std::uint64_t g) { return borrowed.drop(g); });
     if (ctx.opts.control_thread) {
       standby.start();
       alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });
@@ -109,6 +111,7 @@ class Core {
   Core& operator=(const Core&) = delete;
 
   Context ctx;
+  Borrowed borrowed;  // buffers this registry shared without a copy (TensorRegistry::share)
   Lease lease{ctx};
   Allocator alloc{ctx, lease};
   Holdings holdings{ctx.keys.prefix()};

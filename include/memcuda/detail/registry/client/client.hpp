@@ -374,7 +374,8 @@ class Client {
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
     auto [base, keep] = ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] {
       try {
-        return ctx_.backend(t.backend).open(t);
+        // Borrowed memory is opened by its own kind, whatever this registry allocates with.
+        return (t.borrowed ? backend_for(t) : ctx_.backend(t.backend)).open(t);
       } catch (const Error& e) {
         // A legacy IPC handle of a live owner in another pid namespace fails
         // as a dead owner's does (Lost), or with another CUDA error: say

@@ -47,6 +47,8 @@ class Allocator {
   Allocator(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
   // Runs after a create published, before it returns (Core::secure_new_allocations); set before threads start.
   void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
+  // Drops the keep-alive of a buffer this process shared (process/borrowed.hpp); set before threads start.
+  void set_borrowed_free(std::function<bool(std::uint64_t)> f) { borrowed_free_ = std::move(f); }
 
   struct Created {
     std::uint64_t generation;
@@ -261,6 +263,10 @@ class Allocator {
       mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
       if (!record_gone) store::delete_record(c, rkey);
       ++frees_;
+      return;
+    }
+    if (borrowed_free_ && borrowed_free_(generation)) {
+      if (!record_gone) store::delete_record(c, rkey);
       return;
     }
     if (record_gone) return;
@@ -485,6 +491,7 @@ class Allocator {
   std::unordered_map<std::string, Owned> parked_;
   std::vector<Owned> unresolved_;
   std::atomic<std::uint64_t> next_alloc_id_{1};
+  std::function<bool(std::uint64_t)> borrowed_free_;
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
   std::atomic<std::uint64_t> stats_failures_{0};
   std::function<void(redis::Connection&)> after_create_;

@@ -30,6 +30,7 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/registry/leader/give_up.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/migration_copy.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
@@ -123,6 +124,10 @@ class Migration {
         } catch (const ProtocolError& e) {
           log(LogLevel::warn, std::string("orphan scan: skipping a corrupt record: ") + e.what());
           unsettled.insert(owner);
+          continue;
+        }
+        if (t.borrowed) {  // its owner's own buffer: lost with it, never adopted or copied
+          if (give_up_borrowed(ctx_, lease_, c, token, t)) ++lost;
           continue;
         }
         kinds[owner].insert(t.backend);
@@ -389,13 +394,7 @@ class Migration {
       if (++attempts_[t.generation] < kMigrateAttempts) return Adopted::retry;
       force = true;
     }
-    const std::string tk = ctx_.keys.tensor(t.name), nk = ctx_.keys.names(), lk = ctx_.keys.leader(),
-                      mk = ctx_.keys.lost(t.name);
-    redis::Arg kv[] = {tk, lk, nk, mk};
-    std::vector<redis::Arg> args{token, t.generation, dead_owner, ctx_.keys.prefix(), kLostMarkerTtlMs, now_ms(),
-                                 force ? "1" : "0"};
-    auto r = ctx_.scripts.mark_lost.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
-    const std::string st = script_status(r);
+    const std::string st = mark_lost(ctx_, c, token, t, force);
     if (st == "lost") {
       forget_attempts(t.generation);
       log(LogLevel::warn, "'" + t.name + "' (generation " + std::to_string(t.generation) +
@@ -480,7 +479,6 @@ class Migration {
   }
 
   static constexpr int kMigrateAttempts = 5;
-  static constexpr std::int64_t kLostMarkerTtlMs = 24 * 3600 * 1000;
 
   Context& ctx_;
   Lease& lease_;

@@ -1,0 +1,109 @@
+// TensorRegistry::share: a buffer this process already has, registered by
+// name without a copy (docs/design.md, "Borrowed tensors"). The record says
+// `borrowed`, names this session as its owner and says how others open it:
+// host memory as a host_memfd served by this process's fd server
+// (backend/borrow.hpp), device memory with legacy CUDA IPC on the
+// allocation base plus the tensor's offset (backend/borrow_cuda.hpp). The
+// share script publishes it unfenced (this process owns the memory, not the
+// allocator of record). The registry keeps the buffer's keep-alive
+// (process/borrowed.hpp) until the record's last reference goes: the
+// owner's own release gets `free` back from the release script; another
+// process's release pushes a free command, which the allocator of record
+// forwards to this session's inbox (Allocator::free_unlinked). A dead
+// owner's borrowed records are marked lost by the next migration round
+// (leader/give_up.hpp).
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <unistd.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memcuda/detail/backend/borrow.hpp"
+#include "memcuda/detail/backend/borrow_cuda.hpp"
+#include "memcuda/detail/registry/client/client.hpp"
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/share_scripts.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+inline Opened share_buffer(Core& core, std::string_view name_in, void* ptr, DType dtype, Shape shape,
+                           const ShareOptions& opts) {
+  const std::string name(name_in);
+  ::memcuda::validate_name(name);
+  validate_shape(shape);
+  if (!ptr) throw InvalidArgument("share '" + name + "': the pointer is null");
+  const std::uint64_t bytes = byte_size(dtype, shape);
+  if (bytes == 0)
+    throw InvalidArgument("share '" + name + "': " + std::string(to_string(dtype)) + " " + shape_to_string(shape) +
+                          " has no bytes: there is nothing to share");
+  if (!core.ctx.opts.control_thread)
+    throw InvalidArgument("share '" + name + "': this registry runs no control thread (RegistryOptions::"
+                          "control_thread), and the last release by another process reaches the owner through "
+                          "the inbox that thread reads");
+  const std::string& session = core.ctx.session;
+  const std::uint64_t id = core.borrowed.next_alloc_id();
+  Allocation a;
+  std::optional<int> device;
+#if MEMCUDA_HAS_CUDA()
+  device = device_of_pointer(ptr);
+  if (device) a = borrow_cuda(ptr, bytes, *device, id);
+#endif
+  if (!device) a = borrow_host(ptr, bytes, id, session);
+  a.keep_alive = opts.keep_alive;
+
+  TensorInfo t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.ctime_ms = now_ms();
+  t.node = core.ctx.node;
+  t.device = a.device;
+  t.device_uuid = a.device_uuid;
+  t.bytes = bytes;
+  t.backend = a.kind;
+  t.ipc_handle = a.handle;
+  t.offset = static_cast<std::uint64_t>(static_cast<char*>(ptr) - static_cast<char*>(a.base));
+  t.alloc_bytes = a.size;
+  t.alloc_id = id;
+  t.alloc_kind = a.alloc_kind;
+  t.fd_source = a.fd_source;
+  t.state = TensorState::ready;
+  t.owner = session;
+  t.owner_pid = ::getpid();
+  t.borrowed = true;
+  std::vector<std::string> fields;
+  protocol::for_each_record_field(t, [&](auto&& f, auto&& v) {
+    namespace rf = protocol::record_field;
+    const std::string_view n(f);
+    if (n == rf::generation || n == rf::state || n == rf::refcount || n.starts_with(rf::holder_prefix)) return;
+    fields.emplace_back(n);
+    fields.emplace_back(std::string_view(v));
+  });
+  // Our own export from here: a get of this name in this process resolves
+  // to `ptr` (a process cannot open its own IPC handle). A failure below
+  // drops the block: the fd is no longer served, the keep-alive goes.
+  auto block = std::make_shared<ExportedBlock>(BorrowedMemory::instance(), std::move(a));
+  ProcessCache::instance().add_export(session, block);
+  auto conn = core.ctx.pool.acquire();
+  auto r = store::share_record(*conn, core.ctx.keys, name, session, opts.persistent, fields);
+  const std::string st = script_status(r);
+  if (st == "exists")
+    throw AlreadyExists("share '" + name + "': a tensor of that name exists (generation " +
+                        std::to_string(reply_u64(r[1])) + "); remove it first or share under another name");
+  if (st == "stray") throw AlreadyExists("cannot share '" + name + "': " + stray_record(core.ctx.keys.tensor(name), r[1].str()));
+  if (st != "ok") throw InternalError("share script answered '" + st + "'");
+  t.generation = reply_u64(r[1]);
+  t.refcount = reply_int(r[2]);
+  t.holders[session] = 1;
+  if (opts.persistent) t.holders[std::string(HolderId::kName)] = 1;
+  core.borrowed.add(t.generation, block);
+  core.holdings.took(t);
+  return {std::move(t), ptr, std::move(block)};
+}
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

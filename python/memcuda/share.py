@@ -1,0 +1,98 @@
+"""Borrowed tensors: share a tensor this process already has by name, without a copy.
+
+``Registry.share(name, tensor)`` registers the memory of anything with
+``__dlpack__`` (a torch tensor, a NumPy array, a CuPy array) as it is: no copy,
+no new memory, ``data_ptr`` unchanged. The registry keeps the object alive
+until the last reference anywhere is released (or this process exits). The
+tensor is *borrowed*: it lives only as long as this process; after it exits,
+other processes' next ``get`` raises ``Lost``. Copy it with ``put`` instead
+when readers must outlive the producer (docs/python.md, "Borrow or copy").
+
+What can be borrowed: CUDA memory of ``cudaMalloc`` (PyTorch's caching
+allocator included; not its expandable segments), and host memory in a
+``MAP_SHARED`` mapping of a memfd, which ``shareable_empty`` allocates for a
+framework. Ordinary host tensors (malloc'd) cannot be shared without a copy:
+``share`` raises ``InvalidArgument`` saying so.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from typing import Any, Sequence
+
+from . import dtypes
+from ._lib import lib
+from .errors import InvalidArgument, check
+from .tensor import Tensor
+
+_P = ctypes.POINTER
+lib.memcuda_share_dlpack.restype = ctypes.c_int
+lib.memcuda_share_dlpack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     _P(ctypes.c_void_p)]
+
+_capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get.restype = ctypes.c_void_p
+_capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_rename = ctypes.pythonapi.PyCapsule_SetName
+_capsule_rename.restype = ctypes.c_int
+_capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def share(reg: Any, name: str, data: Any, *, persistent: bool = False) -> Tensor:
+    """Registers ``data`` (anything with ``__dlpack__``) under ``name`` without a
+    copy and returns this process's handle. The registry holds ``data`` (through
+    its DLPack capsule) until the last reference anywhere goes."""
+    if not hasattr(data, "__dlpack__"):
+        raise InvalidArgument(f"share: {type(data).__name__} has no __dlpack__ (a torch tensor, a NumPy or CuPy "
+                              "array); copy it with put() instead")
+    if persistent:
+        raise InvalidArgument("share: persistent=True is not offered from Python yet (remove() would have to "
+                              "drop the Python object); hold the returned handle instead")
+    capsule = data.__dlpack__()
+    ptr = _capsule_get(capsule, b"dltensor")
+    # The C library owns the DLManagedTensor from here (its deleter runs when
+    # the registry lets go): the capsule must not call it.
+    if _capsule_rename(capsule, b"used_dltensor") != 0:
+        raise InvalidArgument("share: cannot take over the DLPack capsule")
+    h = ctypes.c_void_p()
+    check(lib.memcuda_share_dlpack(reg._handle(), name.encode(), ptr, None, ctypes.byref(h)))
+    return Tensor(h.value)
+
+
+def shareable_empty(shape: Sequence[int], dtype: dtypes.DType = "f32", *, like: str = "torch") -> Any:
+    """A host tensor (``like="torch"``) or NumPy array (``like="numpy"``) whose
+    memory is a memfd mapped ``MAP_SHARED``: ``Registry.share`` lends it to
+    other processes without a copy, its ``data_ptr`` never changing. Contents
+    are zeros. The mapping (and its fd) lives as long as the array does."""
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"shareable_empty: negative dimension in {dims}")
+    code = dtypes.code_of(dtype)
+    n = lib.memcuda_dtype_itemsize(code)
+    for d in dims:
+        n *= d
+    if n == 0:
+        raise InvalidArgument(f"shareable_empty: shape {dims} has no bytes")
+    fd = os.memfd_create("memcuda-shareable", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, n)
+        buf = mmap.mmap(fd, n, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mmap object keeps a dup of it: share() finds that one
+    import numpy as np
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    name = lib.memcuda_dtype_name(code).decode()
+    if like == "numpy":
+        if name == "bf16":
+            raise InvalidArgument("shareable_empty: NumPy has no bfloat16; use like='torch'")
+        return raw.view(np.dtype(_NUMPY[name])).reshape(dims)
+    if like != "torch":
+        raise InvalidArgument(f"shareable_empty: like={like!r}, expected 'torch' or 'numpy'")
+    import torch
+    return torch.from_numpy(raw).view(getattr(torch, _TORCH[name])).reshape(dims)
+
+
+_NUMPY = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16", "i32": "int32",
+          "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "bool": "bool"}
+_TORCH = dict(_NUMPY, bf16="bfloat16")

@@ -1,0 +1,72 @@
+// The C ABI's borrowed buffers (TensorRegistry::share, memcuda/share.hpp):
+// a caller's buffer registered by name without a copy.
+#include <memory>
+
+#include "c_api_internal.hpp"
+#include "memcuda/share.hpp"
+
+using memcuda_c::guarded;
+
+namespace {
+
+// The keep-alive of a C caller: its release callback, run once when the
+// registry lets go (the last reference, a failed share, the registry's end).
+memcuda::ShareOptions share_options(const memcuda_share_options* opts) {
+  memcuda::ShareOptions o;
+  if (!opts) return o;
+  memcuda_c::check_struct(opts, "share options");
+  o.persistent = opts->persistent != 0;
+  if (opts->release) {
+    auto fn = opts->release;
+    o.keep_alive = std::shared_ptr<void>(opts->user_data, [fn](void* user) { fn(user); });
+  }
+  return o;
+}
+
+}  // namespace
+
+extern "C" {
+
+void memcuda_share_options_init(memcuda_share_options* opts) {
+  if (!opts) return;
+  *opts = memcuda_share_options{};
+  opts->struct_size = sizeof(memcuda_share_options);
+}
+
+int memcuda_share(memcuda_registry* reg, const char* name, void* data, int dtype, const int64_t* shape, int ndim,
+                  const memcuda_share_options* opts, memcuda_tensor** out) {
+  // The release callback runs on every failure below too (the keep-alive goes).
+  return guarded([&] {
+    auto o = share_options(opts);
+    memcuda_c::out_arg(out);
+    auto& r = memcuda_c::registry(reg);
+    auto d = memcuda_c::want_dtype(dtype);
+    if (!d) throw memcuda::InvalidArgument("share needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
+    if (ndim < 0) throw memcuda::InvalidArgument("ndim is negative");
+    if (ndim > 0 && !shape) throw memcuda::InvalidArgument("shape is NULL but ndim is " + std::to_string(ndim));
+    auto t = r.share(memcuda_c::name_arg(name), data, *d, memcuda::Shape(shape, shape + ndim), std::move(o));
+    *out = new memcuda_tensor(std::move(t));
+  });
+}
+
+int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManagedTensor* m,
+                         const memcuda_share_options* opts, memcuda_tensor** out) {
+  // Taken over first, so that its deleter runs whatever fails.
+  std::shared_ptr<void> owner;
+  if (m) owner = std::shared_ptr<void>(m, [](void* p) {
+    auto* t = static_cast<DLManagedTensor*>(p);
+    if (t->deleter) t->deleter(t);
+  });
+  return guarded([&] {
+    auto o = share_options(opts);
+    memcuda_c::out_arg(out);
+    if (!m) throw memcuda::InvalidArgument("the DLManagedTensor is NULL");
+    o.keep_alive = o.keep_alive ? std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+                                      std::move(o.keep_alive), std::move(owner))
+                                : std::move(owner);
+    auto t = memcuda::share(memcuda_c::registry(reg), memcuda_c::name_arg(name), m->dl_tensor, std::move(o));
+    *out = new memcuda_tensor(std::move(t));
+  });
+}
+
+}  // extern "C"

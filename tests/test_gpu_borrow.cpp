@@ -1,0 +1,61 @@
+// Borrowed device memory (TensorRegistry::share of a cudaMalloc buffer):
+// shared with legacy CUDA IPC on the allocation base plus the tensor's
+// offset, read by another process. Tagged [gpu]: skipped where no CUDA
+// device is usable.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "memcuda/memcuda.hpp"
+#include "support/gpu.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+#include "support/skip.hpp"
+#include "support/text.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+
+#if MEMCUDA_HAS_CUDA()
+TEST_CASE("cuda borrow: a cudaMalloc buffer shared at an offset is read by a second process", "[gpu][borrow]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  auto c = srv.connect();
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.default_backend = BackendKind::cuda;
+  TensorRegistry owner(o);
+  constexpr std::size_t kOffset = 1 << 20, kCount = 1024;
+  void* base = nullptr;
+  REQUIRE(cudaMalloc(&base, 4 << 20) == cudaSuccess);
+  float* p = reinterpret_cast<float*>(static_cast<char*>(base) + kOffset);
+  std::vector<float> v(kCount, 3.0f);
+  REQUIRE(cudaMemcpy(p, v.data(), kCount * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  bool freed = false;
+  ShareOptions so;
+  so.keep_alive = std::shared_ptr<void>(base, [&freed](void* q) {
+    cudaFree(q);
+    freed = true;
+  });
+  {
+    auto h = owner.share("gb", p, DType::f32, {static_cast<std::int64_t>(kCount)}, so);
+    CHECK(h.data() == p);
+    auto info = owner.info("gb");
+    CHECK(info.borrowed);
+    CHECK(info.alloc_kind == "cuda_ipc");
+    CHECK(info.offset == kOffset);
+    CHECK(info.alloc_bytes >= (4u << 20));
+    test::Child w({test::sibling_program("memcuda_test_worker"), "--url", srv.unix_url(), "--backend", "cuda",
+                   "--no-control"});
+    REQUIRE(w.read_line(30s));
+    auto r = w.ask("get gb", 30s);
+    INFO(r);
+    CHECK(test::field(r, "sum") == "3072");
+    CHECK(w.ask("release gb") == "OK");
+    CHECK(w.ask("exit") == "OK");
+  }
+  owner.flush();
+  CHECK(freed);  // the last release reached the owner: its keep-alive (here cudaFree) ran
+}
+#endif
