@@ -250,18 +250,6 @@ MEMCUDA_C_EXPORT int memcuda_open_state_dict(memcuda_registry* reg, const char* 
  * changed: opens then go name by name). */
 MEMCUDA_C_EXPORT int memcuda_link_state_dict(memcuda_registry* reg, const char* prefix, const memcuda_tensor* const* ts,
                                              size_t count, int* linked);
-/* Publishes every tensor of a safetensors file under `prefix` (C++:
- * publish_state_dict of safetensors_entries): created all or nothing with
- * opts (may be NULL), filled by reading the file in pieces; device tensors
- * through at most staging_bytes of pinned host memory (0: 64 MiB; at least
- * 8192), so a model larger than the host memory one can spare is published
- * with that much. A persistent publish links a state-dict record. *out (free
- * with memcuda_free_tensor_array) gets the handles in name order. NOT_FOUND
- * for a missing file, INVALID_ARGUMENT naming the fault of a malformed one;
- * a failed read removes what was made. */
-MEMCUDA_C_EXPORT int memcuda_publish_safetensors(memcuda_registry* reg, const char* prefix, const char* path,
-                                                 const memcuda_create_options* opts, size_t staging_bytes,
-                                                 memcuda_tensor*** out, size_t* count);
 /* Frees an array of memcuda_get_prefix (not the handles in it); NULL is a no-op. */
 MEMCUDA_C_EXPORT void memcuda_free_tensor_array(memcuda_tensor** arr);
 
@@ -497,7 +485,9 @@ MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const*
 } /* extern "C" */
 #endif
 
-/* Borrowed buffers (memcuda_share): declared apart, in the same C ABI. */
+/* Publishing from files (memcuda_publish_safetensors) and borrowed buffers
+ * (memcuda_share): declared apart, in the same C ABI. */
+#include "memcuda/c/memcuda_publish.h"
 #include "memcuda/c/memcuda_share.h"
 
 #endif /* MEMCUDA_C_MEMCUDA_H */
