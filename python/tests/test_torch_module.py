@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 
 import memcuda  # noqa: E402
 import memcuda.torch as mt  # noqa: E402
-from conftest import HERE, REPO  # noqa: E402
+from conftest import HERE, REPO, wait_for  # noqa: E402
 from torch_nets import Net, digest, scale_  # noqa: E402
 
 PKG = os.path.join(REPO, "python")
@@ -169,9 +169,17 @@ def test_detach_gives_the_module_its_own_copy_and_lets_the_registry_go(reg):
     mt.publish(src, reg, "m7/")
     # A publish of one member unlinks the dict's record: the attach then goes
     # name by name, and each member's refcount shows this process's reference.
+    # The unlinked record's pins (one reference per member) go at the next GC
+    # round: wait for it, so that the baseline is each name's own reference.
     reg.get("m7/lin.weight").publish()
     reg.flush()
-    base = {i.name: i.refcount for i in reg.list("m7/*")}
+
+    def unpinned() -> bool:
+        reg.collect_garbage()
+        return all(i.refcount == 1 for i in reg.list("m7/*"))
+
+    wait_for(unpinned, 10, "the unlinked record's pins to be dropped")
+    base = {i.name: 1 for i in reg.list("m7/*")}
     dst = Net(seed=2)
     att = mt.attach(dst, reg, "m7/")
     reg.flush()
