@@ -149,3 +149,22 @@ def check(status: int) -> None:
     """Raises for a non-zero status of a C call."""
     if status != 0:
         raise_last(status)
+
+
+# Python-side errors without a C code of their own: they carry their
+# parent's code and wire name.
+class LayoutMismatch(InvalidArgument):
+    """A module's parameters and buffers do not match the tensors under a
+    prefix (``memcuda.torch.attach``/``publish``). ``missing`` (in the module,
+    not under the prefix), ``unexpected`` (under the prefix, not in the
+    module) and ``mismatched`` (shape or dtype, one line each) list every
+    difference; the message lists them all."""
+
+    def __init__(self, message: str, missing=(), unexpected=(), mismatched=()) -> None:
+        super().__init__(message)
+        self.missing, self.unexpected, self.mismatched = list(missing), list(unexpected), list(mismatched)
+
+
+class NotSupported(MemcudaError, NotImplementedError):
+    """A feature this build of the package does not have (the message says
+    which, and what to use instead)."""

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from . import _options, dtypes
 from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
-from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr, torch_views
+from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
 
 _close_lock = threading.Lock()  # two threads closing one registry close it once
 Device = Union[None, int, str, Any]  # None, a CUDA ordinal, "cuda:1", "cpu"/"host", a torch.device
@@ -555,17 +555,26 @@ class Registry:
         Zero copy either way.
 
         With "torch", the tensors of one allocation (a packed dict is one) are
-        views of ONE DLPack import (``tensor.torch_views``): they hold the
+        views of ONE DLPack import (``_torch_open``, as ``tensor.torch_views``): they hold the
         references of all of them together, released when the last of those
         views is gone."""
         if framework not in (None, "torch", "numpy"):
             raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
-        got = self._by_name(lib.memcuda_open_state_dict, prefix)
         if framework == "torch":
-            # One DLPack import per allocation (a packed dict: one), ordered
-            # by the batch's records: no round trip per tensor.
-            views = torch_views(list(got.values()))
-            return {name[len(prefix):]: v for name, v in zip(got, views)}
+            # Straight from the C array: one DLPack import per allocation (a
+            # packed dict: one), ordered by the batch's records, no Tensor
+            # object per tensor (memcuda/_torch_open.py).
+            from ._torch_open import release_handles, torch_views_of_handles
+            arr = ctypes.POINTER(ctypes.c_void_p)()
+            n = ctypes.c_size_t()
+            check(lib.memcuda_open_state_dict(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
+            try:
+                names, views = torch_views_of_handles(arr, n.value) if n.value else ([], [])
+            finally:
+                release_handles(arr, n.value)
+            cut = len(prefix)
+            return {name[cut:]: v for name, v in zip(names, views)}
+        got = self._by_name(lib.memcuda_open_state_dict, prefix)
         out: Dict[str, Any] = {}
         for name, t in got.items():
             out[name[len(prefix):]] = t if framework is None else t.numpy()
