@@ -485,3 +485,6 @@ MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const*
 #endif
 
 #endif /* MEMCUDA_C_MEMCUDA_H */
+
+/* The Arrow C Device Data Interface export (memcuda_tensor_to_arrow). */
+#include "memcuda/c/arrow.h"
