@@ -15,6 +15,7 @@
 
 #include "memcuda/arrow.hpp"
 #include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -199,14 +200,19 @@ TEST_CASE("export_arrow: a fixed-size list of the innermost dimension, whose chi
   CHECK(ez.array.array.children[0]->length == 0);
 }
 
-TEST_CASE("to_arrow of a state dict exports each member, each holding the dict's reference", "[redis][arrow]") {
+TEST_CASE("to_arrow of a state dict exports each member, holding the dict's one reference", "[redis][arrow]") {
   test::RedisServer srv;
+  redis::Connection c(srv.options());
   TensorRegistry reg(test::host_options(srv));
   std::vector<float> w(6, 1.5f);
   std::vector<std::int64_t> steps{7};
   PublishOptions po;
-  po.create.persistent = true;
+  po.create.persistent = true;  // linked as a state-dict record: an open is ONE reference, on the record
   publish_state_dict(reg, "m/", {{"w", DType::f32, {2, 3}, w.data()}, {"steps", DType::i64, {1}, steps.data()}}, po);
+  const auto link = c.command({"GET", "memcuda:dictlink:m/"});
+  REQUIRE(!link.is_nil());
+  const std::string record = "memcuda:dict:" + std::string(link.str());
+  auto record_refcount = [&] { return std::stoll(std::string(c.command({"HGET", record, "refcount"}).str())); };
   std::map<std::string, ArrowExport> out;
   {
     auto dict = open_state_dict(reg, "m/");
@@ -219,11 +225,13 @@ TEST_CASE("to_arrow of a state dict exports each member, each holding the dict's
   CHECK(std::string(out.at("steps").schema.format) == "l");
   CHECK(static_cast<const std::int64_t*>(out.at("steps").array.array.buffers[1])[0] == 7);
   reg.flush();
-  CHECK(reg.info("m/w").refcount == 2);  // the name's, and the open's (kept by the exports)
+  CHECK(record_refcount() == 1);  // the open's, kept by the exports after the dict went
+  out.erase("w");
+  reg.flush();
+  CHECK(record_refcount() == 1);  // one member's export still holds it
   out.clear();
   reg.flush();
-  CHECK(reg.info("m/w").refcount == 1);
-  CHECK(reg.info("m/steps").refcount == 1);
+  CHECK(record_refcount() == 0);
 }
 
 TEST_CASE("an Arrow consumer in another process reads a host tensor and its release gives the reference back",
