@@ -134,7 +134,8 @@ def test_schema_dtypes_list_request_and_kwargs(reg):
               "u64": b"L", "f16": b"e", "bf16": b"w:2", "f32": b"f", "f64": b"g"}
     for dt, fmt in expect.items():
         t = reg.create("a.dt." + dt, (2, 3), dt)
-        s = take(t.__arrow_c_schema__(), b"arrow_schema", Schema)
+        cap = t.__arrow_c_schema__()  # the capsule owns the struct: keep it while reading
+        s = take(cap, b"arrow_schema", Schema)
         assert s.format == fmt, dt
         assert metadata(s)["memcuda.dtype"] == dt
 
@@ -203,8 +204,8 @@ def test_gpu_cuda_tensor_exports_device_and_sync_event(redis_url, namespace):
     with memcuda.Registry(redis_url, namespace, default_backend="cuda") as greg:
         src = torch.arange(64, dtype=torch.float32, device="cuda")
         t = greg.put("a.g", src, persistent=True)  # copied and published on torch's current stream
-        s = take(t.__arrow_c_schema__(), b"arrow_schema", Schema)
-        assert s.format == b"f"
+        cap = t.__arrow_c_schema__()
+        assert take(cap, b"arrow_schema", Schema).format == b"f"
         scap, acap = t.__arrow_c_device_array__()
         d = take(acap, b"arrow_device_array", DeviceArray)
         assert d.device_type == 2 and d.device_id == t.device
