@@ -43,6 +43,7 @@
 #include "memcuda/protocol.hpp"
 
 // The out-of-line definitions of the public API.
+#include "memcuda/impl/arrow.ipp"
 #include "memcuda/impl/model.ipp"
 #include "memcuda/impl/options.ipp"
 #include "memcuda/impl/safetensors.ipp"

@@ -321,6 +321,28 @@ class Tensor:
             check(lib.memcuda_tensor_wait_published(h, stream or None))
         return _to_capsule(h)
 
+    def __arrow_c_schema__(self) -> Any:
+        """Arrow PyCapsule Interface: an "arrow_schema" capsule of the flat array
+        ``__arrow_c_device_array__`` exports (docs/interop.md: the dtype table)."""
+        from . import arrow
+        return arrow.schema_capsule(self._handle())
+
+    def __arrow_c_device_array__(self, requested_schema: Any = None, **kwargs: Any) -> Tuple[Any, Any]:
+        """Arrow PyCapsule Interface: ("arrow_schema", "arrow_device_array")
+        capsules viewing the tensor (zero copy; cuda or CPU device), the array
+        holding a share of the reference until released. A requested "+w:<n>"
+        schema gets a fixed-size list of the innermost dimension. cuda:
+        sync_event follows the producer's newest publish (one Redis round trip)."""
+        from . import arrow
+        arrow.check_kwargs(kwargs)
+        return arrow.device_array_capsules(self._handle(), 0, requested_schema)
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> Tuple[Any, Any]:
+        """Arrow PyCapsule Interface, CPU only: ("arrow_schema", "arrow_array")
+        capsules of a host tensor (``pyarrow.array(t)``); InvalidArgument on cuda."""
+        from . import arrow
+        return arrow.array_capsules(self._handle(), 0, requested_schema)
+
     def _interface(self) -> dict:
         ts = dtypes.TYPESTR[self._dtype]
         if ts is None:

@@ -71,3 +71,16 @@ set_tests_properties(python_session PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 E
 add_test(NAME python_pip_install COMMAND ${MEMCUDA_PYTHON} ${PROJECT_SOURCE_DIR}/python/tests/pip_install_check.py)
 set_tests_properties(python_pip_install PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77 LABELS packaging
                      ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+
+# tests/arrow_consumer.c: an Arrow consumer written from the specification
+# (tests/arrow_spec.h, no Arrow library), driven by tests/test_arrow.cpp as
+# a process of its own; it sits next to memcuda_tests, where helper programs
+# are looked for.
+add_executable(memcuda_arrow_consumer ${PROJECT_SOURCE_DIR}/tests/arrow_consumer.c)
+set_target_properties(memcuda_arrow_consumer PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF
+                      RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+target_compile_options(memcuda_arrow_consumer PRIVATE -Wall -Wextra -pedantic)
+target_link_libraries(memcuda_arrow_consumer PRIVATE memcuda_c)
+if(TARGET memcuda_tests)
+  add_dependencies(memcuda_tests memcuda_arrow_consumer)
+endif()

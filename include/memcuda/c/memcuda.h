@@ -485,8 +485,10 @@ MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const*
 } /* extern "C" */
 #endif
 
-/* Publishing from files (memcuda_publish_safetensors) and borrowed buffers
- * (memcuda_share): declared apart, in the same C ABI. */
+/* Declared apart, in the same C ABI: publishing from files
+ * (memcuda_publish_safetensors), borrowed buffers (memcuda_share) and the
+ * Arrow C Device Data Interface export (memcuda_tensor_to_arrow). */
+#include "memcuda/c/arrow.h"
 #include "memcuda/c/memcuda_publish.h"
 #include "memcuda/c/memcuda_share.h"
 

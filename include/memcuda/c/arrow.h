@@ -1,0 +1,46 @@
+/* The C ABI's Arrow C Device Data Interface export, part of
+ * <memcuda/c/memcuda.h> (which includes this header; either may be included
+ * first). */
+#ifndef MEMCUDA_C_ARROW_H
+#define MEMCUDA_C_ARROW_H
+
+#include "memcuda/c/memcuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Arrow C Device Data Interface (src/c_api/arrow.cpp) --------------------
+ * Zero-copy export for data-frame libraries (pyarrow, cuDF, Polars). The
+ * structs are the Arrow specification's: include them from
+ * <memcuda/arrow.hpp> (C++), Arrow's or nanoarrow's headers, or a copy of the
+ * specification's definitions. docs/interop.md has the dtype table and the
+ * lifetime rules. */
+
+/* memcuda_tensor_to_arrow flags (or-ed; 0: the defaults) */
+#define MEMCUDA_ARROW_FIXED_SIZE_LIST 1u /* "+w:<n>" of the innermost dimension, not a flat array */
+#define MEMCUDA_ARROW_STRICT_TYPES 2u    /* bool and bf16: TYPE_MISMATCH, not uint8 "C" / binary "w:2" */
+#define MEMCUDA_ARROW_OPENED_EVENT 4u    /* sync_event from the publish the handle's record carried
+                                            (no Redis round trip), not the newest */
+
+struct ArrowSchema;
+struct ArrowDeviceArray;
+/* Fills the caller's *out_schema and *out_array (memcuda::export_arrow): a
+ * flat array of every element (length = element count) or a fixed-size
+ * list, whose data buffer is the tensor's memory. out_array may be NULL
+ * (the schema only: no reference, no I/O). The array holds its own share of
+ * the reference until its release callback runs (from any thread; it only
+ * queues the release, no network I/O). device_type ARROW_DEVICE_CUDA (2)
+ * with this process's ordinal, or ARROW_DEVICE_CPU (1) for host tensors;
+ * sync_event (cuda) a cudaEvent_t* completing once the producer's last
+ * publish has, NULL when nothing was published. The caller releases both
+ * structs exactly once; on failure both read released (release NULL).
+ * INVALID_ARGUMENT for an unknown flag or a scalar as a fixed-size list. */
+MEMCUDA_C_EXPORT int memcuda_tensor_to_arrow(const memcuda_tensor* t, unsigned flags, struct ArrowSchema* out_schema,
+                                             struct ArrowDeviceArray* out_array);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MEMCUDA_C_ARROW_H */
