@@ -48,7 +48,7 @@ struct StateDictEntry {
   // pinned staging buffer, so a model larger than the host memory a producer
   // can spare is published with staging_bytes of it. A reader may throw:
   // the publish then removes what it made and rethrows.
-  std::function<void(std::uint64_t offset, void* dst, std::size_t bytes)> read;
+  std::function<void(std::uint64_t offset, void* dst, std::size_t bytes)> read = {};
 };
 
 struct PublishOptions {
