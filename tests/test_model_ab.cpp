@@ -216,7 +216,9 @@ TEST_CASE("A/B versions: in-place publish, abort, a dropped writer and bad input
   CHECK(m.tensors().at("w").data() == t.data());
   CHECK_FALSE(m.advance());
   // a model of named tensors opens as a state dict and advances in place
-  (void)reg.create<float>("plain/w", {4}, CreateOptions{.persistent = true});
+  CreateOptions keep;
+  keep.persistent = true;
+  (void)reg.create<float>("plain/w", {4}, keep);
   auto pm = open_model(reg, "plain/");
   CHECK(pm.version() == 0);
   CHECK(pm.tensors().count("w") == 1);

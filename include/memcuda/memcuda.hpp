@@ -12,7 +12,6 @@
 #include "memcuda/error.hpp"
 #include "memcuda/local_tensor.hpp"
 #include "memcuda/model.hpp"
-#include "memcuda/model_ab.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/shape.hpp"
 #include "memcuda/shared_tensor.hpp"

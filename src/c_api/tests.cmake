@@ -71,3 +71,11 @@ set_tests_properties(python_session PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 E
 add_test(NAME python_pip_install COMMAND ${MEMCUDA_PYTHON} ${PROJECT_SOURCE_DIR}/python/tests/pip_install_check.py)
 set_tests_properties(python_pip_install PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77 LABELS packaging
                      ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+
+# tests/c_api_model_ab_test.c: the A/B model versions of the C ABI.
+add_executable(memcuda_c_api_model_ab_test ${PROJECT_SOURCE_DIR}/tests/c_api_model_ab_test.c)
+set_target_properties(memcuda_c_api_model_ab_test PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+target_compile_options(memcuda_c_api_model_ab_test PRIVATE -Wall -Wextra -pedantic)
+target_link_libraries(memcuda_c_api_model_ab_test PRIVATE memcuda_c)
+add_test(NAME c_api_model_ab COMMAND sh ${PROJECT_SOURCE_DIR}/tests/c_api_with_redis.sh $<TARGET_FILE:memcuda_c_api_model_ab_test>)
+set_tests_properties(c_api_model_ab PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)

@@ -480,8 +480,12 @@ MEMCUDA_C_EXPORT int memcuda_tensors_wait_opened(const memcuda_tensor* const* ts
 MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const* ts, size_t count,
                                                     struct DLManagedTensor** out);
 
+/* A/B model versions: declared in memcuda/c/model_ab.h (included at the end). */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+#include "memcuda/c/model_ab.h"
 
 #endif /* MEMCUDA_C_MEMCUDA_H */
