@@ -228,3 +228,25 @@ TEST_CASE("A/B versions: in-place publish, abort, a dropped writer and bad input
   m.close();
   CHECK(m.tensors().empty());
 }
+
+TEST_CASE("A/B versions: a flip seen by 8 reader processes", "[redis][model_ab][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry producer(opts(srv));
+  publish(producer, "m/", 1.0f, 3);
+  std::vector<std::unique_ptr<test::Child>> rs;
+  for (int i = 0; i < 8; ++i) {
+    rs.push_back(reader(srv));
+    REQUIRE(rs.back()->ask("openmodel m/") == "OK version=1 sum=16");
+  }
+  std::vector<float> data(16, 2.0f);
+  ModelVersionOptions o;
+  o.max_versions = 3;
+  auto w = begin_model_version(producer, "m/", {{"w", DType::f32, {16}, data.data()}}, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(w.commit() == 2);
+  for (auto& r : rs) r->send("advance-nosum m/");
+  for (auto& r : rs) CHECK(r->read_line(10s).value_or("") == "OK moved=1 version=2");
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+  WARN("commit until 8 readers' advance returned (host backend, this machine): " << us.count() << " us");
+  for (auto& r : rs) CHECK(r->ask("sumpinned m/") == "OK version=2 sum=32");
+}

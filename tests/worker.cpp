@@ -13,6 +13,7 @@
 //             | opensd PREFIX (open_state_dict, held) | closesd PREFIX
 //             | getprefix PREFIX (get_prefix, every tensor held: "OK n=<count>")
 //             | openmodel|sumpinned|advance|closemodel PREFIX (A/B versions: "OK version=V sum=S")
+//             | advance-nosum PREFIX ("OK moved=M version=V")
 //             | beginver PREFIX DIMS VALUE (stages tensor "w", held) | commitver PREFIX
 //             | advance-gpu PREFIX (test kernels: advance on a stream, then sum there)
 #include <grp.h>
@@ -249,10 +250,11 @@ int main(int argc, char** argv) {
       } else if (cmd == "openmodel") {
         auto& m = models[name] = open_model(*reg, name);
         out << "OK " << pinned_line(m);
-      } else if (cmd == "sumpinned" || cmd == "advance") {
+      } else if (cmd == "sumpinned" || cmd == "advance" || cmd == "advance-nosum") {
         auto it = models.find(name);
         if (it == models.end()) throw NotFound("this worker pins no model '" + name + "'");
-        if (cmd == "advance") out << "OK moved=" << it->second.advance() << " " << pinned_line(it->second);
+        if (cmd == "advance-nosum") out << "OK moved=" << it->second.advance() << " version=" << it->second.version();
+        else if (cmd == "advance") out << "OK moved=" << it->second.advance() << " " << pinned_line(it->second);
         else out << "OK " << pinned_line(it->second);
       } else if (cmd == "closemodel") {
         models.erase(name);

@@ -206,7 +206,10 @@ bool PinnedModel::advance(StreamHandle stream) {
   auto& core = s_->core;
   auto o = detail::ModelAb::open(core, s_->prefix, dict, ver);
   if (o.kind == K::same) return false;
-  if (o.kind == K::none) throw NotFound("model '" + s_->prefix + "' has no version record any more");
+  if (o.kind == K::none) {  // a model of named tensors never published: nothing newer
+    if (dict.empty()) return false;
+    throw NotFound("model '" + s_->prefix + "' has no version record any more");
+  }
   StateDict fresh;
   const bool moves = o.kind == K::ok || o.kind == K::unlinked;
   if (moves) {
