@@ -4,6 +4,7 @@
 // reader. Real redis-server, real worker processes, host backend.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -249,4 +250,34 @@ TEST_CASE("A/B versions: a flip seen by 8 reader processes", "[redis][model_ab][
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
   WARN("commit until 8 readers' advance returned (host backend, this machine): " << us.count() << " us");
   for (auto& r : rs) CHECK(r->ask("sumpinned m/") == "OK version=2 sum=32");
+}
+
+TEST_CASE("A/B versions: threads advance one pinned model while the producer commits", "[redis][model_ab]") {
+  test::RedisServer srv;
+  TensorRegistry reg(opts(srv));
+  publish(reg, "m/", 1.0f);
+  auto m = open_model(reg, "m/");
+  std::atomic<bool> done{false};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i)
+    ts.emplace_back([&] {
+      while (!done) {
+        try {
+          (void)m.advance();
+          auto sd = m.tensors();  // a consistent set: one tensor, of the pinned version's values
+          if (sd.size() != 1) ++errors;
+        } catch (...) {
+          ++errors;
+        }
+      }
+    });
+  // max_versions 8: older sets go at GC rounds, while the threads let go of them
+  for (int v = 2; v <= 6; ++v) CHECK(publish(reg, "m/", static_cast<float>(v), 8) == static_cast<std::uint64_t>(v));
+  done = true;
+  for (auto& t : ts) t.join();
+  CHECK(errors == 0);
+  (void)m.advance();
+  CHECK(m.version() == 6);
+  CHECK(m.latest() == 6);
 }

@@ -14,6 +14,7 @@ from .dtypes import NAMES as DTYPES
 from .errors import (AlreadyExists, AuthError, BudgetExceeded, ConnectionError, CudaError, InternalError,
                      InvalidArgument, Lost, MemcudaError, NotFound, NotLeader, OutOfMemory, ProtocolError,
                      RedisError, ReplyError, StaleHandle, TimeoutError, TypeMismatch, Unavailable, UnknownError)
+from .model_versions import ModelVersionWriter, PinnedModel
 from .registry import GcReport, Registry, Stats
 from .tensor import Tensor, TensorInfo
 
@@ -31,4 +32,5 @@ __all__ = [
     "MemcudaError", "InvalidArgument", "NotFound", "AlreadyExists", "TypeMismatch", "StaleHandle",
     "BudgetExceeded", "Lost", "NotLeader", "Unavailable", "InternalError", "ProtocolError", "CudaError",
     "RedisError", "ConnectionError", "AuthError", "TimeoutError", "ReplyError", "OutOfMemory", "UnknownError",
+    "ModelVersionWriter", "PinnedModel",
 ]
