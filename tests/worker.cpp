@@ -13,6 +13,10 @@
 //             | opensd PREFIX (open_state_dict, held) | closesd PREFIX
 //             | getprefix PREFIX (get_prefix, every tensor held: "OK n=<count>")
 //             | share NAME COUNT FILL (a memfd buffer of its own, shared without a copy: "OK gen=<g> ptr=<p>")
+//             | openmodel|sumpinned|advance|closemodel PREFIX (A/B versions: "OK version=V sum=S")
+//             | advance-nosum PREFIX ("OK moved=M version=V")
+//             | beginver PREFIX DIMS VALUE (stages tensor "w", held) | commitver PREFIX
+//             | advance-gpu PREFIX (test kernels: advance on a stream, then sum there)
 #include <grp.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -30,6 +34,7 @@
 
 #include "memcuda/memcuda.hpp"
 #include "memcuda/model.hpp"
+#include "memcuda/model_ab.hpp"
 #include "memcuda/state_dict.hpp"
 
 #if defined(MEMCUDA_TEST_KERNELS)
@@ -79,6 +84,16 @@ double checksum(const SharedTensor<float>& t) {
   return s;
 }
 
+// The sum of a pinned model's f32 tensors, with its version.
+std::string pinned_line(const PinnedModel& m) {
+  double total = 0;
+  for (auto& [k, t] : m.tensors())
+    if (t.dtype() == DType::f32) total += checksum(SharedTensor<float>(t.handle()));
+  std::ostringstream o;
+  o << std::setprecision(17) << "version=" << m.version() << " sum=" << total;
+  return o.str();
+}
+
 void fill(const SharedTensor<float>& t, float v) {
   std::vector<float> host(t.size(), v);
   t.copy_from_host(host);
@@ -124,6 +139,8 @@ int main(int argc, char** argv) {
   std::multimap<std::string, SharedTensor<float>> held;
   std::map<std::string, StateDict> dicts;
   std::vector<SharedTensor<void>> held_many;
+  std::map<std::string, PinnedModel> models;
+  std::map<std::string, ModelVersionWriter> writers;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -250,6 +267,41 @@ int main(int argc, char** argv) {
         cudaStreamDestroy(s);
         out << "OK sum=" << h;
 #endif
+      } else if (cmd == "openmodel") {
+        auto& m = models[name] = open_model(*reg, name);
+        out << "OK " << pinned_line(m);
+      } else if (cmd == "sumpinned" || cmd == "advance" || cmd == "advance-nosum") {
+        auto it = models.find(name);
+        if (it == models.end()) throw NotFound("this worker pins no model '" + name + "'");
+        if (cmd == "advance-nosum") out << "OK moved=" << it->second.advance() << " version=" << it->second.version();
+        else if (cmd == "advance") out << "OK moved=" << it->second.advance() << " " << pinned_line(it->second);
+        else out << "OK " << pinned_line(it->second);
+      } else if (cmd == "closemodel") {
+        models.erase(name);
+        reg->flush();
+        out << "OK";
+      } else if (cmd == "beginver") {
+        std::string dims;
+        float v = 0;
+        in >> dims >> v;
+        auto w = begin_model_version(*reg, name, {{"w", DType::f32, parse_dims(dims), nullptr}});
+        fill(SharedTensor<float>(w.tensors().at("w").handle()), v);
+        out << "OK version=" << w.version();
+        writers[name] = std::move(w);
+      } else if (cmd == "commitver") {
+        out << "OK version=" << writers.at(name).commit();
+        writers.erase(name);
+#if defined(MEMCUDA_TEST_KERNELS)
+      } else if (cmd == "advance-gpu") {
+        // A consumer stream ordered by advance(), then a sum kernel on it.
+        cudaStream_t s{};
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        auto& m = models.at(name);
+        const bool moved = m.advance(s);
+        out << "OK moved=" << moved << " version=" << m.version()
+            << " sum=" << gpu_sum(SharedTensor<float>(m.tensors().at("w").handle()), s);
+        cudaStreamDestroy(s);
+#endif
       } else if (cmd == "publishver") {  // host: the writes (fill) are done, publish
         out << "OK version=" << publish_version(*reg, name);
       } else if (cmd == "version") {
@@ -310,6 +362,8 @@ int main(int argc, char** argv) {
         out << "OK refcount=" << i.refcount << " gen=" << i.generation << " owner_pid=" << i.owner_pid;
       } else if (cmd == "exit") {
         held.clear();
+        models.clear();
+        writers.clear();
         reg.reset();
         std::cout << "OK" << std::endl;
         return 0;

@@ -45,6 +45,7 @@
 // The out-of-line definitions of the public API.
 #include "memcuda/impl/arrow.ipp"
 #include "memcuda/impl/model.ipp"
+#include "memcuda/impl/model_ab.ipp"
 #include "memcuda/impl/options.ipp"
 #include "memcuda/impl/safetensors.ipp"
 #include "memcuda/impl/shape.ipp"

@@ -15,6 +15,7 @@ from .errors import (AlreadyExists, AuthError, BudgetExceeded, ConnectionError, 
                      InvalidArgument, Lost, MemcudaError, NotFound, NotLeader, OutOfMemory, ProtocolError,
                      RedisError, ReplyError, StaleHandle, TimeoutError, TypeMismatch, Unavailable, UnknownError)
 from .errors import LayoutMismatch, NotSupported  # Python-side, no C code of their own
+from .model_versions import ModelVersionWriter, PinnedModel
 from .registry import GcReport, Registry, Stats
 from .share import shareable_empty
 from .tensor import Tensor, TensorInfo
@@ -34,4 +35,5 @@ __all__ = [
     "BudgetExceeded", "Lost", "NotLeader", "Unavailable", "InternalError", "ProtocolError", "CudaError",
     "RedisError", "ConnectionError", "AuthError", "TimeoutError", "ReplyError", "OutOfMemory", "UnknownError",
     "LayoutMismatch", "NotSupported",
+    "ModelVersionWriter", "PinnedModel",
 ]

@@ -68,6 +68,11 @@ class TensorSpecC(ctypes.Structure):
                 ("shape", P(c_int64)), ("options", CreateOptions)]
 
 
+class ModelVersionOptionsC(ctypes.Structure):
+    """memcuda_model_version_options: A/B model versions (memcuda_begin_model_version)."""
+    _fields_ = [("struct_size", c_uint32), ("backend", c_int), ("device", c_int), ("max_versions", c_uint32)]
+
+
 class TensorInfoC(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -194,6 +199,20 @@ _SIGNATURES = [
     ("memcuda_publish_version", c_int, [c_void_p, c_char_p, c_void_p, c_int, c_int, P(c_uint64)]),
     ("memcuda_wait_version", c_int, [c_void_p, c_char_p, c_uint64, c_int64, c_void_p, P(c_uint64)]),
     ("memcuda_current_version", c_int, [c_void_p, c_char_p, P(c_uint64)]),
+    ("memcuda_model_version_options_init", None, [P(ModelVersionOptionsC)]),
+    ("memcuda_begin_model_version", c_int,
+     [c_void_p, c_char_p, P(TensorSpecC), c_size_t, P(ModelVersionOptionsC), P(c_void_p)]),
+    ("memcuda_model_writer_version", c_int, [c_void_p, P(c_uint64)]),
+    ("memcuda_model_writer_tensors", c_int, [c_void_p, P(P(c_void_p)), P(c_size_t), P(c_size_t)]),
+    ("memcuda_model_writer_commit", c_int, [c_void_p, c_void_p, P(c_uint64)]),
+    ("memcuda_model_writer_abort", c_int, [c_void_p]),
+    ("memcuda_model_writer_free", None, [c_void_p]),
+    ("memcuda_open_model", c_int, [c_void_p, c_char_p, c_void_p, P(c_void_p)]),
+    ("memcuda_pinned_model_version", c_int, [c_void_p, P(c_uint64)]),
+    ("memcuda_pinned_model_tensors", c_int, [c_void_p, P(P(c_void_p)), P(c_size_t), P(c_size_t)]),
+    ("memcuda_pinned_model_latest", c_int, [c_void_p, P(c_uint64)]),
+    ("memcuda_pinned_model_advance", c_int, [c_void_p, c_void_p, P(c_int)]),
+    ("memcuda_pinned_model_free", None, [c_void_p]),
     ("memcuda_remove", c_int, [c_void_p, c_char_p]),
     ("memcuda_wait", c_int, [c_void_p, c_char_p, c_int64, P(c_int)]),
     ("memcuda_flush", c_int, [c_void_p, c_int64]),

@@ -541,6 +541,36 @@ class Registry:
         check(lib.memcuda_current_version(self._handle(), prefix.encode(), ctypes.byref(v)))
         return v.value
 
+    # ---- A/B model versions (C++: memcuda/model_ab.hpp; model_versions.py) -----
+    def begin_model_version(self, prefix: str, state_dict_or_layout: Mapping[str, Any], *, device: Device = None,
+                            backend: Optional[str] = None, max_versions: int = 2) -> Any:
+        """Stages version N+1 of model `prefix` in a SECOND set of tensors while
+        readers keep N: returns a ``ModelVersionWriter`` (``version``, ``tensors``,
+        ``torch()``, ``commit(stream=None)``, ``abort()``; a context manager that
+        aborts on exception). Values are tensor-likes (copied in) or
+        ``(shape, dtype)`` layouts (left for the caller to fill). AlreadyExists
+        while another live process stages a version; BudgetExceeded when
+        `max_versions` versions (the current one and older ones a reader still
+        holds) have memory."""
+        from .model_versions import begin_model_version
+        return begin_model_version(self, prefix, state_dict_or_layout, device=device, backend=backend,
+                                   max_versions=max_versions)
+
+    def publish_model(self, prefix: str, state_dict: Mapping[str, Any], *, stream: Stream = None,
+                      device: Device = None, backend: Optional[str] = None, max_versions: int = 2) -> int:
+        """``begin_model_version`` + copy + ``commit(stream)``: returns the new version."""
+        from .model_versions import publish_model
+        return publish_model(self, prefix, state_dict, stream=stream, device=device, backend=backend,
+                             max_versions=max_versions)
+
+    def open_model(self, prefix: str, framework: Optional[str] = None, stream: Stream = None) -> Any:
+        """Pins the model's current version (one reference): a ``PinnedModel``
+        (``version``, ``tensors``, ``latest()``, ``advance(stream=None)``,
+        ``close()``; a context manager). `stream` is ordered after the
+        producer's writes of that version (None: the legacy default stream)."""
+        from .model_versions import open_model
+        return open_model(self, prefix, framework, stream)
+
     def get_state_dict(self, prefix: str, framework: Optional[str] = None) -> Dict[str, Any]:
         """Opens every tensor named ``prefix*`` in one Redis round trip
         (``get_prefix``'s names); keys without the prefix. Where the dict was

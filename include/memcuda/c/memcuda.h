@@ -487,9 +487,11 @@ MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const*
 
 /* Declared apart, in the same C ABI: publishing from files
  * (memcuda_publish_safetensors), borrowed buffers (memcuda_share) and the
- * Arrow C Device Data Interface export (memcuda_tensor_to_arrow). */
+ * Arrow C Device Data Interface export (memcuda_tensor_to_arrow) and A/B
+ * model versions (memcuda_model_*). */
 #include "memcuda/c/arrow.h"
 #include "memcuda/c/memcuda_publish.h"
 #include "memcuda/c/memcuda_share.h"
+#include "memcuda/c/model_ab.h"
 
 #endif /* MEMCUDA_C_MEMCUDA_H */

@@ -12,6 +12,7 @@
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
 #include "memcuda/detail/store/release_scripts.hpp"
+#include "memcuda/detail/store/model_ab_scripts.hpp"
 #include "memcuda/redis/connection.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
@@ -424,6 +425,11 @@ struct Scripts {
   redis::Script dict_acquire{kDictAcquire};
   redis::Script dict_release{kDictRelease};
   redis::Script dict_reregister{kDictReregister};
+  // A/B model versions (model_ab_scripts.hpp)
+  redis::Script ab_begin{kAbBegin};
+  redis::Script ab_abort{kAbAbort};
+  redis::Script ab_commit{kAbCommit};
+  redis::Script ab_open{kAbOpen};
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

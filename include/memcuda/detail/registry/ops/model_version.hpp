@@ -58,22 +58,7 @@ class ModelVersions {
     validate_prefix(prefix);
     auto& ctx = core.ctx;
     const BackendKind b = backend.value_or(ctx.default_backend());
-    std::string handle, uuid;
-    if (b == BackendKind::cuda) {
-#if MEMCUDA_HAS_CUDA()
-      if (device < 0) MEMCUDA_CUDA_TRY(cudaGetDevice(&device));
-      uuid = device_uuid(device);
-      auto& ev = event_for(ctx.keys.model(prefix), device);
-      ev.record(stream);
-      handle = ev.handle();
-#else
-      (void)stream;
-      throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
-#endif
-    } else {
-      (void)stream;
-      device = -1;
-    }
+    auto [handle, uuid] = record_event(ctx, prefix, stream, b, device);
     redis::Reply r;
     {
       auto c = ctx.pool.acquire();
@@ -88,6 +73,30 @@ class ModelVersions {
                      "': no tensor name starts with it");
     if (st != "ok") unexpected_status("publish_version", st);
     return reply_u64(r[1]);
+  }
+
+  // Records the model's interprocess event on `stream` (cuda; `device`
+  // becomes the ordinal used, -1 on host): the handle and device UUID a
+  // publish stores, empty on the host backend.
+  static std::pair<std::string, std::string> record_event(Context& ctx, std::string_view prefix, StreamHandle stream,
+                                                          BackendKind b, int& device) {
+    std::string handle, uuid;
+    if (b == BackendKind::cuda) {
+#if MEMCUDA_HAS_CUDA()
+      if (device < 0) MEMCUDA_CUDA_TRY(cudaGetDevice(&device));
+      uuid = device_uuid(device);
+      auto& ev = event_for(ctx.keys.model(prefix), device);
+      ev.record(stream);
+      handle = ev.handle();
+#else
+      (void)ctx, (void)prefix, (void)stream;
+      throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+    } else {
+      (void)stream;
+      device = -1;
+    }
+    return {handle, uuid};
   }
 
   // The current version (0: tensors under the prefix, no version yet).
@@ -164,6 +173,8 @@ class ModelVersions {
   static constexpr std::int64_t kSliceMs = 30000;
   static constexpr const char* kSetTtlMs = "120000";
 
+
+ public:  // shared with the A/B versions (model_ab.hpp)
   static void validate_prefix(std::string_view prefix) { rules::validate_name(prefix, "model prefix"); }
 
   static NotFound unknown(std::string_view prefix) {
@@ -171,6 +182,7 @@ class ModelVersions {
                     "': no version was published and no tensor name starts with it");
   }
 
+ private:
   static std::atomic<std::uint64_t>& seq() {
     static std::atomic<std::uint64_t> s{0};
     return s;
@@ -180,6 +192,7 @@ class ModelVersions {
     return !names_page(c, core.ctx.keys, prefix, {}, 1).empty();
   }
 
+ public:
   static ModelRecord decode(redis::ReplyView r) {
     ModelRecord m;
     if (r.size() == 0) return m;
@@ -199,6 +212,7 @@ class ModelVersions {
     return m;
   }
 
+ private:
   // What the publish script pushes to a waiter: version, backend, device,
   // device uuid, node, session, event handle ('\n'-separated, the binary
   // handle last). nullopt: not that shape (a bare version).
@@ -227,6 +241,7 @@ class ModelVersions {
     return m;
   }
 
+ public:
   // Makes `stream` wait for the producer's event; nothing on the host
   // backend (the producer's writes happened before its publish, which
   // happened before our read of the version).

@@ -90,8 +90,16 @@ class DictClient {
       r = ctx_.scripts.dict_acquire.eval(*c, {k.dict_link(prefix)}, {k.prefix(), ctx_.session, ctx_.node});
     }
     if (r[0].str() != "ok") return std::nullopt;
+    return adopt(prefix, r[1].str(), r[2].str());
+  }
+
+  // Handles over a reference this process has just taken on record `id`
+  // (dict_acquire's, or an A/B model open's), from the record's blob. Same
+  // contract as open(): the reference goes with the last handle, whatever throws.
+  std::map<std::string, SharedTensor<void>> adopt(std::string_view prefix, std::string_view id,
+                                                  std::string_view blob) {
     auto ref = std::make_shared<DictRef>();
-    ref->id = protocol::detail::parse_decimal<std::uint64_t>(r[1].str()).value_or(0);
+    ref->id = protocol::detail::parse_decimal<std::uint64_t>(id).value_or(0);
     std::shared_ptr<void> share;
     try {
       share = std::make_shared<DictShare>(core_, ref);
@@ -102,7 +110,7 @@ class DictClient {
     // From here the reference is `share`'s: it goes when `share` and every
     // handle made below are gone, whatever throws.
     std::map<std::string, SharedTensor<void>> out;
-    for (const auto& m : protocol::parse_dict_blob(r[2].str())) {
+    for (const auto& m : protocol::parse_dict_blob(blob)) {
       protocol::LiveFields live;
       live.generation = m.generation;
       live.epoch = m.epoch;

@@ -1,0 +1,229 @@
+// A/B model versions (docs/design.md, "A/B model versions"): the calls
+// behind memcuda/model_ab.hpp that talk to Redis, through the scripts of
+// store/model_ab_scripts.hpp.
+//
+// A staged set lives under a hidden prefix no user model shares:
+// ".memcuda-ab/<length of the prefix>/<prefix>/v<seq>/" (the length makes
+// one model's hidden prefix never a prefix of another's). Names starting
+// with ".memcuda-ab/" are reserved for it (docs/protocol.md).
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/ops/model_version.hpp"
+#include "memcuda/detail/registry/ops/state_dicts.hpp"
+#include "memcuda/detail/store/reply.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/shared_tensor.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// A staging reserved by begin(): the version it will become (unless an
+// in-place publish comes first), and its hidden prefix.
+struct AbStaging {
+  std::uint64_t version = 0, seq = 0;
+  std::string hidden, token;  // token: "<seq> <session>", what the model record holds
+};
+
+// What an open or advance found.
+struct AbOpened {
+  enum class Kind { none, plain, same, inplace, unlinked, ok } kind = Kind::none;
+  ModelRecord rec;
+  std::string dict_id, hidden;
+  std::map<std::string, SharedTensor<void>> tensors;  // by full name (ok only)
+};
+
+class ModelAb {
+ public:
+  static constexpr std::string_view kReserved = ".memcuda-ab/";
+
+  static std::string hidden_prefix(std::string_view prefix, std::uint64_t seq) {
+    return std::string(kReserved) + std::to_string(prefix.size()) + "/" + std::string(prefix) + "/v" +
+           std::to_string(seq) + "/";
+  }
+
+  static void validate(std::string_view prefix) {
+    ModelVersions::validate_prefix(prefix);
+    if (prefix.starts_with(kReserved) || std::string_view(kReserved).starts_with(prefix))
+      throw InvalidArgument("model prefix '" + std::string(prefix) + "' overlaps the reserved names '" +
+                            std::string(kReserved) + "...' of A/B model versions");
+  }
+
+  // Reserves a staging. A staging of this process that no writer owns any
+  // more (its writer was dropped without commit or abort) is given up first.
+  static AbStaging begin(Core& core, std::string_view prefix, unsigned max_versions) {
+    validate(prefix);
+    if (max_versions < 2)
+      throw InvalidArgument("max_versions is " + std::to_string(max_versions) +
+                            ": an A/B update needs room for the current version and the new one (2 or more)");
+    auto& ctx = core.ctx;
+    for (int attempt = 0;; ++attempt) {
+      redis::Reply r;
+      {
+        auto c = ctx.pool.acquire();
+        r = ctx.scripts.ab_begin.eval(*c, {ctx.keys.model(prefix)},
+                                      {ctx.keys.prefix(), ctx.session, static_cast<std::int64_t>(max_versions)});
+      }
+      const std::string st = script_status(r);
+      if (st == "ok") {
+        AbStaging s;
+        s.version = reply_u64(r[1]);
+        s.seq = reply_u64(r[2]);
+        s.hidden = hidden_prefix(prefix, s.seq);
+        s.token = std::to_string(s.seq) + " " + ctx.session;
+        writers().add(s.token);
+        return s;
+      }
+      if (st == "full")
+        throw BudgetExceeded("model '" + std::string(prefix) + "': " + std::to_string(max_versions) +
+                             " versions are live (version:record:generation " + std::string(r[1].str()) +
+                             "), the current one and older ones a reader still holds; a new version needs one of "
+                             "them to go (its readers advance or close), or a larger max_versions");
+      if (st != "busy") unexpected_status("ab_begin", st);
+      const std::string sess(r[1].str());
+      const std::string token = std::string(r[2].str()) + " " + sess;
+      if (sess == ctx.session && !writers().has(token) && attempt == 0) {
+        abort(core, prefix, token);  // ours, abandoned: its tensors went with its writer's handles
+        continue;
+      }
+      throw AlreadyExists("model '" + std::string(prefix) + "': session " + sess +
+                          " is staging a version (commit or abort it first)");
+    }
+  }
+
+  // Gives the staging up (idempotent); the writer drops its tensors.
+  static void abort(Core& core, std::string_view prefix, const std::string& token) {
+    writers().remove(token);
+    auto& ctx = core.ctx;
+    auto c = ctx.pool.acquire();
+    (void)ctx.scripts.ab_abort.eval(*c, {ctx.keys.model(prefix)}, {token});
+  }
+
+  // A writer gone without commit or abort (no I/O: the next begin of this
+  // process gives the staging up, and another process's once ours is dead).
+  static void forget(const std::string& token) noexcept {
+    try {
+      writers().remove(token);
+    } catch (...) {
+    }
+  }
+
+  // Makes the staged set current: `members` are its tensors (full names
+  // and generations). Returns the new version.
+  static std::pair<std::uint64_t, std::string> commit(Core& core, std::string_view prefix, const AbStaging& s,
+                                                      const std::vector<std::pair<std::string, std::uint64_t>>& members,
+                                                      StreamHandle stream, BackendKind b, int device) {
+    auto& ctx = core.ctx;
+    if (members.empty()) throw InvalidArgument("a model version needs at least one tensor");
+    auto [handle, uuid] = ModelVersions::record_event(ctx, prefix, stream, b, device);
+    const auto& k = ctx.keys;
+    std::vector<std::string> keys{k.model(prefix), k.model_waiters(prefix), k.names(), k.lifecycle(), k.generation()};
+    std::vector<std::string> args{k.prefix(),    s.token, s.hidden, ctx.node, handle, std::string(to_string(b)),
+                                  std::to_string(device), uuid, ctx.session, std::to_string(::getpid()),
+                                  std::to_string(now_ms())};
+    for (const auto& [name, gen] : members) {
+      keys.push_back(k.tensor(name));
+      args.push_back(name);
+      args.push_back(std::to_string(gen));
+    }
+    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
+    redis::Reply r;
+    {
+      auto c = ctx.pool.acquire();
+      r = ctx.scripts.ab_commit.eval(*c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+    }
+    const std::string st = script_status(r);
+    const std::string what = "commit of model '" + std::string(prefix) + "' version " + std::to_string(s.version);
+    if (st == "ok") {
+      writers().remove(s.token);
+      return {reply_u64(r[1]), std::string(r[2].str())};
+    }
+    if (st == "notstaged")
+      throw StaleHandle(what + ": the staging was aborted or taken over (the model record stages '" +
+                        std::string(r[1].str()) + "')");
+    if (st == "mismatch")
+      throw InvalidArgument(what + ": " + std::to_string(reply_int(r[1])) + " names under " + s.hidden + ", " +
+                            std::to_string(members.size()) + " members given");
+    if (st == "changed") throw StaleHandle(what + ": tensor '" + std::string(r[1].str()) + "' was removed or replaced");
+    if (st == "nodesc")
+      throw ProtocolError(ProtocolErrc::bad_record, what + ": tensor '" + std::string(r[1].str()) + "' has no usable desc");
+    unexpected_status("ab_commit", st);
+  }
+
+  // Opens the model's current set unless it is the pinned one (`pinned_dict`,
+  // at `pinned_version`; both empty for a first open).
+  static AbOpened open(const std::shared_ptr<Core>& core, std::string_view prefix, const std::string& pinned_dict,
+                       const std::string& pinned_version) {
+    auto& ctx = core->ctx;
+    redis::Reply r;
+    {
+      auto c = ctx.pool.acquire();
+      r = ctx.scripts.ab_open.eval(*c, {ctx.keys.model(prefix)},
+                                   {ctx.keys.prefix(), ctx.session, ctx.node, pinned_dict, pinned_version});
+    }
+    const std::string st = script_status(r);
+    AbOpened o;
+    using K = AbOpened::Kind;
+    if (st == "none") return o;
+    if (st == "same") {
+      o.kind = K::same;
+      return o;
+    }
+    o.rec = ModelVersions::decode(r[1]);
+    if (st == "plain") o.kind = K::plain;
+    else if (st == "inplace") o.kind = K::inplace;
+    else if (st == "unlinked") {
+      o.kind = K::unlinked;
+      o.hidden = std::string(r[2].str());
+      o.dict_id = std::string(r[3].str());
+    } else if (st == "ok") {
+      o.kind = K::ok;
+      o.dict_id = std::string(r[2].str());
+      o.hidden = std::string(r[4].str());
+      o.tensors = DictClient(core).adopt(o.hidden, o.dict_id, r[3].str());
+    } else {
+      unexpected_status("ab_open", st);
+    }
+    return o;
+  }
+
+ private:
+  // The stagings this process's live writers own.
+  class Writers {
+   public:
+    void add(const std::string& t) {
+      std::lock_guard lk(mu_);
+      live_.insert(t);
+    }
+    void remove(const std::string& t) {
+      std::lock_guard lk(mu_);
+      live_.erase(t);
+    }
+    bool has(const std::string& t) {
+      std::lock_guard lk(mu_);
+      return live_.count(t) > 0;
+    }
+
+   private:
+    std::mutex mu_;
+    std::set<std::string> live_;
+  };
+  static Writers& writers() {
+    static Writers* w = new Writers();  // never destroyed: writers may go at exit
+    return *w;
+  }
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

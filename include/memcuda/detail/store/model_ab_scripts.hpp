@@ -1,0 +1,203 @@
+// The Lua scripts of A/B model versions (docs/design.md, "A/B model
+// versions"; docs/protocol.md, "A/B model versions"): a producer stages
+// version N+1 of a model in a second set of tensors under a hidden prefix
+// while readers keep N, and ONE script makes N+1 current.
+//
+// The model record (memcuda:model:<prefix>, model_version.hpp) gains the
+// ab_* fields: ab_prefix / ab_version / ab_dict name the current set (its
+// hidden prefix, the version that made it current, its state-dict record),
+// ab_live lists the sets whose memory may still exist ('<version>:<dict
+// id>:<generation of a member>' separated by spaces), ab_staged the set
+// being staged ('<seq> <session>'), ab_seq numbers the staged sets.
+//
+// A staged set is made of ordinary NON-persistent tensors held by the
+// producer alone, so a producer that dies before its commit leaves nothing:
+// the garbage collector drops its references and the tensors go. The commit
+// makes them persistent, links a state-dict record over them (the record
+// pins them, as dict_link does), retires the previous set's names (as
+// remove does: readers holding its record keep its memory until their last
+// release), bumps the version and wakes waiters as publish_version does.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include "memcuda/detail/store/dict_scripts.hpp"
+#include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/node_fn.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+
+// live_sets(p, record fields): the entries of ab_live whose memory may
+// still exist: the current set, a set whose record exists (linked or held
+// by a reader), or one whose member the collector has not freed yet.
+inline constexpr char kLiveSetsFn[] = R"lua(
+local function live_sets(p, live, current)
+  local kept = {}
+  for v, id, g in string.gmatch(live or '', '(%d+):(%d+):(%d+)') do
+    if v == current or redis.call('EXISTS', p .. 'memcuda:dict:' .. id) == 1
+       or redis.call('EXISTS', p .. 'memcuda:removed:' .. g) == 1 then
+      kept[#kept + 1] = v .. ':' .. id .. ':' .. g
+    end
+  end
+  return kept
+end
+)lua";
+
+// Reserves the staging of a new set. Refused while another live session
+// stages one (a dead one's staging is taken over: its tensors go with its
+// references), and when the sets whose memory may exist, plus the new one,
+// would be more than max_versions.
+// KEYS: model record   ARGV: key prefix, session, max_versions
+// -> {'ok', next version, seq} | {'busy', session, seq} | {'full', live sets}
+inline constexpr auto kAbBegin = join(kLiveSetsFn, R"lua(
+local p = ARGV[1]
+local f = redis.call('HMGET', KEYS[1], 'version', 'ab_staged', 'ab_live', 'ab_version')
+if f[2] then
+  local seq, sess = string.match(f[2], '^(%d+) (.+)$')
+  if sess and redis.call('EXISTS', p .. 'memcuda:session:' .. sess) == 1 then return {'busy', sess, seq} end
+end
+local kept = live_sets(p, f[3], f[4])
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'ab_live', table.concat(kept, ' ')) end
+if #kept + 1 > tonumber(ARGV[3]) then return {'full', table.concat(kept, ' ')} end
+local seq = redis.call('HINCRBY', KEYS[1], 'ab_seq', 1)
+redis.call('HSET', KEYS[1], 'ab_staged', seq .. ' ' .. ARGV[2])
+return {'ok', tonumber(f[1] or '0') + 1, seq}
+)lua");
+
+// Gives up a staging (its tensors go with the producer's references).
+// KEYS: model record   ARGV: '<seq> <session>'   -> 1 | 0 (not staged)
+inline constexpr const char* kAbAbort = R"lua(
+if redis.call('HGET', KEYS[1], 'ab_staged') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'ab_staged')
+return 1
+)lua";
+
+// Makes a staged set current. Its members must be exactly the names under
+// its hidden prefix, each ready and of the generation given; they become
+// persistent, a state-dict record pins them (linked at the hidden prefix),
+// the previous set's names are retired as kRemove does, the version is
+// bumped and waiters are woken as kPublishVersion does. One atomic step:
+// a reader opens the old set or the new one, never neither.
+// KEYS: model record, its waiters set, names, lifecycle, generation counter,
+//       then per member: tensor
+// ARGV: key prefix, '<seq> <session>', hidden prefix, node, event handle,
+//       backend, device, device uuid, session, pid, time ms, then per
+//       member: name, generation
+// -> {'ok', version, dict id} | {'notstaged', staged} | {'mismatch', count}
+//    | {'changed', name} | {'nodesc', name}
+inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kLiveSetsFn, R"lua(
+local p, hp = ARGV[1], ARGV[3]
+local m = redis.call('HMGET', KEYS[1], 'ab_staged', 'ab_prefix', 'ab_live', 'ab_version')
+if m[1] ~= ARGV[2] then return {'notstaged', tostring(m[1])} end
+local n = #KEYS - 5
+local under = redis.call('ZLEXCOUNT', KEYS[3], '[' .. hp, '(' .. hp .. '\255')
+if under ~= n or n == 0 then return {'mismatch', under} end
+local parts, seen, named = {}, {}, {}
+local function put(s) parts[#parts + 1] = #s .. ':' .. s end
+for i = 1, n do
+  local name, gen = ARGV[10 + 2 * i], ARGV[11 + 2 * i]
+  if string.sub(name, 1, #hp) ~= hp or seen[name] then return {'mismatch', under} end
+  seen[name] = true
+  local f = redis.call('HMGET', KEYS[5 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
+                      'holder:@name')
+  if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end
+  local d, e = f[3], f[4]
+  local ok = d and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49
+  if ok then
+    local gs = #d - #gen + 1
+    local es = gs - 1 - #tostring(#gen) - #e
+    ok = es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, gen, gs, true) == gs
+         and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es
+  end
+  if not ok then return {'nodesc', name} end
+  put(name) put(d) put(gen) put(e) put(f[5] or '') put(f[6] or '')
+  named[i] = f[7] ~= false
+end
+-- the new set: persistent, pinned by a linked record
+local id = string.format('%.0f', redis.call('INCR', KEYS[5]))
+local rk = p .. 'memcuda:dict:' .. id
+redis.call('HSET', rk, 'prefix', hp, 'state', 'linked', 'refcount', 0, 'node', ARGV[4], 'count', n,
+           'blob', table.concat(parts))
+local pin = 'holder:@dict:' .. id
+for i = 1, n do
+  if not named[i] then
+    redis.call('HSET', KEYS[5 + i], 'holder:@name', 1)
+    redis.call('HINCRBY', KEYS[5 + i], 'refcount', 1)
+  end
+  redis.call('HSET', KEYS[5 + i], 'dict', id)
+  redis.call('HINCRBY', KEYS[5 + i], pin, 1)
+  redis.call('HINCRBY', KEYS[5 + i], 'refcount', 1)
+  hold(p, '@dict:' .. id, ARGV[11 + 2 * i], ARGV[10 + 2 * i])
+end
+redis.call('SET', p .. 'memcuda:dictlink:' .. hp, id)
+redis.call('SADD', p .. 'memcuda:dicts', hp)
+redis.call('SADD', p .. 'memcuda:dict_ids', id)
+-- the previous set: its names go now (as kRemove), its memory with its last holder
+if m[2] then
+  for _, name in ipairs(names_under(KEYS[3], m[2])) do
+    local key = p .. 'memcuda:tensor:' .. name
+    local f = redis.call('HMGET', key, 'generation', 'owner', 'dict')
+    if f[1] then
+      unlink_dict(p, f[3])
+      local pc = tonumber(redis.call('HGET', key, 'holder:@name') or '0')
+      if pc > 0 then
+        redis.call('HDEL', key, 'holder:@name')
+        redis.call('HINCRBY', key, 'refcount', -pc)
+      end
+      count_usage(p, key, -1)
+      local rkey = p .. 'memcuda:removed:' .. f[1]
+      redis.call('RENAME', key, rkey)
+      name_rem(KEYS[3], name)
+      if tonumber(redis.call('HGET', rkey, 'refcount')) <= 0 then
+        local mf = redis.call('HGET', rkey, 'migrated_from')
+        if mf then
+          for g in string.gmatch(mf, '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
+        end
+        redis.call('LPUSH', KEYS[4], '{"op":"free","name":' .. cjson.encode(name) .. ',"generation":' .. f[1] .. '}')
+      end
+    end
+  end
+end
+-- the flip, and the wake (kPublishVersion's)
+local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+local kept = live_sets(p, m[3], m[4])
+kept[#kept + 1] = v .. ':' .. id .. ':' .. ARGV[13]
+redis.call('HSET', KEYS[1], 'event_handle', ARGV[5], 'backend', ARGV[6], 'device', ARGV[7], 'device_uuid', ARGV[8],
+           'node', ARGV[4], 'session', ARGV[9], 'pid', ARGV[10], 'published_ms', ARGV[11], 'ab_prefix', hp,
+           'ab_version', v, 'ab_dict', id, 'ab_live', table.concat(kept, ' '))
+redis.call('HDEL', KEYS[1], 'ab_staged')
+local msg = v .. '\n' .. ARGV[6] .. '\n' .. ARGV[7] .. '\n' .. ARGV[8] .. '\n' .. ARGV[4] .. '\n' .. ARGV[9] ..
+            '\n' .. ARGV[5]
+for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  redis.call('LPUSH', l, msg)
+  redis.call('PEXPIRE', l, 60000)
+end
+redis.call('DEL', KEYS[2])
+return {'ok', v, id}
+)lua");
+
+// A reader's open (or advance) of a model's current set: one reference of
+// the holder on its record, in the same atomic step that reads which set
+// is current, so a commit cannot retire it in between.
+// KEYS: model record   ARGV: key prefix, holder, node, pinned dict id ('' none), pinned version ('' none)
+// -> {'none'} (no record) | {'plain', HGETALL} (no A/B set: a model of named tensors)
+//    | {'same'} (the pinned version is current) | {'inplace', HGETALL} (a newer
+//    version of the pinned set) | {'unlinked', HGETALL, hidden prefix, dict id} (open per name)
+//    | {'ok', HGETALL, dict id, blob, hidden prefix}
+inline constexpr auto kAbOpen = join(kNodeFn, R"lua(
+local p = ARGV[1]
+local f = redis.call('HMGET', KEYS[1], 'version', 'ab_prefix', 'ab_dict')
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'none'} end
+if ARGV[5] ~= '' and (f[1] or '0') == ARGV[5] then return {'same'} end
+local rec = redis.call('HGETALL', KEYS[1])
+if not f[2] then return {'plain', rec} end
+if f[3] == ARGV[4] then return {'inplace', rec} end
+local rk = p .. 'memcuda:dict:' .. f[3]
+local d = redis.call('HMGET', rk, 'state', 'node', 'blob')
+if d[1] ~= 'linked' or not same_node(d[2], ARGV[3]) then return {'unlinked', rec, f[2], f[3]} end
+redis.call('HINCRBY', rk, 'refcount', 1)
+redis.call('HINCRBY', rk, 'holder:' .. ARGV[2], 1)
+return {'ok', rec, f[3], d[3], f[2]}
+)lua");
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua

@@ -1,0 +1,266 @@
+// Implementation unit part: the A/B model versions declared in
+// memcuda/model_ab.hpp. Included once per program through
+// memcuda/implementation.hpp; non-inline on purpose (see there).
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/cuda/state_dict_copy.hpp"
+#include "memcuda/detail/registry/ops/batch_client.hpp"
+#include "memcuda/detail/registry/ops/model_ab.hpp"
+#include "memcuda/detail/registry/ops/selection.hpp"
+#include "memcuda/model.hpp"
+#include "memcuda/model_ab.hpp"
+#include "memcuda/tensor_registry.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN
+
+namespace detail {
+
+// The mutexes below guard the fields only: never held across a Redis call.
+struct WriterState {
+  std::shared_ptr<Core> core;
+  std::string prefix;
+  AbStaging staging;
+  BackendKind backend = BackendKind::host;
+  int device = -1;
+  std::mutex mu;
+  StateDict tensors;  // by full name
+  enum class Phase { staged, finishing, done } phase = Phase::staged;
+
+  ~WriterState() {
+    if (phase != Phase::done) ModelAb::forget(staging.token);  // no I/O: the next begin clears the record
+  }
+};
+
+struct PinnedState {
+  std::shared_ptr<Core> core;
+  std::string prefix;
+  mutable std::mutex mu;
+  std::uint64_t version = 0;
+  std::string dict_id, hidden;  // the pinned set ("" and the prefix for a model of named tensors)
+  StateDict tensors;            // by name relative to the prefix
+};
+
+inline StateDict relative(std::map<std::string, SharedTensor<void>>&& full, std::string_view hidden) {
+  StateDict out;
+  for (auto& [n, t] : full) out.emplace(n.substr(hidden.size()), std::move(t));
+  return out;
+}
+
+// An A/B set's handles: through its record (ok), else per name (unlinked:
+// a migration or a member's change unlinked the record; its names still say
+// the set). Empty when a commit retired it meanwhile.
+inline StateDict ab_handles(const std::shared_ptr<Core>& core, AbOpened& o) {
+  if (o.kind == AbOpened::Kind::ok) return relative(std::move(o.tensors), o.hidden);
+  return relative(BatchClient(core).get(Selection::prefix(o.hidden), {}).take_all(), o.hidden);
+}
+
+}  // namespace detail
+
+ModelVersionWriter& ModelVersionWriter::operator=(ModelVersionWriter&&) noexcept = default;
+ModelVersionWriter::~ModelVersionWriter() = default;
+
+std::uint64_t ModelVersionWriter::version() const {
+  if (!s_) throw InvalidArgument("an empty ModelVersionWriter");
+  return s_->staging.version;
+}
+
+const std::string& ModelVersionWriter::prefix() const {
+  if (!s_) throw InvalidArgument("an empty ModelVersionWriter");
+  return s_->prefix;
+}
+
+StateDict ModelVersionWriter::tensors() const {
+  if (!s_) throw InvalidArgument("an empty ModelVersionWriter");
+  std::lock_guard lk(s_->mu);
+  std::map<std::string, SharedTensor<void>> copy(s_->tensors.begin(), s_->tensors.end());
+  return detail::relative(std::move(copy), s_->staging.hidden);
+}
+
+std::uint64_t ModelVersionWriter::commit(StreamHandle stream) {
+  if (!s_) throw InvalidArgument("commit of an empty ModelVersionWriter");
+  std::vector<std::pair<std::string, std::uint64_t>> members;
+  {
+    std::lock_guard lk(s_->mu);
+    if (s_->phase != detail::WriterState::Phase::staged)
+      throw InvalidArgument("model '" + s_->prefix + "' version " + std::to_string(s_->staging.version) +
+                            " was already committed or aborted");
+    s_->phase = detail::WriterState::Phase::finishing;
+    for (const auto& [n, t] : s_->tensors) members.emplace_back(n, t.generation());
+  }
+  std::pair<std::uint64_t, std::string> done;
+  try {
+    done = detail::ModelAb::commit(*s_->core, s_->prefix, s_->staging, members, stream, s_->backend, s_->device);
+  } catch (...) {
+    std::lock_guard lk(s_->mu);
+    s_->phase = detail::WriterState::Phase::staged;  // abort() may still give it up
+    throw;
+  }
+  StateDict dropped;  // released outside the lock (queued: no I/O here)
+  {
+    std::lock_guard lk(s_->mu);
+    s_->phase = detail::WriterState::Phase::done;
+    s_->staging.version = done.first;
+    dropped.swap(s_->tensors);
+  }
+  return done.first;
+}
+
+void ModelVersionWriter::abort() {
+  if (!s_) return;
+  StateDict dropped;
+  {
+    std::lock_guard lk(s_->mu);
+    if (s_->phase != detail::WriterState::Phase::staged) return;
+    s_->phase = detail::WriterState::Phase::done;
+    dropped.swap(s_->tensors);
+  }
+  detail::ModelAb::abort(*s_->core, s_->prefix, s_->staging.token);
+}
+
+ModelVersionWriter begin_model_version(TensorRegistry& reg, std::string_view prefix,
+                                       const std::vector<StateDictEntry>& entries, const ModelVersionOptions& opts) {
+  if (entries.empty()) throw InvalidArgument("begin_model_version of '" + std::string(prefix) + "' with no tensor");
+  auto core = detail::RegistryAccess::shared_core(reg);
+  auto s = std::make_shared<detail::WriterState>();
+  s->core = core;
+  s->prefix = std::string(prefix);
+  s->backend = opts.backend.value_or(core->ctx.default_backend());
+  s->device = s->backend == BackendKind::cuda ? opts.device : -1;
+  s->staging = detail::ModelAb::begin(*core, prefix, opts.max_versions);
+  try {
+    std::vector<TensorSpec> specs;
+    specs.reserve(entries.size());
+    CreateOptions co;
+    co.backend = s->backend;
+    if (opts.device >= 0) co.device = opts.device;
+    co.persistent = false;  // held by this writer alone until commit: a dead producer leaves nothing
+    for (const auto& e : entries) specs.push_back({s->staging.hidden + e.name, e.dtype, e.shape, co});
+    s->tensors = reg.create_many(specs);
+    detail::StateDictCopier copier(opts.copy_stream);
+    for (const auto& e : entries)
+      if (e.data) copier.copy(s->tensors.at(s->staging.hidden + e.name), e.data);
+    copier.finish();
+  } catch (...) {
+    s->tensors.clear();
+    s->phase = detail::WriterState::Phase::done;
+    try {
+      detail::ModelAb::abort(*core, prefix, s->staging.token);
+    } catch (...) {
+      // the first error is the one to report; the next begin clears the record
+    }
+    throw;
+  }
+  return ModelVersionWriter(std::move(s));
+}
+
+std::uint64_t publish_model(TensorRegistry& reg, std::string_view prefix, const std::vector<StateDictEntry>& entries,
+                            const ModelVersionOptions& opts, StreamHandle stream) {
+  auto w = begin_model_version(reg, prefix, entries, opts);
+  try {
+    return w.commit(stream);
+  } catch (...) {
+    try {
+      w.abort();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+const std::string& PinnedModel::prefix() const {
+  if (!s_) throw InvalidArgument("an empty PinnedModel");
+  return s_->prefix;
+}
+
+std::uint64_t PinnedModel::version() const {
+  if (!s_) throw InvalidArgument("an empty PinnedModel");
+  std::lock_guard lk(s_->mu);
+  return s_->version;
+}
+
+StateDict PinnedModel::tensors() const {
+  if (!s_) throw InvalidArgument("an empty PinnedModel");
+  std::lock_guard lk(s_->mu);
+  return s_->tensors;
+}
+
+std::uint64_t PinnedModel::latest() const {
+  if (!s_) throw InvalidArgument("an empty PinnedModel");
+  return detail::ModelVersions::current(*s_->core, s_->prefix);
+}
+
+bool PinnedModel::advance(StreamHandle stream) {
+  if (!s_) throw InvalidArgument("advance of an empty PinnedModel");
+  std::string dict, ver;
+  {
+    std::lock_guard lk(s_->mu);
+    dict = s_->dict_id;
+    ver = std::to_string(s_->version);
+  }
+  using K = detail::AbOpened::Kind;
+  auto& core = s_->core;
+  auto o = detail::ModelAb::open(core, s_->prefix, dict, ver);
+  if (o.kind == K::same) return false;
+  if (o.kind == K::none) {  // a model of named tensors never published: nothing newer
+    if (dict.empty()) return false;
+    throw NotFound("model '" + s_->prefix + "' has no version record any more");
+  }
+  StateDict fresh;
+  const bool moves = o.kind == K::ok || o.kind == K::unlinked;
+  if (moves) {
+    fresh = detail::ab_handles(core, o);
+    if (fresh.empty()) return false;  // retired by a newer commit meanwhile: the next advance sees that one
+  }
+  detail::ModelVersions::order_after(core->ctx, s_->prefix, o.rec, stream);
+  std::lock_guard lk(s_->mu);
+  if (o.rec.version <= s_->version) return false;  // a concurrent advance went further ('fresh' goes, queued)
+  s_->version = o.rec.version;
+  if (moves) {
+    s_->dict_id = o.dict_id;
+    s_->hidden = o.hidden;
+    fresh.swap(s_->tensors);  // the old handles go with `fresh` after the lock (queued releases)
+  }
+  return true;
+}
+
+void PinnedModel::close() {
+  if (!s_) return;
+  StateDict dropped;
+  std::lock_guard lk(s_->mu);
+  dropped.swap(s_->tensors);
+}
+
+PinnedModel open_model(TensorRegistry& reg, std::string_view prefix, StreamHandle stream) {
+  detail::ModelVersions::validate_prefix(prefix);
+  auto core = detail::RegistryAccess::shared_core(reg);
+  auto s = std::make_shared<detail::PinnedState>();
+  s->core = core;
+  s->prefix = std::string(prefix);
+  using K = detail::AbOpened::Kind;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    auto o = detail::ModelAb::open(core, prefix, "", "");
+    if (o.kind == K::none || o.kind == K::plain) {
+      s->tensors = open_state_dict(reg, prefix);
+      if (s->tensors.empty())
+        throw NotFound("no model '" + std::string(prefix) + "': no version was committed and no tensor name starts with it");
+      s->version = o.rec.version;
+      s->hidden = s->prefix;
+    } else {
+      s->tensors = detail::ab_handles(core, o);
+      if (s->tensors.empty()) continue;  // retired by a commit between the script and the per-name open
+      s->version = o.rec.version;
+      s->dict_id = o.dict_id;
+      s->hidden = o.hidden;
+    }
+    detail::ModelVersions::order_after(core->ctx, prefix, o.rec, stream);
+    return PinnedModel(std::move(s));
+  }
+  throw Unavailable("model '" + std::string(prefix) + "': its current version kept changing under the open");
+}
+
+MEMCUDA_NAMESPACE_END  // namespace memcuda
