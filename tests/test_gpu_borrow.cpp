@@ -3,7 +3,9 @@
 // offset, read by another process. Tagged [gpu]: skipped where no CUDA
 // device is usable.
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "support/redis_server.hpp"
 #include "support/skip.hpp"
 #include "support/text.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -32,11 +35,11 @@ TEST_CASE("cuda borrow: a cudaMalloc buffer shared at an offset is read by a sec
   float* p = reinterpret_cast<float*>(static_cast<char*>(base) + kOffset);
   std::vector<float> v(kCount, 3.0f);
   REQUIRE(cudaMemcpy(p, v.data(), kCount * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-  bool freed = false;
+  auto freed = std::make_shared<std::atomic<bool>>(false);  // set on the thread that drops the keep-alive
   ShareOptions so;
-  so.keep_alive = std::shared_ptr<void>(base, [&freed](void* q) {
+  so.keep_alive = std::shared_ptr<void>(base, [freed](void* q) {
     cudaFree(q);
-    freed = true;
+    freed->store(true);
   });
   {
     auto h = owner.share("gb", p, DType::f32, {static_cast<std::int64_t>(kCount)}, so);
@@ -56,6 +59,8 @@ TEST_CASE("cuda borrow: a cudaMalloc buffer shared at an offset is read by a sec
     CHECK(w.ask("exit") == "OK");
   }
   owner.flush();
-  CHECK(freed);  // the last release reached the owner: its keep-alive (here cudaFree) ran
+  // The last release reaches the owner through its release thread and the
+  // free path, asynchronously: its keep-alive (here cudaFree) runs soon after.
+  CHECK(test::eventually([&] { return freed->load(); }, 20s));
 }
 #endif

@@ -240,3 +240,26 @@ def test_an_attached_module_in_another_process_sees_an_in_place_publish(reg, red
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_ab_versions_pin_an_attached_module_until_it_advances(reg):
+    src = Net(seed=1)
+    v1 = mt.publish(src, reg, "ab/", mode="ab")
+    dst = Net(seed=2)
+    att = mt.attach(dst, reg, "ab/", versions="ab")
+    assert att.version == v1
+    first = digest(src)
+    assert digest(dst) == first
+    ptr = dst.lin.weight.data_ptr()
+    with pytest.raises(memcuda.InvalidArgument, match="advance"):
+        att.wait(timeout=0.01)  # an A/B attachment moves with advance()
+    scale_(src, 2.0)
+    v2 = mt.publish(src, reg, "ab/", mode="ab")  # a second set of buffers: the attached module is untouched
+    assert v2 == v1 + 1
+    assert digest(dst) == first and dst.lin.weight.data_ptr() == ptr
+    assert att.advance() is True  # one rebind, at the point the worker chooses
+    assert att.version == v2 and digest(dst) == digest(src)
+    assert dst.lin.weight.data_ptr() != ptr
+    assert dst.head.weight is dst.emb.weight  # the tie survives the move
+    assert att.advance() is False  # already current
+    att.detach()
