@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     std::cout << "\n| row | model GB | staging MiB | peak anon / model | peak RSS / model | GB/s |\n"
               << "| --- | ---: | ---: | ---: | ---: | ---: |\n";
     for (const auto& r : rows) {
-      const double model = static_cast<double>(r.at("model_bytes").as_uint64());
+      const double model = r.at("model_bytes").to_number<double>();
       std::cout << "| publish_" << r.at("mode").as_string().c_str() << "_" << backend << " | " << mb::fmt(model / 1e9, 2)
                 << " | " << staging << " | " << mb::fmt(r.at("anon_peak_delta").to_number<double>() / model, 3)
                 << " | " << mb::fmt(r.at("hwm_delta").to_number<double>() / model, 3) << " | "

@@ -21,7 +21,10 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Events by IPC handle bytes: our own (a process cannot open its own
 // handle) and imported ones, opened once. Imports are kept under an LRU
-// bound; the oldest is destroyed when it is exceeded.
+// bound; the oldest is destroyed when it is exceeded. An own event whose
+// exporter went (a released handle's) is kept too: a record may still name
+// it, and this process, unlike every other, cannot open that handle. Past
+// kMaxRetired the oldest is waited for and destroyed.
 class EventCache {
  public:
   static EventCache& instance() {
@@ -29,14 +32,32 @@ class EventCache {
     return c;
   }
   static constexpr std::size_t kMaxImports = 4096;
+  static constexpr std::size_t kMaxRetired = 4096;
 
   void add_own(const std::string& handle, cudaEvent_t ev) {
     std::lock_guard lk(mu_);
     own_[handle] = ev;
   }
-  void remove_own(const std::string& handle) {
-    std::lock_guard lk(mu_);
-    own_.erase(handle);
+  // The exporter of an own event goes: the event stays openable here.
+  void retire_own(const std::string& handle, cudaEvent_t ev) {
+    cudaEvent_t evicted{};
+    {
+      std::lock_guard lk(mu_);
+      own_[handle] = ev;
+      retired_.push_back(handle);
+      if (retired_.size() > kMaxRetired) {
+        auto it = own_.find(retired_.front());
+        if (it != own_.end()) {
+          evicted = it->second;
+          own_.erase(it);
+        }
+        retired_.pop_front();
+      }
+    }
+    if (evicted) {  // its last record's work is done before the event goes
+      MEMCUDA_CUDA_LOG(cudaEventSynchronize(evicted));
+      MEMCUDA_CUDA_LOG(cudaEventDestroy(evicted));
+    }
   }
 
   cudaEvent_t open(const std::string& handle) {
@@ -72,6 +93,7 @@ class EventCache {
  private:
   mutable std::mutex mu_;
   std::unordered_map<std::string, cudaEvent_t> own_;
+  std::list<std::string> retired_;  // own events whose exporter went, oldest first
   std::list<std::string> lru_;
   std::unordered_map<std::string, std::pair<cudaEvent_t, std::list<std::string>::iterator>> imported_;
   std::uint64_t opens_ = 0;
@@ -91,10 +113,9 @@ class ExportedEvent {
     handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
     EventCache::instance().add_own(handle_, ev_);
   }
-  ~ExportedEvent() {
-    EventCache::instance().remove_own(handle_);
-    MEMCUDA_CUDA_LOG(cudaEventDestroy(ev_));
-  }
+  // The event outlives this object in the cache (retire_own): a record may
+  // still carry its handle, and this process cannot open its own handles.
+  ~ExportedEvent() { EventCache::instance().retire_own(handle_, ev_); }
   ExportedEvent(const ExportedEvent&) = delete;
   ExportedEvent& operator=(const ExportedEvent&) = delete;
 
