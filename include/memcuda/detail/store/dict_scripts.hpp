@@ -60,6 +60,19 @@ consteval auto join(const P&... parts) {
   return out;
 }
 
+// desc_matches(desc, generation, epoch): whether a member's desc is in the
+// current format ("M1") and its tail names this record's epoch and
+// generation, so a record never carries a desc written before a change.
+inline constexpr char kDescMatchesFn[] = R"lua(
+local function desc_matches(d, gen, e)
+  if not (d and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49) then return false end
+  local gs = #d - #gen + 1
+  local es = gs - 1 - #tostring(#gen) - #e
+  return es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, gen, gs, true) == gs
+         and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es
+end
+)lua";
+
 // Lua functions prepended to every script that changes a member or creates
 // a name: unlink_dict(key prefix, id) unlinks one record (id may be nil or
 // false: nothing); unlink_dicts_over(key prefix, name) every linked record
@@ -103,7 +116,7 @@ local function unlink_dicts_over(p, name) unlink_dicts_over_in(p, p .. 'memcuda:
 //       per member: name, generation
 // -> {'ok', id} | {'changed', name} | {'notpersistent', name} | {'nodesc', name}
 //    | {'mismatch', names under the prefix}
-inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, R"lua(
+inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, kDescMatchesFn, R"lua(
 local p, pre = ARGV[1], ARGV[2]
 local n = #KEYS - 1
 local under = redis.call('ZLEXCOUNT', ARGV[5], '[' .. pre, '(' .. pre .. '\255')
@@ -119,14 +132,7 @@ for i = 1, n do
   if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end
   if not f[7] then return {'notpersistent', name} end
   local d, e = f[3], f[4]
-  local ok = d and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49
-  if ok then
-    local gs = #d - #gen + 1
-    local es = gs - 1 - #tostring(#gen) - #e
-    ok = es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, gen, gs, true) == gs
-         and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es
-  end
-  if not ok then return {'nodesc', name} end
+  if not desc_matches(d, gen, e) then return {'nodesc', name} end
   put(name) put(d) put(gen) put(e) put(f[5] or '') put(f[6] or '')
   if f[8] then olds[#olds + 1] = f[8] end
 end

@@ -85,7 +85,7 @@ return 1
 //       member: name, generation
 // -> {'ok', version, dict id} | {'notstaged', staged} | {'mismatch', count}
 //    | {'changed', name} | {'nodesc', name}
-inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kLiveSetsFn, R"lua(
+inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kLiveSetsFn, kDescMatchesFn, R"lua(
 local p, hp = ARGV[1], ARGV[3]
 local m = redis.call('HMGET', KEYS[1], 'ab_staged', 'ab_prefix', 'ab_live', 'ab_version')
 if m[1] ~= ARGV[2] then return {'notstaged', tostring(m[1])} end
@@ -102,14 +102,7 @@ for i = 1, n do
                       'holder:@name')
   if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end
   local d, e = f[3], f[4]
-  local ok = d and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49
-  if ok then
-    local gs = #d - #gen + 1
-    local es = gs - 1 - #tostring(#gen) - #e
-    ok = es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, gen, gs, true) == gs
-         and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es
-  end
-  if not ok then return {'nodesc', name} end
+  if not desc_matches(d, gen, e) then return {'nodesc', name} end
   put(name) put(d) put(gen) put(e) put(f[5] or '') put(f[6] or '')
   named[i] = f[7] ~= false
 end
