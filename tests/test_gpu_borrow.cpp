@@ -35,15 +35,21 @@ TEST_CASE("cuda borrow: a cudaMalloc buffer shared at an offset is read by a sec
   float* p = reinterpret_cast<float*>(static_cast<char*>(base) + kOffset);
   std::vector<float> v(kCount, 3.0f);
   REQUIRE(cudaMemcpy(p, v.data(), kCount * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-  auto freed = std::make_shared<std::atomic<bool>>(false);  // set on the thread that drops the keep-alive
+  // Set on the thread that drops the keep-alive: `entered` before cudaFree,
+  // `freed` after it (tells a free that never came from one that blocked).
+  auto entered = std::make_shared<std::atomic<bool>>(false);
+  auto freed = std::make_shared<std::atomic<bool>>(false);
   ShareOptions so;
-  so.keep_alive = std::shared_ptr<void>(base, [freed](void* q) {
+  so.keep_alive = std::shared_ptr<void>(base, [entered, freed](void* q) {
+    entered->store(true);
     cudaFree(q);
     freed->store(true);
   });
+  std::uint64_t gen = 0;
   {
     auto h = owner.share("gb", p, DType::f32, {static_cast<std::int64_t>(kCount)}, so);
     CHECK(h.data() == p);
+    gen = h.generation();
     auto info = owner.info("gb");
     CHECK(info.borrowed);
     CHECK(info.alloc_kind == "cuda_ipc");
@@ -61,6 +67,10 @@ TEST_CASE("cuda borrow: a cudaMalloc buffer shared at an offset is read by a sec
   owner.flush();
   // The last release reaches the owner through its release thread and the
   // free path, asynchronously: its keep-alive (here cudaFree) runs soon after.
-  CHECK(test::eventually([&] { return freed->load(); }, 20s));
+  const bool done = test::eventually([&] { return freed->load(); }, 20s);
+  INFO("deleter entered: " << entered->load() << "; record: " << c.command({"EXISTS", "memcuda:tensor:gb"}).integer()
+                           << "; unlinked record: "
+                           << c.command({"EXISTS", "memcuda:removed:" + std::to_string(gen)}).integer());
+  CHECK(done);
 }
 #endif
