@@ -47,7 +47,8 @@ TEST_CASE("cuda borrow: a cudaMalloc buffer shared at an offset is read by a sec
   });
   std::uint64_t gen = 0;
   {
-    auto h = owner.share("gb", p, DType::f32, {static_cast<std::int64_t>(kCount)}, so);
+    // Moved in: a copy left in `so` would keep the buffer alive past the last release.
+    auto h = owner.share("gb", p, DType::f32, {static_cast<std::int64_t>(kCount)}, std::move(so));
     CHECK(h.data() == p);
     gen = h.generation();
     auto info = owner.info("gb");
