@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "support/memfd_buffer.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
@@ -30,6 +31,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using test::contains;
+using test::MemfdBuffer;
 using test::field;
 using test::hget;
 using test::ready;
@@ -39,34 +41,6 @@ std::unique_ptr<test::Child> worker(const test::RedisServer& srv, std::vector<st
   extra.insert(extra.begin(), {"--ttl", "2000", "--session-ttl", "2000", "--backend", "host"});
   return test::start_worker(srv.unix_url(), extra);
 }
-
-// A float buffer in a MAP_SHARED memfd mapping (what share() can lend), and
-// a flag its keep-alive sets when the registry lets go of it.
-struct MemfdBuffer {
-  int fd = -1;
-  float* p = nullptr;
-  std::size_t n = 0;
-  std::shared_ptr<std::atomic<bool>> dropped = std::make_shared<std::atomic<bool>>(false);
-  explicit MemfdBuffer(std::size_t count, float v) : n(count) {
-    fd = ::memfd_create("test-borrow", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    REQUIRE(fd >= 0);
-    REQUIRE(::ftruncate(fd, static_cast<off_t>(n * sizeof(float))) == 0);
-    void* m = ::mmap(nullptr, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    REQUIRE(m != MAP_FAILED);
-    p = static_cast<float*>(m);
-    std::fill_n(p, n, v);
-  }
-  ~MemfdBuffer() {
-    ::munmap(p, n * sizeof(float));
-    ::close(fd);
-  }
-  ShareOptions options() const {
-    ShareOptions o;
-    auto flag = dropped;
-    o.keep_alive = std::shared_ptr<void>(static_cast<void*>(p), [flag](void*) { flag->store(true); });
-    return o;
-  }
-};
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "c_api_internal.hpp"
+#include "memcuda/arrow_share.hpp"
 #include "memcuda/share.hpp"
 
 using memcuda_c::guarded;
@@ -67,6 +68,36 @@ int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManag
     auto t = memcuda::share(memcuda_c::registry(reg), memcuda_c::name_arg(name), m->dl_tensor, std::move(o));
     *out = new memcuda_tensor(std::move(t));
   });
+}
+
+int memcuda_share_arrow(memcuda_registry* reg, const char* name, const struct ArrowSchema* schema,
+                        struct ArrowDeviceArray* array, const memcuda_share_options* opts, memcuda_tensor** out) {
+  // Moved out first, so that its release runs whatever fails (share_arrow
+  // takes it over; anything before that leaves it here).
+  ArrowDeviceArray moved{};
+  if (array) {
+    moved = *array;
+    array->array.release = nullptr;
+  }
+  int rc = guarded([&] {
+    auto o = share_options(opts);
+    memcuda_c::out_arg(out);
+    auto t = memcuda::share_arrow(memcuda_c::registry(reg), memcuda_c::name_arg(name), schema, &moved, std::move(o));
+    *out = new memcuda_tensor(std::move(t));
+  });
+  if (moved.array.release) moved.array.release(&moved.array);
+  return rc;
+}
+
+int memcuda_share_arrow_array(memcuda_registry* reg, const char* name, const struct ArrowSchema* schema,
+                              struct ArrowArray* array, const memcuda_share_options* opts, memcuda_tensor** out) {
+  ArrowDeviceArray d{};
+  d.device_type = ARROW_DEVICE_CPU;
+  if (array) {
+    d.array = *array;
+    array->release = nullptr;
+  }
+  return memcuda_share_arrow(reg, name, schema, array ? &d : nullptr, opts, out);
 }
 
 }  // extern "C"

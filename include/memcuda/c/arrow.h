@@ -39,6 +39,28 @@ struct ArrowDeviceArray;
 MEMCUDA_C_EXPORT int memcuda_tensor_to_arrow(const memcuda_tensor* t, unsigned flags, struct ArrowSchema* out_schema,
                                              struct ArrowDeviceArray* out_array);
 
+/* ---- Arrow import: an array this process has, shared by name without a copy
+ * (memcuda::share_arrow, memcuda/arrow_share.hpp; docs/interop.md, "Import").
+ * The array's data becomes a borrowed tensor (memcuda_share's rules: host
+ * memory must be a MAP_SHARED memfd mapping, device memory cudaMalloc
+ * memory). What imports: a primitive array "e f g c s i l C S I L" or a
+ * fixed-size list "+w:<n>" of one, without nulls; memcuda's own export
+ * metadata (memcuda.dtype, memcuda.shape) restores bool, bf16 and the shape.
+ * The registry takes *array over in every case, failures included (the
+ * caller's struct reads released afterwards): its release callback runs
+ * once the last reference anywhere goes, from a registry thread. The schema
+ * is only read; the caller releases it. A CUDA sync_event is waited for
+ * before the tensor is registered. opts may be NULL. */
+struct ArrowArray;
+struct memcuda_share_options;
+MEMCUDA_C_EXPORT int memcuda_share_arrow(memcuda_registry* reg, const char* name, const struct ArrowSchema* schema,
+                                         struct ArrowDeviceArray* array, const struct memcuda_share_options* opts,
+                                         memcuda_tensor** out);
+/* The same for a CPU ArrowArray (the C Data Interface without a device). */
+MEMCUDA_C_EXPORT int memcuda_share_arrow_array(memcuda_registry* reg, const char* name,
+                                               const struct ArrowSchema* schema, struct ArrowArray* array,
+                                               const struct memcuda_share_options* opts, memcuda_tensor** out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
