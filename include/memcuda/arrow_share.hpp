@@ -29,7 +29,7 @@
 #include "memcuda/share_options.hpp"
 #include "memcuda/tensor_registry.hpp"
 #if MEMCUDA_HAS_CUDA()
-#include "memcuda/detail/backend/borrow_cuda.hpp"
+#include "memcuda/detail/cuda/pointer.hpp"
 #endif
 
 MEMCUDA_NAMESPACE_BEGIN

@@ -23,23 +23,11 @@
 #include <string>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/cuda/pointer.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/share_options.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
-
-// The ordinal of the device `p` points into, or nullopt for anything else
-// (host memory, managed memory, no usable GPU).
-inline std::optional<int> device_of_pointer(const void* p) {
-  if (device_count() == 0) return std::nullopt;
-  cudaPointerAttributes at{};
-  if (cudaError_t st = cudaPointerGetAttributes(&at, p); st != cudaSuccess) {
-    cudaGetLastError();
-    return std::nullopt;
-  }
-  if (at.type == cudaMemoryTypeDevice) return at.device;
-  return std::nullopt;
-}
 
 // The allocation around `p`: its base and size (cuMemGetAddressRange).
 inline std::pair<std::uintptr_t, std::size_t> allocation_range(const void* p, const std::string& what) {
