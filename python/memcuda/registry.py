@@ -216,8 +216,9 @@ class Registry:
         return Tensor(h.value)
 
     def share(self, name: str, data: Any, *, persistent: bool = False) -> Tensor:
-        """Registers ``data`` (anything with ``__dlpack__``) under ``name`` WITHOUT a
-        copy: the tensor is borrowed, it lives only as long as this process
+        """Registers ``data`` (anything with ``__dlpack__``, or an Arrow array with
+        ``__arrow_c_device_array__`` / ``__arrow_c_array__``) under ``name``
+        WITHOUT a copy: the tensor is borrowed, it lives only as long as this process
         (memcuda/share.py; docs/python.md, "Borrow or copy")."""
         from .share import share
         return share(self, name, data, persistent=persistent)

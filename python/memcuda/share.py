@@ -1,7 +1,9 @@
 """Borrowed tensors: share a tensor this process already has by name, without a copy.
 
 ``Registry.share(name, tensor)`` registers the memory of anything with
-``__dlpack__`` (a torch tensor, a NumPy array, a CuPy array) as it is: no copy,
+``__dlpack__`` (a torch tensor, a NumPy array, a CuPy array), or with the
+Arrow PyCapsule interface (``__arrow_c_device_array__`` / ``__arrow_c_array__``:
+a pyarrow Array, a cuDF column), as it is: no copy,
 no new memory, ``data_ptr`` unchanged. The registry keeps the object alive
 until the last reference anywhere is released (or this process exits). The
 tensor is *borrowed*: it lives only as long as this process; after it exits,
@@ -34,21 +36,31 @@ lib.memcuda_share_dlpack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+lib.memcuda_share_arrow.restype = ctypes.c_int
+lib.memcuda_share_arrow.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, _P(ctypes.c_void_p)]
+lib.memcuda_share_arrow_array.restype = ctypes.c_int
+lib.memcuda_share_arrow_array.argtypes = lib.memcuda_share_arrow.argtypes
 _capsule_rename = ctypes.pythonapi.PyCapsule_SetName
 _capsule_rename.restype = ctypes.c_int
 _capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
 def share(reg: Any, name: str, data: Any, *, persistent: bool = False) -> Tensor:
-    """Registers ``data`` (anything with ``__dlpack__``) under ``name`` without a
-    copy and returns this process's handle. The registry holds ``data`` (through
-    its DLPack capsule) until the last reference anywhere goes."""
-    if not hasattr(data, "__dlpack__"):
-        raise InvalidArgument(f"share: {type(data).__name__} has no __dlpack__ (a torch tensor, a NumPy or CuPy "
-                              "array); copy it with put() instead")
+    """Registers ``data`` (anything with ``__dlpack__``, else with the Arrow
+    PyCapsule interface) under ``name`` without a copy and returns this
+    process's handle. The registry holds ``data`` (through its DLPack capsule,
+    or the Arrow array it moved out of its capsule) until the last reference
+    anywhere goes."""
     if persistent:
         raise InvalidArgument("share: persistent=True is not offered from Python yet (remove() would have to "
                               "drop the Python object); hold the returned handle instead")
+    if not hasattr(data, "__dlpack__"):
+        if hasattr(data, "__arrow_c_device_array__") or hasattr(data, "__arrow_c_array__"):
+            return _share_arrow(reg, name, data)
+        raise InvalidArgument(f"share: {type(data).__name__} has neither __dlpack__ (a torch tensor, a NumPy or "
+                              "CuPy array) nor __arrow_c_device_array__ / __arrow_c_array__ (a pyarrow Array); "
+                              "copy it with put() instead")
     capsule = data.__dlpack__()
     ptr = _capsule_get(capsule, b"dltensor")
     # The C library owns the DLManagedTensor from here (its deleter runs when
@@ -57,6 +69,23 @@ def share(reg: Any, name: str, data: Any, *, persistent: bool = False) -> Tensor
         raise InvalidArgument("share: cannot take over the DLPack capsule")
     h = ctypes.c_void_p()
     check(lib.memcuda_share_dlpack(reg._handle(), name.encode(), ptr, None, ctypes.byref(h)))
+    return Tensor(h.value)
+
+
+def _share_arrow(reg: Any, name: str, data: Any) -> Tensor:
+    """The Arrow form: the C library moves the array out of its capsule (the
+    capsule's struct then reads released, so its destructor releases nothing)
+    and calls the array's release once the last reference goes; the schema is
+    only read (its capsule releases it)."""
+    if hasattr(data, "__arrow_c_device_array__"):
+        schema, array = data.__arrow_c_device_array__()
+        array_ptr, fn = _capsule_get(array, b"arrow_device_array"), lib.memcuda_share_arrow
+    else:
+        schema, array = data.__arrow_c_array__()
+        array_ptr, fn = _capsule_get(array, b"arrow_array"), lib.memcuda_share_arrow_array
+    schema_ptr = _capsule_get(schema, b"arrow_schema")
+    h = ctypes.c_void_p()
+    check(fn(reg._handle(), name.encode(), schema_ptr, array_ptr, None, ctypes.byref(h)))
     return Tensor(h.value)
 
 

@@ -47,3 +47,62 @@ def test_plain_host_tensor_is_refused_and_nothing_is_registered(reg):
         reg.info("sh.plain")
     with pytest.raises(memcuda.InvalidArgument):
         reg.share("sh.list", [1, 2, 3])
+
+
+class ForeignArrow:
+    """An Arrow producer written from the specification (ctypes structs, no
+    Arrow library): a float32 array over a shareable NumPy buffer, exported
+    through ``__arrow_c_array__``; its release callback counts its calls."""
+
+    def __init__(self, data, offset=0):
+        import ctypes
+        from memcuda.arrow import ArrowArray, ArrowSchema, _release_array_t, _release_schema_t
+        self.data, self.released = data, 0
+
+        def release_array(p):
+            self.released += 1
+            ArrowArray.from_address(p).release = _release_array_t()
+
+        def release_schema(p):
+            ArrowSchema.from_address(p).release = _release_schema_t()
+
+        self._callbacks = (_release_array_t(release_array), _release_schema_t(release_schema))
+        self._bufs = (ctypes.c_void_p * 2)(None, data.ctypes.data)
+        self.schema = ArrowSchema(format=b"f", name=b"col", release=self._callbacks[1])
+        self.array = ArrowArray(length=data.size - offset, offset=offset, n_buffers=2, buffers=self._bufs,
+                                release=self._callbacks[0])
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        self._new = new
+
+    def __arrow_c_array__(self, requested_schema=None):
+        import ctypes
+        return (self._new(ctypes.addressof(self.schema), b"arrow_schema", None),
+                self._new(ctypes.addressof(self.array), b"arrow_array", None))
+
+
+def test_arrow_array_shared_by_name_is_read_by_another_process_and_released(reg, worker_factory):
+    data = memcuda.shareable_empty((1000,), "f32", like="numpy")
+    data[:] = 2.0
+    producer = ForeignArrow(data, offset=10)
+    h = reg.share("sh.arrow", producer)
+    assert not producer.array.release  # moved out of the producer's struct
+    assert h.data_ptr == data.ctypes.data + 40 and h.shape == (990,)  # no copy, its offset kept
+    w = worker_factory("--no-control", "--backend", "host")
+    assert float(fields(w.cmd("get sh.arrow"))["sum"]) == 2.0 * 990
+    w.cmd("release sh.arrow")
+    assert producer.released == 0  # our handle still holds it
+    del h
+    reg.flush()
+    wait_for(lambda: producer.released == 1, what="the array's release callback (from a registry thread)")
+
+
+def test_arrow_array_with_nulls_is_refused_and_released(reg):
+    data = memcuda.shareable_empty((8,), "f32", like="numpy")
+    producer = ForeignArrow(data)
+    producer.array.null_count = 2
+    with pytest.raises(memcuda.InvalidArgument, match="2 null"):
+        reg.share("sh.nulls", producer)
+    assert producer.released == 1
+    with pytest.raises(memcuda.NotFound):
+        reg.info("sh.nulls")
