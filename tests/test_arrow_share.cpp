@@ -123,7 +123,8 @@ TEST_CASE("share_arrow: a fixed-size list keeps its offsets, and memcuda's metad
   {
     Foreign f("f", buf.p, 3, 4);
     f.child.offset = 2;
-    f.array.offset = 1;  // list item 1 starts at child element 2 + 4
+    f.child.length = 16;  // items 1..3 of 4 elements each
+    f.array.offset = 1;   // list item 1 starts at child element 2 + 4
     auto h = share_arrow(reg, "list", &f.schema, &f.array);
     CHECK(h.data() == buf.p + 6);
     CHECK(h.shape() == Shape{3, 4});
