@@ -188,11 +188,44 @@ def _pyarrow_imports(reg):
     assert refcount(reg, "a.pa") == 1
 
 
+def _pyarrow_array_shared_by_name(reg):
+    """A pyarrow Array over shareable memory, registered by name without a
+    copy (Registry.share through __arrow_c_array__), read back through the
+    registry; pyarrow's buffer stays alive until the last reference goes."""
+    import weakref
+    buf = memcuda.shareable_empty((100,), "f64", like="numpy")
+    buf[:] = np.arange(100)
+    a = pyarrow.Array.from_buffers(pyarrow.float64(), 90, [None, pyarrow.py_buffer(buf)], offset=10)
+    h = reg.share("a.imported", a)
+    assert h.data_ptr == buf.ctypes.data + 80 and h.shape == (90,)  # no copy
+    back = np.from_dlpack(reg.get("a.imported"))
+    assert back.tolist() == list(range(10, 100))
+    ref = weakref.ref(a)
+    del a, back, h
+    gc.collect()
+    assert ref() is None  # pyarrow's Array object went; the registry holds its exported array
+    reg.flush()
+    from conftest import wait_for
+    # The last reference went: the record, and the borrowed array with it.
+    wait_for(lambda: not reg.list("a.imported"), what="the borrowed record to go")
+
+
+@needs_pyarrow
+def test_pyarrow_array_shared_by_name(reg):
+    _pyarrow_array_shared_by_name(reg)
+
+
 # ---- cuda tensors (GPU hosts) ------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(pyarrow is None, reason="pyarrow is not installed")
 def test_gpu_host_pyarrow_imports_a_host_tensor(reg):
     _pyarrow_imports(reg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(pyarrow is None, reason="pyarrow is not installed")
+def test_gpu_host_pyarrow_array_shared_by_name(reg):
+    _pyarrow_array_shared_by_name(reg)
 
 
 @pytest.mark.gpu
