@@ -311,3 +311,51 @@ def test_torch_cuda_tensor_shared_without_copy_read_with_cupy(redis_url, namespa
         del h
     finally:
         reg.close()
+
+
+@pytest.mark.gpu
+def test_borrowed_cuda_tensor_after_its_owner_is_killed(redis_url, namespace):
+    """The documented outcome of a borrowed tensor's owner dying (docs/design.md,
+    "Borrowed tensors"): a mapping already open keeps reading (the driver's
+    rule for legacy IPC), and the next open of the name raises Lost once the
+    allocator of record has seen the death."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not memcuda.has_cuda():
+        pytest.skip("no CUDA device, or libmemcuda_c built without CUDA")
+    owner_src = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {PKG!r})
+        import torch, memcuda
+        reg = memcuda.Registry({redis_url!r}, {namespace!r}, default_backend="cuda", session_ttl=0.6)
+        t = torch.full((4096,), 2.0, device="cuda")
+        torch.cuda.synchronize()
+        h = reg.share("gdead.t", t)
+        print("READY", flush=True)
+        time.sleep(600)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", owner_src], stdout=subprocess.PIPE, text=True)
+    reg = None
+    try:
+        assert owner.stdout.readline().strip() == "READY"
+        # This registry takes over as allocator of record when the owner dies.
+        reg = memcuda.Registry(redis_url, namespace, default_backend="cuda", session_ttl=0.6, gc_interval=0.2)
+        opened = torch.from_dlpack(reg.get("gdead.t"))
+        assert float(opened.sum().item()) == 2.0 * 4096
+        owner.kill()
+        owner.wait(timeout=30)
+        import time
+        deadline, lost = time.monotonic() + 30, None
+        while time.monotonic() < deadline and lost is None:
+            try:
+                reg.get("gdead.t")
+            except memcuda.Lost as e:
+                lost = e
+            time.sleep(0.1)
+        assert lost is not None, "the next open never raised Lost after the owner's kill -9"
+        # The mapping opened before the death still reads (the driver keeps it).
+        assert float(opened.sum().item()) == 2.0 * 4096
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        if reg is not None:
+            reg.close()
