@@ -344,13 +344,18 @@ def test_borrowed_cuda_tensor_after_its_owner_is_killed(redis_url, namespace):
         owner.kill()
         owner.wait(timeout=30)
         import time
+        # A registry of its own: `reg` would share the handle it already holds.
+        fresh = memcuda.Registry(redis_url, namespace, control_thread=False)
         deadline, lost = time.monotonic() + 30, None
-        while time.monotonic() < deadline and lost is None:
-            try:
-                reg.get("gdead.t")
-            except memcuda.Lost as e:
-                lost = e
-            time.sleep(0.1)
+        try:
+            while time.monotonic() < deadline and lost is None:
+                try:
+                    fresh.get("gdead.t").release()
+                except memcuda.Lost as e:
+                    lost = e
+                time.sleep(0.1)
+        finally:
+            fresh.close()
         assert lost is not None, "the next open never raised Lost after the owner's kill -9"
         # The mapping opened before the death still reads (the driver keeps it).
         assert float(opened.sum().item()) == 2.0 * 4096
