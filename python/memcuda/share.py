@@ -18,6 +18,7 @@ framework. Ordinary host tensors (malloc'd) cannot be shared without a copy:
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import mmap
 import os
@@ -36,6 +37,12 @@ lib.memcuda_share_dlpack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+lib.memcuda_stop_callbacks.restype = None
+lib.memcuda_stop_callbacks.argtypes = []
+# What is still borrowed at exit is leaked, not released: the registry's
+# threads would otherwise run DLPack deleters and Arrow release callbacks
+# (Python code, the GIL) while the interpreter tears down, and crash it.
+atexit.register(lib.memcuda_stop_callbacks)
 lib.memcuda_share_arrow.restype = ctypes.c_int
 lib.memcuda_share_arrow.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, _P(ctypes.c_void_p)]

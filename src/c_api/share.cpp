@@ -1,5 +1,6 @@
 // The C ABI's borrowed buffers (TensorRegistry::share, memcuda/share.hpp):
 // a caller's buffer registered by name without a copy.
+#include <atomic>
 #include <memory>
 
 #include "c_api_internal.hpp"
@@ -10,6 +11,31 @@ using memcuda_c::guarded;
 
 namespace {
 
+// Set by memcuda_stop_callbacks: from then on the caller's callbacks are
+// leaked, not run (a language runtime shutting down cannot take them).
+std::atomic<bool> g_callbacks_stopped{false};
+
+bool callbacks_allowed() noexcept { return !g_callbacks_stopped.load(std::memory_order_acquire); }
+
+// An array of our own in place of the caller's: its release runs the
+// caller's unless callbacks were stopped. Buffers and children stay the
+// caller's (only read).
+struct HeldArrow {
+  ArrowDeviceArray original;
+};
+
+ArrowDeviceArray guarded_arrow(const ArrowDeviceArray& in) {
+  ArrowDeviceArray out = in;
+  out.array.private_data = new HeldArrow{in};
+  out.array.release = [](ArrowArray* a) {
+    auto* held = static_cast<HeldArrow*>(a->private_data);
+    if (held->original.array.release && callbacks_allowed()) held->original.array.release(&held->original.array);
+    delete held;
+    a->release = nullptr;
+  };
+  return out;
+}
+
 // The keep-alive of a C caller: its release callback, run once when the
 // registry lets go (the last reference, a failed share, the registry's end).
 memcuda::ShareOptions share_options(const memcuda_share_options* opts) {
@@ -19,7 +45,9 @@ memcuda::ShareOptions share_options(const memcuda_share_options* opts) {
   o.persistent = opts->persistent != 0;
   if (opts->release) {
     auto fn = opts->release;
-    o.keep_alive = std::shared_ptr<void>(opts->user_data, [fn](void* user) { fn(user); });
+    o.keep_alive = std::shared_ptr<void>(opts->user_data, [fn](void* user) {
+      if (callbacks_allowed()) fn(user);
+    });
   }
   return o;
 }
@@ -27,6 +55,8 @@ memcuda::ShareOptions share_options(const memcuda_share_options* opts) {
 }  // namespace
 
 extern "C" {
+
+void memcuda_stop_callbacks(void) { g_callbacks_stopped.store(true, std::memory_order_release); }
 
 void memcuda_share_options_init(memcuda_share_options* opts) {
   if (!opts) return;
@@ -56,7 +86,7 @@ int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManag
   std::shared_ptr<void> owner;
   if (m) owner = std::shared_ptr<void>(m, [](void* p) {
     auto* t = static_cast<DLManagedTensor*>(p);
-    if (t->deleter) t->deleter(t);
+    if (t->deleter && callbacks_allowed()) t->deleter(t);
   });
   return guarded([&] {
     auto o = share_options(opts);
@@ -75,8 +105,8 @@ int memcuda_share_arrow(memcuda_registry* reg, const char* name, const struct Ar
   // Moved out first, so that its release runs whatever fails (share_arrow
   // takes it over; anything before that leaves it here).
   ArrowDeviceArray moved{};
-  if (array) {
-    moved = *array;
+  if (array && array->array.release) {
+    moved = guarded_arrow(*array);
     array->array.release = nullptr;
   }
   int rc = guarded([&] {

@@ -40,6 +40,12 @@ MEMCUDA_C_EXPORT int memcuda_share(memcuda_registry* reg, const char* name, void
 MEMCUDA_C_EXPORT int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManagedTensor* m,
                                           const memcuda_share_options* opts, memcuda_tensor** out);
 
+/* From now on the registry no longer calls the caller's callbacks (share
+ * release callbacks, DLPack deleters, Arrow release callbacks): whatever is
+ * still borrowed is leaked instead. For a language runtime that is shutting
+ * down and cannot take a callback from a registry thread any more (the
+ * Python package calls it from atexit). Irreversible; any thread. */
+MEMCUDA_C_EXPORT void memcuda_stop_callbacks(void);
 
 #ifdef __cplusplus
 } /* extern "C" */
