@@ -3,6 +3,8 @@ copy is read by another process (a C++ worker) through the registry; its
 data_ptr never changes; plain host tensors are refused with a typed error."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,23 @@ def test_arrow_array_with_nulls_is_refused_and_released(reg):
     assert producer.released == 1
     with pytest.raises(memcuda.NotFound):
         reg.info("sh.nulls")
+
+
+def test_interpreter_exits_cleanly_with_borrowed_tensors_still_held(redis_url, namespace):
+    """Handles of borrowed torch tensors alive at exit, after close() and with
+    Redis gone: the registry's threads must not run torch's DLPack deleters
+    while the interpreter tears down (that crashed it with SIGSEGV)."""
+    import subprocess
+    import sys
+    import textwrap
+    from conftest import REPO
+    src = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.join(REPO, 'python')!r})
+        import memcuda
+        reg = memcuda.Registry({redis_url!r}, {namespace!r}, default_backend="host")
+        held = [reg.share(f"exit.{{i}}", memcuda.shareable_empty((64,), "f32")) for i in range(32)]
+        reg.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"exit code {out.returncode}: {out.stderr[-2000:]}"
