@@ -364,3 +364,49 @@ def test_borrowed_cuda_tensor_after_its_owner_is_killed(redis_url, namespace):
             owner.kill()
         if reg is not None:
             reg.close()
+
+
+@pytest.mark.gpu
+def test_torch_expandable_segment_tensor_shared_by_its_cumem_fd(redis_url, namespace):
+    """A tensor of PyTorch's expandable segments (cuMem memory, no legacy IPC
+    handle) is shared without a copy through its physical allocation's fd."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not memcuda.has_cuda():
+        pytest.skip("no CUDA device, or libmemcuda_c built without CUDA")
+    owner_src = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {PKG!r})
+        import torch, memcuda
+        reg = memcuda.Registry({redis_url!r}, {namespace!r}, default_backend="cuda")
+        t = torch.arange(4096, device="cuda", dtype=torch.float32)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        try:
+            h = reg.share("gexp.t", t)
+        except memcuda.InvalidArgument as e:
+            print("REFUSED", e, flush=True)
+            sys.exit(0)
+        print("READY", reg.info("gexp.t").alloc_kind, torch.cuda.memory_allocated() - before, flush=True)
+        sys.stdin.readline()
+    """)
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    owner = subprocess.Popen([sys.executable, "-c", owner_src], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        line = owner.stdout.readline().split()
+        assert line and line[0] == "READY", f"the owner answered {line}"
+        assert line[1] == "cuda_vmm_fd" and line[2] == "0"  # its cuMem fd, no new memory
+        reg = memcuda.Registry(redis_url, namespace, control_thread=False)
+        try:
+            got = torch.from_dlpack(reg.get("gexp.t"))
+            assert float(got.sum().item()) == float(sum(range(4096)))
+            del got
+        finally:
+            reg.close()
+    finally:
+        try:
+            owner.stdin.write("\n")
+            owner.stdin.flush()
+        except BrokenPipeError:
+            pass
+        owner.wait(timeout=60)

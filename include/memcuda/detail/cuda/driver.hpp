@@ -40,6 +40,7 @@ struct CuDriver {
   decltype(&::cuMemMap) MemMap = nullptr;
   decltype(&::cuMemUnmap) MemUnmap = nullptr;
   decltype(&::cuMemSetAccess) MemSetAccess = nullptr;
+  decltype(&::cuMemRetainAllocationHandle) MemRetainAllocationHandle = nullptr;
   std::string missing;  // the first symbol that did not resolve; "" when all did
   bool ok() const noexcept { return missing.empty(); }
 };
@@ -77,6 +78,7 @@ inline const CuDriver& cu_driver() {
     get("cuMemMap", t.MemMap);
     get("cuMemUnmap", t.MemUnmap);
     get("cuMemSetAccess", t.MemSetAccess);
+    get("cuMemRetainAllocationHandle", t.MemRetainAllocationHandle);
     return t;
   }());
   return d;

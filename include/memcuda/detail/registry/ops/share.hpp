@@ -51,7 +51,7 @@ inline Opened share_buffer(Core& core, std::string_view name_in, void* ptr, DTyp
   std::optional<int> device;
 #if MEMCUDA_HAS_CUDA()
   device = device_of_pointer(ptr);
-  if (device) a = borrow_cuda(ptr, bytes, *device, id);
+  if (device) a = borrow_cuda(ptr, bytes, *device, id, session);
 #endif
   if (!device) a = borrow_host(ptr, bytes, id, session);
   a.keep_alive = opts.keep_alive;
