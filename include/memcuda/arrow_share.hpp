@@ -11,7 +11,7 @@
 // nulls and without a dictionary. The schema metadata memcuda.dtype and
 // memcuda.shape, which memcuda's own export writes, restore bool, bf16 and
 // the tensor's shape, so an export shared again round-trips. Device memory
-// (ARROW_DEVICE_CUDA) must be cudaMalloc memory; host memory
+// (ARROW_DEVICE_CUDA) must be cudaMalloc or fd-exportable cuMem memory; host memory
 // (ARROW_DEVICE_CPU) a MAP_SHARED memfd mapping, as for share().
 #pragma once
 

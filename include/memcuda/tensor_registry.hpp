@@ -105,7 +105,8 @@ class TensorRegistry {
   // (docs/design.md, "Borrowed tensors"; DLPack form: memcuda/share.hpp).
   // Throws InvalidArgument (null pointer, no bytes, name, shape, no control
   // thread), NotShareable (memory that cannot be shared without a copy:
-  // plain malloc'd memory, says why), AlreadyExists.
+  // plain malloc'd memory, managed memory, cuMem memory without an fd; says
+  // why), AlreadyExists.
   SharedTensor<void> share(std::string_view name, void* data, DType dtype, Shape shape, ShareOptions opts = {});
 
   // Opens a tensor by name: one Redis round trip (state, dtype and node are

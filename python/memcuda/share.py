@@ -11,7 +11,7 @@ other processes' next ``get`` raises ``Lost``. Copy it with ``put`` instead
 when readers must outlive the producer (docs/python.md, "Borrow or copy").
 
 What can be borrowed: CUDA memory of ``cudaMalloc`` (PyTorch's caching
-allocator included; not its expandable segments), and host memory in a
+allocator included, and its expandable segments by their cuMem fd), and host memory in a
 ``MAP_SHARED`` mapping of a memfd, which ``shareable_empty`` allocates for a
 framework. Ordinary host tensors (malloc'd) cannot be shared without a copy:
 ``share`` raises ``InvalidArgument`` saying so.

@@ -16,7 +16,9 @@ extern "C" {
  * a memfd this process holds an fd of (plain malloc'd memory cannot be shared
  * without a copy: MEMCUDA_ERR_INVALID_ARGUMENT saying so); device memory must
  * be cudaMalloc memory (a framework's caching allocator included), shared
- * with legacy CUDA IPC. docs/design.md, "Borrowed tensors". */
+ * with legacy CUDA IPC, or cuMem memory exportable as a POSIX fd (PyTorch's
+ * expandable segments), shared by that fd. docs/design.md, "Borrowed
+ * tensors". */
 typedef void (*memcuda_release_fn)(void* user_data);
 typedef struct memcuda_share_options {
   uint32_t struct_size;       /* sizeof(memcuda_share_options) */
