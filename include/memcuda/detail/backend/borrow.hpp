@@ -30,6 +30,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -62,6 +64,11 @@ inline std::optional<MapsEntry> mapping_of(const void* p) {
   std::ifstream in("/proc/self/maps");
   std::string line;
   while (std::getline(in, line)) {
+    // The range first: only the line that holds `p` is parsed in full (a
+    // process with a framework loaded has thousands).
+    char* endp = nullptr;
+    const auto lo = std::strtoull(line.c_str(), &endp, 16);
+    if (*endp != '-' || a < lo || a >= std::strtoull(endp + 1, nullptr, 16)) continue;
     std::istringstream ls(line);
     std::string range, perms, off, dev, path;
     unsigned long long ino = 0;
@@ -84,25 +91,58 @@ inline std::optional<MapsEntry> mapping_of(const void* p) {
   return std::nullopt;
 }
 
-// An fd of the file (dev, ino) this process has open, duplicated; else one
-// opened through /proc/self/map_files (CAP_SYS_ADMIN); else none.
-inline UniqueFd fd_of_file(const MapsEntry& m) {
-  if (DIR* d = ::opendir("/proc/self/fd")) {
+// The regular files this process has open, by (device, inode), as of the
+// last scan of /proc/self/fd: a hit is checked with one fstat before use,
+// a miss rescans. So sharing many buffers scans once, not once per buffer
+// (a process with a model loaded has hundreds of fds).
+class OpenFiles {
+ public:
+  static OpenFiles& instance() {
+    static OpenFiles f;  // process-wide by design: the fd table is
+    return f;
+  }
+  // A duplicate of an open fd of (dev, ino), or none.
+  UniqueFd find(dev_t dev, ino_t ino) {
+    std::lock_guard lk(mu_);  // leaf: no I/O but the local fd table
+    if (auto fd = dup_if(dev, ino)) return fd;
+    rescan();
+    return dup_if(dev, ino);
+  }
+
+ private:
+  UniqueFd dup_if(dev_t dev, ino_t ino) {
+    auto it = fds_.find({dev, ino});
+    if (it == fds_.end()) return {};
+    struct stat st {};
+    if (::fstat(it->second, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != dev || st.st_ino != ino) {
+      fds_.erase(it);  // closed or reused since the scan
+      return {};
+    }
+    return UniqueFd(::fcntl(it->second, F_DUPFD_CLOEXEC, 0));
+  }
+  void rescan() {
+    fds_.clear();
+    DIR* d = ::opendir("/proc/self/fd");
+    if (!d) return;
     const int own = ::dirfd(d);
     while (dirent* e = ::readdir(d)) {
       char* endp = nullptr;
       const long fd = std::strtol(e->d_name, &endp, 10);
       if (*endp != '\0' || fd == own) continue;
       struct stat st {};
-      if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-      if (st.st_dev == m.dev && st.st_ino == m.ino) {
-        UniqueFd dup(::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0));
-        ::closedir(d);
-        return dup;
-      }
+      if (::fstat(static_cast<int>(fd), &st) == 0 && S_ISREG(st.st_mode))
+        fds_.emplace(std::pair{st.st_dev, st.st_ino}, static_cast<int>(fd));
     }
     ::closedir(d);
   }
+  std::mutex mu_;
+  std::map<std::pair<dev_t, ino_t>, int> fds_;
+};
+
+// An fd of the file (dev, ino) this process has open, duplicated; else one
+// opened through /proc/self/map_files (CAP_SYS_ADMIN); else none.
+inline UniqueFd fd_of_file(const MapsEntry& m) {
+  if (auto fd = OpenFiles::instance().find(m.dev, m.ino)) return fd;
   char name[96];
   std::snprintf(name, sizeof name, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(m.start),
                 static_cast<unsigned long>(m.end));
