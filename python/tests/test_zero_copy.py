@@ -69,8 +69,7 @@ def test_bf16_to_numpy_is_not_zero_copy_unless_asked(reg):
 
 
 def test_get_state_dict_numpy_refuses_bf16_and_copies_when_allowed(reg):
-    reg.put("sd.w", np.ones(3, dtype=np.float32))
-    _bf16(reg, "sd.b")
+    held = [reg.put("sd.w", np.ones(3, dtype=np.float32)), _bf16(reg, "sd.b")]
     before = _copies(reg)
     with pytest.raises(NotZeroCopy, match="tensor 'sd.b' is bf16"):
         reg.get_state_dict("sd.", framework="numpy")
@@ -79,6 +78,7 @@ def test_get_state_dict_numpy_refuses_bf16_and_copies_when_allowed(reg):
         got = reg.get_state_dict("sd.", framework="numpy", allow_copy=True)
     assert np.array_equal(got["b"].ravel(), BF16_VALUES) and np.array_equal(got["w"], np.ones(3, np.float32))
     assert _copies(reg) == (before[0] + 1, before[1] + 8)  # only the bf16 one was copied
+    del held
 
 
 def test_check_device_of_a_host_tensor(reg):
@@ -117,9 +117,9 @@ def test_a_dtype_torch_lacks_is_not_zero_copy(reg):
     with pytest.raises(NotZeroCopy, match="tensor 'zt.u' is u16"):
         reg.get_state_dict("zt.", framework="torch")
     # The other dtypes still come as views.
-    reg.put("zv.f", np.arange(4, dtype=np.float32))
+    f = reg.put("zv.f", np.arange(4, dtype=np.float32))
     v = reg.get_state_dict("zv.", framework="torch")["f"]
-    assert v.data_ptr() == reg.get("zv.f").data_ptr
+    assert v.data_ptr() == f.data_ptr
 
 
 @pytest.mark.gpu
