@@ -65,6 +65,8 @@ static void test_version_and_tables(void) {
   CHECK(memcuda_error_parent(MEMCUDA_ERR_TIMEOUT) == MEMCUDA_ERR_REDIS);
   CHECK(memcuda_error_parent(MEMCUDA_ERR_NOT_FOUND) == MEMCUDA_ERR_ERROR);
   CHECK(memcuda_error_parent(MEMCUDA_ERR_ERROR) == MEMCUDA_OK);
+  CHECK(strcmp(memcuda_error_name(MEMCUDA_ERR_NOT_ZERO_COPY), "not_zero_copy") == 0);
+  CHECK(memcuda_error_parent(MEMCUDA_ERR_NOT_ZERO_COPY) == MEMCUDA_ERR_UNAVAILABLE);
 }
 
 static void test_create_get_bytes(memcuda_registry* leader, memcuda_registry* client) {
@@ -238,6 +240,15 @@ static void test_list_stats_get_many(memcuda_registry* r) {
   CHECK(st.tensors == 2);
   CHECK(st.sessions >= 2);
   CHECK(st.creates >= 2);
+  /* Zero copy or an error: host memory is for host code; nothing was copied
+     unless a binding says it copied (memcuda_note_copy). */
+  CHECK(st.copies == 0 && st.copied_bytes == 0);
+  CHECK_OK(memcuda_tensor_check_device(a, -1));
+  CHECK(memcuda_tensor_check_device(a, 0) == MEMCUDA_ERR_NOT_ZERO_COPY);
+  CHECK(strstr(memcuda_last_error_message(), "is host memory") != NULL);
+  CHECK_OK(memcuda_note_copy(a, "c_api_test", 16, "a test's reason"));
+  CHECK_OK(memcuda_stats_get(r, &st));
+  CHECK(st.copies == 1 && st.copied_bytes == 16);
   CHECK_OK(memcuda_registry_is_leader(r, &is_leader));
   CHECK(is_leader == 1);
   CHECK(strlen(memcuda_registry_session_id(r)) > 0);

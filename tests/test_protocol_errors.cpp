@@ -160,6 +160,7 @@ TEST_CASE("throw_for_code maps every wire code to its class", "[protocol]") {
       {"lost", typeid(Lost)},
       {"not_leader", typeid(NotLeader)},
       {"unavailable", typeid(Unavailable)},
+      {"not_zero_copy", typeid(NotZeroCopy)},
       {"internal", typeid(InternalError)},
       {"cuda_error", typeid(CudaError)},
       {"redis_error", typeid(RedisError)},

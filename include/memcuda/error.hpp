@@ -52,6 +52,12 @@ MEMCUDA_DEFINE_ERROR(Lost, Error, "lost");
 MEMCUDA_DEFINE_ERROR(NotLeader, Error, "not_leader");
 // The tensor lives on another node, or uses a backend/device absent here.
 MEMCUDA_DEFINE_ERROR(Unavailable, Error, "unavailable");
+// Zero copy cannot be had for what was asked: the reader's device cannot
+// reach the tensor's memory (no peer access), host code asked for device
+// memory or a kernel for host memory, or the framework cannot view the
+// dtype. The message names both sides and what to do instead (docs/design.md,
+// "Zero copy or an error"); nothing is copied unless the caller opts in.
+MEMCUDA_DEFINE_ERROR(NotZeroCopy, Unavailable, "not_zero_copy");
 // A bug or an impossible state inside mem-cuda; please report it.
 MEMCUDA_DEFINE_ERROR(InternalError, Error, "internal");
 
@@ -260,6 +266,7 @@ struct WireErrorDetail {
   if (code == "budget_exceeded") throw BudgetExceeded(msg);
   if (code == "lost") throw Lost(msg);
   if (code == "not_leader") throw NotLeader(msg);
+  if (code == "not_zero_copy") throw NotZeroCopy(msg);
   if (code == "unavailable") throw Unavailable(msg);
   if (code == "internal") throw InternalError(msg);
   if (code == "redis_error") throw RedisError(msg);

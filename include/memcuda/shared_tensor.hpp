@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "memcuda/detail/cuda/reach.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/local_tensor.hpp"
@@ -86,9 +87,15 @@ class TensorHandle {
 //
 // Device rules: data() is a device pointer valid on device() (this
 // process's ordinal of the tensor's GPU) for the cuda backend, a host
-// pointer for the host backend. Writes and reads are not ordered across
-// processes by mem-cuda; synchronise (stream sync, events) before another
-// process reads what you wrote.
+// pointer for the host backend. get() does not look at the caller's current
+// device: the pointer is the same whichever device is current. It is valid
+// on another device only where that device reaches device() as a peer
+// (cudaDeviceCanAccessPeer), and never in host code; check_device(reader)
+// says so before a kernel faults (NotZeroCopy naming both devices).
+// Nothing is ever copied to make a read work (docs/design.md, "Zero copy or
+// an error"). Writes and reads are not ordered across processes by
+// mem-cuda; synchronise (stream sync, events) before another process reads
+// what you wrote.
 //
 // T must match the stored dtype (TypeMismatch otherwise); SharedTensor<void>
 // accepts any dtype and exposes untyped bytes.
@@ -128,6 +135,16 @@ class SharedTensor {
   std::uint64_t generation() const { return h().info().generation; }
   // The record as it was when this handle was opened.
   const TensorInfo& info() const { return h().info(); }
+
+  // Throws NotZeroCopy unless code on `reader` (a CUDA ordinal of this
+  // process; -1: host code) can use data() in place: same device, or a
+  // peer that reaches it (legacy cuda_ipc: peer access is enabled here);
+  // host memory only from host code. InvalidArgument for a reader that
+  // does not exist. It never copies.
+  void check_device(int reader) const {
+    const auto& i = h().info();
+    detail::check_reach(i.name, i.backend, i.alloc_kind, device(), reader);
+  }
 
   // A SharedTensor<const T> (from get<const T>) is a read-only view: data()
   // returns const T* and copy_from_host does not exist for it.

@@ -39,6 +39,12 @@ struct ProcessStats {
   std::uint64_t live_imports = 0;  // foreign allocations mapped right now
   std::uint64_t import_opens = 0;  // IPC opens / shm maps performed
   std::uint64_t import_hits = 0;   // gets served by an existing mapping
+  // Copies made where zero copy could not be had and the caller opted in
+  // (Python's allow_copy=True, memcuda_note_copy): each one also logged a
+  // warning. Reads never copy without that (docs/design.md, "Zero copy or
+  // an error"). Not the pools' copied_bytes (migration).
+  std::uint64_t copies = 0;
+  std::uint64_t copied_bytes = 0;
 };
 
 // The allocator of record's memory pool on one device and backend. The

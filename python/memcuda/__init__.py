@@ -15,6 +15,7 @@ from .errors import (AlreadyExists, AuthError, BudgetExceeded, ConnectionError, 
                      InvalidArgument, Lost, MemcudaError, NotFound, NotLeader, OutOfMemory, ProtocolError,
                      RedisError, ReplyError, StaleHandle, TimeoutError, TypeMismatch, Unavailable, UnknownError)
 from .errors import LayoutMismatch, NotSupported  # Python-side, no C code of their own
+from .errors import NotZeroCopy, ZeroCopyWarning
 from .model_versions import ModelVersionWriter, PinnedModel
 from .registry import GcReport, Registry, Stats
 from .share import shareable_empty
@@ -34,6 +35,6 @@ __all__ = [
     "MemcudaError", "InvalidArgument", "NotFound", "AlreadyExists", "TypeMismatch", "StaleHandle",
     "BudgetExceeded", "Lost", "NotLeader", "Unavailable", "InternalError", "ProtocolError", "CudaError",
     "RedisError", "ConnectionError", "AuthError", "TimeoutError", "ReplyError", "OutOfMemory", "UnknownError",
-    "LayoutMismatch", "NotSupported",
+    "LayoutMismatch", "NotSupported", "NotZeroCopy", "ZeroCopyWarning",
     "ModelVersionWriter", "PinnedModel",
 ]

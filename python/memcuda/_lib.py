@@ -104,7 +104,8 @@ class StatsC(ctypes.Structure):
         ("leader_session", ctypes.c_char * 128),
     ] + [(f, c_uint64) for f in (
         "sessions", "tensors", "bytes", "queue_length", "pools", "pool_in_use", "pool_reserved",
-        "owned_allocations", "owned_bytes", "creates", "frees", "live_imports", "import_opens", "import_hits")]
+        "owned_allocations", "owned_bytes", "creates", "frees", "live_imports", "import_opens", "import_hits",
+        "copies", "copied_bytes")]
 
 
 class GcReportC(ctypes.Structure):
@@ -246,6 +247,8 @@ _SIGNATURES = [
     ("memcuda_tensors_fields", c_int, [P(c_void_p), c_size_t, P(TensorFieldsC), c_size_t]),
     ("memcuda_tensors_wait_opened", c_int, [P(c_void_p), c_size_t, c_void_p]),
     ("memcuda_tensors_to_dlpack_span", c_int, [P(c_void_p), c_size_t, P(P(DLManagedTensor))]),
+    ("memcuda_tensor_check_device", c_int, [c_void_p, c_int]),
+    ("memcuda_note_copy", c_int, [c_void_p, c_char_p, c_uint64, c_char_p]),
 ]
 
 

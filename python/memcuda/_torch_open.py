@@ -16,8 +16,9 @@ from typing import Any, List, Tuple
 
 from . import dtypes
 from ._lib import DLManagedTensor, TensorFieldsC, lib
-from .errors import InvalidArgument, check
-from .tensor import _SPAN_TORCH, Tensor, _capsule_of
+from ._zero_copy import torch_dtype_or_refuse
+from .errors import check
+from .tensor import Tensor, _capsule_of
 
 _FIELDS_SIZE = ctypes.sizeof(TensorFieldsC)
 
@@ -73,10 +74,7 @@ def torch_views_of_handles(arr: Any, n: int) -> Tuple[List[str], List[Any]]:
             off = data - start
             base = typed.get(code)
             if base is None:
-                dt = getattr(torch, _SPAN_TORCH[code], None)
-                if dt is None:
-                    raise InvalidArgument(f"torch {torch.__version__} has no {_SPAN_TORCH[code]} dtype "
-                                          f"(tensor '{names[i]}')")
+                dt = torch_dtype_or_refuse(code, names[i])
                 base = flat[:flat.numel() - flat.numel() % size].view(dt)
                 typed[code] = base
             if off % size:

@@ -134,6 +134,15 @@ class UnknownError(MemcudaError):
     """A failure the library could not classify (a bug: please report it)."""
 
 
+@_code(21)
+class NotZeroCopy(Unavailable):
+    """Zero copy cannot be had for what was asked (a device that cannot reach
+    the tensor's memory, host code asking for device memory, a dtype the
+    framework cannot view). The message says why and what to do; nothing is
+    copied unless the call is given ``allow_copy=True`` (docs/python.md,
+    "Zero copy or an error")."""
+
+
 def raise_last(status: int) -> NoReturn:
     """Raises the exception of this thread's last failed C call (status: its return value)."""
     code = lib.memcuda_last_error_code() or status
@@ -168,3 +177,9 @@ class LayoutMismatch(InvalidArgument):
 class NotSupported(MemcudaError, NotImplementedError):
     """A feature this build of the package does not have (the message says
     which, and what to use instead)."""
+
+
+class ZeroCopyWarning(RuntimeWarning):
+    """A copy was made in place of zero copy because the call asked for one
+    (``allow_copy=True``); it is counted in ``Registry.stats()`` (``copies``,
+    ``copied_bytes``)."""

@@ -37,6 +37,8 @@ class Stats:
     live_imports: int
     import_opens: int
     import_hits: int
+    copies: int  # copies made in place of zero copy, opted in (allow_copy=True)
+    copied_bytes: int
 
 
 @dataclass(frozen=True)
@@ -572,7 +574,8 @@ class Registry:
         from .model_versions import open_model
         return open_model(self, prefix, framework, stream)
 
-    def get_state_dict(self, prefix: str, framework: Optional[str] = None) -> Dict[str, Any]:
+    def get_state_dict(self, prefix: str, framework: Optional[str] = None, *,
+                       allow_copy: bool = False) -> Dict[str, Any]:
         """Opens every tensor named ``prefix*`` in one Redis round trip
         (``get_prefix``'s names); keys without the prefix. Where the dict was
         put with ``put_state_dict(..., persistent=True)`` (and is unchanged
@@ -583,7 +586,9 @@ class Registry:
         framework: None (memcuda Tensors), "torch" (zero-copy torch tensors,
         CUDA ones ordered on torch's current stream after the publish each
         record carried: no further round trip) or "numpy" (host tensors).
-        Zero copy either way.
+        Zero copy either way, or NotZeroCopy (a cuda or bf16 tensor for
+        "numpy", a dtype this torch lacks for "torch"); allow_copy=True:
+        "numpy" copies those instead, warned and counted in ``stats()``.
 
         With "torch", the tensors of one allocation (a packed dict is one) are
         views of ONE DLPack import (``_torch_open``, as ``tensor.torch_views``): they hold the
@@ -608,7 +613,7 @@ class Registry:
         got = self._by_name(lib.memcuda_open_state_dict, prefix)
         out: Dict[str, Any] = {}
         for name, t in got.items():
-            out[name[len(prefix):]] = t if framework is None else t.numpy()
+            out[name[len(prefix):]] = t if framework is None else t.numpy(allow_copy=allow_copy)
         return out
 
 

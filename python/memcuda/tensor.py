@@ -370,10 +370,28 @@ class Tensor:
         d["stream"] = 1
         return d
 
-    def numpy(self):
-        """A writable NumPy view of a host tensor (zero copy; keeps the handle alive)."""
-        import numpy
-        return numpy.asarray(self)
+    def __array__(self, dtype: Any = None) -> Any:
+        """Reached only where ``__array_interface__`` is refused (a cuda or a
+        bf16 tensor): NotZeroCopy rather than a 0-d object array."""
+        from ._zero_copy import numpy_refusal
+        from .errors import NotZeroCopy
+        raise NotZeroCopy(numpy_refusal(self) or f"tensor '{self._name}' has no NumPy view")
+
+    def numpy(self, allow_copy: bool = False):
+        """A writable NumPy view of a host tensor (zero copy; keeps the handle
+        alive). NotZeroCopy for a cuda or a bf16 tensor; allow_copy=True: a
+        host copy there instead (bf16 as float32), with a ZeroCopyWarning and
+        counted in ``Registry.stats()`` (copies, copied_bytes)."""
+        from ._zero_copy import numpy_of
+        return numpy_of(self, allow_copy)
+
+    def check_device(self, device: Any) -> None:
+        """NotZeroCopy unless code on `device` (a CUDA ordinal or "cuda:N";
+        -1 or "cpu": host code) can use this tensor's memory in place: its
+        own device, or a peer that reaches it (cudaDeviceCanAccessPeer).
+        Never copies."""
+        from ._zero_copy import reader_ordinal
+        check(lib.memcuda_tensor_check_device(self._handle(), reader_ordinal(device)))
 
     def torch(self, newest: bool = True):
         """``torch.from_dlpack(self)``: a zero-copy torch tensor (bf16 included),
@@ -382,17 +400,14 @@ class Tensor:
         handle was opened (``wait_opened``, no round trip; what
         ``Registry.get_state_dict`` uses for a whole batch)."""
         import torch.utils.dlpack
+        from ._zero_copy import torch_dtype_or_refuse
+        torch_dtype_or_refuse(self._dtype, self._name)  # NotZeroCopy before torch's untyped error
         if newest or self._backend != 0:
             return torch.utils.dlpack.from_dlpack(self)
         import torch
         s = torch.cuda.current_stream(self._device).cuda_stream
         self.wait_opened(s or 1)  # 1: cudaStreamLegacy, torch's default stream
         return torch.utils.dlpack.from_dlpack(self.__dlpack__(stream=-1))
-
-
-# torch dtypes of the views cut from a span, by MEMCUDA_DTYPE_* code: bool
-# as uint8, as the per-tensor DLPack export gives it (DLPack 0.6 has no bool).
-_SPAN_TORCH = ("uint8",) + dtypes.TORCH[1:]
 
 
 def torch_views(tensors: "list[Tensor]") -> "list[Any]":
@@ -434,10 +449,8 @@ def torch_views(tensors: "list[Tensor]") -> "list[Any]":
                 continue
             base = typed.get(t._dtype)
             if base is None:
-                dt = getattr(torch, _SPAN_TORCH[t._dtype], None)
-                if dt is None:
-                    raise InvalidArgument(f"torch {torch.__version__} has no {_SPAN_TORCH[t._dtype]} dtype "
-                                          f"(tensor '{t._name}')")
+                from ._zero_copy import torch_dtype_or_refuse
+                dt = torch_dtype_or_refuse(t._dtype, t._name)
                 base = flat[:flat.numel() - flat.numel() % size].view(dt)
                 typed[t._dtype] = base
             strides, acc = [], 1

@@ -58,6 +58,7 @@ constexpr CodeInfo kCodes[MEMCUDA_ERR_LAST + 1] = {
     {"redis_reply", MEMCUDA_ERR_REDIS},
     {"out_of_memory", MEMCUDA_ERR_ERROR},
     {"unknown", MEMCUDA_ERR_ERROR},
+    {"not_zero_copy", MEMCUDA_ERR_UNAVAILABLE},
 };
 
 }  // namespace
@@ -88,6 +89,8 @@ int status_of_current_exception() noexcept {
     return record(MEMCUDA_ERR_LOST, e.what());
   } catch (const memcuda::NotLeader& e) {
     return record(MEMCUDA_ERR_NOT_LEADER, e.what());
+  } catch (const memcuda::NotZeroCopy& e) {
+    return record(MEMCUDA_ERR_NOT_ZERO_COPY, e.what());
   } catch (const memcuda::Unavailable& e) {
     return record(MEMCUDA_ERR_UNAVAILABLE, e.what());
   } catch (const memcuda::InternalError& e) {

@@ -158,6 +158,32 @@ memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const
   return new memcuda_tensor(std::move(t));
 }
 
+// Every field of memcuda_stats from TensorRegistry::stats().
+void fill_stats(memcuda_stats* s, const memcuda::RegistryStats& st) {
+  s->leader_present = st.leader.present;
+  s->leader_is_self = st.leader.is_self;
+  s->leader_epoch = st.leader.epoch;
+  memcuda_c::copy_cstr(s->leader_session, sizeof s->leader_session, st.leader.session);
+  s->sessions = st.sessions;
+  s->tensors = st.tensors;
+  s->bytes = st.bytes;
+  s->queue_length = st.queue_length;
+  s->pools = st.pools.size();
+  for (const auto& p : st.pools) {
+    s->pool_in_use += p.in_use;
+    s->pool_reserved += p.reserved;
+  }
+  s->owned_allocations = st.process.owned_allocations;
+  s->owned_bytes = st.process.owned_bytes;
+  s->creates = st.process.creates;
+  s->frees = st.process.frees;
+  s->live_imports = st.process.live_imports;
+  s->import_opens = st.process.import_opens;
+  s->import_hits = st.process.import_hits;
+  s->copies = st.process.copies;
+  s->copied_bytes = st.process.copied_bytes;
+}
+
 }  // namespace
 
 extern "C" {
@@ -314,29 +340,18 @@ void memcuda_stats_init(memcuda_stats* s) {
 
 int memcuda_stats_get(memcuda_registry* reg, memcuda_stats* s) {
   return guarded([&] {
-    memcuda_c::check_struct(s, "stats");
+    // A caller built before copies/copied_bytes passes the older size:
+    // fill what it has room for (one struct, written in full here).
+    constexpr std::uint32_t before_copies = offsetof(memcuda_stats, copies);
+    if (!s) throw memcuda::InvalidArgument("stats is NULL");
+    if (s->struct_size < before_copies) memcuda_c::check_struct(s, "stats");
+    const std::uint32_t room = s->struct_size < sizeof *s ? before_copies : sizeof *s;
     auto st = memcuda_c::registry(reg).stats();
-    memcuda_stats_init(s);
-    s->leader_present = st.leader.present;
-    s->leader_is_self = st.leader.is_self;
-    s->leader_epoch = st.leader.epoch;
-    memcuda_c::copy_cstr(s->leader_session, sizeof s->leader_session, st.leader.session);
-    s->sessions = st.sessions;
-    s->tensors = st.tensors;
-    s->bytes = st.bytes;
-    s->queue_length = st.queue_length;
-    s->pools = st.pools.size();
-    for (const auto& p : st.pools) {
-      s->pool_in_use += p.in_use;
-      s->pool_reserved += p.reserved;
-    }
-    s->owned_allocations = st.process.owned_allocations;
-    s->owned_bytes = st.process.owned_bytes;
-    s->creates = st.process.creates;
-    s->frees = st.process.frees;
-    s->live_imports = st.process.live_imports;
-    s->import_opens = st.process.import_opens;
-    s->import_hits = st.process.import_hits;
+    memcuda_stats full;
+    memcuda_stats_init(&full);
+    fill_stats(&full, st);
+    std::memcpy(s, &full, room);
+    s->struct_size = room;
   });
 }
 

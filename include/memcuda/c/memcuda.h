@@ -59,7 +59,8 @@ extern "C" {
 #define MEMCUDA_ERR_REDIS_REPLY 18     /* ReplyError (a RedisError) */
 #define MEMCUDA_ERR_OUT_OF_MEMORY 19   /* host memory exhausted (std::bad_alloc) */
 #define MEMCUDA_ERR_UNKNOWN 20         /* any other failure (a bug: please report) */
-#define MEMCUDA_ERR_LAST 20
+#define MEMCUDA_ERR_NOT_ZERO_COPY 21   /* NotZeroCopy (an Unavailable): zero copy cannot be had */
+#define MEMCUDA_ERR_LAST 21
 
 /* The code of the last failing call on this thread (MEMCUDA_OK if none). */
 MEMCUDA_C_EXPORT int memcuda_last_error_code(void);
@@ -363,6 +364,8 @@ typedef struct memcuda_stats {
   uint64_t live_imports;
   uint64_t import_opens;
   uint64_t import_hits;
+  uint64_t copies;       /* opted-in copies in place of zero copy (c/zero_copy.h) */
+  uint64_t copied_bytes; /* these two: left out for an older, smaller struct_size */
 } memcuda_stats;
 
 MEMCUDA_C_EXPORT void memcuda_stats_init(memcuda_stats* stats);
@@ -480,18 +483,18 @@ MEMCUDA_C_EXPORT int memcuda_tensors_wait_opened(const memcuda_tensor* const* ts
 MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const* ts, size_t count,
                                                     struct DLManagedTensor** out);
 
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
 
 /* Declared apart, in the same C ABI: publishing from files
- * (memcuda_publish_safetensors), borrowed buffers (memcuda_share) and the
- * Arrow C Device Data Interface export (memcuda_tensor_to_arrow) and A/B
- * model versions (memcuda_model_*). */
+ * (memcuda_publish_safetensors), borrowed buffers (memcuda_share), the Arrow
+ * export (memcuda_tensor_to_arrow), A/B model versions (memcuda_model_*) and
+ * zero copy or an error (memcuda_tensor_check_device, memcuda_note_copy). */
 #include "memcuda/c/arrow.h"
 #include "memcuda/c/memcuda_publish.h"
 #include "memcuda/c/memcuda_share.h"
 #include "memcuda/c/model_ab.h"
+#include "memcuda/c/zero_copy.h"
 
 #endif /* MEMCUDA_C_MEMCUDA_H */

@@ -102,14 +102,24 @@ class CudaBackend final : public Backend {
     if (t.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))
       throw InternalError("tensor '" + t.name + "': IPC handle of " + std::to_string(t.ipc_handle.size()) +
                           " bytes, expected " + std::to_string(sizeof(cudaIpcMemHandle_t)));
-    ordinal_of_uuid(t.device_uuid, t.device);  // Unavailable when this process cannot see it
+    const int device = ordinal_of_uuid(t.device_uuid, t.device);  // Unavailable when this process cannot see it
     cudaIpcMemHandle_t h{};
     std::memcpy(&h, t.ipc_handle.data(), sizeof h);
     // Opened in the caller's current device context: when that is not the
     // tensor's device, the driver enables peer access to it (lazily), so
-    // kernels on the current device can read it.
+    // kernels on the current device can read it. A current device that
+    // cannot reach the tensor's as a peer would get a mapping that faults
+    // (or none): open in the tensor's own context then, so that data() is
+    // valid on device() as SharedTensor promises; check_device() tells the
+    // reader its own device cannot use it.
     int current = 0;
     MEMCUDA_CUDA_TRY(cudaGetDevice(&current));
+    if (current != device) {
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, current, device) != cudaSuccess) cudaGetLastError();
+      if (!can) current = device;
+    }
+    DeviceGuard in_context(current);
     void* p = nullptr;
     cudaError_t st = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
     if (st == cudaErrorInvalidResourceHandle || st == cudaErrorMapBufferObjectFailed) {

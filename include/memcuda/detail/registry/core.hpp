@@ -71,6 +71,7 @@
 
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/base/copy_count.hpp"
 #include "memcuda/detail/registry/client/client.hpp"
 #include "memcuda/detail/registry/client/invalidation.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
@@ -283,6 +284,8 @@ class Core {
     s.process.live_imports = pc.live_imports();
     s.process.import_opens = pc.opens();
     s.process.import_hits = pc.hits();
+    s.process.copies = CopyCount::instance().copies();
+    s.process.copied_bytes = CopyCount::instance().bytes();
     return s;
   }
 
