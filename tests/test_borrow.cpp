@@ -177,3 +177,33 @@ TEST_CASE("borrow: bad input gives typed errors and leaves the registry as it wa
   TensorRegistry plain(test::host_options(srv, false));
   CHECK_THROWS_AS(plain.share("nc", other.p, DType::f32, {16}), InvalidArgument);
 }
+
+TEST_CASE("borrow: share_many registers many buffers in one call, all or nothing", "[redis][host][borrow]") {
+  test::RedisServer srv;
+  TensorRegistry reg(test::host_options(srv));
+  MemfdBuffer a(16, 1.0f), b(16, 2.0f), c(16, 3.0f);
+  auto req = [](const std::string& n, MemfdBuffer& m) {
+    return ShareRequest{n, m.p, DType::f32, {16}, m.options()};
+  };
+  {
+    auto made = reg.share_many({req("m/a", a), req("m/b", b)});
+    REQUIRE(made.size() == 2);
+    CHECK(made.at("m/a").data() == a.p);
+    CHECK(made.at("m/b").data() == b.p);
+    CHECK(reg.info("m/b").borrowed);
+    // A taken name refuses the batch: the other member is released again.
+    CHECK_THROWS_AS(reg.share_many({req("m/c", c), req("m/a", a)}), AlreadyExists);
+    reg.flush();
+    CHECK(test::eventually([&] { return c.dropped->load(); }, 10s));
+    CHECK_THROWS_AS(reg.info("m/c"), NotFound);
+    CHECK_FALSE(a.dropped->load());  // still held by `made`
+    // A name given twice, or memory that cannot be lent: nothing reaches Redis.
+    CHECK_THROWS_AS(reg.share_many({req("m/d", c), req("m/d", c)}), InvalidArgument);
+    std::vector<float> heap(16);
+    CHECK_THROWS_AS(reg.share_many({req("m/e", c), ShareRequest{"m/f", heap.data(), DType::f32, {16}, {}}}),
+                    NotShareable);
+    CHECK_THROWS_AS(reg.info("m/e"), NotFound);
+  }
+  reg.flush();
+  CHECK(test::eventually([&] { return a.dropped->load() && b.dropped->load(); }, 10s));
+}

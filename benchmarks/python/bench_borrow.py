@@ -6,8 +6,8 @@ registry memory (Registry.put_state_dict), in one run. Measures the device
 memory each way costs above the model itself, and the producer's time.
 
 Rows (p50 and p99 over --repeat rounds, each after --warmup ones):
-  memcuda_share_dict   291 Registry.share calls (each a Redis round trip; no
-                       device memory); extra: peak_above_model_gb, the device
+  memcuda_share_dict   Registry.share_state_dict of the 291 tensors (one Redis
+                       round trip; no device memory); extra: peak_above_model_gb, the device
                        memory in use above the model's own at the peak of the
                        share and of a fresh consumer's open (cudaMemGetInfo,
                        sampled every millisecond by a thread, the consumer's
@@ -105,7 +105,7 @@ def one_round(rows_data, args, torch, memcuda, reg, model, dev, url, ns, rnd):
                 base = pk.used()  # the model and the consumer's context are in already
                 t0 = time.perf_counter_ns()
                 if row == "memcuda_share_dict":
-                    handles = {n: reg.share(prefix + n, t) for n, t in model.items()}
+                    handles = reg.share_state_dict(prefix, model)
                 else:
                     handles = reg.put_state_dict(prefix, model)
                     if dev.type == "cuda":

@@ -39,15 +39,15 @@ inline DType dtype_of_dl(DLDataType t, std::string_view name) {
 }
 }  // namespace detail
 
-// Shares `t` (CPU or CUDA, C-contiguous) under `name`; keep `opts.keep_alive`
-// set to what owns its memory. Throws as TensorRegistry::share, and
-// InvalidArgument for a strided (non-contiguous) tensor or another device.
-inline SharedTensor<void> share(TensorRegistry& reg, std::string_view name, const DLTensor& t, ShareOptions opts = {}) {
+namespace detail {
+// What share() registers of `t`: its first byte, dtype and shape.
+// InvalidArgument for another device or a strided tensor.
+inline void dl_share_layout(const DLTensor& t, std::string_view name, void*& data, DType& dtype, Shape& shape) {
   if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDA)
     throw InvalidArgument("share '" + std::string(name) + "': DLPack device type " +
                           std::to_string(static_cast<int>(t.device.device_type)) + " is neither CPU nor CUDA");
   if (t.ndim < 0) throw InvalidArgument("share '" + std::string(name) + "': negative ndim");
-  Shape shape(t.shape, t.shape + t.ndim);
+  shape.assign(t.shape, t.shape + t.ndim);
   if (t.strides) {
     std::int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
@@ -57,8 +57,20 @@ inline SharedTensor<void> share(TensorRegistry& reg, std::string_view name, cons
       expect *= t.shape[i];
     }
   }
-  void* data = t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
-  return reg.share(name, data, detail::dtype_of_dl(t.dtype, name), std::move(shape), std::move(opts));
+  data = t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
+  dtype = dtype_of_dl(t.dtype, name);
+}
+}  // namespace detail
+
+// Shares `t` (CPU or CUDA, C-contiguous) under `name`; keep `opts.keep_alive`
+// set to what owns its memory. Throws as TensorRegistry::share, and
+// InvalidArgument for a strided (non-contiguous) tensor or another device.
+inline SharedTensor<void> share(TensorRegistry& reg, std::string_view name, const DLTensor& t, ShareOptions opts = {}) {
+  void* data = nullptr;
+  DType dtype{};
+  Shape shape;
+  detail::dl_share_layout(t, name, data, dtype, shape);
+  return reg.share(name, data, dtype, std::move(shape), std::move(opts));
 }
 
 // The same for a managed tensor: the registry takes it over, and calls its

@@ -6,8 +6,11 @@
 #include "memcuda/config.hpp"
 
 #include <memory>
+#include <string>
 
+#include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
+#include "memcuda/shape.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
 
@@ -20,6 +23,15 @@ struct ShareOptions {
   // Also held by its name: the tensor (and keep_alive) stays until remove()
   // and the last release, or until this process exits.
   bool persistent = false;
+};
+
+// One buffer of TensorRegistry::share_many: share()'s arguments.
+struct ShareRequest {
+  std::string name;
+  void* data = nullptr;
+  DType dtype = DType::u8;
+  Shape shape;
+  ShareOptions opts;
 };
 
 // The memory cannot be shared without a copy: plain malloc'd (anonymous)

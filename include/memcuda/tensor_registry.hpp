@@ -108,6 +108,13 @@ class TensorRegistry {
   // plain malloc'd memory, managed memory, cuMem memory without an fd; says
   // why), AlreadyExists.
   SharedTensor<void> share(std::string_view name, void* data, DType dtype, Shape shape, ShareOptions opts = {});
+  // share() of many buffers in one Redis round trip (a loaded model's
+  // tensors), keyed by name. All or nothing: when one cannot be shared,
+  // those already registered are released and the error of the first
+  // refused buffer in the order given is thrown (AlreadyExists for a taken
+  // name, NotShareable, InvalidArgument for a name given twice); each
+  // refused or released buffer's keep-alive goes.
+  std::map<std::string, SharedTensor<void>> share_many(std::vector<ShareRequest> items);
 
   // Opens a tensor by name: one Redis round trip (state, dtype and node are
   // checked and this process's reference taken atomically), then the

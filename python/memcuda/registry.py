@@ -225,6 +225,13 @@ class Registry:
         from .share import share
         return share(self, name, data, persistent=persistent)
 
+    def share_state_dict(self, prefix: str, state_dict: Mapping[str, Any]) -> Dict[str, Tensor]:
+        """``share`` of every entry (a loaded model's ``state_dict()``) under
+        ``prefix + key`` in ONE Redis round trip, all or nothing: no copy, no
+        new memory; keys without the prefix. Borrowed, like ``share``."""
+        from .share import share_state_dict
+        return share_state_dict(self, prefix, state_dict)
+
     def get(self, name: str, dtype: Optional[dtypes.DType] = None, stream: Stream = None) -> Tensor:
         """Opens a tensor by name (one Redis round trip; the memory is mapped once
         per process). dtype: check the stored dtype (TypeMismatch). stream: make

@@ -22,7 +22,7 @@ import atexit
 import ctypes
 import mmap
 import os
-from typing import Any, Sequence
+from typing import Any, Dict, Mapping, Sequence
 
 from . import dtypes
 from ._lib import lib
@@ -37,6 +37,9 @@ lib.memcuda_share_dlpack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+lib.memcuda_share_many_dlpack.restype = ctypes.c_int
+lib.memcuda_share_many_dlpack.argtypes = [ctypes.c_void_p, _P(ctypes.c_char_p), _P(ctypes.c_void_p), ctypes.c_size_t,
+                                          ctypes.c_void_p, _P(ctypes.c_void_p)]
 lib.memcuda_stop_callbacks.restype = None
 lib.memcuda_stop_callbacks.argtypes = []
 # What is still borrowed at exit is leaked, not released: the registry's
@@ -77,6 +80,31 @@ def share(reg: Any, name: str, data: Any, *, persistent: bool = False) -> Tensor
     h = ctypes.c_void_p()
     check(lib.memcuda_share_dlpack(reg._handle(), name.encode(), ptr, None, ctypes.byref(h)))
     return Tensor(h.value)
+
+
+def share_state_dict(reg: Any, prefix: str, state_dict: Mapping[str, Any]) -> Dict[str, Tensor]:
+    """``share`` of every entry under ``prefix + key`` in one Redis round trip,
+    all or nothing; keys without the prefix. Each value needs ``__dlpack__``."""
+    items = list(state_dict.items())
+    for key, value in items:
+        if not hasattr(value, "__dlpack__"):
+            raise InvalidArgument(f"share_state_dict: '{key}' ({type(value).__name__}) has no __dlpack__; copy the "
+                                  "dict with put_state_dict() instead")
+    n = len(items)
+    names = (ctypes.c_char_p * n)(*[(prefix + key).encode() for key, _ in items])
+    ptrs = (ctypes.c_void_p * n)()
+    capsules = []
+    for i, (_, value) in enumerate(items):
+        capsule = value.__dlpack__()
+        ptrs[i] = _capsule_get(capsule, b"dltensor")
+        capsules.append(capsule)
+    # The C library owns every DLManagedTensor from here, failures included.
+    for capsule in capsules:
+        if _capsule_rename(capsule, b"used_dltensor") != 0:
+            raise InvalidArgument("share_state_dict: cannot take over a DLPack capsule")
+    out = (ctypes.c_void_p * n)()
+    check(lib.memcuda_share_many_dlpack(reg._handle(), names, ptrs, n, None, out))
+    return {key: Tensor(out[i]) for i, (key, _) in enumerate(items)}
 
 
 def _share_arrow(reg: Any, name: str, data: Any) -> Tensor:

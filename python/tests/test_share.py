@@ -128,3 +128,26 @@ def test_interpreter_exits_cleanly_with_borrowed_tensors_still_held(redis_url, n
     """)
     out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"exit code {out.returncode}: {out.stderr[-2000:]}"
+
+
+def test_state_dict_shared_in_one_call_and_all_or_nothing(reg, worker_factory):
+    sd = {f"layer{i}.w": memcuda.shareable_empty((16, 16), "f32") for i in range(3)}
+    for i, t in enumerate(sd.values()):
+        t.fill_(float(i + 1))
+    got = reg.share_state_dict("sd/", sd)
+    assert sorted(got) == sorted(sd)
+    assert all(got[k].data_ptr == sd[k].data_ptr() for k in sd)  # no copy
+    w = worker_factory("--no-control", "--backend", "host")
+    assert float(fields(w.cmd("get sd/layer2.w"))["sum"]) == 3.0 * 256
+    w.cmd("release sd/layer2.w")
+    # A plain (malloc'd) tensor in the dict: nothing of it is registered.
+    bad = {"a": memcuda.shareable_empty((4,), "f32"), "b": torch.ones(4)}
+    with pytest.raises(memcuda.InvalidArgument, match="cannot be shared without a copy"):
+        reg.share_state_dict("bad/", bad)
+    assert not reg.list("bad/*")
+    # A taken name refuses the whole dict.
+    with pytest.raises(memcuda.AlreadyExists, match="sd/layer0.w"):
+        reg.share_state_dict("sd/", {"new": memcuda.shareable_empty((4,), "f32"), "layer0.w": sd["layer0.w"]})
+    reg.flush()
+    wait_for(lambda: not reg.list("sd/new"), what="the refused dict's other member to be released")
+    del got

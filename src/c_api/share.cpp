@@ -2,6 +2,7 @@
 // a caller's buffer registered by name without a copy.
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "c_api_internal.hpp"
 #include "memcuda/arrow_share.hpp"
@@ -14,6 +15,8 @@ namespace {
 // Set by memcuda_stop_callbacks: from then on the caller's callbacks are
 // leaked, not run (a language runtime shutting down cannot take them).
 std::atomic<bool> g_callbacks_stopped{false};
+
+std::string items_name(const char* n) { return std::string(memcuda_c::name_arg(n)); }
 
 bool callbacks_allowed() noexcept { return !g_callbacks_stopped.load(std::memory_order_acquire); }
 
@@ -97,6 +100,35 @@ int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManag
                                 : std::move(owner);
     auto t = memcuda::share(memcuda_c::registry(reg), memcuda_c::name_arg(name), m->dl_tensor, std::move(o));
     *out = new memcuda_tensor(std::move(t));
+  });
+}
+
+int memcuda_share_many_dlpack(memcuda_registry* reg, const char* const* names, struct DLManagedTensor* const* ms,
+                              size_t n, const memcuda_share_options* opts, memcuda_tensor** out) {
+  // Taken over first, so that every deleter runs whatever fails.
+  std::vector<std::shared_ptr<void>> owners(ms ? n : 0);
+  for (std::size_t i = 0; i < owners.size(); ++i)
+    if (ms[i]) owners[i] = std::shared_ptr<void>(ms[i], [](void* p) {
+      auto* t = static_cast<DLManagedTensor*>(p);
+      if (t->deleter && callbacks_allowed()) t->deleter(t);
+    });
+  return guarded([&] {
+    auto o = share_options(opts);
+    if (o.keep_alive) throw memcuda::InvalidArgument("share_many: opts->release must be NULL (each tensor's "
+                                                     "DLPack deleter is what keeps it)");
+    if (n > 0 && (!names || !ms || !out)) throw memcuda::InvalidArgument("names, tensors or out is NULL");
+    std::vector<memcuda::ShareRequest> items(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!ms[i]) throw memcuda::InvalidArgument("tensor " + std::to_string(i) + " is NULL");
+      const DLTensor& t = ms[i]->dl_tensor;
+      items[i].name = std::string(memcuda_c::name_arg(names[i]));
+      items[i].opts.persistent = o.persistent;
+      items[i].opts.keep_alive = owners[i];
+      memcuda::detail::dl_share_layout(t, items[i].name, items[i].data, items[i].dtype, items[i].shape);
+    }
+    owners.clear();  // held by the requests now
+    auto made = memcuda_c::registry(reg).share_many(std::move(items));
+    for (std::size_t i = 0; i < n; ++i) out[i] = new memcuda_tensor(made.at(items_name(names[i])));
   });
 }
 

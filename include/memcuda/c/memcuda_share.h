@@ -41,6 +41,15 @@ MEMCUDA_C_EXPORT int memcuda_share(memcuda_registry* reg, const char* name, void
  * then). opts->release, when set, runs too. */
 MEMCUDA_C_EXPORT int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManagedTensor* m,
                                           const memcuda_share_options* opts, memcuda_tensor** out);
+/* memcuda_share_dlpack of n tensors in one Redis round trip (a loaded
+ * model's), all or nothing (memcuda::TensorRegistry::share_many): out[i] is
+ * names[i]'s share; on failure none is registered (those already were are
+ * released) and the first refused tensor's error is returned. The registry
+ * takes every ms[i] over in every case. opts may be NULL; opts->release must
+ * be NULL (each DLPack deleter keeps its tensor). */
+MEMCUDA_C_EXPORT int memcuda_share_many_dlpack(memcuda_registry* reg, const char* const* names,
+                                               struct DLManagedTensor* const* ms, size_t n,
+                                               const memcuda_share_options* opts, memcuda_tensor** out);
 
 /* From now on the registry no longer calls the caller's callbacks (share
  * release callbacks, DLPack deleters, Arrow release callbacks): whatever is

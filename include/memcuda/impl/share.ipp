@@ -18,4 +18,26 @@ SharedTensor<void> TensorRegistry::share(std::string_view name, void* data, DTyp
   return SharedTensor<void>(detail::remember(c, make_handle(std::move(o)), token));
 }
 
+std::map<std::string, SharedTensor<void>> TensorRegistry::share_many(std::vector<ShareRequest> items) {
+  auto& c = core();
+  const auto token = c.holdings.begin();
+  auto results = detail::share_buffers(c, items);
+  std::map<std::string, SharedTensor<void>> out;
+  std::exception_ptr first;
+  for (auto& r : results) {
+    if (auto* e = std::get_if<std::exception_ptr>(&r)) {
+      if (!first) first = *e;
+      continue;
+    }
+    auto& o = std::get<detail::Opened>(r);
+    std::string name = o.info.name;
+    out.emplace(std::move(name), SharedTensor<void>(detail::remember(c, make_handle(std::move(o)), token)));
+  }
+  if (first) {
+    out.clear();  // their releases unregister them
+    std::rethrow_exception(first);
+  }
+  return out;
+}
+
 MEMCUDA_NAMESPACE_END  // namespace memcuda

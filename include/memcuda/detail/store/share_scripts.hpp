@@ -69,10 +69,26 @@ return {'ok', gen, rc}
 
 namespace store {
 
+inline const redis::Script& share_script() {
+  static const redis::Script script{lua::kShare};  // eval is const: shared by every thread
+  return script;
+}
+
+// The share script as one command of a pipeline (EVALSHA: a NOSCRIPT reply
+// means it did not run; share_record loads and runs it).
+inline redis::Command share_record_cmd(const Keys& k, const std::string& name, const std::string& holder,
+                                       bool persistent, const std::vector<std::string>& fields) {
+  redis::Command c{"EVALSHA", share_script().sha(), "10", k.tensor(name), k.names(), k.owners(), k.generation(),
+                   k.waiters(name), k.lost(name), k.usage(), k.refs(holder), k.holders(), k.dicts(),
+                   name, k.ready_channel(name), holder, persistent ? "1" : "0", k.prefix()};
+  c.insert(c.end(), fields.begin(), fields.end());
+  return c;
+}
+
 // Runs the share script for the record `fields` of `name`, held by `holder`.
 inline redis::Reply share_record(redis::Connection& c, const Keys& k, const std::string& name,
                                  const std::string& holder, bool persistent, const std::vector<std::string>& fields) {
-  static const redis::Script script{lua::kShare};  // eval is const: shared by every thread
+  const redis::Script& script = share_script();
   const std::string tkey = k.tensor(name), nkey = k.names(), okey = k.owners(), gkey = k.generation(),
                     wkey = k.waiters(name), lkey = k.lost(name), ukey = k.usage(), rkey = k.refs(holder),
                     hkey = k.holders(), dkey = k.dicts();
