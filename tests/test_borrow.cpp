@@ -181,7 +181,7 @@ TEST_CASE("borrow: bad input gives typed errors and leaves the registry as it wa
 TEST_CASE("borrow: share_many registers many buffers in one call, all or nothing", "[redis][host][borrow]") {
   test::RedisServer srv;
   TensorRegistry reg(test::host_options(srv));
-  MemfdBuffer a(16, 1.0f), b(16, 2.0f), c(16, 3.0f);
+  MemfdBuffer a(16, 1.0f), b(16, 2.0f), c(16, 3.0f), d(16, 4.0f);
   auto req = [](const std::string& n, MemfdBuffer& m) {
     return ShareRequest{n, m.p, DType::f32, {16}, m.options()};
   };
@@ -192,9 +192,9 @@ TEST_CASE("borrow: share_many registers many buffers in one call, all or nothing
     CHECK(made.at("m/b").data() == b.p);
     CHECK(reg.info("m/b").borrowed);
     // A taken name refuses the batch: the other member is released again.
-    CHECK_THROWS_AS(reg.share_many({req("m/c", c), req("m/a", a)}), AlreadyExists);
+    CHECK_THROWS_AS(reg.share_many({req("m/c", c), req("m/a", d)}), AlreadyExists);
     reg.flush();
-    CHECK(test::eventually([&] { return c.dropped->load(); }, 10s));
+    CHECK(test::eventually([&] { return c.dropped->load() && d.dropped->load(); }, 10s));
     CHECK_THROWS_AS(reg.info("m/c"), NotFound);
     CHECK_FALSE(a.dropped->load());  // still held by `made`
     // A name given twice, or memory that cannot be lent: nothing reaches Redis.
