@@ -115,14 +115,14 @@ inline Allocation borrow_cuda(const void* p, std::uint64_t bytes, int device, st
   DeviceGuard g(device);
   auto [base, size] = allocation_range(p, what);
   const auto a = reinterpret_cast<std::uintptr_t>(p);
+  cudaIpcMemHandle_t h{};
+  if (cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)); e != cudaSuccess) {
+    cudaGetLastError();  // not cudaMalloc memory: cuMem's own checks say what is wrong
+    return borrow_cuda_vmm(p, bytes, device, alloc_id, session, what, cudaGetErrorName(e));
+  }
   if (bytes > base + size - a)
     throw NotShareable(what + ": its " + std::to_string(bytes) + " bytes run past the end of its allocation (" +
                        std::to_string(base + size - a) + " bytes left)");
-  cudaIpcMemHandle_t h{};
-  if (cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)); e != cudaSuccess) {
-    cudaGetLastError();
-    return borrow_cuda_vmm(p, bytes, device, alloc_id, session, what, cudaGetErrorName(e));
-  }
   Allocation out;
   out.alloc_id = alloc_id;
   out.kind = BackendKind::cuda;
