@@ -39,6 +39,14 @@ struct ProcessStats {
   std::uint64_t live_imports = 0;  // foreign allocations mapped right now
   std::uint64_t import_opens = 0;  // IPC opens / shm maps performed
   std::uint64_t import_hits = 0;   // gets served by an existing mapping
+  // Fd transfer (docs/fd-transfer.md, "Batches and prefetch"): requests
+  // this process sent to other processes' fd servers, fds parked now
+  // (sent along or fetched by a batched open, waiting for their open),
+  // opens that found theirs parked, and parked fds dropped unused.
+  std::uint64_t fd_requests = 0;
+  std::uint64_t fd_parked = 0;
+  std::uint64_t fd_parked_hits = 0;
+  std::uint64_t fd_parked_dropped = 0;
 };
 
 // The allocator of record's memory pool on one device and backend. The

@@ -283,6 +283,11 @@ class Core {
     s.process.live_imports = pc.live_imports();
     s.process.import_opens = pc.opens();
     s.process.import_hits = pc.hits();
+    auto& fp = FdParking::instance();
+    s.process.fd_requests = fp.requests();
+    s.process.fd_parked = fp.parked();
+    s.process.fd_parked_hits = fp.hits();
+    s.process.fd_parked_dropped = fp.dropped();
     return s;
   }
 
