@@ -185,25 +185,29 @@ TEST_CASE("a batched fetch returns the fd of every id asked for, an unknown or w
 
 TEST_CASE("an owner sends its other allocations along, and the reader's next opens ask nothing", "[fd]") {
   Child owner = peer();
-  const std::string addr = serve_n(owner, 10);
+  const std::string addr = serve_n(owner, 100);
   Child reader = peer();
   REQUIRE(reader.ask("prefetch 64 60000") == "ok");
   CHECK(reader.ask("fetchsock 1 " + addr) == "ok a1");
-  CHECK(server_counts(owner) == std::pair<int, int>{1, 9});
-  CHECK(parking(reader)[0] == 9);
-  for (int i = 2; i <= 10; ++i) CHECK(reader.ask("fetchsock " + std::to_string(i) + " " + addr) == "ok a" + std::to_string(i));
-  CHECK(server_counts(owner).first == 1);  // one request for ten opens
-  CHECK(parking(reader) == std::vector<int>{0, 9, 0, 1});
-  // Sent once per connection: the next request brings nothing new along.
+  // A first request takes FdParking::kFirstOffer along.
+  CHECK(server_counts(owner) == std::pair<int, int>{1, FdParking::kFirstOffer});
+  CHECK(parking(reader)[0] == FdParking::kFirstOffer);
+  for (int i = 2; i <= 9; ++i) CHECK(reader.ask("fetchsock " + std::to_string(i) + " " + addr) == "ok a" + std::to_string(i));
+  CHECK(server_counts(owner).first == 1);  // nine opens, one request
+  CHECK(parking(reader) == std::vector<int>{0, 8, 0, 1});
+  // What came along was used: each next request takes twice as many, up to 64.
+  for (int i = 10; i <= 100; ++i) CHECK(reader.ask("fetchsock " + std::to_string(i) + " " + addr) == "ok a" + std::to_string(i));
+  CHECK(server_counts(owner) == std::pair<int, int>{4, 8 + 16 + 32 + 40});  // asked: 1, 10, 27, 60
+  CHECK(parking(reader) == std::vector<int>{0, 96, 0, 4});
+  // Sent once per connection: a request for one sent before brings nothing new.
   CHECK(reader.ask("fetchsock 4 " + addr) == "ok a4");
-  CHECK(server_counts(owner) == std::pair<int, int>{2, 9});
-  CHECK(parking(reader)[0] == 0);
+  CHECK(server_counts(owner) == std::pair<int, int>{5, 96});
 
   SECTION("without prefetch every open is a request") {
     Child plain = peer();
     REQUIRE(plain.ask("prefetch 0 60000") == "ok");
     for (int i = 1; i <= 5; ++i) CHECK(plain.ask("fetchsock " + std::to_string(i) + " " + addr) == "ok a" + std::to_string(i));
-    CHECK(server_counts(owner).first == 2 + 5);
+    CHECK(server_counts(owner).first == 5 + 5);
     CHECK(parking(plain)[0] == 0);
   }
 }
@@ -238,8 +242,10 @@ TEST_CASE("a parked fd goes when its allocation is freed, after its window, and 
   Child big = peer();
   const std::string many = serve_n(big, 300);
   REQUIRE(reader.ask("prefetch 64 60000") == "ok");
-  for (int id : {1, 66, 131, 196, 261}) REQUIRE(reader.ask("fetchsock " + std::to_string(id) + " " + many) == "ok a" + std::to_string(id));
-  CHECK(server_counts(big).second == 64 * 4 + 39);
+  // Unused, the offers stay at kFirstOffer: ask for each first id not sent yet.
+  for (int id = 1; id <= 300; id += FdParking::kFirstOffer + 1)
+    REQUIRE(reader.ask("fetchsock " + std::to_string(id) + " " + many) == "ok a" + std::to_string(id));
+  CHECK(server_counts(big).second > static_cast<int>(FdParking::kMaxParked));
   CHECK(parking(reader)[0] == static_cast<int>(FdParking::kMaxParked));
   CHECK(reader.ask("memfds") == "ok " + std::to_string(FdParking::kMaxParked));
 }

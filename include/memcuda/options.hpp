@@ -208,8 +208,9 @@ struct TransferOptions {
   // Prefetch over the fd socket (docs/fd-transfer.md, "Batches and
   // prefetch"): when this process asks an owner's fd server for an fd (an
   // owner in another pid namespace, or pidfd_getfd refused), the server
-  // sends along up to this many fds of its other allocations (it caps at
-  // 64), parked for the opens that follow; 0: none. from_env:
+  // sends along fds of its other allocations, parked for the opens that
+  // follow: 8 at first, twice as many while they are used, up to this
+  // (servers cap at 64); 0: none. from_env:
   // MEMCUDA_FD_PREFETCH. Process-wide: the last registry made sets it.
   int fd_prefetch = 64;
   // How long a parked fd waits for its open. It keeps its memory allocated

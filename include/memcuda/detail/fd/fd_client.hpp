@@ -87,7 +87,7 @@ struct FetchOptions {
   std::chrono::milliseconds timeout{2000};  // whole fetch, connect included
   FdPath path = FdPath::automatic;
   // Fds of the owner's other allocations to take along over the socket
-  // (parked for their opens, FdParking); -1: the process's setting.
+  // (parked for their opens, FdParking); -1: as FdParking::offer_for says.
   int offer = -1;
 };
 
@@ -202,11 +202,12 @@ inline UniqueFd via_socket_v1(std::string_view address, std::uint64_t id, std::c
 }
 
 // The fd of `id` from the server at `address`: parked, else asked for,
-// with `offer` more of its allocations sent along and parked (version 2;
-// version 1 for a server that speaks only that).
+// with `offer` (-1: FdParking::offer_for) more of its allocations sent
+// along and parked (version 2; version 1 for a server that speaks only that).
 inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout,
                            int offer) {
   if (UniqueFd fd = FdParking::instance().take(address, id)) return fd;
+  if (offer < 0) offer = FdParking::instance().offer_for(address);  // after the take: it counts the use
   if (offer <= 0 || V1Servers::instance().has(address)) return via_socket_v1(address, id, timeout);
   auto r = fetch_batch(address, {id}, offer, timeout,
                        [&](std::uint64_t one) { return via_socket_v1(address, one, timeout); });
@@ -266,8 +267,7 @@ inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& 
     // ESRCH (owner gone), EBADF/ESTALE (fd closed or reused): the socket
     // answers with the precise reason.
   }
-  return {fdclient::via_socket(src.address, id, opt.timeout, opt.offer < 0 ? FdParking::instance().offer() : opt.offer),
-          false};
+  return {fdclient::via_socket(src.address, id, opt.timeout, opt.offer), false};
 }
 
 // The fds of `ids`, all served by the server at `address`, in as few
@@ -295,7 +295,7 @@ inline std::vector<BatchFetched> fetch_many(std::string_view address, const std:
 inline UniqueFd fetch_fd(std::string_view address, std::uint64_t id,
                          std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
   raise_nofile_limit();
-  return fdclient::via_socket(address, id, timeout, FdParking::instance().offer());
+  return fdclient::via_socket(address, id, timeout, -1);
 }
 
 inline UniqueFd fetch_fd(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {

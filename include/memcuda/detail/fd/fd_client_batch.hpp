@@ -217,9 +217,12 @@ std::vector<BatchFetched> fetch_batch(std::string_view address, const std::vecto
       return out;
     }
     cache.give(address, std::move(sock));
+    std::size_t parked = 0;
     for (auto& e : entries) {
       if (e.offered) {
-        if (e.fd) FdParking::instance().park(std::string(address), e.id, std::move(e.key), std::move(e.fd));
+        if (!e.fd) continue;
+        FdParking::instance().park(std::string(address), e.id, std::move(e.key), std::move(e.fd));
+        ++parked;
         continue;
       }
       BatchFetched b;
@@ -228,6 +231,7 @@ std::vector<BatchFetched> fetch_batch(std::string_view address, const std::vecto
       else b.error = fdclient::entry_error(e, address);
       out.push_back(std::move(b));
     }
+    if (req.offer) FdParking::instance().note_offered(address, parked);
     at += n;
   }
   return out;

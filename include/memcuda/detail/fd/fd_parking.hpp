@@ -30,10 +30,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <list>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -46,6 +48,10 @@ class FdParking {
   using Clock = std::chrono::steady_clock;
   static constexpr std::size_t kMaxParked = 256;
   static constexpr int kDefaultOffer = 64;
+  // The first request to a server asks for this many (or offer(), if
+  // less); the next asks for twice as many while at least half of the last
+  // ones were used, and for half (not below this) when none was.
+  static constexpr int kFirstOffer = 8;
   static constexpr std::chrono::milliseconds kDefaultWindow{1500};
 
   static FdParking& instance() {
@@ -63,6 +69,26 @@ class FdParking {
     expire();
   }
   int offer() const noexcept { return window_ms_.load() > 0 ? offer_.load() : 0; }
+
+  // How many fds to take along from the server at `address` now: sending
+  // them costs the owner a dup and the reader an fd install each (about
+  // 2 us), so a reader that opens one tensor of a large owner should not
+  // pay for 64, while one that opens a model gets 64 per request soon.
+  int offer_for(std::string_view address) {
+    const int most = offer();
+    if (most <= 0) return 0;
+    std::lock_guard lk(mu_);
+    Level& l = level(address);
+    if (l.offered > 0 && 2 * l.used >= l.offered) l.want = std::min(2 * l.want, most);
+    else if (l.offered > 0 && l.used == 0) l.want = std::max(l.want / 2, kFirstOffer);
+    l.offered = l.used = 0;
+    return std::min(l.want, most);
+  }
+  // `sent` fds came along from `address` (parked).
+  void note_offered(std::string_view address, std::size_t sent) {
+    std::lock_guard lk(mu_);
+    level(address).offered = sent;
+  }
   std::chrono::milliseconds window() const noexcept { return std::chrono::milliseconds(window_ms_.load()); }
 
   // The parked fd of `id` at `address`, or an empty one.
@@ -77,6 +103,7 @@ class FdParking {
           out = std::move(it->fd);
           parked_.erase(it);
           ++hits_;
+          ++level(address).used;
           break;
         }
     }
@@ -145,6 +172,18 @@ class FdParking {
 
   FdParking() = default;
 
+  // Per server: the offer it gets next, and how the last one was used.
+  struct Level {
+    int want = kFirstOffer;
+    std::size_t offered = 0, used = 0;
+  };
+  Level& level(std::string_view address) {
+    if (levels_.size() > 1024) levels_.clear();  // bounded: a forgotten server starts over
+    auto it = levels_.find(std::string(address));
+    if (it == levels_.end()) it = levels_.emplace(std::string(address), Level{}).first;
+    return it->second;
+  }
+
   void drop_front(std::vector<UniqueFd>* doomed) {
     doomed->push_back(std::move(parked_.front().fd));
     parked_.pop_front();
@@ -179,6 +218,7 @@ class FdParking {
 
   mutable std::mutex mu_;  // leaf
   std::list<Parked> parked_;  // oldest first
+  std::unordered_map<std::string, Level> levels_;
   std::uint64_t hits_ = 0, dropped_ = 0;
   std::atomic<std::uint64_t> requests_{0};
   std::atomic<int> offer_{kDefaultOffer};
