@@ -11,6 +11,11 @@
 // (fd_socket_dir.hpp) is asked over the socket only. The first such
 // failure turns the fast path off for the rest of the process, so each fetch
 // does not pay a failing syscall.
+//
+// Before either, an fd parked for this allocation is taken (fd_parking.hpp:
+// sent along with an earlier answer, or fetched by a batched open). Over
+// the socket, a fetch asks in version 2 (fd_client_batch.hpp) and takes
+// some of the owner's other fds along; fetch_many() asks for many at once.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -24,9 +29,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
-#include <exception>
 #include <thread>
 #include <vector>
 
