@@ -285,7 +285,11 @@ int child_cold(const ChildCtx& c) {
   emit({{"get_cold", mb::samples_to_json(get)},
         {"release_unmap", mb::samples_to_json(rel)},
         {"import_opens", after.import_opens - before.import_opens},
-        {"import_hits", after.import_hits - before.import_hits}});
+        {"import_hits", after.import_hits - before.import_hits},
+        // Requests to the owner's fd server (a pod has no pidfd_getfd):
+        // fewer than opens where fds came along (docs/fd-transfer.md).
+        {"fd_requests", after.fd_requests - before.fd_requests},
+        {"fd_parked_hits", after.fd_parked_hits - before.fd_parked_hits}});
   return 0;
 }
 
@@ -785,7 +789,7 @@ class Bench {
     for (int i = 0; i < n; ++i)
       held.push_back(reg.create_any(prefix + "/" + std::to_string(i), DType::u8, {static_cast<std::int64_t>(size)}));
     Samples get, get_pod;
-    std::uint64_t opens = 0, hits = 0;
+    std::uint64_t opens = 0, hits = 0, fd_requests = 0, pod_fd_requests = 0, pod_parked_hits = 0;
     for (int r = 0; r < rounds; ++r) {
       auto argv = child_argv("cold", b, cold_ns);
       argv.insert(argv.end(), {"--prefix", prefix, "--count", std::to_string(n)});
@@ -795,11 +799,14 @@ class Bench {
       get.insert(get.end(), s.begin(), s.end());
       opens += out->at("import_opens").to_number<std::uint64_t>();
       hits += out->at("import_hits").to_number<std::uint64_t>();
+      fd_requests += out->at("fd_requests").to_number<std::uint64_t>();
       // The same consumer in a pod, alternating with the one here.
       if (pods_ready())
         if (auto pod = run_child_json(mb::in_pod("bench-cold", argv))) {
           auto ps = mb::samples_from_json(pod->at("get_cold"));
           get_pod.insert(get_pod.end(), ps.begin(), ps.end());
+          pod_fd_requests += pod->at("fd_requests").to_number<std::uint64_t>();
+          pod_parked_hits += pod->at("fd_parked_hits").to_number<std::uint64_t>();
         }
     }
     for (auto& t : held) {
@@ -807,12 +814,14 @@ class Bench {
       t.release();
     }
     if (!get_pod.empty())
-      add_series(b, "mem-cuda", "get_cold_pod", "get (first open of its allocation), from another pod", size, get_pod);
+      add_series(b, "mem-cuda", "get_cold_pod", "get (first open of its allocation), from another pod", size, get_pod)
+          .extra = {{"fd_requests", pod_fd_requests}, {"fd_parked_hits", pod_parked_hits}};
     auto& row = add_series(b, "mem-cuda", "get_cold", "get (first open of its allocation)", size, get);
     row.extra = {{"tensors", n},
                  {"processes", rounds},
                  {"import_opens", opens},
                  {"import_hits", hits},
+                 {"fd_requests", fd_requests},
                  {"one_allocation_per_tensor", dedicated}};
     if (opens < get.size())
       std::cerr << "  note: " << opens << " opens for " << get.size()

@@ -15,6 +15,16 @@
 //   service                    start the service                    -> ok ADDRESS
 //   servefd ID TEXT            a memfd holding TEXT, served by it    -> ok FD_SOURCE
 //   open MODE OWNER_PID FD_SOURCE   check the source as a reader does, fetch -> ok socket|pidfd TEXT
+// Batches and prefetch (fd_wire_batch.hpp, fd_parking.hpp):
+//   drop ID                    stop serving ID and close it (the owner frees it) -> ok
+//   prefetch N MS              FdParking::configure(N, MS)          -> ok
+//   fetchsock ID ADDR          fetch_fd over the socket (offers parked) -> ok TEXT
+//   many ADDR IDS              fetch_many, IDS "1,2,3"   -> ok ID=TEXT|ID!REASON ...
+//   parked                     -> ok PARKED HITS DROPPED REQUESTS
+//   expire                     FdParking::expire                    -> ok
+//   forget OWNER ALLOC         FdParking::drop_allocation            -> ok
+//   memfds                     memfds open in this process           -> ok N
+//   sstats                     -> ok REQUESTS OFFERED (the server's)
 // Failures answer "err REASON message" (REASON: FdErrc name, bad_record, or "error").
 #include <sched.h>
 #include <grp.h>
@@ -30,7 +40,10 @@
 #include <sstream>
 #include <thread>
 
+#include <dirent.h>
+
 #include "memcuda/detail/fd/fd_client.hpp"
+#include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
@@ -58,7 +71,7 @@ std::string read_all(int fd) {
 }
 
 std::string describe(std::uint64_t id, int fd) {
-  if (server) server->add(id, fd);
+  if (server) server->add(id, fd, "host:peer:" + std::to_string(id));
   FdIdentity idn = fd_identity(fd);
   return "ok " + std::to_string(fd) + " " + std::to_string(idn.dev) + " " + std::to_string(idn.ino);
 }
@@ -184,6 +197,79 @@ std::string run(const std::string& line) {
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     return "ok";
+  }
+  if (cmd == "drop") {
+    std::uint64_t id;
+    in >> id;
+    if (server) server->remove(id);
+    fds.erase(id);
+    return "ok";
+  }
+  if (cmd == "prefetch") {
+    int n = 0;
+    long long ms = 0;
+    in >> n >> ms;
+    FdParking::instance().configure(n, std::chrono::milliseconds(ms));
+    return "ok";
+  }
+  if (cmd == "fetchsock") {
+    std::uint64_t id;
+    std::string addr;
+    in >> id >> addr;
+    return "ok " + read_all(fetch_fd(addr, id).get());
+  }
+  if (cmd == "many") {
+    std::string addr, list;
+    in >> addr >> list;
+    std::vector<std::uint64_t> want;
+    for (std::uint32_t v : parse_id_list(list, "ids")) want.push_back(v);
+    std::string r = "ok";
+    for (auto& b : fetch_many(addr, want)) {
+      r += " " + std::to_string(b.id);
+      if (b.fd) {
+        r += "=" + read_all(b.fd.get());
+        continue;
+      }
+      try {
+        std::rethrow_exception(b.error);
+      } catch (const FdTransferError& e) {
+        r += std::string("!") + to_string(e.reason());
+      }
+    }
+    return r;
+  }
+  if (cmd == "parked") {
+    auto& p = FdParking::instance();
+    return "ok " + std::to_string(p.parked()) + " " + std::to_string(p.hits()) + " " + std::to_string(p.dropped()) +
+           " " + std::to_string(p.requests());
+  }
+  if (cmd == "expire") {
+    FdParking::instance().expire();
+    return "ok";
+  }
+  if (cmd == "forget") {
+    std::string owner;
+    std::uint64_t alloc = 0;
+    in >> owner >> alloc;
+    FdParking::instance().drop_allocation(owner, alloc);
+    return "ok";
+  }
+  if (cmd == "memfds") {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      while (dirent* e = ::readdir(d)) {
+        char target[256] = {};
+        std::string path = std::string("/proc/self/fd/") + e->d_name;
+        ssize_t len = ::readlink(path.c_str(), target, sizeof target - 1);
+        if (len > 0 && std::string(target, static_cast<std::size_t>(len)).starts_with("/memfd:memcuda-fd-peer")) ++n;
+      }
+      ::closedir(d);
+    }
+    return "ok " + std::to_string(n);
+  }
+  if (cmd == "sstats") {
+    return "ok " + std::to_string(server ? server->requests() : service ? service->requests() : 0) + " " +
+           std::to_string(server ? server->offered() : service ? service->offered() : 0);
   }
   return "err error unknown command: " + cmd;
 }

@@ -142,7 +142,7 @@ TEST_CASE("an fd server answers malformed requests with errors and keeps serving
     fdwire::Status want;
   };
   std::string v2 = good, op = good, reserved = good, magic = good;
-  v2[4] = 2;
+  v2[4] = 3;  // 2 is the batch version (test_fd_prefetch.cpp)
   op[5] = 9;
   reserved[7] = 1;
   magic[0] = 'X';
@@ -232,6 +232,11 @@ bool kept_becomes(const FdServer& srv, std::size_t n) {
 TEST_CASE("a reader keeps one connection per owner, reconnects when it was dropped, and a forked child uses its own",
           "[fd]") {
   const std::string addr = unique_address("kept");
+  // One request per fetch here: no fds sent along (test_fd_prefetch.cpp).
+  FdParking::instance().configure(0, FdParking::kDefaultWindow);
+  struct Restore {
+    ~Restore() { FdParking::instance().configure(FdParking::kDefaultOffer, FdParking::kDefaultWindow); }
+  } restore;
   std::vector<UniqueFd> mems;
   auto serve_all = [&](FdServer& srv) {
     for (std::uint64_t id = 1; id <= 5; ++id) srv.add(id, mems[id - 1].get());

@@ -47,7 +47,8 @@ class EnvGuard {
 const char* const kRegistryVars[] = {"MEMCUDA_REDIS_URL",         "MEMCUDA_REDIS_PASSWORD",    "MEMCUDA_REDIS_USER",
                                      "MEMCUDA_REDIS_PASSWORD_FILE", "MEMCUDA_SHARE_REFERENCES", "MEMCUDA_RELEASE_LINGER_MS",
                                      "MEMCUDA_CUDA_ALLOCATION",   "MEMCUDA_DEBUG_POISON",     "MEMCUDA_RUNTIME_DIR",
-                                     "MEMCUDA_ALLOWED_UIDS",      "MEMCUDA_ALLOWED_GIDS"};
+                                     "MEMCUDA_ALLOWED_UIDS",      "MEMCUDA_ALLOWED_GIDS",     "MEMCUDA_FD_PREFETCH",
+                                     "MEMCUDA_FD_PARK_MS"};
 
 std::string what_of(void (*f)()) {
   try {
@@ -73,6 +74,8 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   env.set("MEMCUDA_RUNTIME_DIR", "/shared/memcuda");
   env.set("MEMCUDA_ALLOWED_UIDS", "1000, 1001");
   env.set("MEMCUDA_ALLOWED_GIDS", "100");
+  env.set("MEMCUDA_FD_PREFETCH", "8");
+  env.set("MEMCUDA_FD_PARK_MS", "300");
 
   const RegistryOptions plain{};
   CHECK(plain.redis.host == "127.0.0.1");
@@ -87,6 +90,8 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   CHECK(plain.runtime_dir.empty());
   CHECK(plain.allowed_uids.empty());
   CHECK(plain.allowed_gids.empty());
+  CHECK(plain.fd_prefetch == 64);
+  CHECK(plain.fd_park_window == 1500ms);
 
   const auto e = RegistryOptions::from_env();
   CHECK(e.redis.host == "10.1.2.3");
@@ -101,6 +106,8 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   CHECK(e.runtime_dir == "/shared/memcuda");
   CHECK(e.allowed_uids == std::vector<std::uint32_t>{1000, 1001});
   CHECK(e.allowed_gids == std::vector<std::uint32_t>{100});
+  CHECK(e.fd_prefetch == 8);
+  CHECK(e.fd_park_window == 300ms);
   // everything else is the plain default
   CHECK(e.client_connections == plain.client_connections);
   CHECK(e.lease_ttl == plain.lease_ttl);
@@ -118,6 +125,8 @@ TEST_CASE("RegistryOptions{} reads no environment, from_env() applies every vari
   CHECK_FALSE(d.pool.poison);
   CHECK(d.runtime_dir.empty());
   CHECK(d.allowed_uids.empty());
+  CHECK(d.fd_prefetch == 64);
+  CHECK(d.fd_park_window == 1500ms);
 }
 
 TEST_CASE("from_env() refuses a malformed variable with InvalidArgument naming it", "[options]") {
@@ -152,6 +161,18 @@ TEST_CASE("from_env() refuses a malformed variable with InvalidArgument naming i
     env.set("MEMCUDA_ALLOWED_GIDS", bad);
     CHECK(what_of(from_env).find("MEMCUDA_ALLOWED_GIDS") != std::string::npos);
     env.unset("MEMCUDA_ALLOWED_GIDS");
+  }
+  for (const char* bad : {"-1", "254", "x", "8 "}) {
+    INFO(bad);
+    env.set("MEMCUDA_FD_PREFETCH", bad);
+    CHECK(what_of(from_env).find("MEMCUDA_FD_PREFETCH") != std::string::npos);
+  }
+  env.set("MEMCUDA_FD_PREFETCH", "0");
+  CHECK(RegistryOptions::from_env().fd_prefetch == 0);
+  for (const char* bad : {"-1", "60001", "5ms"}) {
+    INFO(bad);
+    env.set("MEMCUDA_FD_PARK_MS", bad);
+    CHECK(what_of(from_env).find("MEMCUDA_FD_PARK_MS") != std::string::npos);
   }
 }
 

@@ -114,6 +114,29 @@ TEST_CASE("pods: cuda_vmm_fd tensors are shared between pods both ways, and surv
               "(lease and session TTL 30000 ms)\n", ms);
 }
 
+// The fds of cuMem allocations come along as memfds do (test_pods_prefetch.cpp).
+TEST_CASE("pods: the first cuda_vmm_fd open from another pod brings the owner's other allocations along",
+          "[gpu][pods]") {
+  MEMCUDA_REQUIRE_VMM_PODS();
+  test::RedisServer srv;
+  test::PodVolume vol(srv);
+  auto a = test::start_pod_worker("gpod-a", srv, vol, kCuda, kVmm);
+  REQUIRE(test::ready(*a, 60s));
+  constexpr long kFloats = 33554432;  // 128 MiB: half a cuda slab, an allocation of its own
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(test::starts_with(a->ask("create g" + std::to_string(i) + " " + std::to_string(kFloats) + " 1", 60s),
+                              "OK"));
+  auto b = test::start_pod_worker("gpod-b", srv, vol, with(kCuda, {"--no-control"}),
+                                  with(kVmm, {"MEMCUDA_FD_PARK_MS=60000"}));
+  REQUIRE(b->read_line(60s));
+  for (int i = 0; i < 4; ++i) CHECK(test::field(b->ask("get g" + std::to_string(i), 60s), "sum") == std::to_string(kFloats));
+  const std::string st = b->ask("stats", 60s);
+  INFO(st);
+  CHECK(test::field(st, "fd_requests") == "1");
+  CHECK(test::field(st, "fd_parked_hits") == "3");
+  CHECK(test::field(st, "fd_parked") == "0");
+}
+
 TEST_CASE("pods: legacy CUDA IPC does not cross pid namespaces, and says so", "[gpu][pods]") {
   MEMCUDA_REQUIRE_GPU();
   if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);

@@ -249,6 +249,8 @@ int main(int argc, char** argv) {
         if (!st.pools.empty())
           out << " in_use=" << st.pools[0].in_use << " reserved=" << st.pools[0].reserved
               << " adopted_bytes=" << st.pools[0].adopted_bytes << " copied_bytes=" << st.pools[0].copied_bytes;
+        out << " fd_requests=" << st.process.fd_requests << " fd_parked=" << st.process.fd_parked
+            << " fd_parked_hits=" << st.process.fd_parked_hits;
 #if defined(MEMCUDA_TEST_KERNELS)
       } else if (cmd == "getsum" || cmd == "getsum-nowait") {
         // Opens on a fresh stream (waiting on the producer's event unless

@@ -205,6 +205,19 @@ struct TransferOptions {
   // MEMCUDA_ALLOWED_UIDS, MEMCUDA_ALLOWED_GIDS ("1000,1001").
   std::vector<std::uint32_t> allowed_uids;
   std::vector<std::uint32_t> allowed_gids;
+  // Prefetch over the fd socket (docs/fd-transfer.md, "Batches and
+  // prefetch"): when this process asks an owner's fd server for an fd (an
+  // owner in another pid namespace, or pidfd_getfd refused), the server
+  // sends along fds of its other allocations, parked for the opens that
+  // follow: 8 at first, twice as many while they are used, up to this
+  // (servers cap at 64); 0: none. from_env:
+  // MEMCUDA_FD_PREFETCH. Process-wide: the last registry made sets it.
+  int fd_prefetch = 64;
+  // How long a parked fd waits for its open. It keeps its memory allocated
+  // meanwhile (also after the owner frees it, until the owner's notice
+  // arrives), so keep it short; 0: nothing is parked (no prefetch, and
+  // batched opens fetch one fd at a time). from_env: MEMCUDA_FD_PARK_MS.
+  std::chrono::milliseconds fd_park_window{1500};
 };
 
 struct RegistryOptions : ConnectionOptions, ControlOptions, SharingOptions, AllocationOptions, TransferOptions {

@@ -45,6 +45,14 @@ struct ProcessStats {
   // an error"). Not the pools' copied_bytes (migration).
   std::uint64_t copies = 0;
   std::uint64_t copied_bytes = 0;
+  // Fd transfer (docs/fd-transfer.md, "Batches and prefetch"): requests
+  // this process sent to other processes' fd servers, fds parked now
+  // (sent along or fetched by a batched open, waiting for their open),
+  // opens that found theirs parked, and parked fds dropped unused.
+  std::uint64_t fd_requests = 0;
+  std::uint64_t fd_parked = 0;
+  std::uint64_t fd_parked_hits = 0;
+  std::uint64_t fd_parked_dropped = 0;
 };
 
 // The allocator of record's memory pool on one device and backend. The

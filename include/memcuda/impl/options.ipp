@@ -56,6 +56,17 @@ RegistryOptions RegistryOptions::from_env() {
     o.allowed_uids = detail::parse_id_list(*v, "MEMCUDA_ALLOWED_UIDS (fix or unset the variable)");
   if (auto v = detail::env_value("MEMCUDA_ALLOWED_GIDS"))
     o.allowed_gids = detail::parse_id_list(*v, "MEMCUDA_ALLOWED_GIDS (fix or unset the variable)");
+  auto bounded = [](const char* name, std::string_view v, long long hi, const char* what) {
+    long long n = -1;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || p != v.data() + v.size() || n < 0 || n > hi) detail::bad_env(name, v, what);
+    return n;
+  };
+  if (auto v = detail::env_value("MEMCUDA_FD_PREFETCH"))
+    o.fd_prefetch = static_cast<int>(bounded("MEMCUDA_FD_PREFETCH", *v, 253, "a count of fds, 0..253"));
+  if (auto v = detail::env_value("MEMCUDA_FD_PARK_MS"))
+    o.fd_park_window = std::chrono::milliseconds(
+        bounded("MEMCUDA_FD_PARK_MS", *v, 60000, "an integer number of milliseconds, 0..60000"));
   return o;
 }
 

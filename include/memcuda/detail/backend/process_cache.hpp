@@ -32,6 +32,7 @@
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"  // note_process_exit
 #include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_parking.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -132,6 +133,16 @@ class ProcessCache {
     return {m->base(), m};
   }
 
+  // Whether this process has the allocation mapped now (its own, or open):
+  // a batched open fetches fds only for the others.
+  bool mapped(const std::string& owner, std::uint64_t alloc_id) const {
+    const auto k = key(owner, alloc_id);
+    std::lock_guard lk(m_);
+    if (auto it = exported_.find(k); it != exported_.end() && !it->second.expired()) return true;
+    if (auto it = imported_.find(k); it != imported_.end() && !it->second.expired()) return true;
+    return opening_.count(k) != 0;
+  }
+
   // First opens running now (for tests and statistics).
   std::size_t opening() const {
     std::lock_guard lk(m_);
@@ -155,6 +166,7 @@ class ProcessCache {
   // its idle mappings, so its memory goes back to the driver as soon as no
   // handle of this process uses it.
   void forget_owner(const std::string& owner) {
+    FdParking::instance().drop_owner(owner);  // fds sent along unasked pin memory too
     std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
     {
       std::lock_guard lk(m_);
@@ -171,6 +183,7 @@ class ProcessCache {
   // The exporter returned this allocation to the driver: stop keeping an
   // idle mapping of it (which would keep the memory allocated).
   void forget_allocation(const std::string& owner, std::uint64_t alloc_id) {
+    FdParking::instance().drop_allocation(owner, alloc_id);
     std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
     std::lock_guard lk(m_);
     const std::string k = key(owner, alloc_id);

@@ -11,6 +11,11 @@
 // (fd_socket_dir.hpp) is asked over the socket only. The first such
 // failure turns the fast path off for the rest of the process, so each fetch
 // does not pay a failing syscall.
+//
+// Before either, an fd parked for this allocation is taken (fd_parking.hpp:
+// sent along with an earlier answer, or fetched by a batched open). Over
+// the socket, a fetch asks in version 2 (fd_client_batch.hpp) and takes
+// some of the owner's other fds along; fetch_many() asks for many at once.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -24,12 +29,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
+#include "memcuda/detail/fd/fd_client_batch.hpp"
 #include "memcuda/detail/fd/fd_conn_cache.hpp"
+#include "memcuda/detail/fd/fd_connect.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
+#include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
 #include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
@@ -81,6 +91,9 @@ enum class FdPath {
 struct FetchOptions {
   std::chrono::milliseconds timeout{2000};  // whole fetch, connect included
   FdPath path = FdPath::automatic;
+  // Fds of the owner's other allocations to take along over the socket
+  // (parked for their opens, FdParking); -1: as FdParking::offer_for says.
+  int offer = -1;
 };
 
 struct Fetched {
@@ -97,10 +110,6 @@ inline std::atomic<int>& pidfd_disabled_errno() {
   return e;
 }
 
-[[noreturn]] inline void fail(FdErrc why, const std::string& what, int err = 0) {
-  throw FdTransferError(why, what, err);
-}
-
 // pidfd_open + pidfd_getfd. Returns an empty fd (and sets *err) on failure.
 inline UniqueFd try_pidfd(const FdSource& src, int* err) {
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, src.pid, 0)));
@@ -114,58 +123,13 @@ inline UniqueFd try_pidfd(const FdSource& src, int* err) {
   return fd;
 }
 
-inline std::string where(std::string_view address, std::uint64_t id) {
-  return "fetching the fd of allocation " + std::to_string(id) + " from the fd server at '" +
-         std::string(address) + "'";
-}
-
-// A new connection to the server at `address`.
-inline UniqueFd connect_to(std::string_view address, std::chrono::steady_clock::time_point deadline,
-                           std::chrono::milliseconds timeout, const std::string& ctx) {
-  sockaddr_un sa;
-  socklen_t len = fdwire::make_address(address, &sa);
-  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!sock) {
-    if (is_fd_exhaustion(errno)) throw_fd_exhausted(ctx + ": socket()", errno);
-    fail(FdErrc::system, ctx + ": socket() failed: " + std::strerror(errno), errno);
-  }
-  // A non-blocking unix connect fails with EAGAIN while the server's backlog
-  // is full: retry until the deadline rather than block the caller.
-  while (::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
-    int e = errno;
-    if (e == EINTR) continue;
-    if (e == EAGAIN && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      continue;
-    }
-    if (e == ECONNREFUSED || e == ENOENT)
-      fail(FdErrc::no_server,
-           ctx + ": no server listens there (" + std::strerror(e) + "); its owner has exited or serves no fds" +
-               (address.starts_with("@")
-                    ? ". Check that the owner is alive and that both run in one network namespace "
-                      "(an abstract socket, of an older version, is per network namespace)"
-                    : " (a socket file left by a killed process is swept when a server starts). Check "
-                      "that the owner is alive and that both processes see the same runtime directory "
-                      "(one volume, mounted at one path)"),
-           e);
-    if (e == EACCES || e == EPERM)
-      fail(FdErrc::permission, ctx + ": permission denied on the socket file or its directory (" +
-                                     std::strerror(e) + "); the runtime directory's mode follows the "
-                                     "owner's peer policy: run both as one user, or allow this one's gid "
-                                     "(MEMCUDA_ALLOWED_GIDS) on the owner's side", e);
-    if (e == EAGAIN) fail(FdErrc::timeout, ctx + ": the server's backlog stayed full for " +
-                                               std::to_string(timeout.count()) + " ms", e);
-    fail(FdErrc::system, ctx + ": connect failed: " + std::strerror(e), e);
-  }
-  return sock;
-}
-
 // One request and its answer on `sock`. Returns an empty fd, with *stale
 // set, when a kept connection (`reused`) turns out closed by its server
 // before it answered: the caller retries on a new one.
 inline UniqueFd exchange(int sock, std::uint64_t id, std::chrono::steady_clock::time_point deadline,
                          std::chrono::milliseconds timeout, const std::string& ctx, bool reused, bool* stale) {
   *stale = false;
+  FdParking::instance().note_request();
   // A server that refuses us may answer and close before reading: our send
   // then fails (EPIPE), but its answer is still queued for us to read.
   if (fdwire::send_message(sock, fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, id})) < 0) {
@@ -223,7 +187,7 @@ inline UniqueFd exchange(int sock, std::uint64_t id, std::chrono::steady_clock::
 // kept from an earlier fetch from that owner where there is one
 // (fd_conn_cache.hpp). A connection is kept again only after a full answer
 // with its fd; one that failed in any way is closed.
-inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout) {
+inline UniqueFd via_socket_v1(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const std::string ctx = where(address, id);
   FdConnCache& cache = FdConnCache::instance();
@@ -242,6 +206,21 @@ inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chro
   return fd;
 }
 
+// The fd of `id` from the server at `address`: parked, else asked for,
+// with `offer` (-1: FdParking::offer_for) more of its allocations sent
+// along and parked (version 2; version 1 for a server that speaks only that).
+inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout,
+                           int offer) {
+  if (UniqueFd fd = FdParking::instance().take(address, id)) return fd;
+  if (offer < 0) offer = FdParking::instance().offer_for(address);  // after the take: it counts the use
+  if (offer <= 0 || V1Servers::instance().has(address)) return via_socket_v1(address, id, timeout);
+  auto r = fetch_batch(address, {id}, offer, timeout,
+                       [&](std::uint64_t one) { return via_socket_v1(address, one, timeout); });
+  if (r.size() != 1) fail(FdErrc::protocol, where(address, id) + ": no answer for it");
+  if (!r[0].fd) std::rethrow_exception(r[0].error);
+  return std::move(r[0].fd);
+}
+
 }  // namespace fdclient
 
 // Whether pidfd_getfd is still tried in this process, and why not.
@@ -254,6 +233,9 @@ inline int pidfd_fast_path_disabled_errno() noexcept { return fdclient::pidfd_di
 // a bad address.
 inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {
   raise_nofile_limit();
+  // Sent along with an earlier answer, or by a batched open (fd_parking.hpp).
+  if (opt.path != FdPath::pidfd_only)
+    if (UniqueFd fd = FdParking::instance().take(src.address, id)) return {std::move(fd), false};
   // The pid must name the owner here too: not so for an owner in another
   // pid namespace (another container), which the socket still reaches.
   const bool fast_possible = src.pid > 0 && src.remote_fd >= 0 && src.identity != FdIdentity{} &&
@@ -290,14 +272,35 @@ inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& 
     // ESRCH (owner gone), EBADF/ESTALE (fd closed or reused): the socket
     // answers with the precise reason.
   }
-  return {fdclient::via_socket(src.address, id, opt.timeout), false};
+  return {fdclient::via_socket(src.address, id, opt.timeout, opt.offer), false};
+}
+
+// The fds of `ids`, all served by the server at `address`, in as few
+// requests as SCM_RIGHTS allows (docs/fd-transfer.md, "Batches and
+// prefetch"); each id gets its fd or its own error (rethrow it). Parked fds
+// are used first. Throws when a request as a whole fails.
+inline std::vector<BatchFetched> fetch_many(std::string_view address, const std::vector<std::uint64_t>& ids,
+                                            std::chrono::milliseconds timeout = std::chrono::milliseconds(2000),
+                                            int offer = 0) {
+  raise_nofile_limit();
+  std::vector<BatchFetched> out;
+  std::vector<std::uint64_t> rest;
+  for (std::uint64_t id : ids) {
+    if (UniqueFd fd = FdParking::instance().take(address, id)) out.push_back({id, std::move(fd), nullptr});
+    else rest.push_back(id);
+  }
+  if (rest.empty()) return out;
+  auto got = fetch_batch(address, rest, offer, timeout,
+                         [&](std::uint64_t one) { return fdclient::via_socket_v1(address, one, timeout); });
+  for (auto& b : got) out.push_back(std::move(b));
+  return out;
 }
 
 // The socket path alone, for callers that know only the server's address.
 inline UniqueFd fetch_fd(std::string_view address, std::uint64_t id,
                          std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
   raise_nofile_limit();
-  return fdclient::via_socket(address, id, timeout);
+  return fdclient::via_socket(address, id, timeout, -1);
 }
 
 inline UniqueFd fetch_fd(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {

@@ -36,13 +36,15 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <map>
+#include <unordered_set>
 #include <vector>
 
 #include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
+#include "memcuda/detail/fd/fd_server_batch.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -72,6 +74,11 @@ enum class ServeResult {
 };
 
 class FdServer {
+  struct Conn {
+    UniqueFd fd;
+    std::unordered_set<std::uint64_t> sent;
+  };
+
  public:
   // Binds and listens. Throws InvalidArgument for a bad address and
   // FdTransferError (system, or exhausted) when the socket cannot be made,
@@ -109,11 +116,13 @@ class FdServer {
   // Serves `fd` under `id` until remove(id). The fd stays the caller's (it is
   // borrowed, never closed here) and must stay open until remove() returns;
   // after that the server never touches it again (it sends a dup taken under
-  // the lock). Re-adding an id replaces it. Thread-safe.
-  void add(std::uint64_t id, int fd) {
+  // the lock). Re-adding an id replaces it. `key` names the allocation to
+  // a client that receives the fd unasked (prefetch), so that it can drop
+  // the fd when told the allocation was freed. Thread-safe.
+  void add(std::uint64_t id, int fd, std::string key = {}) {
     MEMCUDA_EXPECTS(fd >= 0, InvalidArgument, "FdServer::add: negative fd");
     std::lock_guard lk(mu_);
-    fds_[id] = fd;
+    fds_[id] = {fd, std::move(key)};
   }
   // True when the id was served. Thread-safe.
   bool remove(std::uint64_t id) {
@@ -150,7 +159,7 @@ class FdServer {
     p.reserve(2 + kept_.size());
     p.push_back({listen_.get(), POLLIN, 0});
     p.push_back({wake_.get(), POLLIN, 0});
-    for (const UniqueFd& k : kept_) p.push_back({k.get(), POLLIN, 0});
+    for (const Conn& k : kept_) p.push_back({k.fd.get(), POLLIN, 0});
     auto ms = std::clamp<std::int64_t>(timeout.count(), 0, std::numeric_limits<int>::max());
     int n = ::poll(p.data(), static_cast<nfds_t>(p.size()), static_cast<int>(ms));
     if (n < 0 && errno != EINTR) fail("poll", errno);
@@ -171,19 +180,19 @@ class FdServer {
       if (p[i].revents) ready.push_back(p[i].fd);
     for (int fd : ready) note(serve_kept(fd));
     if (p[0].revents & POLLIN) {
-      UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (!conn) {
+      Conn conn{UniqueFd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)), {}};
+      if (!conn.fd) {
         int err = errno;
         if (is_fd_exhaustion(err)) note(answer_exhausted(err));
         // else EAGAIN (the peer gave up), ECONNABORTED, ...
       } else {
         fdwire::Received msg;
-        ssize_t got = read_request(conn.get(), &msg);
+        ssize_t got = read_request(conn.fd.get(), &msg);
         if (got < 0) {
           note(refuse("peer sent no request within " + std::to_string(opt_.io_timeout.count()) + " ms"));
         } else if (got > 0) {  // 0: a sweeper probing that this server lives (fd_service.hpp)
           bool keep = false;
-          note(handle(conn.get(), msg, &keep));
+          note(handle(conn, msg, &keep));
           if (keep) keep_open(std::move(conn));
         }
       }
@@ -197,6 +206,9 @@ class FdServer {
   // Counters for tests and stats.
   std::uint64_t served() const noexcept { return served_.load(); }
   std::uint64_t refused() const noexcept { return refused_.load(); }
+  // Requests answered with fds (either version), and fds sent unasked.
+  std::uint64_t requests() const noexcept { return requests_.load(); }
+  std::uint64_t offered() const noexcept { return offered_.load(); }
   // The last refusal or failure, for the owner's log.
   std::string last_error() const {
     std::lock_guard lk(mu_);
@@ -280,20 +292,24 @@ class FdServer {
     do n = ::poll(&p, 1, static_cast<int>(opt_.io_timeout.count()));
     while (n < 0 && errno == EINTR);
     if (n <= 0) return -1;
-    return fdwire::recv_message(conn, fdwire::kRequestSize + 16, msg);
+    return fdwire::recv_message(conn, fdwire::kMaxRequestBatch + 16, msg);
   }
 
   // Answers one request read from `conn`. *keep: the connection may serve
   // the peer's next request (it passed the policy and sent a well-formed
   // request); a refused or malformed one is closed.
-  ServeResult handle(int conn, const fdwire::Received& msg, bool* keep) {
+  ServeResult handle(Conn& c, const fdwire::Received& msg, bool* keep) {
     *keep = false;
+    const int conn = c.fd.get();
     if (std::string why = check_peer(conn); !why.empty())
       return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
     if (msg.fd) return reply_error(conn, fdwire::Status::bad_request, 0, "requests must not carry fds");
     if (msg.truncated)
       return reply_error(conn, fdwire::Status::bad_request, 0,
-                         "request longer than " + std::to_string(fdwire::kRequestSize) + " bytes");
+                         "request longer than " + std::to_string(fdwire::kMaxRequestBatch) + " bytes");
+    if (msg.bytes.size() >= 5 && std::memcmp(msg.bytes.data(), fdwire::kMagic, 4) == 0 &&
+        static_cast<unsigned char>(msg.bytes[4]) == fdwire::kVersionBatch)
+      return handle_batch(c, msg.bytes, keep);
     fdwire::Request req;
     std::string why;
     if (auto st = fdwire::decode_request(msg.bytes, &req, &why); st != fdwire::Status::ok)
@@ -306,7 +322,7 @@ class FdServer {
       std::lock_guard lk(mu_);
       if (auto it = fds_.find(req.id); it != fds_.end()) {
         known = true;
-        copy = UniqueFd(::fcntl(it->second, F_DUPFD_CLOEXEC, 0));
+        copy = UniqueFd(::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0));
         dup_errno = errno;
       }
     }
@@ -321,29 +337,80 @@ class FdServer {
                              ? fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") dup", dup_errno)
                              : std::string("fd server: dup failed: ") + std::strerror(dup_errno));
     served_.fetch_add(1);
+    requests_.fetch_add(1);
     if (fdwire::send_message(conn, fdwire::encode_reply({fdwire::Status::ok, req.id, {}}), copy.get()) < 0) {
       int err = errno;
       served_.fetch_sub(1);
       *keep = false;
       return refuse(std::string("sending the fd failed: ") + std::strerror(err));
     }
+    c.sent.insert(req.id);
     return ServeResult::served;
+  }
+
+  // A version 2 request (fd_server_batch.hpp, answer_batch).
+  ServeResult handle_batch(Conn& c, const std::string& bytes, bool* keep) {
+    const int conn = c.fd.get();
+    fdwire::BatchRequest req;
+    std::string why;
+    if (auto st = fdwire::decode_batch_request(bytes, &req, &why); st != fdwire::Status::ok) {
+      refuse(why);
+      fdwire::send_message(conn, fdwire::encode_batch_reply({st, why, {}}));
+      return ServeResult::refused;
+    }
+    *keep = true;
+    std::vector<UniqueFd> copies;
+    int dup_errno = 0;
+    fdwire::BatchReply rep;
+    {
+      std::lock_guard lk(mu_);
+      rep = answer_batch(fds_, c.sent, req, &copies, &dup_errno);
+    }
+    std::vector<int> raw;
+    for (const auto& d : copies) raw.push_back(d.get());
+    std::size_t asked = 0, offered = 0, failed = 0;
+    for (const auto& e : rep.entries) {
+      if (e.status != fdwire::Status::ok) ++failed;
+      else (e.offered ? offered : asked) += 1;
+    }
+    if (dup_errno)
+      rep.message = is_fd_exhaustion(dup_errno)
+                        ? fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") dup", dup_errno)
+                        : std::string("fd server: dup failed: ") + std::strerror(dup_errno);
+    else if (failed)
+      rep.message = "this process (pid " + std::to_string(::getpid()) +
+                    ") serves no allocation under some of the ids asked for (freed, or the records are stale)";
+    if (failed) refuse(rep.message);  // counted before the answer goes out (the tests rely on it)
+    served_.fetch_add(asked);
+    offered_.fetch_add(offered);
+    requests_.fetch_add(1);
+    if (fdwire::send_message_fds(conn, fdwire::encode_batch_reply(rep), raw) < 0) {
+      int err = errno;
+      served_.fetch_sub(asked);
+      offered_.fetch_sub(offered);
+      requests_.fetch_sub(1);
+      *keep = false;
+      return refuse(std::string("sending the fds failed: ") + std::strerror(err));
+    }
+    for (const auto& e : rep.entries)
+      if (e.status == fdwire::Status::ok) c.sent.insert(e.id);
+    return asked ? ServeResult::served : ServeResult::refused;
   }
 
   // A kept connection is readable: its peer's next request, or its close.
   // The request is already there, so nothing here waits.
   ServeResult serve_kept(int fd) {
-    auto it = std::find_if(kept_.begin(), kept_.end(), [fd](const UniqueFd& k) { return k.get() == fd; });
+    auto it = std::find_if(kept_.begin(), kept_.end(), [fd](const Conn& k) { return k.fd.get() == fd; });
     if (it == kept_.end()) return ServeResult::idle;
     fdwire::Received msg;
-    ssize_t got = fdwire::recv_message(fd, fdwire::kRequestSize + 16, &msg);
+    ssize_t got = fdwire::recv_message(fd, fdwire::kMaxRequestBatch + 16, &msg);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ServeResult::idle;
     bool keep = false;
-    ServeResult r = got > 0 ? handle(fd, msg, &keep) : ServeResult::idle;  // 0 or an error: the peer left
+    ServeResult r = got > 0 ? handle(*it, msg, &keep) : ServeResult::idle;  // 0 or an error: the peer left
     if (!keep) {
       kept_.erase(it);
     } else {
-      UniqueFd k = std::move(*it);  // most recently used last
+      Conn k = std::move(*it);  // most recently used last
       kept_.erase(it);
       kept_.push_back(std::move(k));
     }
@@ -351,7 +418,7 @@ class FdServer {
     return r;
   }
 
-  void keep_open(UniqueFd conn) {
+  void keep_open(Conn conn) {
     if (kept_.size() >= kMaxKept) kept_.erase(kept_.begin());  // the least recently used
     kept_.push_back(std::move(conn));
     kept_count_.store(kept_.size());
@@ -378,13 +445,14 @@ class FdServer {
   UniqueFd listen_, wake_, spare_;
   bool owns_path_ = false;  // a socket file of ours to remove
   std::atomic<bool> stopping_{false};
-  std::atomic<std::uint64_t> served_{0}, refused_{0};
+  std::atomic<std::uint64_t> served_{0}, refused_{0}, requests_{0}, offered_{0};
   mutable std::mutex mu_;  // guards fds_ and last_error_; never held across a wait
-  std::unordered_map<std::uint64_t, int> fds_;
+  std::map<std::uint64_t, ServedEntry> fds_;  // ordered: offers follow the ids asked for
   std::string last_error_;
   // Connections kept for their peers' next requests, least recently used
-  // first. Only the serving thread touches them.
-  std::vector<UniqueFd> kept_;
+  // first, each with the ids it was sent (offers skip those). Only the
+  // serving thread touches them.
+  std::vector<Conn> kept_;
   std::atomic<std::size_t> kept_count_{0};
 };
 

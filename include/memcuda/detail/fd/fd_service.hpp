@@ -136,7 +136,7 @@ class FdService : public std::enable_shared_from_this<FdService> {
     e.key = std::move(key);
     e.source.id = id;
     e.source.source = FdSource{server_.address(), ::getpid(), fd.get(), fd_identity(fd.get())};
-    server_.add(id, fd.get());
+    server_.add(id, fd.get(), e.key);
     fds_.emplace(id, std::move(fd));
     entries_.emplace(id, std::move(e));
     ++version_;
@@ -195,6 +195,9 @@ class FdService : public std::enable_shared_from_this<FdService> {
   }
   std::uint64_t served() const noexcept { return server_.served(); }
   std::uint64_t refused() const noexcept { return server_.refused(); }
+  // Requests answered, and fds sent along unasked (fd_wire_batch.hpp).
+  std::uint64_t requests() const noexcept { return server_.requests(); }
+  std::uint64_t offered() const noexcept { return server_.offered(); }
 
  private:
   explicit FdService(FdAccess a)

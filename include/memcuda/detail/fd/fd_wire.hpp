@@ -93,8 +93,8 @@ inline Status decode_request(std::string_view in, Request* out, std::string* why
     return Status::bad_request;
   }
   if (p[4] != kVersion) {
-    *why = "request version " + std::to_string(p[4]) + " is not supported; this server speaks version " +
-           std::to_string(kVersion);
+    *why = "request version " + std::to_string(p[4]) + " is not supported; this server speaks versions " +
+           std::to_string(kVersion) + " and 2";
     return Status::bad_version;
   }
   if (in.size() != kRequestSize) {

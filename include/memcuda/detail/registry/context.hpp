@@ -22,6 +22,7 @@
 #include "memcuda/detail/fd/live_lock.hpp"
 #include "memcuda/detail/registry/option_checks.hpp"
 #include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/redis/connection_pool.hpp"
@@ -38,7 +39,9 @@ class Context {
         session(new_session_id()),
         node(node_id()),
         pool(opts.redis, redis::PoolOptions{opts.client_connections, opts.request_timeout * 2}),
-        waits(opts.redis, redis::PoolOptions{opts.waiting_connections, opts.request_timeout * 2}) {}
+        waits(opts.redis, redis::PoolOptions{opts.waiting_connections, opts.request_timeout * 2}) {
+    FdParking::instance().configure(opts.fd_prefetch, opts.fd_park_window);
+  }
 
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -99,6 +99,7 @@ class ControlLoop {
             }
           }
           next_tick = now + period;
+          FdParking::instance().expire();  // fds sent along unasked must not pin memory long
         }
         if (core_->is_leader() && now >= next_gc) {
           const auto token = core_->lease.current().first;

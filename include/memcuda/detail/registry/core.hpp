@@ -286,6 +286,11 @@ class Core {
     s.process.import_hits = pc.hits();
     s.process.copies = CopyCount::instance().copies();
     s.process.copied_bytes = CopyCount::instance().bytes();
+    auto& fp = FdParking::instance();
+    s.process.fd_requests = fp.requests();
+    s.process.fd_parked = fp.parked();
+    s.process.fd_parked_hits = fp.hits();
+    s.process.fd_parked_dropped = fp.dropped();
     return s;
   }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "memcuda/batch.hpp"
+#include "memcuda/detail/backend/record_fd_batch.hpp"
 #include "memcuda/detail/registry/client/silent_leader.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/registry/ops/selection.hpp"
@@ -58,6 +59,9 @@ class BatchClient {
       r = eval(ctx_.scripts.acquire_many, *c, keys, args);
     }
     BatchGetResult out;
+    // Records first, then the maps: the fds of the allocations to open are
+    // fetched a chunk at a time, one request per owner (record_fd_batch.hpp).
+    std::vector<TensorInfo> taken;
     for (std::size_t i = 0; i < r.size(); ++i) {
       redis::ReplyView e = r[i];
       std::string name(e[0].str());
@@ -70,21 +74,34 @@ class BatchClient {
       // Any failure stays this name's: the other names' references must
       // still end in handles (bad_alloc included).
       std::uint64_t gen = 0;
-      TensorInfo t;
       try {
-        t = decode_taken(e, st, gen);
+        taken.push_back(decode_taken(e, st, gen));
       } catch (const std::exception& ex) {
         c_.client.release_now(name, gen);  // a corrupt record: give the reference back
         out.errors.emplace(name, current_error(ex));
-        continue;
       }
+    }
+    for (std::size_t i = 0; i < taken.size(); ++i) {
+      if (i % kPrefetchChunk == 0) prefetch_chunk(taken, i);
+      std::string name = taken[i].name;
       try {
-        out.tensors.emplace(name, SharedTensor<void>(adopt(std::move(t))));  // adopt gives it back on failure
+        out.tensors.emplace(name, SharedTensor<void>(adopt(std::move(taken[i]))));  // adopt gives it back on failure
       } catch (const std::exception& ex) {
         out.errors.emplace(name, current_error(ex));
       }
     }
     return out;
+  }
+
+  // The fds of records [from, from + kPrefetchChunk), fetched ahead; never throws.
+  static void prefetch_chunk(const std::vector<TensorInfo>& ts, std::size_t from) noexcept {
+    try {
+      std::vector<const TensorInfo*> chunk;
+      for (std::size_t j = from; j < ts.size() && j < from + kPrefetchChunk; ++j) chunk.push_back(&ts[j]);
+      prefetch_record_fds(chunk);
+    } catch (...) {
+      // the opens report their own failures
+    }
   }
 
   // Creates every tensor of `specs`, all or nothing (docs/protocol.md,

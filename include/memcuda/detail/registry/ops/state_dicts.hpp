@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "memcuda/detail/backend/record_fd_batch.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/protocol/dict_blob.hpp"
 #include "memcuda/protocol/record_desc.hpp"
@@ -110,16 +111,31 @@ class DictClient {
     // From here the reference is `share`'s: it goes when `share` and every
     // handle made below are gone, whatever throws.
     std::map<std::string, SharedTensor<void>> out;
+    // Members first, then the maps: their fds fetched a chunk at a time, one
+    // request per owner (record_fd_batch.hpp).
+    std::vector<TensorInfo> members;
     for (const auto& m : protocol::parse_dict_blob(blob)) {
       protocol::LiveFields live;
       live.generation = m.generation;
       live.epoch = m.epoch;
       if (!m.event_handle.empty()) live.event_handle = m.event_handle;
       if (!m.event_version.empty()) live.event_version = m.event_version;
-      TensorInfo t = protocol::decode_desc(m.desc, live);
-      if (t.name != m.name)
+      members.push_back(protocol::decode_desc(m.desc, live));
+      if (members.back().name != m.name)
         throw ProtocolError(ProtocolErrc::bad_record, "state dict record of '" + std::string(prefix) +
                                                           "': a member's name differs from its desc's");
+    }
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (i % kPrefetchChunk == 0) {
+        std::vector<const TensorInfo*> chunk;
+        for (std::size_t j = i; j < members.size() && j < i + kPrefetchChunk; ++j) chunk.push_back(&members[j]);
+        try {
+          prefetch_record_fds(chunk);
+        } catch (const std::exception&) {
+          // each open reports its own failure
+        }
+      }
+      TensorInfo& t = members[i];
       ref->members.emplace_back(t.name, t.generation);
       auto [p, keep] = core_->client.map(t);
       std::string n = t.name;
