@@ -21,6 +21,16 @@ def test_torch_tensor_shared_by_name_is_read_by_another_process(reg, worker_fact
     h = reg.share("sh.t", t)
     assert t.data_ptr() == before  # shared as it is: no copy, no move
     assert h.generation > 0 and reg.info("sh.t").refcount == 1
+    from conftest import find_program
+    cli = find_program("MEMCUDA_CLI", "build*/tools/memcuda")
+    if cli and os.path.exists(cli):  # the record says whose memory it is
+        import json
+        import subprocess
+        out = subprocess.run([cli, "--url", reg.url, "--namespace", reg.namespace, "--json", "info", "sh.t"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["borrowed"] is True and doc["alloc_kind"] == "host_memfd", doc
     w = worker_factory("--no-control", "--backend", "host")
     got = fields(w.cmd("get sh.t"))
     assert float(got["sum"]) == 1.5 * 1024

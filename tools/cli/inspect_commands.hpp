@@ -119,6 +119,7 @@ int cmd_info(Context& c) {
     o["alloc_bytes"] = t.alloc_bytes;
     o["alloc_id"] = t.alloc_id;
     o["alloc_kind"] = alloc_kind_text(t);
+    o["borrowed"] = t.borrowed;  // the owner's own buffer (share): it dies with the owner
     o["epoch"] = t.epoch;
     o["owner"] = t.owner;
     o["owner_pid"] = t.owner_pid;
@@ -160,7 +161,7 @@ int cmd_info(Context& c) {
       {"refcount", std::to_string(t.refcount)},
       {"generation", std::to_string(t.generation)},
       {"epoch", std::to_string(t.epoch)},
-      {"owner", opt(t.owner)},
+      {"owner", opt(t.owner) + (t.borrowed ? " (borrowed: the owner's own buffer, gone when the owner exits)" : "")},
       {"owner_pid", std::to_string(t.owner_pid) + (t.owner_pid > 0 ? " (" + alive_text(owner_pid) + ")" : "")},
       {"node", opt(t.node) + (same_node ? " (this node)" : " (another node: pids below are checked here)")},
       {"ctime", std::to_string(t.ctime_ms) + " (" + human_age(now - t.ctime_ms) + " ago)"},
