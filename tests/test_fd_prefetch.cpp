@@ -13,6 +13,7 @@
 #include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "support/process.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda::detail;
 using memcuda::test::Child;
@@ -224,7 +225,9 @@ TEST_CASE("a parked fd goes when its allocation is freed, after its window, and 
   // The owner frees allocation 3: the reader's parked fd alone keeps it,
   // until the owner's notice (the registry's inbox calls drop_allocation).
   REQUIRE(owner.ask("drop 3") == "ok");
-  CHECK(owner.ask("memfds") == "ok 4");
+  // The server's thread closes the copies it sent a moment after the
+  // reader has them: wait for that, then count.
+  CHECK(test::eventually([&] { return owner.ask("memfds") == "ok 4"; }, 10s));
   CHECK(reader.ask("memfds") == "ok 4");
   REQUIRE(reader.ask("forget peer 3") == "ok");
   CHECK(parking(reader)[0] == 3);
