@@ -227,7 +227,7 @@ TEST_CASE("a parked fd goes when its allocation is freed, after its window, and 
   REQUIRE(owner.ask("drop 3") == "ok");
   // The server's thread closes the copies it sent a moment after the
   // reader has them: wait for that, then count.
-  CHECK(test::eventually([&] { return owner.ask("memfds") == "ok 4"; }, 10s));
+  CHECK(memcuda::test::eventually([&] { return owner.ask("memfds") == "ok 4"; }, 10s));
   CHECK(reader.ask("memfds") == "ok 4");
   REQUIRE(reader.ask("forget peer 3") == "ok");
   CHECK(parking(reader)[0] == 3);
