@@ -175,8 +175,8 @@ struct AllocationOptions {
 
   // How cuda memory is allocated and shared (CudaAllocation above); nullopt:
   // automatic. from_env: MEMCUDA_CUDA_ALLOCATION ("auto", "vmm" or "ipc").
-  // Readers open only records of the kind they resolve to: a process forced
-  // to ipc reading a cuda_vmm_fd record gets Unavailable naming both kinds.
+  // It decides only what this process creates: a reader opens every kind a
+  // record names (cuda_ipc, cuda_vmm_fd, host_memfd), whatever it is.
   std::optional<CudaAllocation> cuda_allocation;
 
   // The pool this registry allocates from while it is allocator of record

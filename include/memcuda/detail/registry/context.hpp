@@ -72,7 +72,8 @@ class Context {
     std::call_once(cuda_once_, [this] { cuda_kind_ = resolve_cuda_allocation(opts); });
     return cuda_kind_;
   }
-  // The backend this registry allocates and opens `k` with.
+  // The backend this registry allocates `k` with. It opens records by
+  // their own kind (backend_for(const TensorInfo&)), whatever this is.
   Backend& backend(BackendKind k) const {
     if (k == BackendKind::cuda && cuda_allocation() == CudaAllocation::vmm) {
 #if MEMCUDA_HAS_CUDA()

@@ -374,8 +374,8 @@ class Client {
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
     auto [base, keep] = ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] {
       try {
-        // Borrowed memory is opened by its own kind, whatever this registry allocates with.
-        return (t.borrowed ? backend_for(t) : ctx_.backend(t.backend)).open(t);
+        // By the record's kind, whatever this registry allocates with.
+        return backend_for(t).open(t);
       } catch (const Error& e) {
         // A legacy IPC handle of a live owner in another pid namespace fails
         // as a dead owner's does (Lost), or with another CUDA error: say
