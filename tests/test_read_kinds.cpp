@@ -9,10 +9,12 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/memcuda.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
@@ -114,4 +116,44 @@ TEST_CASE("kinds: a kind this version does not know is KindUnavailable(unknown_k
   }
   reader.flush();
   CHECK(hget(c, key, "refcount") == refcount);
+}
+
+TEST_CASE("kinds: import_cache, from the options (MEMCUDA_IMPORT_CACHE), is how many idle mappings a process keeps",
+          "[kinds][redis][options]") {
+  {
+    ::setenv("MEMCUDA_IMPORT_CACHE", "3", 1);
+    CHECK(RegistryOptions::from_env().import_cache == 3);
+    ::setenv("MEMCUDA_IMPORT_CACHE", "many", 1);
+    CHECK_THROWS_WITH(RegistryOptions::from_env(), Catch::Contains("MEMCUDA_IMPORT_CACHE is 'many'"));
+    ::unsetenv("MEMCUDA_IMPORT_CACHE");
+    CHECK(RegistryOptions::from_env().import_cache == 16);
+    CHECK(RegistryOptions{}.import_cache == 16);
+  }
+  test::RedisServer srv;
+  auto w = test::start_worker(srv.unix_url(), {"--backend", "host"});  // the owner: this process imports
+  REQUIRE(test::ready(*w));
+  // 16 MiB each, half a host slab: an allocation of its own, one mapping each
+  REQUIRE(starts_with(w->ask("createp a 4194304 1", 30s), "OK"));
+  REQUIRE(starts_with(w->ask("createp b 4194304 2", 30s), "OK"));
+  auto& pc = detail::ProcessCache::instance();
+  pc.drop_idle();
+
+  auto o = test::host_options(srv, false);
+  o.import_cache = 0;
+  {
+    TensorRegistry reader(o);
+    CHECK(reader.get<float>("a").size() == 4194304);  // got and dropped: its mapping is idle at once
+    reader.flush();
+    CHECK(pc.idle_imports() == 0);
+  }
+  o.import_cache = 2;
+  TensorRegistry reader(o);
+  (void)reader.get<float>("a");
+  (void)reader.get<float>("b");
+  reader.flush();
+  CHECK(pc.idle_imports() == 2);
+  o.import_cache = 1;
+  TensorRegistry lower(o);  // the last registry made sets it: the older idle one closes
+  CHECK(pc.idle_imports() == 1);
+  CHECK(w->ask("exit") == "OK");
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
@@ -41,6 +42,7 @@ class Context {
         pool(opts.redis, redis::PoolOptions{opts.client_connections, opts.request_timeout * 2}),
         waits(opts.redis, redis::PoolOptions{opts.waiting_connections, opts.request_timeout * 2}) {
     FdParking::instance().configure(opts.fd_prefetch, opts.fd_park_window);
+    ProcessCache::instance().set_idle_limit(opts.import_cache);
   }
 
   Context(const Context&) = delete;
