@@ -11,14 +11,14 @@ target_link_libraries(memcuda_c_api_test PRIVATE memcuda_c)
 add_test(NAME c_api COMMAND sh ${PROJECT_SOURCE_DIR}/tests/c_api_with_redis.sh $<TARGET_FILE:memcuda_c_api_test>)
 set_tests_properties(c_api PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
 
-# tests/c_api_options_test.c: the registry options of the C ABI (fields
-# appended to memcuda_registry_options, an older caller's smaller struct) and
-# memcuda_get_many's contract.
+# tests/c_api_options_test.c: the registry options of the C ABI (every
+# field, the pool's included, a budget enforced, a struct_size not the
+# library's) and memcuda_get_many's contract.
 add_executable(memcuda_c_api_options_test ${PROJECT_SOURCE_DIR}/tests/c_api_options_test.c)
 set_target_properties(memcuda_c_api_options_test PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
 target_compile_options(memcuda_c_api_options_test PRIVATE -Wall -Wextra -pedantic)
 target_link_libraries(memcuda_c_api_options_test PRIVATE memcuda_c)
-add_test(NAME c_api_options COMMAND env -u MEMCUDA_SHARE_REFERENCES -u MEMCUDA_RELEASE_LINGER_MS -u MEMCUDA_CUDA_ALLOCATION -u MEMCUDA_RUNTIME_DIR -u MEMCUDA_ALLOWED_UIDS -u MEMCUDA_ALLOWED_GIDS
+add_test(NAME c_api_options COMMAND env -u MEMCUDA_SHARE_REFERENCES -u MEMCUDA_RELEASE_LINGER_MS -u MEMCUDA_CUDA_ALLOCATION -u MEMCUDA_RUNTIME_DIR -u MEMCUDA_ALLOWED_UIDS -u MEMCUDA_ALLOWED_GIDS -u MEMCUDA_DEBUG_POISON
          sh ${PROJECT_SOURCE_DIR}/tests/c_api_with_redis.sh $<TARGET_FILE:memcuda_c_api_options_test>)
 set_tests_properties(c_api_options PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
 

@@ -1,9 +1,10 @@
 /* The C ABI's borrowed buffers: memory this process already has, shared by
- * name without a copy. Included by memcuda/c/memcuda.h; part of the same ABI. */
+ * name without a copy. Part of
+ * <memcuda/c/memcuda.h> (which includes this header). */
 #ifndef MEMCUDA_C_MEMCUDA_SHARE_H
 #define MEMCUDA_C_MEMCUDA_SHARE_H
 
-#include "memcuda/c/memcuda.h"
+#include "memcuda/c/common.h"
 
 #ifdef __cplusplus
 extern "C" {
