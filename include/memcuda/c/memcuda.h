@@ -61,6 +61,7 @@ MEMCUDA_C_EXPORT int memcuda_abi_version(void);
 /* 1 when the library was built with the CUDA backend. */
 MEMCUDA_C_EXPORT int memcuda_has_cuda(void);
 
+/* ---- dtypes (MEMCUDA_DTYPE_*, memcuda/c/common.h) ------------------------ */
 /* Canonical name ("f32", "bf16", ...); NULL for an unknown value. */
 MEMCUDA_C_EXPORT const char* memcuda_dtype_name(int dtype);
 /* Parses a canonical name or an alias ("float32", "bfloat16", ...); -1 if unknown. */
@@ -68,6 +69,7 @@ MEMCUDA_C_EXPORT int memcuda_dtype_from_name(const char* name);
 /* Bytes per element; 0 for an unknown value. */
 MEMCUDA_C_EXPORT size_t memcuda_dtype_itemsize(int dtype);
 
+/* ---- the registry (options: memcuda/c/options.h) ------------------------ */
 /* Connects and starts the registry's thread (TensorRegistry's constructor).
  * opts may be NULL (all defaults). On success *out owns the registry. */
 MEMCUDA_C_EXPORT int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out);
