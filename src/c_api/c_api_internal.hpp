@@ -141,6 +141,10 @@ inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_
   return s;
 }
 
+// False once memcuda_stop_callbacks ran: the caller's callbacks are then
+// leaked, not run (share.cpp).
+bool callbacks_allowed() noexcept;
+
 // memcuda_registry_options (NULL: the defaults) over RegistryOptions::from_env() (options.cpp).
 memcuda::RegistryOptions to_options(const memcuda_registry_options* c);
 

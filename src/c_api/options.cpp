@@ -22,6 +22,8 @@ class CResource final : public memcuda::DeviceMemoryResource {
 
  private:
   void* do_allocate(std::size_t bytes, int device) override {
+    if (!memcuda_c::callbacks_allowed())
+      throw memcuda::Unavailable("the upstream resource's callbacks were stopped (memcuda_stop_callbacks)");
     void* p = r_.allocate(r_.user_data, bytes, device);
     if (!p)
       throw memcuda::CudaError(-1, "memcuda_device_resource.allocate",
@@ -30,7 +32,7 @@ class CResource final : public memcuda::DeviceMemoryResource {
     return p;
   }
   void do_deallocate(void* p, std::size_t bytes, int device) noexcept override {
-    r_.deallocate(r_.user_data, p, bytes, device);
+    if (memcuda_c::callbacks_allowed()) r_.deallocate(r_.user_data, p, bytes, device);  // else leaked at exit
   }
   memcuda_device_resource r_;
 };

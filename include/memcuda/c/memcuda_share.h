@@ -53,8 +53,9 @@ MEMCUDA_C_EXPORT int memcuda_share_many_dlpack(memcuda_registry* reg, const char
                                                const memcuda_share_options* opts, memcuda_tensor** out);
 
 /* From now on the registry no longer calls the caller's callbacks (share
- * release callbacks, DLPack deleters, Arrow release callbacks): whatever is
- * still borrowed is leaked instead. For a language runtime that is shutting
+ * release callbacks, DLPack deleters, Arrow release callbacks, a pool's
+ * upstream resource): whatever is still borrowed is leaked instead, and a
+ * slab the pool needs fails with MEMCUDA_ERR_UNAVAILABLE. For a language runtime that is shutting
  * down and cannot take a callback from a registry thread any more (the
  * Python package calls it from atexit). Irreversible; any thread. */
 MEMCUDA_C_EXPORT void memcuda_stop_callbacks(void);

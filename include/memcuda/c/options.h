@@ -35,7 +35,8 @@ typedef struct memcuda_device_budget {
  * DeviceMemoryResource, include/memcuda/memory_resource.hpp, whose rules
  * hold: plain cudaMalloc memory, one allocation per call). allocate returns
  * NULL on failure (the create fails with MEMCUDA_ERR_CUDA); both are called
- * from registry threads for as long as the registry's pools live. */
+ * from registry threads for as long as the registry's pools live, until
+ * memcuda_stop_callbacks (memcuda/c/memcuda_share.h). */
 typedef struct memcuda_device_resource {
   void* (*allocate)(void* user_data, size_t bytes, int device);
   void (*deallocate)(void* user_data, void* p, size_t bytes, int device);
