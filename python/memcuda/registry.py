@@ -107,7 +107,8 @@ class Registry(ModelMethods):
         upstream: where cuda slabs come from: an object with
             ``allocate(bytes, device) -> int`` (a cudaMalloc pointer) and
             ``deallocate(ptr, bytes, device)``, called from registry threads
-            (None: cudaMalloc). Kept for the life of the process.
+            (None: cudaMalloc). Kept for the life of the process; not called
+            once the interpreter exits (its slabs are left to the process's end).
         poison: fill freed blocks and padding with 0xDD (None:
             ``$MEMCUDA_DEBUG_POISON``, else False).
 
