@@ -75,11 +75,13 @@ def test_pool_keywords_reach_the_registry(redis_url, namespace, clean_env):
     assert d["budget_bytes"] == 0 and d["device_budgets"] == {} and d["upstream"] is None and d["poison"] is False
 
 
-def test_budget_from_python_is_enforced(redis_url, namespace, clean_env):
-    """The allocator of record's pool takes the budget given here: a create
-    past it raises BudgetExceeded, and fits once memory is given back."""
-    with memcuda.Registry(redis_url, namespace, default_backend="host", host_slab_bytes=1 << 20,
-                          budget_bytes=2 << 20) as r:
+@pytest.mark.parametrize("budget", [{"budget_bytes": 2 << 20}, {"device_budgets": {-1: 2 << 20}},
+                                    {"budget_bytes": 64 << 20, "device_budgets": {-1: 2 << 20}}])
+def test_budget_from_python_is_enforced(redis_url, namespace, clean_env, budget):
+    """The allocator of record's pool takes the budget given here (for every
+    device, or the host's own, which wins): a create past it raises
+    BudgetExceeded, and fits once memory is given back."""
+    with memcuda.Registry(redis_url, namespace, default_backend="host", host_slab_bytes=1 << 20, **budget) as r:
         a = r.create("b.a", [900 << 10], "u8")
         b = r.create("b.b", [900 << 10], "u8")
         with pytest.raises(memcuda.BudgetExceeded, match="budget 2097152"):
