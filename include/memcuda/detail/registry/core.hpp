@@ -84,7 +84,7 @@
 #include "memcuda/detail/registry/process/borrowed.hpp"
 #include "memcuda/detail/registry/process/dict_holds.hpp"
 #include "memcuda/detail/registry/process/inbox.hpp"
-#include "memcuda/detail/registry/process/recovery.hpp"
+#include "memcuda/detail/registry/client/recovery.hpp"
 #include "memcuda/detail/registry/process/release_queue.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/detail/store/lease.hpp"
