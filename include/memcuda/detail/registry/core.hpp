@@ -82,7 +82,7 @@
 #include "memcuda/detail/registry/leader/migration.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
 #include "memcuda/detail/registry/process/borrowed.hpp"
-#include "memcuda/detail/registry/process/dict_holds.hpp"
+#include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/registry/process/inbox.hpp"
 #include "memcuda/detail/registry/client/recovery.hpp"
 #include "memcuda/detail/registry/process/release_queue.hpp"

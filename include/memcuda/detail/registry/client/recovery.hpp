@@ -13,7 +13,7 @@
 #include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
-#include "memcuda/detail/registry/process/dict_holds.hpp"
+#include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
