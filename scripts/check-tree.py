@@ -29,7 +29,7 @@ RANKS = {
     "backend": 3,
     "pool": 4,
     "store": 4,
-    "registry-shared": 5,  # context.hpp, liveness.hpp, option_checks.hpp
+    "registry-shared": 5,  # context.hpp, liveness.hpp, option_checks.hpp, inbox.hpp, release_queue.hpp
     "registry-roles": 6,  # client/, leader/, process/
     "core": 7,
     "top": 8,  # ops/, control_loop.hpp
@@ -52,7 +52,7 @@ def room(rel: str) -> str:
     if sub == "registry":
         if len(parts) == 3:
             name = parts[2]
-            if name in ("context.hpp", "liveness.hpp", "option_checks.hpp"):
+            if name in ("context.hpp", "liveness.hpp", "option_checks.hpp", "inbox.hpp", "release_queue.hpp"):
                 return "registry-shared"
             if name == "core.hpp":
                 return "core"

@@ -28,7 +28,7 @@
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/placement.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
-#include "memcuda/detail/registry/process/inbox.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
