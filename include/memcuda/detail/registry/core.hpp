@@ -73,20 +73,20 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/copy_count.hpp"
 #include "memcuda/detail/registry/client/client.hpp"
-#include "memcuda/detail/registry/client/invalidation.hpp"
+#include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
+#include "memcuda/detail/registry/client/invalidation.hpp"
+#include "memcuda/detail/registry/client/recovery.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/executor.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/migration.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
 #include "memcuda/detail/registry/process/borrowed.hpp"
-#include "memcuda/detail/registry/client/dict_holds.hpp"
-#include "memcuda/detail/registry/inbox.hpp"
-#include "memcuda/detail/registry/client/recovery.hpp"
-#include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"
 
@@ -118,7 +118,7 @@ class Core {
   Holdings holdings{ctx.keys.prefix()};
   DictHolds dicts;
   Client client{ctx, lease, alloc, holdings};
-  Executor executor{ctx, lease, alloc, client};
+  Executor executor{ctx, lease, alloc};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
   Recovery recovery{ctx, alloc, holdings, dicts};

@@ -27,8 +27,9 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/placement.hpp"
-#include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/detail/registry/own_allocator.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
@@ -40,7 +41,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class BatchAllocator;  // batch_allocator.hpp: create_many, one pool pass and one script
 
-class Allocator {
+class Allocator final : public OwnAllocator {
   friend class BatchAllocator;
 
  public:
@@ -49,13 +50,6 @@ class Allocator {
   void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
   // Drops the keep-alive of a buffer this process shared (process/borrowed.hpp); set before threads start.
   void set_borrowed_free(std::function<bool(std::uint64_t)> f) { borrowed_free_ = std::move(f); }
-
-  struct Created {
-    std::uint64_t generation;
-    std::int64_t refcount;
-    TensorInfo info;
-    PoolBlock block;  // slab null on a replay
-  };
 
   // An allocation this process owns as (ex-)allocator of record.
   struct Owned {
@@ -69,7 +63,7 @@ class Allocator {
   // for a stray key under the name that is not a record of ours),
   // NotLeader (lease lost), InvalidArgument, CudaError, BudgetExceeded,
   // InternalError (a script status this version does not know).
-  Created create(redis::Connection& c, const protocol::Command& cmd) {
+  Created create(redis::Connection& c, const protocol::Command& cmd) override {
     if (!cmd.dtype || !cmd.shape) throw InvalidArgument("create needs a dtype and a shape");
     ::memcuda::validate_name(cmd.name);
     const std::uint64_t bytes = byte_size(*cmd.dtype, *cmd.shape);
@@ -218,7 +212,7 @@ class Allocator {
   // remaining refcount. Frees the memory when it was the last and it is
   // ours. `token` is the lease token when the leader acts for a holder.
   std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen, const std::string& holder,
-                       const std::string& token, bool all = false) {
+                       const std::string& token, bool all = false) override {
     const auto& k = ctx_.keys;
     auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader(), k.refs(holder), k.usage()},
                                        {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
@@ -227,7 +221,7 @@ class Allocator {
 
   // What a release script's answer means (also for pipelined releases).
   std::int64_t release_outcome(redis::Connection& c, const redis::Reply& r, const std::string& name,
-                               std::uint64_t gen, const std::string& holder) {
+                               std::uint64_t gen, const std::string& holder) override {
     const std::string st = script_status(r);
     if (st == "ok") return reply_int(r[1]);
     if (st == "free") {
@@ -248,7 +242,7 @@ class Allocator {
 
   // Frees an unlinked tensor whose last reference is gone. Ours: drop the
   // allocation. Another (dead) owner's: reclaim what the backend can.
-  void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) {
+  void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) override {
     const std::string rkey = ctx_.keys.removed(generation);
     std::optional<Owned> mine;
     {
@@ -300,7 +294,7 @@ class Allocator {
   }
 
   // The records of what this process owns (for recovery).
-  std::vector<std::pair<TensorInfo, bool>> owned_records() const {
+  std::vector<std::pair<TensorInfo, bool>> owned_records() const override {
     std::lock_guard lk(owned_mu_);
     std::vector<std::pair<TensorInfo, bool>> v;
     for (const auto& [g, o] : owned_) v.emplace_back(o.info, o.persistent);

@@ -20,7 +20,6 @@
 #include "memcuda/detail/registry/leader/index_repair.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
-#include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/indexes.hpp"

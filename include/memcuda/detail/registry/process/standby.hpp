@@ -60,7 +60,7 @@
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/lease_view.hpp"
 #include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/redis/script.hpp"
@@ -116,7 +116,7 @@ class Standby {
   // repairs what a lost reply or a Redis restart left inconsistent.
   static constexpr int kFullEvery = 20;
 
-  Standby(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
+  Standby(Context& ctx, LeaseView& lease) : ctx_(ctx), lease_(lease) {}
   ~Standby() { stop(); }
   Standby(const Standby&) = delete;
   Standby& operator=(const Standby&) = delete;
@@ -334,7 +334,7 @@ class Standby {
   }
 
   Context& ctx_;
-  Lease& lease_;
+  LeaseView& lease_;
   std::mutex mu_;  // leaf: guards thread_ (start/stop), blocked_on_ and the tick wait
   redis::Connection* blocked_on_ = nullptr;  // the thread's connection while it waits on its wake list
   std::condition_variable_any cv_;
