@@ -29,8 +29,8 @@ RANKS = {
     "backend": 3,
     "pool": 4,
     "store": 4,
-    "registry-shared": 5,  # context.hpp, liveness.hpp, option_checks.hpp, inbox.hpp, release_queue.hpp
-    "registry-roles": 6,  # client/, leader/, process/
+    "registry-shared": 5,  # SHARED below: what the roles share, and the seams they meet through
+    "registry-roles": 6,  # client/, leader/, process/: each includes only its own folder and below
     "core": 7,
     "top": 8,  # ops/, control_loop.hpp
     "impl": 9,  # impl/*.ipp, implementation.hpp
@@ -38,6 +38,14 @@ RANKS = {
 # What a public header may reach into below it: the leaf helpers only, so
 # that a user's translation unit never parses the registry's internals.
 PUBLIC_MAY_INCLUDE = {"public", "base", "cuda"}
+# The registry's shared layer (detail/registry/*.hpp). The roles (client/,
+# leader/, process/) never include each other: they meet here, in the
+# interfaces one role implements and another calls (lease_view.hpp,
+# own_allocator.hpp), the messages between them (inbox.hpp) and what the
+# process shares (release_queue.hpp); core.hpp is where concrete types meet.
+SHARED = {"context.hpp", "liveness.hpp", "option_checks.hpp", "inbox.hpp", "release_queue.hpp", "lease_view.hpp",
+          "own_allocator.hpp", "acquire_outcome.hpp"}
+ROLES = ("client", "leader", "process")
 
 
 def room(rel: str) -> str:
@@ -52,7 +60,7 @@ def room(rel: str) -> str:
     if sub == "registry":
         if len(parts) == 3:
             name = parts[2]
-            if name in ("context.hpp", "liveness.hpp", "option_checks.hpp", "inbox.hpp", "release_queue.hpp"):
+            if name in SHARED:
                 return "registry-shared"
             if name == "core.hpp":
                 return "core"
@@ -62,6 +70,10 @@ def room(rel: str) -> str:
     if sub in RANKS:
         return sub
     return "top"
+
+
+def role(rel: str) -> str:
+    return rel.split("/")[2]  # detail/registry/<role>/...
 
 
 def main() -> int:
@@ -79,6 +91,8 @@ def main() -> int:
                     findings.append(f"include/memcuda/{rel}: a public header includes {target} ({theirs})")
             elif RANKS[theirs] > RANKS[mine]:
                 findings.append(f"include/memcuda/{rel} ({mine}) includes {target} ({theirs}), a higher room")
+            elif mine == theirs == "registry-roles" and role(rel) != role(target):
+                findings.append(f"include/memcuda/{rel} includes {target}: roles meet only through the shared layer")
     for top in ("include", "src", "tools"):
         for path in sorted((ROOT / top).rglob("*")):
             if path.suffix not in (".hpp", ".ipp", ".cpp", ".h", ".c", ".cu"):

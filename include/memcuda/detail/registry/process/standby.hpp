@@ -20,9 +20,9 @@
 //   record adopts everything in place (can_adopt / adopt, migration.hpp);
 // - closes the fds of allocations that left the Hash.
 // A dead owner's fields are deleted by the leader's migration round once
-// every record of that owner is settled (forget_allocations_of), which is
-// what lets standbys close them: memory is freed once, after the last
-// reference and the last fd.
+// every record of that owner is settled (forget_allocations_of,
+// leader/orphan_scan.hpp), which is what lets standbys close them: memory
+// is freed once, after the last reference and the last fd.
 //
 // No window (docs/design.md, "What is lost when"): a create that made a new
 // allocation is answered only once every live standby holds its fd
@@ -80,33 +80,6 @@ inline std::map<std::string, std::string> read_all(redis::Connection& c, const K
   return store::read_allocations(c, k);
 }
 }  // namespace standby
-
-// Deletes the allocations Hash fields owned by the dead session `owner`
-// except those whose key is one of `keep` (ipc handles of records, padded
-// or not). Returns how many it deleted. The leader's migration round calls
-// it for a dead owner all of whose records are settled.
-inline std::size_t forget_allocations_of(redis::Connection& c, const Keys& k, const std::string& owner,
-                                         const std::set<std::string>& keep) {
-  std::set<std::string> kept;
-  for (const auto& h : keep) kept.insert(vmm_key(h));
-  std::vector<std::string> ops;
-  for (const auto& [key, value] : standby::read_all(c, k)) {
-    auto e = standby::decode_entry(value);
-    if (!e || e->owner != owner || kept.count(key)) continue;
-    ops.insert(ops.end(), {"D", key});
-  }
-  if (ops.empty()) return 0;
-  standby::apply(c, k, ops);
-  return ops.size() / 2;
-}
-
-// The owners named in the allocations Hash (the leader checks which died).
-inline std::set<std::string> allocation_owners(redis::Connection& c, const Keys& k) {
-  std::set<std::string> out;
-  for (const auto& [key, value] : standby::read_all(c, k))
-    if (auto e = standby::decode_entry(value)) out.insert(e->owner);
-  return out;
-}
 
 class Standby {
  public:
