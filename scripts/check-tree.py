@@ -45,7 +45,13 @@ PUBLIC_MAY_INCLUDE = {"public", "base", "cuda"}
 # process shares (release_queue.hpp); core.hpp is where concrete types meet.
 SHARED = {"context.hpp", "liveness.hpp", "option_checks.hpp", "inbox.hpp", "release_queue.hpp", "lease_view.hpp",
           "own_allocator.hpp", "acquire_outcome.hpp"}
-ROLES = ("client", "leader", "process")
+# The public headers detail/ below ops/ may include: value types and the
+# one interface (memory_resource.hpp) the API hands down, none of which
+# includes anything of the registry. The API's own classes (SharedTensor,
+# TensorRegistry, ...) sit above detail/: only ops/ and impl/, which
+# implement them, include those.
+BASE_TYPES = {"config.hpp", "error.hpp", "dtype.hpp", "shape.hpp", "tensor_info.hpp", "stream.hpp", "options.hpp",
+              "stats.hpp", "share_options.hpp", "memory_resource.hpp", "protocol.hpp"}
 
 
 def room(rel: str) -> str:
@@ -91,6 +97,8 @@ def main() -> int:
                     findings.append(f"include/memcuda/{rel}: a public header includes {target} ({theirs})")
             elif RANKS[theirs] > RANKS[mine]:
                 findings.append(f"include/memcuda/{rel} ({mine}) includes {target} ({theirs}), a higher room")
+            elif rel.startswith("detail/") and mine != "top" and "/" not in target and target not in BASE_TYPES:
+                findings.append(f"include/memcuda/{rel} ({mine}) includes the public {target}, not a base type")
             elif mine == theirs == "registry-roles" and role(rel) != role(target):
                 findings.append(f"include/memcuda/{rel} includes {target}: roles meet only through the shared layer")
     for top in ("include", "src", "tools"):
