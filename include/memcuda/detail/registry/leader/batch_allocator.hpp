@@ -120,14 +120,7 @@ class BatchAllocator {
       }
       plan.bytes[i] = byte_size(e.dtype, e.shape);
       plan.kinds[i] = e.backend.value_or(ctx.default_backend());
-      int device = -1;
-      if (plan.kinds[i] == BackendKind::cuda) {
-        device = e.device.value_or(ctx.opts.default_device);
-#if MEMCUDA_HAS_CUDA()
-        if (e.device_uuid) device = ordinal_of_uuid(*e.device_uuid, device);
-#endif
-      }
-      DevicePool* pool = &A.pool_for(plan.kinds[i], device);
+      DevicePool* pool = &A.pool_for(plan.kinds[i], device_for(plan.kinds[i], e.device, e.device_uuid, ctx));
       auto g = std::find_if(plan.groups.begin(), plan.groups.end(), [&](const auto& x) { return x.first == pool; });
       if (g == plan.groups.end()) g = plan.groups.insert(plan.groups.end(), {pool, {}});
       g->second.push_back(i);
@@ -143,7 +136,8 @@ class BatchAllocator {
     auto place = [&](std::size_t i, DevicePool* pool, const PoolBlock& pb) {
       const auto& e = cmd.tensors[i];
       slots.v[i] = {pool, pb,
-                    record_for(A, e, pb, plan.bytes[i], plan.kinds[i], epoch, entry_create_id(cmd.id, i)),
+                    new_record(e.name, e.dtype, e.shape, plan.bytes[i], plan.kinds[i], pb, A.ctx_, epoch,
+                               entry_create_id(cmd.id, i)),
                     e.persistent.value_or(false), false, true};
     };
     for (const auto& [pool, idx] : plan.groups) {
@@ -152,7 +146,7 @@ class BatchAllocator {
       for (auto i : idx) sizes.push_back(plan.bytes[i]);
       if (auto packed = pool->allocate_packed(sizes)) {
         for (std::size_t j = 0; j < idx.size(); ++j) {
-          // Owned by the slot from here; a throw in record_for leaves the
+          // Owned by the slot from here; a throw in new_record leaves the
           // rest of the batch to be returned one block at a time.
           try {
             place(idx[j], pool, (*packed)[j]);
@@ -258,14 +252,8 @@ class BatchAllocator {
       if (!s.parked) continue;
       s.parked = false;  // not the record's: back to the pool
       if (i == stray) continue;  // not a Hash of ours: nothing of a lost attempt there
-      auto cur = store::read_create_id(c, k.tensor(s.info.name));
-      if (cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == s.info.create_id && !cur[1].is_nil()) {
+      if (A.adopt_published(c, k.tensor(s.info.name), Allocator::Owned{s.pool, s.pb, s.info, s.persistent}))
         s.give_back = false;
-        s.info.generation = std::stoull(std::string(cur[1].str()));
-        std::lock_guard lk(A.owned_mu_);
-        A.owned_[s.info.generation] = Allocator::Owned{s.pool, s.pb, s.info, s.persistent};
-        A.owned_bytes_ += s.pb.block.size;
-      }
     }
     if (st == "exists") {
       const std::size_t i = static_cast<std::size_t>(reply_int(r[1])) - 1;
@@ -280,21 +268,6 @@ class BatchAllocator {
     }
     A.lease_.fail_status("create_many", st, "creating " + std::to_string(slots.v.size()) + " tensors",
                          st == "notleader" ? r[1].str() : "");
-  }
-
-  static TensorInfo record_for(Allocator& A, const protocol::CreateEntry& e, const PoolBlock& pb, std::uint64_t bytes,
-                               BackendKind kind, std::uint64_t epoch, const std::string& create_id) {
-    TensorInfo t;
-    t.name = e.name;
-    t.dtype = e.dtype;
-    t.shape = e.shape;
-    t.ctime_ms = now_ms();
-    t.bytes = bytes;
-    t.backend = kind;
-    place_in(t, pb, A.ctx_, epoch);  // as Allocator::create writes it
-    t.state = TensorState::ready;
-    t.create_id = create_id;
-    return t;
   }
 };
 
