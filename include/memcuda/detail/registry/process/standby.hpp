@@ -153,26 +153,7 @@ class Standby {
     }
 
     // 3. Hold what we lack.
-    if (fetch_missing) {
-      for (const auto& [key, value] : all) {
-        if (holds.holds(ctx_.session, key)) continue;
-        auto e = standby::decode_entry(value);
-        if (!e || e->owner == ctx_.session) continue;
-        try {
-          ServedSource src = decode_fd_source(e->source);
-          // Only the registry's own fd server of the entry's owner process.
-          check_fd_source(src, HolderId::pid_of(e->owner).value_or(0), "allocation " + key);
-          FetchOptions fo;
-          fo.timeout = std::chrono::milliseconds(500);
-          holds.hold(ctx_.session, key, fetch(src.source, src.id, fo).fd);
-          ++p.fetched;
-        } catch (const std::exception& ex) {
-          ++p.failed;
-          if (++fetch_failures_ <= 5 || fetch_failures_ % 100 == 0)
-            log(LogLevel::info, "standby: cannot hold allocation " + key + " yet: " + ex.what());
-        }
-      }
-    }
+    if (fetch_missing) hold_missing(all, p);
     last_version_ = synced;
     last_service_version_ = sv;
     last_failed_ = p.failed != 0;
@@ -187,6 +168,30 @@ class Standby {
       marker_ = false;
     }
     return p;
+  }
+
+  // Fetches and holds, without importing, the fd of every allocation in
+  // `all` that another session serves and this one does not hold yet.
+  void hold_missing(const std::map<std::string, std::string>& all, Pass& p) {
+    auto& holds = FdHolds::instance();
+    for (const auto& [key, value] : all) {
+      if (holds.holds(ctx_.session, key)) continue;
+      auto e = standby::decode_entry(value);
+      if (!e || e->owner == ctx_.session) continue;
+      try {
+        ServedSource src = decode_fd_source(e->source);
+        // Only the registry's own fd server of the entry's owner process.
+        check_fd_source(src, HolderId::pid_of(e->owner).value_or(0), "allocation " + key);
+        FetchOptions fo;
+        fo.timeout = std::chrono::milliseconds(500);
+        holds.hold(ctx_.session, key, fetch(src.source, src.id, fo).fd);
+        ++p.fetched;
+      } catch (const std::exception& ex) {
+        ++p.failed;
+        if (++fetch_failures_ <= 5 || fetch_failures_ % 100 == 0)
+          log(LogLevel::info, "standby: cannot hold allocation " + key + " yet: " + ex.what());
+      }
+    }
   }
 
   // Writes the entries this session serves that the Hash lacks (or has
