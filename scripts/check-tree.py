@@ -29,15 +29,17 @@ MAX_LINES = 500
 MAX_FUNCTION_LINES = 80
 # Files allowed over MAX_LINES, each with its reason.
 LONG_FILES = {
-    "python/memcuda/registry.py": "being split",
+    "python/memcuda/registry.py": "being split into smaller modules",
 }
 # Functions allowed over MAX_FUNCTION_LINES ("path:Class::name"), each with its reason.
+# The decoders of the public lower layers check one field after another;
+# every unit includes their headers, so they are split on their own.
 LONG_FUNCTIONS = {
-    "include/memcuda/protocol/command.hpp:decode_command": "to split",
-    "include/memcuda/protocol/record.hpp:decode_record": "to split",
-    "include/memcuda/protocol/record_desc.hpp:RecordReader::finish": "to split",
-    "include/memcuda/protocol/reply_route.hpp:scan_reply_route": "to split",
-    "include/memcuda/redis/options.hpp:parse_url": "to split",
+    "include/memcuda/protocol/command.hpp:decode_command": "a decoder, field by field; not split yet",
+    "include/memcuda/protocol/record.hpp:decode_record": "a decoder, field by field; not split yet",
+    "include/memcuda/protocol/record_desc.hpp:RecordReader::finish": "a decoder, field by field; not split yet",
+    "include/memcuda/protocol/reply_route.hpp:scan_reply_route": "a scanner, field by field; not split yet",
+    "include/memcuda/redis/options.hpp:parse_url": "a URL parser, part by part; not split yet",
 }
 
 # Rooms, lowest first. A file may include files of its own rank or lower.

@@ -25,7 +25,12 @@
 //   Invalidation the connection that keeps Holdings correct
 //                (client tracking; its thread runs beside the
 //                ControlLoop)                                  invalidation.hpp
-//   ControlLoop  the registry's thread (control/control_loop.hpp)
+//   ControlLoop  the registry's thread (control_loop.hpp)
+//
+// Seams. The roles never include each other: Client and Standby see the
+// Lease as a LeaseView, Client, Recovery and the ReleaseQueue see the
+// Allocator as an OwnAllocator (lease_view.hpp, own_allocator.hpp). Here,
+// and only here, the concrete Lease and Allocator are handed to them.
 //
 // Connections. Client calls borrow a connection from Context::pool (short
 // commands) or Context::waits (a call that waits in Redis) for their own
