@@ -68,19 +68,6 @@
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // The allocations Hash's schema lives in store/allocations.hpp.
-namespace standby {
-inline std::string encode_entry(const std::string& owner, const std::string& source) {
-  return store::encode_allocation(owner, source);
-}
-inline auto decode_entry(std::string_view v) { return store::decode_allocation(v); }
-inline std::string apply(redis::Connection& c, const Keys& k, const std::vector<std::string>& ops) {
-  return store::apply_allocations(c, k, ops);
-}
-inline std::map<std::string, std::string> read_all(redis::Connection& c, const Keys& k) {
-  return store::read_allocations(c, k);
-}
-}  // namespace standby
-
 class Standby {
  public:
   // At most this long between two passes: bounds the window above.
@@ -116,13 +103,13 @@ class Standby {
     if (v == last_version_ && sv == last_service_version_ && !last_failed_ && ++quiet_ < kFullEvery) return p;
     quiet_ = 0;
     p.full = true;
-    auto all = standby::read_all(c, k);
+    auto all = store::read_allocations(c, k);
 
     // 1. This session's entries, as it serves them now.
     std::map<std::string, std::string> mine;
     if (svc)
       for (const auto& e : svc->entries(ctx_.session))
-        mine[e.key] = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
+        mine[e.key] = store::encode_allocation(ctx_.session, encode_fd_source(e.source));
     std::vector<std::string> writes;
     for (const auto& [key, value] : mine) {
       auto it = all.find(key);
@@ -132,7 +119,7 @@ class Standby {
       ++p.published;
     }
     for (auto it = all.begin(); it != all.end();) {
-      auto e = standby::decode_entry(it->second);
+      auto e = store::decode_allocation(it->second);
       if (e && e->owner == ctx_.session && !mine.count(it->first)) {
         writes.insert(writes.end(), {"D", it->first});
         it = all.erase(it);
@@ -142,7 +129,7 @@ class Standby {
       }
     }
     std::string synced = v;
-    if (!writes.empty()) synced = standby::apply(c, k, writes);
+    if (!writes.empty()) synced = store::apply_allocations(c, k, writes);
 
     // 2. Close what left the Hash.
     auto& holds = FdHolds::instance();
@@ -176,7 +163,7 @@ class Standby {
     auto& holds = FdHolds::instance();
     for (const auto& [key, value] : all) {
       if (holds.holds(ctx_.session, key)) continue;
-      auto e = standby::decode_entry(value);
+      auto e = store::decode_allocation(value);
       if (!e || e->owner == ctx_.session) continue;
       try {
         ServedSource src = decode_fd_source(e->source);
@@ -204,14 +191,14 @@ class Standby {
     const auto& k = ctx_.keys;
     auto svc = FdService::existing();
     if (!svc) return;
-    auto all = standby::read_all(c, k);
+    auto all = store::read_allocations(c, k);
     std::vector<std::string> ops;
     for (const auto& e : svc->entries(ctx_.session)) {
-      std::string value = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
+      std::string value = store::encode_allocation(ctx_.session, encode_fd_source(e.source));
       auto it = all.find(e.key);
       if (it == all.end() || it->second != value) ops.insert(ops.end(), {"S", e.key, std::move(value)});
     }
-    if (!ops.empty()) standby::apply(c, k, ops);
+    if (!ops.empty()) store::apply_allocations(c, k, ops);
   }
 
   // Deletes the fields this session owns but no longer serves, at once
@@ -223,12 +210,12 @@ class Standby {
     if (auto svc = FdService::existing())
       for (const auto& e : svc->entries(ctx_.session)) mine.insert(e.key);
     std::vector<std::string> ops;
-    for (const auto& [key, value] : standby::read_all(c, k)) {
-      auto e = standby::decode_entry(value);
+    for (const auto& [key, value] : store::read_allocations(c, k)) {
+      auto e = store::decode_allocation(value);
       if (e && e->owner == ctx_.session && !mine.count(key)) ops.insert(ops.end(), {"D", key});
     }
     if (ops.empty()) return 0;
-    standby::apply(c, k, ops);
+    store::apply_allocations(c, k, ops);
     return ops.size() / 2;
   }
 
