@@ -37,7 +37,6 @@ LONG_FILES = {
 LONG_FUNCTIONS = {
     "include/memcuda/protocol/record_desc.hpp:RecordReader::finish": "a decoder, field by field; not split yet",
     "include/memcuda/protocol/reply_route.hpp:scan_reply_route": "a scanner, field by field; not split yet",
-    "include/memcuda/redis/options.hpp:parse_url": "a URL parser, part by part; not split yet",
 }
 
 # Rooms, lowest first. A file may include files of its own rank or lower.
