@@ -27,9 +27,8 @@ ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__)
 INC = ROOT / "include" / "memcuda"
 MAX_LINES = 500
 MAX_FUNCTION_LINES = 80
-# Files allowed over MAX_LINES, each with its reason.
+# Files allowed over MAX_LINES, each with its reason: "path": "why".
 LONG_FILES = {
-    "python/memcuda/registry.py": "being split into smaller modules",
 }
 # Functions allowed over MAX_FUNCTION_LINES, each with its reason:
 # "path:Class::name": "why".
