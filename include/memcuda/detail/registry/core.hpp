@@ -121,7 +121,7 @@ class Core {
   Executor executor{ctx, lease, alloc, client};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
-  Recovery recovery{ctx, alloc, holdings, dicts};
+  Recovery recovery{ctx, alloc, borrowed, holdings, dicts};
   Invalidation invalidation{ctx, holdings};
   // Last: its thread stops (~Standby) before the members it uses go.
   Standby standby{ctx, lease};

@@ -120,7 +120,7 @@ inline Opened finish_share(Core& core, PreparedShare& p, const redis::Reply& r) 
   t.refcount = reply_int(r[2]);
   t.holders[core.ctx.session] = 1;
   if (p.persistent) t.holders[std::string(HolderId::kName)] = 1;
-  core.borrowed.add(t.generation, p.block);
+  core.borrowed.add(t, p.persistent, p.block);
   core.holdings.took(t);
   return {t, p.ptr, p.block};
 }
