@@ -100,6 +100,7 @@ class ControlLoop {
           }
           next_tick = now + period;
           FdParking::instance().expire();  // fds sent along unasked must not pin memory long
+          if (auto live = LiveLock::existing()) live->tend();  // dead processes' marks go
         }
         if (core_->is_leader() && now >= next_gc) {
           const auto token = core_->lease.current().first;
