@@ -96,6 +96,7 @@ class ControlLoop {
             if (core_->is_leader()) {
               task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
               task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
+              task("reading the inbox", [&] { drain_inbox(); });
             }
           }
           next_tick = now + period;
@@ -344,6 +345,17 @@ class ControlLoop {
     auto r = blocking_pop(st, clamp_block(budget), store::inbox_pop_cmd(core_->ctx.keys, core_->ctx.session));
     if (r.is_nil()) return;
     core_->handle_inbox(conn_, std::string(r[1].str()));
+  }
+
+  // A leader's inbox, without waiting: messages sent before it led, or by
+  // an ex-leader that has not seen its lease go yet (a free of memory this
+  // process owns, forwarded to its owner), would wait there forever.
+  void drain_inbox() {
+    for (int i = 0; i < 64; ++i) {
+      auto r = store::inbox_take(conn_, core_->ctx.keys, core_->ctx.session);
+      if (r.is_nil()) return;
+      core_->handle_inbox(conn_, std::string(r.str()));
+    }
   }
 
   // A command taken from the lifecycle list and not finished yet.

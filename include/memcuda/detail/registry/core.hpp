@@ -321,7 +321,7 @@ class Core {
     return out;
   }
 
-  // Executes one inbox message (the registry's thread of a non-leader).
+  // Executes one inbox message (the registry's thread).
   void handle_inbox(redis::Connection& c, const std::string& raw) {
     inbox::Message msg;
     try {
