@@ -374,14 +374,14 @@ class Client {
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
     auto [base, keep] = ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] {
       try {
-        // Borrowed memory is opened by its own kind, whatever this registry allocates with.
-        return (t.borrowed ? backend_for(t) : ctx_.backend(t.backend)).open(t);
+        // By the record's kind, whatever this registry allocates with.
+        return backend_for(t).open(t);
       } catch (const Error& e) {
         // A legacy IPC handle of a live owner in another pid namespace fails
         // as a dead owner's does (Lost), or with another CUDA error: say
         // which it is.
-        if (t.alloc_kind != alloc_kind::cuda_ipc || (!dynamic_cast<const Lost*>(&e) && !dynamic_cast<const CudaError*>(&e)))
-          throw;
+        const bool ipc_failure = dynamic_cast<const Lost*>(&e) || dynamic_cast<const CudaError*>(&e);
+        if (record_kind(t) != alloc_kind::cuda_ipc || !ipc_failure) throw;
         auto c = ctx_.pool.acquire();
         if (auto ns = foreign_pid_namespace(ctx_, *c, t.owner))
           throw Unavailable("tensor '" + t.name + "' is a legacy CUDA IPC allocation of a process in another pid "
