@@ -207,3 +207,40 @@ TEST_CASE("borrow: share_many registers many buffers in one call, all or nothing
   reg.flush();
   CHECK(test::eventually([&] { return a.dropped->load() && b.dropped->load(); }, 10s));
 }
+
+// Failed before: the owner republished the registry memory it allocated,
+// not what it shares, so the name was gone while its owner ran on.
+TEST_CASE("borrow: after Redis lost its data the owner republishes its borrowed tensor, and the release route "
+          "still reaches it",
+          "[redis][multiprocess][host][borrow]") {
+  test::RedisServer srv;
+  auto leader = worker(srv);  // the allocator of record is another process
+  REQUIRE(ready(*leader));
+  TensorRegistry owner(test::host_options(srv));
+  MemfdBuffer buf(256, 2.0f);
+  auto h = owner.share("bor/x", buf.p, DType::f32, {256}, buf.options());
+
+  srv.kill(SIGKILL);
+  srv.start();
+  auto c = srv.connect();
+  const std::string k = "memcuda:tensor:bor/x";
+  CHECK(test::eventually([&] { return hget(c, k, "refcount") == "1"; }, 20s));  // republished, our reference back
+  CHECK(hget(c, k, "borrowed") == "1");
+  CHECK(hget(c, k, "owner") == owner.session_id());
+  CHECK(c.command({"SISMEMBER", "memcuda:owners", owner.session_id()}).integer() == 1);
+
+  auto reader = worker(srv, {"--no-control"});
+  CHECK_FALSE(ready(*reader));
+  auto r = reader->ask("get bor/x", 20s);
+  INFO(r);
+  REQUIRE(starts_with(r, "OK"));
+  CHECK(field(r, "sum") == "512");
+  h = {};
+  owner.flush();
+  CHECK_FALSE(buf.dropped->load());  // the reader holds it
+  REQUIRE(reader->ask("release bor/x") == "OK");
+  CHECK(test::eventually([&] { return buf.dropped->load(); }, 20s));
+  CHECK(c.command({"EXISTS", k}).integer() == 0);
+  CHECK(reader->ask("exit") == "OK");
+  CHECK(leader->ask("exit") == "OK");
+}

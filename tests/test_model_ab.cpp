@@ -17,6 +17,7 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
+#include "support/text.hpp"
 #include "support/worker.hpp"
 
 using namespace memcuda;
@@ -143,6 +144,37 @@ TEST_CASE("A/B versions: a third version while N has a reader exceeds max_versio
       return false;
     }
   }));
+}
+
+// Failed before: a publish right after a publish, no reader anywhere, was
+// BudgetExceeded blaming "older ones a reader still holds" while the
+// retired version only waited for the next GC round.
+TEST_CASE("A/B versions: back-to-back publishes without readers succeed, and the limit names the true cause",
+          "[redis][model_ab]") {
+  test::RedisServer srv;
+  {
+    TensorRegistry producer(opts(srv));
+    for (std::uint64_t v = 1; v <= 5; ++v) CHECK(publish(producer, "m/", float(v)) == v);
+  }
+  // No GC round comes within the wait: the error says the memory is being
+  // released, and names no reader.
+  auto o = opts(srv);
+  o.gc_interval = 3600s;
+  o.request_timeout = 400ms;
+  TensorRegistry slow(o);
+  CHECK(publish(slow, "n/", 1.0f) == 1);  // its first GC round ran when it took the lease
+  std::this_thread::sleep_for(300ms);
+  CHECK(publish(slow, "n/", 2.0f) == 2);
+  std::string what;
+  try {
+    publish(slow, "n/", 3.0f);
+  } catch (const BudgetExceeded& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("still being released") != std::string::npos);
+  CHECK(what.find("reader still holds") == std::string::npos);
+  CHECK(current_version(slow, "n/") == 2);
 }
 
 TEST_CASE("A/B versions: a producer killed after begin leaves nothing after GC", "[redis][model_ab][multiprocess]") {
@@ -280,4 +312,41 @@ TEST_CASE("A/B versions: threads advance one pinned model while the producer com
   (void)m.advance();
   CHECK(m.version() == 6);
   CHECK(m.latest() == 6);
+}
+
+// Failed before: the next publish staged under the lost record's staging
+// number again (AlreadyExists on the republished names), a set no reader
+// held stayed named until the collector's grace ran out, and a reader
+// pinned at version 1 saw the new version 1 as 'same'.
+TEST_CASE("A/B versions: after Redis lost its data the next publish retires the lost sets, and readers move on",
+          "[redis][model_ab][multiprocess]") {
+  test::RedisServer srv;
+  TensorRegistry producer(opts(srv));
+  CHECK(publish(producer, "m/", 1.0f) == 1);
+  CHECK(publish(producer, "n/", 1.0f) == 1);
+  auto r = reader(srv);
+  REQUIRE(r->ask("openmodel m/") == "OK version=1 sum=16");
+  producer.flush();  // the writers' releases are in
+
+  srv.kill(SIGKILL);
+  srv.start();
+  redis::Connection c(srv.options());
+  const std::string m1 = "memcuda:tensor:.memcuda-ab/2/m//v1/w", n1 = "memcuda:tensor:.memcuda-ab/2/n//v1/w";
+  // republished by the allocator of record; the reader's reference back, per member
+  CHECK(eventually([&] { return field(c, m1, "refcount") == "1" && exists(c, n1); }, 20s));
+  CHECK(field(c, n1, "refcount") == "0");
+  const std::string n1_gen = field(c, n1, "generation");
+  CHECK(test::starts_with(r->ask("advance m/"), "ERR not_found"));  // no record until the producer publishes
+  CHECK(r->ask("sumpinned m/") == "OK version=1 sum=16");            // the pinned set stays readable
+
+  // the numbering starts again; the staging goes past the lost sets
+  CHECK(publish(producer, "m/", 3.0f) == 1);
+  CHECK(publish(producer, "n/", 3.0f) == 1);
+  CHECK_FALSE(exists(c, n1));  // retired at once: no reader held it
+  CHECK(eventually([&] { return !exists(c, "memcuda:removed:" + n1_gen); }));
+  CHECK(exists(c, "memcuda:tensor:.memcuda-ab/2/n//v2/w"));
+  CHECK_FALSE(exists(c, m1));  // retired; its memory goes with the reader
+  CHECK(r->ask("advance m/") == "OK moved=1 version=1 sum=48");
+  CHECK(eventually([&] { return count_keys(c, "memcuda:removed:*") == 0; }));
+  CHECK(count_keys(c, "memcuda:tensor:.memcuda-ab/*") == 2);
 }

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "memcuda/detail/base/checked.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/state_dict.hpp"
@@ -245,6 +246,16 @@ inline std::int64_t arrow_length(std::uint64_t n, const std::string& name) {
   return static_cast<std::int64_t>(n);
 }
 
+// The item count of a fixed-size list of the innermost dimension: the
+// product of the outer dimensions, which an empty tensor's element count
+// does not give ([2^40, 2^40, 0] is a valid shape whose product overflows).
+inline std::int64_t arrow_list_length(const Shape& shape, const std::string& name) {
+  std::int64_t length = 1;
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i)
+    length = checked_mul(length, shape[i], "'" + name + "' as a fixed-size list: the outer dimensions");
+  return length;
+}
+
 #if MEMCUDA_HAS_CUDA()
 // A private non-blocking stream per device, made once per process: the
 // export's own event is recorded on it behind the producer's event.
@@ -346,9 +357,7 @@ void export_arrow(const SharedTensor<T>& t, ArrowSchema* out_schema, ArrowDevice
       root->child = std::make_unique<ArrowArray>();
       detail::fill_array(root->child.get(), std::move(leaf), elements, 2);
       root->children[0] = root->child.get();
-      const std::int64_t inner = v.shape().back();
-      length = inner > 0 ? elements / inner : 1;
-      for (std::size_t i = 0; inner == 0 && i + 1 < v.rank(); ++i) length *= v.shape()[i];
+      length = detail::arrow_list_length(v.shape(), v.name());
       n_buffers = 1;  // a fixed-size list has the validity buffer only
     } else {
       root = std::move(leaf);

@@ -26,6 +26,7 @@
 #include <string_view>
 
 #include "memcuda/arrow.hpp"
+#include "memcuda/detail/base/checked.hpp"
 #include "memcuda/share_options.hpp"
 #include "memcuda/tensor_registry.hpp"
 #if MEMCUDA_HAS_CUDA()
@@ -99,6 +100,19 @@ inline void arrow_check_no_nulls(const ArrowArray& a, const std::string& where) 
   if (a.length < 0 || a.offset < 0) throw InvalidArgument(where + ": negative length or offset");
 }
 
+// The address of element `offset` of `buffer`, once elements [offset,
+// offset + length) are known to fit the address space: the producer's
+// offset and length are untrusted (offset 2^62 of f32 would wrap to 0).
+inline const char* arrow_elements(const void* buffer, std::int64_t offset, std::int64_t length, DType dtype,
+                                  const std::string& where) {
+  if (!buffer) throw InvalidArgument(where + ": the data buffer is null");
+  const auto item = static_cast<std::int64_t>(itemsize(dtype));
+  const std::int64_t end = checked_mul(checked_add(offset, length, where + ": offset + length"), item,
+                                       where + ": (offset + length) * item size");
+  (void)checked_advance(buffer, static_cast<std::uint64_t>(end), where);
+  return static_cast<const char*>(buffer) + offset * item;
+}
+
 // The layout of `a` under `s`; InvalidArgument / TypeMismatch for what is
 // not a dense tensor.
 inline ArrowImportLayout arrow_import_layout(const ArrowSchema& s, const ArrowArray& a, const std::string& where) {
@@ -127,13 +141,14 @@ inline ArrowImportLayout arrow_import_layout(const ArrowSchema& s, const ArrowAr
     arrow_check_no_nulls(ca, where + " (the list's child)");
     if (ca.n_buffers != 2 || !ca.buffers || ca.n_children != 0)
       throw InvalidArgument(where + ": the list's child is not a primitive array (2 buffers, no children)");
-    if (a.length > INT64_MAX / n || a.offset > INT64_MAX / n - a.length) throw InvalidArgument(where + ": too long");
-    const std::int64_t first = a.offset * n, used = (a.offset + a.length) * n;
+    const std::int64_t first = checked_mul(a.offset, n, where + ": offset * list size");
+    const std::int64_t used = checked_mul(checked_add(a.offset, a.length, where + ": offset + length"), n,
+                                          where + ": (offset + length) * list size");
     if (ca.length < used)
       throw InvalidArgument(where + ": the list's child has " + std::to_string(ca.length) + " elements, " +
                             std::to_string(used) + " needed");
-    if (!ca.buffers[1]) throw InvalidArgument(where + ": the data buffer is null");
-    out.data = static_cast<const char*>(ca.buffers[1]) + (ca.offset + first) * static_cast<std::int64_t>(itemsize(out.dtype));
+    out.data = arrow_elements(ca.buffers[1], ca.offset, used, out.dtype, where + " (the list's child)") +
+               first * static_cast<std::int64_t>(itemsize(out.dtype));
     out.shape = {a.length, n};
     elements = static_cast<std::uint64_t>(a.length) * static_cast<std::uint64_t>(n);
   } else {
@@ -141,8 +156,7 @@ inline ArrowImportLayout arrow_import_layout(const ArrowSchema& s, const ArrowAr
     out.dtype = arrow_import_dtype(f, hint, where);
     if (a.n_buffers != 2 || !a.buffers || a.n_children != 0)
       throw InvalidArgument(where + ": not a primitive array (2 buffers, no children)");
-    if (!a.buffers[1]) throw InvalidArgument(where + ": the data buffer is null");
-    out.data = static_cast<const char*>(a.buffers[1]) + a.offset * static_cast<std::int64_t>(itemsize(out.dtype));
+    out.data = arrow_elements(a.buffers[1], a.offset, a.length, out.dtype, where);
     out.shape = {a.length};
     elements = static_cast<std::uint64_t>(a.length);
   }

@@ -17,7 +17,9 @@
 // At most `max_versions` versions (2 by default) have memory at a time: the
 // current one and older ones a reader still holds; a begin beyond that is
 // BudgetExceeded (docs/design.md, "A/B model versions", says how much
-// memory that bounds). Every call is safe from any thread; destructors do
+// memory that bounds). An older version no reader holds counts until its
+// memory is freed: begin waits for that (up to request_timeout) rather than
+// fail. Every call is safe from any thread; destructors do
 // no network I/O. Declarations only: the bodies are in impl/model_ab.ipp and
 // detail/registry/ops/model_ab.hpp; the record is in docs/protocol.md.
 #pragma once
@@ -119,7 +121,10 @@ class PinnedModel {
   // tensors() is the new version's and the old handles are dropped (their
   // memory goes when no other reference holds it). For an in-place
   // publish of the pinned set, only the stream is ordered. False when the
-  // pinned version is current.
+  // pinned version is current. After Redis lost its data the model's record
+  // is gone: advance() throws NotFound until the producer publishes again,
+  // then moves to that set, whose version counts again from 1 (version()
+  // may go down; the pinned set stays readable until then).
   bool advance(StreamHandle stream = nullptr);
   // Drops the pinned version (no network I/O here: the release is queued).
   void close();

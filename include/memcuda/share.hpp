@@ -7,10 +7,12 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "memcuda/detail/base/checked.hpp"
 #include "memcuda/share_options.hpp"
 #include "memcuda/tensor_registry.hpp"
 
@@ -47,17 +49,22 @@ inline void dl_share_layout(const DLTensor& t, std::string_view name, void*& dat
     throw InvalidArgument("share '" + std::string(name) + "': DLPack device type " +
                           std::to_string(static_cast<int>(t.device.device_type)) + " is neither CPU nor CUDA");
   if (t.ndim < 0) throw InvalidArgument("share '" + std::string(name) + "': negative ndim");
+  if (t.ndim > 0 && !t.shape) throw InvalidArgument("share '" + std::string(name) + "': null shape");
   shape.assign(t.shape, t.shape + t.ndim);
+  validate_shape(shape);  // before any product: dims past 2^40 or negative are refused here
   if (t.strides) {
     std::int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
       if (t.shape[i] != 1 && t.strides[i] != expect)
         throw InvalidArgument("share '" + std::string(name) + "': the tensor is not C-contiguous (make it "
                               "contiguous first: that is a copy)");
-      expect *= t.shape[i];
+      expect = checked_mul(expect, std::max<std::int64_t>(t.shape[i], 1), "share '" + std::string(name) + "': strides");
     }
   }
-  data = t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
+  // byte_offset is the producer's: an offset that wraps the address would
+  // share memory the tensor does not describe.
+  data = t.data ? const_cast<char*>(checked_advance(t.data, t.byte_offset, "share '" + std::string(name) + "': byte_offset"))
+                : nullptr;
   dtype = dtype_of_dl(t.dtype, name);
 }
 }  // namespace detail

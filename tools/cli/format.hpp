@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "memcuda/detail/base/holder_id.hpp"
+#include "memcuda/detail/fd/fd_access.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/shape.hpp"
 
@@ -277,8 +278,13 @@ inline std::optional<Shape> parse_shape(std::string_view text) {
 
 // The process a holder id names, when it names one: a registry session
 // "<pid>-<hex>" or a JSON client's "pid:<pid>" (the grammar is
-// detail::HolderId's). "@name", "anonymous" and free-form holders name none.
-inline std::optional<pid_t> holder_pid(std::string_view id) { return memcuda::detail::HolderId::pid_of(id); }
+// detail::HolderId's). "@name", "anonymous" and free-form holders name none,
+// nor does "pid:<pid>@<ns>" of another pid namespace than this one's.
+inline std::optional<pid_t> holder_pid(std::string_view id) {
+  using memcuda::detail::HolderId;
+  if (auto ns = HolderId::pid_namespace_of(id); ns && *ns != memcuda::detail::pid_namespace_inode()) return std::nullopt;
+  return HolderId::pid_of(id);
+}
 
 // Whether a process with this pid exists on this machine. EPERM means it
 // exists but belongs to someone else: alive.

@@ -218,7 +218,10 @@ bool PinnedModel::advance(StreamHandle stream) {
   }
   detail::ModelVersions::order_after(core->ctx, s_->prefix, o.rec, stream);
   std::lock_guard lk(s_->mu);
-  if (o.rec.version <= s_->version) return false;  // a concurrent advance went further ('fresh' goes, queued)
+  // A concurrent advance went further ('fresh' goes, queued). A new set at
+  // a version not above ours while we still hold the set we asked from is
+  // the model's numbering starting again after Redis lost its data: move.
+  if (s_->dict_id != dict || (o.rec.version <= s_->version && !moves)) return false;
   s_->version = o.rec.version;
   if (moves) {
     s_->dict_id = o.dict_id;

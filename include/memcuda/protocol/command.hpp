@@ -8,6 +8,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -67,6 +68,9 @@ struct Command {
   std::optional<bool> persistent;           // create: also held by its name until removed
   std::optional<std::string> device_uuid;   // create: names the device across processes
   std::optional<std::int64_t> pid;          // all ops
+  // all ops: the inode of the pid namespace `pid` is of ("pidns":
+  // "pid:[<inode>]", what /proc/self/ns/pid reads); tags the pid holder
+  std::optional<std::uint64_t> pid_ns;
   std::optional<std::string> node;          // all ops
   std::optional<std::string> id;            // all ops; echoed in the reply
   bool id_is_number = false;                // id was a JSON integer (id holds its decimal text)
@@ -92,7 +96,7 @@ namespace detail {
 inline bool is_command_field(std::string_view k) noexcept {
   static constexpr std::string_view kFields[] = {
       "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
-      "pid", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations"};
+      "pid", "pidns", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations"};
   for (std::string_view f : kFields)
     if (k == f) return true;
   return false;
@@ -199,7 +203,7 @@ inline Command decode_command(std::string_view text) {
       fail(ProtocolErrc::unknown_field,
            "command: unknown field \"" + memcuda::detail::rules::printable(k) +
                "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
-               "persistent, pid, node, holder, generation, generations, id, reply_to, tensors");
+               "persistent, pid, pidns, node, holder, generation, generations, id, reply_to, tensors");
   }
 
   Command c;
@@ -224,6 +228,17 @@ inline Command decode_command(std::string_view text) {
     c.reply_to = detail::get_bounded_text(*v, "reply_to", kMaxReplyToBytes);
   if (const json::value* v = detail::find(*o, "pid"))
     c.pid = detail::get_int(*v, "pid", 1, kMaxPid);
+  if (const json::value* v = detail::find(*o, "pidns")) {
+    const std::string t = detail::get_token(*v, "pidns", 32);
+    std::uint64_t ino = 0;
+    const bool framed = t.size() > 6 && t.starts_with("pid:[") && t.ends_with("]");
+    const auto digits = framed ? std::string_view(t).substr(5, t.size() - 6) : std::string_view();
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ino);
+    if (!framed || ec != std::errc() || end != digits.data() + digits.size() || ino == 0)
+      fail(ProtocolErrc::bad_value, "field \"pidns\": \"" + memcuda::detail::rules::printable(t) +
+                                        "\" is not a pid namespace as /proc/self/ns/pid names it (pid:[4026531836])");
+    c.pid_ns = ino;
+  }
   if (const json::value* v = detail::find(*o, "node"))
     c.node = detail::get_token(*v, "node", kMaxNodeBytes);
   if (const json::value* v = detail::find(*o, "holder"))
@@ -285,6 +300,7 @@ inline std::string encode_command(const Command& c) {
     o["tensors"] = std::move(a);
   }
   if (c.pid) o["pid"] = *c.pid;
+  if (c.pid_ns) o["pidns"] = "pid:[" + std::to_string(*c.pid_ns) + "]";
   if (c.node) o["node"] = json::string_view(c.node->data(), c.node->size());
   if (c.holder) o["holder"] = json::string_view(c.holder->data(), c.holder->size());
   if (c.op != Op::create && c.generation) o["generation"] = *c.generation;

@@ -4,7 +4,10 @@
 //   "<pid>-<16 hex>"  a registry session (TensorRegistry); alive while its
 //                     session key exists in Redis
 //   "pid:<n>"         a JSON client that named its pid; alive while that
-//                     process of this node runs
+//                     process of the allocator of record's pid namespace runs
+//   "pid:<n>@<ns>"    one that also named its pid namespace (the inode of
+//                     "pidns"); judged by the pid only from that namespace,
+//                     kept (alive) where the pid would name another process
 //   "@name"           the name itself holds a persistent tensor
 //   "anonymous"       a JSON client that named neither (e.g. redis-cli)
 //   anything else     a free-form holder a JSON client chose; never collected
@@ -23,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "memcuda/protocol/command.hpp"
 
@@ -36,7 +40,9 @@ class HolderId {
   static constexpr std::string_view kAnonymous = "anonymous";
 
   explicit HolderId(std::string id) : id_(std::move(id)), kind_(classify(id_)) {}
-  static HolderId for_pid(std::int64_t pid) { return HolderId("pid:" + std::to_string(pid)); }
+  static HolderId for_pid(std::int64_t pid, std::optional<std::uint64_t> pid_ns = std::nullopt) {
+    return HolderId("pid:" + std::to_string(pid) + (pid_ns ? "@" + std::to_string(*pid_ns) : std::string()));
+  }
   static HolderId anonymous() { return HolderId(std::string(kAnonymous)); }
   static HolderId name() { return HolderId(std::string(kName)); }
 
@@ -53,7 +59,7 @@ class HolderId {
   static Kind classify(std::string_view h) {
     if (h == kName) return Kind::name;
     if (h == kAnonymous) return Kind::anonymous;
-    if (h.starts_with("pid:")) return parse_pid(h.substr(4)) ? Kind::pid : Kind::other;
+    if (h.starts_with("pid:")) return split_pid(h.substr(4)) ? Kind::pid : Kind::other;
     auto dash = h.find('-');
     if (dash == 0 || dash == std::string_view::npos || h.size() - dash - 1 != 16) return Kind::other;
     for (std::size_t i = 0; i < dash; ++i)
@@ -65,17 +71,46 @@ class HolderId {
 
   static std::optional<pid_t> pid_of(std::string_view h) {
     switch (classify(h)) {
-      case Kind::pid: return parse_pid(h.substr(4));
+      case Kind::pid: return split_pid(h.substr(4))->first;
       case Kind::session: return parse_pid(h.substr(0, h.find('-')));
       default: return std::nullopt;
     }
+  }
+
+  // The pid namespace a "pid:<n>@<ns>" holder names; nullopt untagged.
+  static std::optional<std::uint64_t> pid_namespace_of(std::string_view h) {
+    if (classify(h) != Kind::pid) return std::nullopt;
+    return split_pid(h.substr(4))->second;
   }
 
   // Whether a process with this pid exists on this machine (EPERM: it
   // exists but is someone else's).
   static bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+  // Whether a "pid:..." holder may still hold, judged from pid namespace
+  // `here`: a holder tagged with another namespace cannot be seen from here
+  // (its pid would name an unrelated process), so it is kept.
+  static bool pid_holder_alive(std::string_view h, std::uint64_t here) {
+    const auto ns = pid_namespace_of(h);
+    if (ns && *ns != here) return true;
+    const auto pid = pid_of(h);
+    return !pid || process_alive(*pid);
+  }
+
  private:
+  // "<n>" or "<n>@<ns inode>" after "pid:".
+  static std::optional<std::pair<pid_t, std::optional<std::uint64_t>>> split_pid(std::string_view t) {
+    const auto at = t.find('@');
+    const auto pid = parse_pid(t.substr(0, at));
+    if (!pid) return std::nullopt;
+    if (at == std::string_view::npos) return std::pair{*pid, std::optional<std::uint64_t>()};
+    const auto digits = t.substr(at + 1);
+    std::uint64_t ns = 0;
+    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ns);
+    if (digits.empty() || ec != std::errc() || p != digits.data() + digits.size() || ns == 0) return std::nullopt;
+    return std::pair{*pid, std::optional<std::uint64_t>(ns)};
+  }
+
   static std::optional<pid_t> parse_pid(std::string_view digits) {
     std::int64_t v = 0;
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
@@ -88,11 +123,12 @@ class HolderId {
   Kind kind_;
 };
 
-// Holder id for a lifecycle command: the explicit holder, else the pid, else
-// "anonymous" (a plain redis-cli client).
+// Holder id for a lifecycle command: the explicit holder, else the pid
+// (tagged with its namespace when the command says it), else "anonymous"
+// (a plain redis-cli client).
 inline std::string holder_of(const protocol::Command& c) {
   if (c.holder) return *c.holder;
-  if (c.pid) return HolderId::for_pid(*c.pid).str();
+  if (c.pid) return HolderId::for_pid(*c.pid, c.pid_ns).str();
   return std::string(HolderId::kAnonymous);
 }
 

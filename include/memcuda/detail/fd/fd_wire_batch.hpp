@@ -60,6 +60,10 @@ struct BatchReply {
 // Request: "MCFD" | 2 u8 | op 2 u8 | flags u16 = 0 | count u16 | offer u16 |
 // reserved u32 = 0 | count ids u64 LE.
 inline std::string encode_batch_request(const BatchRequest& r) {
+  // The counts travel as u16: more would wrap into a shorter, wrong request.
+  if (r.ids.size() > kMaxBatch || r.offer > kMaxBatch)
+    throw InvalidArgument("fd batch request of " + std::to_string(r.ids.size()) + " ids offering " +
+                          std::to_string(r.offer) + ", at most " + std::to_string(kMaxBatch));
   std::string out(kRequestSize + 8 * r.ids.size(), '\0');
   auto* p = reinterpret_cast<unsigned char*>(out.data());
   std::memcpy(p, kMagic, 4);
@@ -106,6 +110,9 @@ inline Status decode_batch_request(std::string_view in, BatchRequest* out, std::
 // flags u8 | key length u16 | reserved u32 | key. The fds ride along in
 // entry order, one per ok entry.
 inline std::string encode_batch_reply(const BatchReply& r) {
+  if (r.entries.size() > kMaxBatch)
+    throw InvalidArgument("fd batch reply of " + std::to_string(r.entries.size()) + " entries, at most " +
+                          std::to_string(kMaxBatch));
   const std::size_t n = r.message.size() < kMaxMessage ? r.message.size() : kMaxMessage;
   std::size_t size = kReplyHeader + n, fds = 0;
   for (const auto& e : r.entries) {

@@ -21,8 +21,10 @@
 // place: under its final name it is locked from the start. A process that
 // starts sweeps the directory: an unlocked "*.lock" becomes "*.dead" (a
 // judge that finds the ".lock" gone but the ".dead" there still has its
-// proof), ".dead" files go after kDeadKeep, unlocked temporaries after a
-// minute. A file that is simply missing proves nothing: someone removing
+// proof, stamped with the time of the rename), ".dead" files go kDeadKeep
+// after that stamp, unlocked temporaries after a minute. A process's control
+// thread sweeps again every kSweepEvery (tend), so that marks do not pile up
+// where processes die and none starts. A file that is simply missing proves nothing: someone removing
 // files by hand must not make live processes look dead.
 #pragma once
 
@@ -34,6 +36,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -76,6 +79,7 @@ class LiveLock {
   // How long a ".dead" mark stays: far longer than any session key of the
   // dead process can (session_ttl is seconds).
   static constexpr std::time_t kDeadKeep = 600;
+  static constexpr std::chrono::seconds kSweepEvery{10};
 
   // The process's lock, made on first use (and again in a forked child,
   // which inherits the object but not the lock), in the process's runtime
@@ -143,6 +147,18 @@ class LiveLock {
     return *held ? LiveVerdict::alive : LiveVerdict::dead;
   }
 
+  // The sweep of this lock's directory, at most every kSweepEvery (the
+  // control thread calls it each tick).
+  void tend() {
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lk(tend_mu_);
+      if (now < next_sweep_) return;
+      next_sweep_ = now + kSweepEvery;
+    }
+    sweep(dir_);
+  }
+
   // The sweep described above; returns how many files it renamed or removed.
   static std::size_t sweep(const std::string& dir) {
     std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
@@ -155,7 +171,7 @@ class LiveLock {
       struct stat st{};
       if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
       if (name.starts_with("live-") && name.ends_with(".dead")) {
-        if (parse_live_name(std::string(name.substr(0, name.size() - 5)) + ".lock") && st.st_ctime + kDeadKeep < now)
+        if (parse_live_name(std::string(name.substr(0, name.size() - 5)) + ".lock") && st.st_mtime + kDeadKeep < now)
           n += ::unlink(p.c_str()) == 0;
         continue;
       }
@@ -170,6 +186,8 @@ class LiveLock {
         n += ::unlink(p.c_str()) == 0;
       } else {
         const std::string dead = p.substr(0, p.size() - 5) + ".dead";
+        // Stamped now: its mtime was its owner's start; the keep runs from the death seen.
+        (void)::futimens(fd.get(), nullptr);
         n += ::rename(p.c_str(), dead.c_str()) == 0;
       }
     }
@@ -219,6 +237,8 @@ class LiveLock {
   std::string dir_, dir_id_, name_, field_;
   pid_t pid_;
   UniqueFd fd_;
+  std::mutex tend_mu_;  // leaf
+  std::chrono::steady_clock::time_point next_sweep_ = std::chrono::steady_clock::now() + kSweepEvery;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -19,6 +19,7 @@
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/base/checked.hpp"
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/pool/block_allocator.hpp"
 #include "memcuda/options.hpp"
@@ -121,13 +122,11 @@ class DevicePool {
     std::uint64_t total = 0;
     for (auto n : sizes) {
       wants.push_back(round_up(n == 0 ? 1 : n));
-      if (wants.back() > ~std::uint64_t{0} - total) throw InvalidArgument("batch size overflows");
-      total += wants.back();
+      total = checked_add(total, wants.back(), "batch size");
     }
     if (total < opts_.pack_batches_min_bytes) return std::nullopt;
     const std::uint64_t gran = granularity();
-    if (total > ~std::uint64_t{0} - gran) throw InvalidArgument("batch size overflows");
-    const std::uint64_t size = (total + gran - 1) / gran * gran;
+    const std::uint64_t size = checked_add(total, gran - 1, "batch size") / gran * gran;
 
     std::vector<std::shared_ptr<ExportedBlock>> released;  // freed after unlocking
     std::lock_guard lk(mu_);
@@ -335,8 +334,7 @@ class DevicePool {
 
   std::uint64_t round_up(std::uint64_t n) const {
     const std::uint64_t a = opts_.alignment;
-    if (n > ~std::uint64_t{0} - a) throw InvalidArgument("allocation size overflows");
-    return (n + a - 1) / a * a;
+    return checked_add(n, a - 1, "allocation size") / a * a;
   }
 
   // Whether a slab add_allocation() just made reads as zeros: a new memfd

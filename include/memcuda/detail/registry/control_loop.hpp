@@ -165,10 +165,12 @@ class ControlLoop {
       if (core_->is_leader()) {
         task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
         task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
+        task("reading the inbox", [&] { core_->drain_inbox(conn_); });
       }
     }
     at.tick = now + period;
     FdParking::instance().expire();  // fds sent along unasked must not pin memory long
+    if (auto live = LiveLock::existing()) live->tend();  // dead processes' marks go
   }
 
   // Credentials no longer work (a password rotation, an ACL change):

@@ -89,7 +89,7 @@
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/migration.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
-#include "memcuda/detail/registry/process/borrowed.hpp"
+#include "memcuda/detail/registry/client/borrowed.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/store/lease.hpp"
@@ -126,7 +126,7 @@ class Core {
   Executor executor{ctx, lease, alloc};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
-  Recovery recovery{ctx, alloc, holdings, dicts};
+  Recovery recovery{ctx, alloc, borrowed, holdings, dicts};
   Invalidation invalidation{ctx, holdings};
   // Last: its thread stops (~Standby) before the members it uses go.
   Standby standby{ctx, lease};
@@ -326,7 +326,18 @@ class Core {
     return out;
   }
 
-  // Executes one inbox message (the registry's thread of a non-leader).
+  // Executes one inbox message (the registry's thread).
+  // A leader's inbox, without waiting: messages sent before it led, or by
+  // an ex-leader that has not seen its lease go yet (a free of memory this
+  // process owns, forwarded to its owner), would wait there forever.
+  void drain_inbox(redis::Connection& c) {
+    for (int i = 0; i < 64; ++i) {
+      auto r = store::inbox_take(c, ctx.keys, ctx.session);
+      if (r.is_nil()) return;
+      handle_inbox(c, std::string(r.str()));
+    }
+  }
+
   void handle_inbox(redis::Connection& c, const std::string& raw) {
     inbox::Message msg;
     try {

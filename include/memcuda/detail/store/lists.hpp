@@ -48,6 +48,10 @@ inline redis::Reply pop_wait(redis::Connection& c, std::string_view list, std::c
 }
 // A session's inbox pop, less its timeout argument (BLPOP): the control loop runs it interruptibly.
 inline std::vector<std::string> inbox_pop_cmd(const Keys& k, std::string_view sid) { return {"BLPOP", k.inbox(sid)}; }
+// One message of a session's inbox without waiting (LPOP): nil when empty.
+inline redis::Reply inbox_take(redis::Connection& c, const Keys& k, std::string_view sid) {
+  return c.command({"LPOP", k.inbox(sid)});
+}
 
 // Pushes a message onto a list that expires a minute later (LPUSH, PEXPIRE):
 // an inbox or a reply list that nobody reads goes away.

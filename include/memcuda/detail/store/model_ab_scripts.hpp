@@ -43,25 +43,92 @@ local function live_sets(p, live, current)
 end
 )lua";
 
+// retire_under(p, names, lifecycle, hidden prefix): every name under the
+// prefix goes as kRemove retires it; the memory goes with its last holder
+// (a free is pushed for a record nobody holds). Returns how many went.
+inline constexpr char kRetireUnderFn[] = R"lua(
+local function retire_under(p, names, lifecycle, hp)
+  local n = 0
+  for _, name in ipairs(names_under(names, hp)) do
+    local key = p .. 'memcuda:tensor:' .. name
+    local f = redis.call('HMGET', key, 'generation', 'owner', 'dict')
+    if f[1] then
+      unlink_dict(p, f[3])
+      local pc = tonumber(redis.call('HGET', key, 'holder:@name') or '0')
+      if pc > 0 then
+        redis.call('HDEL', key, 'holder:@name')
+        redis.call('HINCRBY', key, 'refcount', -pc)
+      end
+      count_usage(p, key, -1)
+      local rkey = p .. 'memcuda:removed:' .. f[1]
+      redis.call('RENAME', key, rkey)
+      name_rem(names, name)
+      n = n + 1
+      if tonumber(redis.call('HGET', rkey, 'refcount')) <= 0 then
+        local mf = redis.call('HGET', rkey, 'migrated_from')
+        if mf then
+          for g in string.gmatch(mf, '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
+        end
+        redis.call('LPUSH', lifecycle, '{"op":"free","name":' .. cjson.encode(name) .. ',"generation":' .. f[1] .. '}')
+      end
+    end
+  end
+  return n
+end
+)lua";
+
 // Reserves the staging of a new set. Refused while another live session
 // stages one (a dead one's staging is taken over: its tensors go with its
 // references), and when the sets whose memory may exist, plus the new one,
-// would be more than max_versions.
-// KEYS: model record   ARGV: key prefix, session, max_versions
-// -> {'ok', next version, seq} | {'busy', session, seq} | {'full', live sets}
-inline constexpr auto kAbBegin = join(kLiveSetsFn, R"lua(
+// would be more than max_versions. A full answer names the versions among
+// them that no reader holds any more, whose memory is only waiting for the
+// allocator of record to free it (a retry soon succeeds).
+//
+// A model without a current set whose hidden names remain lost its record
+// with Redis's data (the allocator of record republished the tensors): those
+// sets are retired here (their memory goes with their last reader), and the
+// staging number goes on past them so that no hidden name is used twice.
+// KEYS: model record, names, lifecycle
+// ARGV: key prefix, session, max_versions, the model's hidden root ('.memcuda-ab/<n>/<prefix>/v')
+// -> {'ok', next version, seq, names retired} | {'busy', session, seq}
+//    | {'full', live sets, versions being released}
+inline constexpr auto kAbBegin = join(kUnlinkDictFn, kIndexFn, kRetireUnderFn, kLiveSetsFn, R"lua(
 local p = ARGV[1]
 local f = redis.call('HMGET', KEYS[1], 'version', 'ab_staged', 'ab_live', 'ab_version')
 if f[2] then
   local seq, sess = string.match(f[2], '^(%d+) (.+)$')
   if sess and redis.call('EXISTS', p .. 'memcuda:session:' .. sess) == 1 then return {'busy', sess, seq} end
 end
+local retired, past = 0, 0
+if not f[4] then
+  for _, name in ipairs(names_under(KEYS[2], ARGV[4])) do
+    local s = tonumber(string.match(string.sub(name, #ARGV[4] + 1), '^(%d+)/'))
+    if s and s > past then past = s end
+  end
+  if past > 0 then retired = retire_under(p, KEYS[2], KEYS[3], ARGV[4]) end
+end
 local kept = live_sets(p, f[3], f[4])
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'ab_live', table.concat(kept, ' ')) end
-if #kept + 1 > tonumber(ARGV[3]) then return {'full', table.concat(kept, ' ')} end
+if #kept + 1 > tonumber(ARGV[3]) then
+  local releasing = {}
+  for _, e in ipairs(kept) do
+    local v, id, g = string.match(e, '^(%d+):(%d+):(%d+)$')
+    -- the gone record's own pin is no reader: the collector drops it, then frees
+    local h = redis.call('HMGET', p .. 'memcuda:removed:' .. g, 'refcount', 'holder:@dict:' .. id)
+    if v ~= f[4] and redis.call('EXISTS', p .. 'memcuda:dict:' .. id) == 0
+       and tonumber(h[1] or '0') - tonumber(h[2] or '0') <= 0 then
+      releasing[#releasing + 1] = v
+    end
+  end
+  return {'full', table.concat(kept, ' '), table.concat(releasing, ' ')}
+end
 local seq = redis.call('HINCRBY', KEYS[1], 'ab_seq', 1)
+if seq <= past then
+  seq = past + 1
+  redis.call('HSET', KEYS[1], 'ab_seq', seq)
+end
 redis.call('HSET', KEYS[1], 'ab_staged', seq .. ' ' .. ARGV[2])
-return {'ok', tonumber(f[1] or '0') + 1, seq}
+return {'ok', tonumber(f[1] or '0') + 1, seq, retired}
 )lua");
 
 // Gives up a staging (its tensors go with the producer's references).
@@ -85,7 +152,7 @@ return 1
 //       member: name, generation
 // -> {'ok', version, dict id} | {'notstaged', staged} | {'mismatch', count}
 //    | {'changed', name} | {'nodesc', name}
-inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kLiveSetsFn, kDescMatchesFn, R"lua(
+inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kRetireUnderFn, kLiveSetsFn, kDescMatchesFn, R"lua(
 local p, hp = ARGV[1], ARGV[3]
 local m = redis.call('HMGET', KEYS[1], 'ab_staged', 'ab_prefix', 'ab_live', 'ab_version')
 if m[1] ~= ARGV[2] then return {'notstaged', tostring(m[1])} end
@@ -126,31 +193,7 @@ redis.call('SET', p .. 'memcuda:dictlink:' .. hp, id)
 redis.call('SADD', p .. 'memcuda:dicts', hp)
 redis.call('SADD', p .. 'memcuda:dict_ids', id)
 -- the previous set: its names go now (as kRemove), its memory with its last holder
-if m[2] then
-  for _, name in ipairs(names_under(KEYS[3], m[2])) do
-    local key = p .. 'memcuda:tensor:' .. name
-    local f = redis.call('HMGET', key, 'generation', 'owner', 'dict')
-    if f[1] then
-      unlink_dict(p, f[3])
-      local pc = tonumber(redis.call('HGET', key, 'holder:@name') or '0')
-      if pc > 0 then
-        redis.call('HDEL', key, 'holder:@name')
-        redis.call('HINCRBY', key, 'refcount', -pc)
-      end
-      count_usage(p, key, -1)
-      local rkey = p .. 'memcuda:removed:' .. f[1]
-      redis.call('RENAME', key, rkey)
-      name_rem(KEYS[3], name)
-      if tonumber(redis.call('HGET', rkey, 'refcount')) <= 0 then
-        local mf = redis.call('HGET', rkey, 'migrated_from')
-        if mf then
-          for g in string.gmatch(mf, '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
-        end
-        redis.call('LPUSH', KEYS[4], '{"op":"free","name":' .. cjson.encode(name) .. ',"generation":' .. f[1] .. '}')
-      end
-    end
-  end
-end
+if m[2] then retire_under(p, KEYS[3], KEYS[4], m[2]) end
 -- the flip, and the wake (kPublishVersion's)
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 local kept = live_sets(p, m[3], m[4])
@@ -181,7 +224,9 @@ inline constexpr auto kAbOpen = join(kNodeFn, R"lua(
 local p = ARGV[1]
 local f = redis.call('HMGET', KEYS[1], 'version', 'ab_prefix', 'ab_dict')
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'none'} end
-if ARGV[5] ~= '' and (f[1] or '0') == ARGV[5] then return {'same'} end
+-- the same version of the same set (after Redis lost its data the numbering starts again: a new set may
+-- reach the pinned version's number)
+if ARGV[5] ~= '' and (f[1] or '0') == ARGV[5] and (ARGV[4] == '' or f[3] == ARGV[4]) then return {'same'} end
 local rec = redis.call('HGETALL', KEYS[1])
 if not f[2] then return {'plain', rec} end
 if f[3] == ARGV[4] then return {'inplace', rec} end

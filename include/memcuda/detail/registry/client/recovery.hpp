@@ -1,6 +1,7 @@
 // After Redis lost its data (or this session's key expired while the
 // process was stopped): write back the records of what this process owns
-// and set this session's references to what it holds.
+// (registry memory it allocated, buffers it shares without a copy) and set
+// this session's references to what it holds.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -12,39 +13,31 @@
 
 #include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/own_allocator.hpp"
+#include "memcuda/detail/registry/client/borrowed.hpp"
 #include "memcuda/detail/registry/client/dict_holds.hpp"
+#include "memcuda/detail/registry/own_allocator.hpp"
 #include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Recovery {
  public:
-  Recovery(Context& ctx, OwnAllocator& alloc, Holdings& holdings, DictHolds& dicts)
-      : ctx_(ctx), alloc_(alloc), holdings_(holdings), dicts_(dicts) {}
+  Recovery(Context& ctx, OwnAllocator& alloc, Borrowed& borrowed, Holdings& holdings, DictHolds& dicts)
+      : ctx_(ctx), alloc_(alloc), borrowed_(borrowed), holdings_(holdings), dicts_(dicts) {}
 
   // Returns true when every reference found its record (false: some owner
   // has not republished yet; call again).
   bool run(redis::Connection& c) {
     const Keys& keys = ctx_.keys;
     std::uint64_t republished = 0;
-    for (auto& [t, persistent] : alloc_.owned_records()) {
-      TensorInfo r = t;
-      r.holders.clear();
-      std::vector<redis::Arg> args{t.generation, keys.prefix(), persistent ? "1" : "0", t.name, now_ms()};
-      const protocol::Fields fields = protocol::encode_record(r);  // args point into it
-      for (const auto& [k, v] : fields) {
-        namespace f = store::field;
-        if (k == f::generation || k == f::state || k == f::refcount || k == f::event_handle || k == f::event_version)
-          continue;
-        args.emplace_back(k);
-        args.emplace_back(v);
-      }
-      const std::string tk = keys.tensor(t.name), nk = keys.names(), gk = keys.generation();
-      redis::Arg kv[] = {tk, nk, gk};
-      auto res = ctx_.scripts.republish.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
-      if (res[0].str() != "present") ++republished;
-    }
+    // Registry memory this process allocated, and buffers it shares
+    // without a copy: both are its own to write back.
+    for (const auto& [t, persistent] : alloc_.owned_records()) republished += republish(c, t, persistent);
+    const auto shared = borrowed_.records();
+    for (const auto& [t, persistent] : shared) republished += republish(c, t, persistent);
+    // as the share script does: migration finds a dead owner's borrowed records through it
+    if (!shared.empty()) store::add_owner(c, keys, ctx_.session);
     redeclare_dicts(c);
     bool all = true;
     for (const auto& [k, n] : holdings_.snapshot()) {
@@ -58,6 +51,26 @@ class Recovery {
   }
 
  private:
+  // Writes `t` back unless its record is there; 1 when it was missing.
+  int republish(redis::Connection& c, const TensorInfo& t, bool persistent) {
+    const Keys& keys = ctx_.keys;
+    TensorInfo r = t;
+    r.holders.clear();
+    std::vector<redis::Arg> args{t.generation, keys.prefix(), persistent ? "1" : "0", t.name, now_ms()};
+    const protocol::Fields fields = protocol::encode_record(r);  // args point into it
+    for (const auto& [k, v] : fields) {
+      namespace f = store::field;
+      if (k == f::generation || k == f::state || k == f::refcount || k == f::event_handle || k == f::event_version)
+        continue;
+      args.emplace_back(k);
+      args.emplace_back(v);
+    }
+    const std::string tk = keys.tensor(t.name), nk = keys.names(), gk = keys.generation();
+    redis::Arg kv[] = {tk, nk, gk};
+    auto res = ctx_.scripts.republish.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+    return res[0].str() != "present" ? 1 : 0;
+  }
+
   // This session's references to state-dict records: set again where the
   // record still exists; where it is gone (Redis lost it, or the garbage
   // collector deleted it with its pins), each becomes one reference per
@@ -80,6 +93,7 @@ class Recovery {
 
   Context& ctx_;
   OwnAllocator& alloc_;
+  Borrowed& borrowed_;
   Holdings& holdings_;
   DictHolds& dicts_;
 };

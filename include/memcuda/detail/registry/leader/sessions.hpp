@@ -343,7 +343,8 @@ class Sessions {
   // Sets alive[h] for every holder h of `alive` (all true on entry): a
   // registry session is alive while its key exists and does not prove its
   // process gone (a killed process of this node is dead before its key
-  // expires); "pid:<n>" while process n exists; a state dict's pin
+  // expires); "pid:<n>" while process n exists ("pid:<n>@<ns>" of another
+  // pid namespace than ours: always, its pid means nothing here); a state dict's pin
   // "@dict:<id>" while its record exists; other holders ("@name") always.
   void judge(redis::Connection& c, std::map<std::string, bool>& alive) {
     const Keys& keys = ctx_.keys;
@@ -351,7 +352,7 @@ class Sessions {
     for (auto& [h, a] : alive) {
       HolderId id(h);
       if (id.is_session()) sess.push_back(h);
-      else if (id.kind() == HolderId::Kind::pid) a = HolderId::process_alive(*id.pid());
+      else if (id.kind() == HolderId::Kind::pid) a = HolderId::pid_holder_alive(h, pid_namespace_inode());
       else if (h.starts_with(Keys::kDictHolder)) dicts.push_back(h);
     }
     std::vector<redis::Command> ex;

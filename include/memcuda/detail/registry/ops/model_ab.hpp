@@ -12,12 +12,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,9 +52,12 @@ class ModelAb {
  public:
   static constexpr std::string_view kReserved = ".memcuda-ab/";
 
+  // Every set of the model is under its root: "<root><seq>/".
+  static std::string hidden_root(std::string_view prefix) {
+    return std::string(kReserved) + std::to_string(prefix.size()) + "/" + std::string(prefix) + "/v";
+  }
   static std::string hidden_prefix(std::string_view prefix, std::uint64_t seq) {
-    return std::string(kReserved) + std::to_string(prefix.size()) + "/" + std::string(prefix) + "/v" +
-           std::to_string(seq) + "/";
+    return hidden_root(prefix) + std::to_string(seq) + "/";
   }
 
   static void validate(std::string_view prefix) {
@@ -69,12 +75,16 @@ class ModelAb {
       throw InvalidArgument("max_versions is " + std::to_string(max_versions) +
                             ": an A/B update needs room for the current version and the new one (2 or more)");
     auto& ctx = core.ctx;
-    for (int attempt = 0;; ++attempt) {
+    const auto deadline = std::chrono::steady_clock::now() + ctx.opts.request_timeout;
+    auto pause = std::chrono::milliseconds(10);
+    bool gave_up = false;
+    for (;;) {
       redis::Reply r;
       {
         auto c = ctx.pool.acquire();
-        r = ctx.scripts.ab_begin.eval(*c, {ctx.keys.model(prefix)},
-                                      {ctx.keys.prefix(), ctx.session, static_cast<std::int64_t>(max_versions)});
+        r = ctx.scripts.ab_begin.eval(*c, {ctx.keys.model(prefix), ctx.keys.names(), ctx.keys.lifecycle()},
+                                      {ctx.keys.prefix(), ctx.session, static_cast<std::int64_t>(max_versions),
+                                       hidden_root(prefix)});
       }
       const std::string st = script_status(r);
       if (st == "ok") {
@@ -83,18 +93,42 @@ class ModelAb {
         s.seq = reply_u64(r[2]);
         s.hidden = hidden_prefix(prefix, s.seq);
         s.token = std::to_string(s.seq) + " " + ctx.session;
+        if (const auto retired = reply_int(r[3]); retired > 0)
+          log(LogLevel::warn, "model '" + std::string(prefix) + "': its record was lost (Redis lost its data); " +
+                                  std::to_string(retired) + " tensor(s) of its earlier versions were retired, and " +
+                                  "its versions count again from " + std::to_string(s.version));
         writers().add(s.token);
         return s;
       }
-      if (st == "full")
-        throw BudgetExceeded("model '" + std::string(prefix) + "': " + std::to_string(max_versions) +
-                             " versions are live (version:record:generation " + std::string(r[1].str()) +
-                             "), the current one and older ones a reader still holds; a new version needs one of "
-                             "them to go (its readers advance or close), or a larger max_versions");
+      if (st == "full") {
+        // Versions no reader holds only wait for the next GC round to
+        // free their memory: worth a short wait, not an error blaming
+        // readers (a publish right after a publish lands here).
+        const std::string live(r[1].str()), releasing(r.size() > 2 ? r[2].str() : std::string_view());
+        const auto words = [](const std::string& t) {
+          return t.empty() ? 0u : 1u + static_cast<unsigned>(std::count(t.begin(), t.end(), ' '));
+        };
+        const bool frees_suffice = !releasing.empty() && words(live) - words(releasing) + 1 <= max_versions;
+        if (frees_suffice && std::chrono::steady_clock::now() + pause < deadline) {
+          std::this_thread::sleep_for(pause);
+          pause = std::min(pause * 2, std::chrono::milliseconds(200));
+          continue;
+        }
+        throw BudgetExceeded(
+            "model '" + std::string(prefix) + "': " + std::to_string(words(live)) + " of max_versions " +
+            std::to_string(max_versions) + " versions are live (version:record:generation " + live + ")" +
+            (frees_suffice ? "; no reader holds version(s) " + releasing +
+                                 " any more, but their memory is still being released (the next garbage collection "
+                                 "round frees it; waited " + std::to_string(ctx.opts.request_timeout.count()) +
+                                 " ms); retry once it is freed, or use a larger max_versions"
+                           : ": the current one and older ones a reader still holds; a new version needs one of "
+                             "them to go (its readers advance or close), or a larger max_versions"));
+      }
       if (st != "busy") unexpected_status("ab_begin", st);
       const std::string sess(r[1].str());
       const std::string token = std::string(r[2].str()) + " " + sess;
-      if (sess == ctx.session && !writers().has(token) && attempt == 0) {
+      if (sess == ctx.session && !writers().has(token) && !gave_up) {
+        gave_up = true;
         abort(core, prefix, token);  // ours, abandoned: its tensors went with its writer's handles
         continue;
       }

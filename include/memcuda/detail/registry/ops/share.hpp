@@ -6,7 +6,7 @@
 // allocation base plus the tensor's offset (backend/borrow_cuda.hpp). The
 // share script publishes it unfenced (this process owns the memory, not the
 // allocator of record). The registry keeps the buffer's keep-alive
-// (process/borrowed.hpp) until the record's last reference goes: the
+// (client/borrowed.hpp) until the record's last reference goes: the
 // owner's own release gets `free` back from the release script; another
 // process's release pushes a free command, which the allocator of record
 // forwards to this session's inbox (Allocator::free_unlinked). A dead
@@ -120,7 +120,7 @@ inline Opened finish_share(Core& core, PreparedShare& p, const redis::Reply& r) 
   t.refcount = reply_int(r[2]);
   t.holders[core.ctx.session] = 1;
   if (p.persistent) t.holders[std::string(HolderId::kName)] = 1;
-  core.borrowed.add(t.generation, p.block);
+  core.borrowed.add(t, p.persistent, p.block);
   core.holdings.took(t);
   return {t, p.ptr, p.block};
 }
