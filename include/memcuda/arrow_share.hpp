@@ -220,7 +220,7 @@ inline SharedTensor<void> share_arrow(TensorRegistry& reg, std::string_view name
 #endif
     }
     case ARROW_DEVICE_CUDA_HOST:
-    case ARROW_DEVICE_CUDA_MANAGED:
+    case 13:  // ARROW_DEVICE_CUDA_MANAGED: by value, a caller's own definition of the spec may stop at CUDA_HOST
       throw NotShareable(where + ": " + (a.device_type == ARROW_DEVICE_CUDA_HOST ? "pinned host" : "managed") +
                          " memory has no handle another process can open; copy it into registry memory");
     default:
