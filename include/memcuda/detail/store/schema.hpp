@@ -10,7 +10,8 @@
 // and at every garbage collection round, moves a key of the wrong type
 // aside (quarantine, listed by `memcuda quarantine`) and rebuilds it
 // (schema_repair.hpp). A key with a part (a name, a session, a
-// generation) is checked where it is read or written: `rebuilt` says how.
+// generation) is handled where it is read or written: `rebuilt` says how,
+// or that it is not repaired yet.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -78,14 +79,16 @@ inline constexpr Key kKeys[] = {
     {"tensor", "memcuda:tensor:<name>", "hash", "scripts", Fix::none, "GC's sweep quarantines it, unlinks the name"},
     {"removed", "memcuda:removed:<generation>", "hash", "scripts", Fix::none, "GC's sweep quarantines it"},
     {"moved", "memcuda:moved:<generation>", "string", "migrate script", Fix::none, "a release through it fails"},
-    {"lost", "memcuda:lost:<name>", "hash", "mark-lost script", Fix::none, "deleted by the next create of the name"},
-    {"inbox", "memcuda:inbox:<session>", "list", "the leader", Fix::none, "expires (60 s)"},
+    {"lost", "memcuda:lost:<name>", "hash", "mark-lost script", Fix::none,
+     "deleted by the next create of the name; a get of it fails until then"},
+    {"inbox", "memcuda:inbox:<session>", "list", "the leader", Fix::none,
+     "not repaired: its session's reads fail (logged) until it is deleted"},
     {"refs", "memcuda:refs:<holder>", "set", "scripts, GC", Fix::none,
      "moved aside where GC reads or writes it; the sweep writes it back"},
     {"processing", "memcuda:processing:<epoch>", "list", "the leader of that epoch", Fix::none,
-     "the leader's own is checked with the fixed keys"},
+     "not repaired: the leader's move of a command into it fails"},
     {"session", "memcuda:session:<session>", "string", "each registry's thread", Fix::none,
-     "not read as a session; its heartbeat's SET replaces it"},
+     "not repaired: not read as a session, and its heartbeat (SET ... GET) fails"},
     {"request_reply", "memcuda:reply:<session>:<n>", "list", "the leader", Fix::none,
      "the reply is not delivered: that one request fails"},
     {"batch_reply", "memcuda:reply:<session>:batch:<n>", "list", "the leader", Fix::none,
@@ -93,22 +96,25 @@ inline constexpr Key kKeys[] = {
     {"migrate_reply", "memcuda:reply:<session>:migrate", "list", "holders", Fix::none,
      "the answer is not delivered: the migration is retried"},
     {"wait_list", "memcuda:reply:<session>:wait:<n>", "list", "create script", Fix::none,
-     "skipped by the create; that wait() times out"},
+     "skipped by the create; that wait() fails"},
     {"waiters", "memcuda:waiters:<name>", "set", "wait(), create script", Fix::none,
      "the next create of the name moves it aside"},
-    {"model", "memcuda:model:<prefix>", "hash", "publish-version script", Fix::none, "a publish fails naming it"},
+    {"model", "memcuda:model:<prefix>", "hash", "publish-version script", Fix::none,
+     "not repaired: a publish of the model fails (WRONGTYPE)"},
     {"model_waiters", "memcuda:model_waiters:<prefix>", "set", "wait_version(), publish-version script", Fix::none,
-     "expires (120 s)"},
+     "not repaired: wait_version() and publishes of the model fail (WRONGTYPE)"},
     {"model_wait_list", "memcuda:reply:<session>:model_wait:<n>", "list", "publish-version script", Fix::none,
-     "that wait_version() times out"},
+     "skipped by the publish; that wait_version() fails"},
     {"ready_channel", "memcuda:ready:<name>", "channel", "create script", Fix::none, "a channel, not a key"},
-    {"dict", "memcuda:dict:<id>", "hash", "dict scripts", Fix::none, "GC forgets an id that is no record"},
+    {"dict", "memcuda:dict:<id>", "hash", "dict scripts", Fix::none,
+     "not repaired: what reads it fails (WRONGTYPE)"},
     {"dict_link", "memcuda:dictlink:<prefix>", "string", "dict link script, unlinks", Fix::none,
-     "read as no link"},
+     "not repaired: a script that reads it fails (WRONGTYPE)"},
     {"quarantine", "memcuda:quarantine:<id>", "any", "the leader's repairs", Fix::none, "kept as it is"},
     {"standby_synced", "memcuda:standby:<session>", "string", "that session's standby", Fix::none,
      "its next pass's SET replaces it"},
-    {"standby_wake", "memcuda:standby_wake:<session>", "list", "the leader", Fix::none, "expires (60 s)"},
+    {"standby_wake", "memcuda:standby_wake:<session>", "list", "the leader", Fix::none,
+     "not repaired: the leader's wake of that standby fails"},
 };
 
 // The Keys members that build no key of their own: a prefix, a pattern,
