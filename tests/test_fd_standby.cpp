@@ -19,6 +19,7 @@
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/leader/orphan_scan.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"

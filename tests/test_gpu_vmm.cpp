@@ -137,15 +137,6 @@ TEST_CASE("vmm: a tensor created by one process reads byte-identical in another,
   REQUIRE(b->ask("fill w 2") == "OK");
   CHECK(a->ask("sum w") == "OK sum=2000000 valid=1");
 
-  // a reader forced to legacy IPC gets a clear error naming both kinds
-  auto ipc = worker(srv, "ipc", {"--no-control"});
-  CHECK_FALSE(ready(*ipc));
-  auto err = ipc->ask("get w", 30s);
-  INFO(err);
-  CHECK(starts_with(err, "ERR"));
-  CHECK(contains(err, "cuda_vmm_fd"));
-  CHECK(contains(err, "cuda_ipc"));
-
   REQUIRE(b->ask("release w") == "OK");
   REQUIRE(a->ask("release w") == "OK");
   REQUIRE(a->ask("remove w") == "OK");

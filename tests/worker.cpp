@@ -1,6 +1,7 @@
 // memcuda_test_worker: a real mem-cuda process driven by the tests over
 // stdin/stdout, one command per line, one reply line each ("OK ..." or
-// "ERR <code> <message>").
+// "ERR <code> <message>"; a KindUnavailable: "ERR unavailable
+// kind_reason=<reason> <message>").
 //
 //   memcuda_test_worker --url URL [--ns N] [--no-control] [--ttl MS] [--session-ttl MS] [--backend host|cuda]
 //                       [--uid UID] (drop to that user first; root only)
@@ -372,6 +373,9 @@ int main(int argc, char** argv) {
       } else {
         out << "ERR invalid_argument unknown command '" << cmd << "'";
       }
+    } catch (const KindUnavailable& e) {  // the reason, for tests of what a reader lacks
+      out.str("");
+      out << "ERR " << e.code() << " kind_reason=" << to_string(e.reason()) << " " << e.what();
     } catch (const Error& e) {
       out.str("");
       out << "ERR " << e.code() << " " << e.what();

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 MEMCUDA_NAMESPACE_BEGIN
 
@@ -60,6 +61,42 @@ MEMCUDA_DEFINE_ERROR(Unavailable, Error, "unavailable");
 MEMCUDA_DEFINE_ERROR(NotZeroCopy, Unavailable, "not_zero_copy");
 // A bug or an impossible state inside mem-cuda; please report it.
 MEMCUDA_DEFINE_ERROR(InternalError, Error, "internal");
+
+// Why this process cannot open the allocation kind a record names
+// (docs/design.md, "Allocation kinds"). A reader opens every kind, whatever
+// it allocates with; these are what it lacks.
+enum class KindErrc : std::uint8_t {
+  built_without_cuda,  // a cuda kind, and this build has no CUDA backend
+  no_cuda_driver,      // a cuda kind, and no usable CUDA driver (or it lacks the cuMem calls)
+  no_cuda_device,      // a cuda kind, and this process sees no CUDA device (CUDA_VISIBLE_DEVICES)
+  no_fd_support,       // an fd-shared kind, and the system refuses fd transfer here (pidfd_getfd, SCM_RIGHTS)
+  unknown_kind,        // a kind this version does not know (written by a newer one)
+};
+
+inline const char* to_string(KindErrc e) noexcept {
+  switch (e) {
+    case KindErrc::built_without_cuda: return "built_without_cuda";
+    case KindErrc::no_cuda_driver: return "no_cuda_driver";
+    case KindErrc::no_cuda_device: return "no_cuda_device";
+    case KindErrc::no_fd_support: return "no_fd_support";
+    case KindErrc::unknown_kind: return "unknown_kind";
+  }
+  return "unknown";
+}
+
+// This process cannot open a record's allocation kind: reason() says what
+// it lacks, kind() which kind it was. On the wire it is plain Unavailable.
+class KindUnavailable : public Unavailable {
+ public:
+  KindUnavailable(KindErrc reason, std::string kind, const std::string& what)
+      : Unavailable(what), reason_(reason), kind_(std::move(kind)) {}
+  KindErrc reason() const noexcept { return reason_; }
+  const std::string& kind() const noexcept { return kind_; }
+
+ private:
+  KindErrc reason_;
+  std::string kind_;
+};
 
 // A lifecycle command or stored record that does not follow docs/protocol.md.
 // Carries the specific reason so callers and tests can tell them apart.

@@ -6,6 +6,7 @@
 #include "memcuda/config.hpp"
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -175,9 +176,17 @@ struct AllocationOptions {
 
   // How cuda memory is allocated and shared (CudaAllocation above); nullopt:
   // automatic. from_env: MEMCUDA_CUDA_ALLOCATION ("auto", "vmm" or "ipc").
-  // Readers open only records of the kind they resolve to: a process forced
-  // to ipc reading a cuda_vmm_fd record gets Unavailable naming both kinds.
+  // It decides only what this process creates: a reader opens every kind a
+  // record names (cuda_ipc, cuda_vmm_fd, host_memfd), whatever it is.
   std::optional<CudaAllocation> cuda_allocation;
+
+  // How many mappings of other processes' allocations that no tensor of
+  // this process uses any more are kept open, most recently used first, so
+  // that a get/release loop does not pay an open each time (an idle
+  // mapping keeps its memory allocated until it is closed); 0 closes them
+  // at once. from_env: MEMCUDA_IMPORT_CACHE (a count, 0..65536).
+  // Process-wide: the last registry made sets it.
+  std::size_t import_cache = 16;
 
   // The pool this registry allocates from while it is allocator of record
   // (from_env: MEMCUDA_DEBUG_POISON sets pool.poison).

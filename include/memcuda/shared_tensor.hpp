@@ -27,7 +27,7 @@ class ExportedEvent;  // detail/cuda/ipc_event.hpp (CUDA)
 // what keeps its memory mapped. Shared by every copy of a SharedTensor;
 // the destructor queues the release of the reference (no Redis round trip
 // on the caller's thread: the registry's release thread sends it, see
-// detail/registry/process/release_queue.hpp) and never throws.
+// detail/registry/release_queue.hpp) and never throws.
 //
 // The members that talk to Redis or CUDA are only declared here and defined
 // in the implementation unit (memcuda/impl/shared_tensor.ipp, included by

@@ -53,7 +53,7 @@ struct RegistryAccess;  // below
 // and sent, batched, by the next registry call of this process (which
 // sends what is queued before its own request, so it sees it) or else by
 // the release thread within 0.2 ms plus one round trip (see flush() and
-// detail/registry/process/release_queue.hpp). Releases of tensors that outlive the
+// detail/registry/release_queue.hpp). Releases of tensors that outlive the
 // registry still land.
 //
 // Reference sharing: a get() of a name this registry already holds shares

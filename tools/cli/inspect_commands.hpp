@@ -95,53 +95,49 @@ std::string alloc_kind_text(const TensorInfo& t) {
   return t.backend == BackendKind::cuda ? "cuda_ipc" : "host_shm";
 }
 
-int cmd_info(Context& c) {
-  const std::string name = one_operand(c, "NAME");
-  TensorRegistry reg(c.registry_options(false));
-  const TensorInfo t = reg.info(name);
-  const auto now = now_ms();
-  const auto holders = holders_of(t);
-  const bool same_node = ::memcuda::detail::same_node(t.node, reg.node_id());
+// `info --json`: the record, every field, and each holder's process.
+json::object info_json(const TensorInfo& t, const std::vector<HolderView>& holders, std::int64_t now,
+                       bool same_node) {
   const auto owner_pid = static_cast<pid_t>(t.owner_pid);
-
-  if (c.json) {
-    json::object o = tensor_summary_json(t, now);
-    o["elements"] = t.elements();
-    o["strides"] = shape_json(t.strides());
-    o["this_node"] = same_node;
-    o["ipc_handle"] = hex(t.ipc_handle);
-    o["ipc_handle_bytes"] = t.ipc_handle.size();
-    // A host record of an older version names a /dev/shm object; a
-    // host_memfd one names a key (its memory has no name in /dev/shm).
-    if (alloc_kind_text(t) == "host_shm") o["shm_name"] = t.ipc_handle;
-    if (!t.fd_source.empty()) o["fd_source"] = t.fd_source;
-    o["offset"] = t.offset;
-    o["alloc_bytes"] = t.alloc_bytes;
-    o["alloc_id"] = t.alloc_id;
-    o["alloc_kind"] = alloc_kind_text(t);
-    o["borrowed"] = t.borrowed;  // the owner's own buffer (share): it dies with the owner
-    o["epoch"] = t.epoch;
-    o["owner"] = t.owner;
-    o["owner_pid"] = t.owner_pid;
-    o["owner_alive"] = pid_alive(owner_pid);
-    o["create_id"] = t.create_id;
-    o["event_handle"] = hex(t.event_handle);
-    o["event_version"] = t.event_version;
-    json::array hs;
-    for (const auto& h : holders) {
-      json::object ho{{"id", h.id}, {"count", h.count}};
-      if (h.pid) {
-        ho["pid"] = *h.pid;
-        ho["alive"] = h.alive;
-      }
-      if (h.id == kNameHolder) ho["persistent"] = true;
-      hs.push_back(std::move(ho));
+  json::object o = tensor_summary_json(t, now);
+  o["elements"] = t.elements();
+  o["strides"] = shape_json(t.strides());
+  o["this_node"] = same_node;
+  o["ipc_handle"] = hex(t.ipc_handle);
+  o["ipc_handle_bytes"] = t.ipc_handle.size();
+  // A host record of an older version names a /dev/shm object; a
+  // host_memfd one names a key (its memory has no name in /dev/shm).
+  if (alloc_kind_text(t) == "host_shm") o["shm_name"] = t.ipc_handle;
+  if (!t.fd_source.empty()) o["fd_source"] = t.fd_source;
+  o["offset"] = t.offset;
+  o["alloc_bytes"] = t.alloc_bytes;
+  o["alloc_id"] = t.alloc_id;
+  o["alloc_kind"] = alloc_kind_text(t);
+  o["borrowed"] = t.borrowed;  // the owner's own buffer (share): it dies with the owner
+  o["epoch"] = t.epoch;
+  o["owner"] = t.owner;
+  o["owner_pid"] = t.owner_pid;
+  o["owner_alive"] = pid_alive(owner_pid);
+  o["create_id"] = t.create_id;
+  o["event_handle"] = hex(t.event_handle);
+  o["event_version"] = t.event_version;
+  json::array hs;
+  for (const auto& h : holders) {
+    json::object ho{{"id", h.id}, {"count", h.count}};
+    if (h.pid) {
+      ho["pid"] = *h.pid;
+      ho["alive"] = h.alive;
     }
-    o["holders"] = std::move(hs);
-    print_json(o);
-    return kOk;
+    if (h.id == kNameHolder) ho["persistent"] = true;
+    hs.push_back(std::move(ho));
   }
+  o["holders"] = std::move(hs);
+  return o;
+}
 
+// `info`: the record as key: value lines, then its holders.
+void print_info(const TensorInfo& t, const std::vector<HolderView>& holders, std::int64_t now, bool same_node) {
+  const auto owner_pid = static_cast<pid_t>(t.owner_pid);
   auto opt = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
   std::string handle = t.ipc_handle.empty() ? "-" : hex(t.ipc_handle);
   handle += " (" + std::to_string(t.ipc_handle.size()) + " bytes";
@@ -186,6 +182,17 @@ int cmd_info(Context& c) {
     }
     std::cout << tab.render();
   }
+}
+
+int cmd_info(Context& c) {
+  const std::string name = one_operand(c, "NAME");
+  TensorRegistry reg(c.registry_options(false));
+  const TensorInfo t = reg.info(name);
+  const auto now = now_ms();
+  const auto holders = holders_of(t);
+  const bool same_node = ::memcuda::detail::same_node(t.node, reg.node_id());
+  if (c.json) print_json(info_json(t, holders, now, same_node));
+  else print_info(t, holders, now, same_node);
   return kOk;
 }
 

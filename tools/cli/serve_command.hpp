@@ -11,6 +11,33 @@ void emit_line(const std::string& s) {
   std::cout << s << std::endl;  // flushed: someone may be waiting for this line
 }
 
+// Says whether this process is now the allocator of record or a follower.
+void announce_role(Context& c, TensorRegistry& reg, bool leader) {
+  LeaderInfo l;
+  try {
+    l = reg.leader();
+  } catch (const RedisError&) {
+    // Redis is away, or refuses our credentials for now (a password
+    // rotation): the control thread keeps trying, and this process keeps
+    // what it owns.
+    l = {};
+  }
+  if (c.json) {
+    json::object ev{{"event", leader ? "leader" : "follower"}};
+    if (l.present) {
+      ev["epoch"] = l.epoch;
+      ev["leader_session"] = l.session;
+    }
+    print_json(ev);
+    std::cout.flush();
+    return;
+  }
+  if (leader)
+    emit_line("allocator of record" + (l.present ? " (epoch " + std::to_string(l.epoch) + ")" : std::string()));
+  else
+    emit_line("follower (allocator of record: " + leader_line(l) + ")");
+}
+
 int cmd_serve(Context& c) {
   no_operands(c);
   RegistryOptions o = c.registry_options(true);
@@ -47,34 +74,8 @@ int cmd_serve(Context& c) {
               ", lease ttl " + std::to_string(o.lease_ttl.count()) + " ms");
   std::cout.flush();
 
-  auto announce = [&](bool leader) {
-    LeaderInfo l;
-    try {
-      l = reg->leader();
-    } catch (const RedisError&) {
-      // Redis is away, or refuses our credentials for now (a password
-      // rotation): the control thread keeps trying, and this process keeps
-      // what it owns.
-      l = {};
-    }
-    if (c.json) {
-      json::object ev{{"event", leader ? "leader" : "follower"}};
-      if (l.present) {
-        ev["epoch"] = l.epoch;
-        ev["leader_session"] = l.session;
-      }
-      print_json(ev);
-      std::cout.flush();
-      return;
-    }
-    if (leader)
-      emit_line("allocator of record" + (l.present ? " (epoch " + std::to_string(l.epoch) + ")" : std::string()));
-    else
-      emit_line("follower (allocator of record: " + leader_line(l) + ")");
-  };
-
   bool leader = reg->is_leader();
-  announce(leader);
+  announce_role(c, *reg, leader);
   int sig = 0;
   for (;;) {
     timespec poll{0, 100'000'000};
@@ -83,7 +84,7 @@ int cmd_serve(Context& c) {
     if (errno != EAGAIN && errno != EINTR) throw std::system_error(errno, std::generic_category(), "sigtimedwait");
     if (bool now = reg->is_leader(); now != leader) {
       leader = now;
-      announce(leader);
+      announce_role(c, *reg, leader);
     }
   }
   const std::string signame = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";

@@ -64,6 +64,9 @@ RegistryOptions RegistryOptions::from_env() {
   };
   if (auto v = detail::env_value("MEMCUDA_FD_PREFETCH"))
     o.fd_prefetch = static_cast<int>(bounded("MEMCUDA_FD_PREFETCH", *v, 253, "a count of fds, 0..253"));
+  if (auto v = detail::env_value("MEMCUDA_IMPORT_CACHE"))
+    o.import_cache =
+        static_cast<std::size_t>(bounded("MEMCUDA_IMPORT_CACHE", *v, 65536, "a count of mappings, 0..65536"));
   if (auto v = detail::env_value("MEMCUDA_FD_PARK_MS"))
     o.fd_park_window = std::chrono::milliseconds(
         bounded("MEMCUDA_FD_PARK_MS", *v, 60000, "an integer number of milliseconds, 0..60000"));

@@ -98,6 +98,91 @@ inline bool is_command_field(std::string_view k) noexcept {
   return false;
 }
 
+// A create's own fields.
+inline void decode_create_fields(const boost::json::object& o, Command& c) {
+  namespace json = boost::json;
+  std::string_view dt =
+      get_string(require(o, "dtype", "command \"create\""), "dtype");
+  c.dtype = dtype_from_string(dt);
+  if (!c.dtype)
+    fail(ProtocolErrc::unknown_dtype,
+         "field \"dtype\": unknown dtype \"" + memcuda::detail::rules::printable(dt) +
+             "\"; expected one of bool u8 i8 i16 i32 i64 u16 u32 u64 f16 bf16 f32 f64");
+  c.shape = memcuda::detail::rules::shape_from_json(
+      require(o, "shape", "command \"create\""), "field \"shape\"");
+  try {
+    (void)byte_size(*c.dtype, *c.shape);
+  } catch (const ProtocolError& e) {
+    fail(e.errc(), std::string("field \"shape\": ") + e.what());
+  }
+  if (const json::value* v = find(o, "device"))
+    c.device = static_cast<int>(get_int(*v, "device", 0, kMaxDevice));
+  if (const json::value* v = find(o, "device_uuid"))
+    c.device_uuid = get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
+  if (const json::value* v = find(o, "persistent")) {
+    if (!v->is_bool()) wrong_type("persistent", "a boolean", *v);
+    c.persistent = v->get_bool();
+  }
+  if (const json::value* v = find(o, "backend")) {
+    std::string_view b = get_string(*v, "backend");
+    c.backend = backend_from_string(b);
+    if (!c.backend)
+      fail(ProtocolErrc::bad_value, "field \"backend\": \"" +
+                                        memcuda::detail::rules::printable(b) +
+                                        "\" is not a backend; expected \"cuda\" or \"host\"");
+  }
+}
+
+// A free of several generations ("generations").
+inline void decode_free_many(const boost::json::object& o, Command& c) {
+  namespace json = boost::json;
+  if (find(o, "generation"))
+    fail(ProtocolErrc::bad_value, "command \"free\": give \"generation\" or \"generations\", not both");
+  const json::value& gv = *find(o, "generations");
+  const json::array* a = gv.if_array();
+  if (!a) wrong_type("generations", "an array", gv);
+  if (a->empty() || a->size() > kMaxBatchEntries)
+    fail(ProtocolErrc::bad_value, "field \"generations\": " + std::to_string(a->size()) +
+                                      " entries; a free holds 1.." + std::to_string(kMaxBatchEntries));
+  c.generations.reserve(a->size());
+  for (const auto& g : *a) c.generations.push_back(get_uint(g, "generations"));
+}
+
+// A create_many's defaults and entries.
+inline void decode_create_many(const boost::json::object& o, Command& c) {
+  namespace json = boost::json;
+  // The defaults of the entries, checked like a create's own fields.
+  if (const json::value* v = find(o, "device"))
+    c.device = static_cast<int>(get_int(*v, "device", 0, kMaxDevice));
+  if (const json::value* v = find(o, "device_uuid"))
+    c.device_uuid = get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
+  if (const json::value* v = find(o, "persistent")) {
+    if (!v->is_bool()) wrong_type("persistent", "a boolean", *v);
+    c.persistent = v->get_bool();
+  }
+  if (const json::value* v = find(o, "backend")) c.backend = get_backend(*v, "backend");
+  const json::value& tv = require(o, "tensors", "command \"create_many\"");
+  const json::array* a = tv.if_array();
+  if (!a) wrong_type("tensors", "an array", tv);
+  if (a->empty() || a->size() > kMaxBatchEntries)
+    fail(ProtocolErrc::bad_value, "field \"tensors\": " + std::to_string(a->size()) +
+                                      " entries; a create_many holds 1.." +
+                                      std::to_string(kMaxBatchEntries));
+  c.tensors.reserve(a->size());
+  for (std::size_t i = 0; i < a->size(); ++i) {
+    CreateEntry e = decode_create_entry((*a)[i], i);
+    for (std::size_t j = 0; j < i; ++j)
+      if (c.tensors[j].name == e.name)
+        fail(ProtocolErrc::bad_value, "field \"tensors\": the name \"" + e.name + "\" appears twice (entries " +
+                                          std::to_string(j) + " and " + std::to_string(i) + ")");
+    if (!e.device) e.device = c.device;
+    if (!e.device_uuid) e.device_uuid = c.device_uuid;
+    if (!e.backend) e.backend = c.backend;
+    if (!e.persistent) e.persistent = c.persistent;
+    c.tensors.push_back(std::move(e));
+  }
+}
+
 }  // namespace detail
 
 // Decodes one lifecycle command. Throws ProtocolError (see the errc table in
@@ -145,39 +230,9 @@ inline Command decode_command(std::string_view text) {
     c.holder = detail::get_bounded_text(*v, "holder", kMaxHolderBytes);
 
   switch (c.op) {
-    case Op::create: {
-      std::string_view dt =
-          detail::get_string(detail::require(*o, "dtype", "command \"create\""), "dtype");
-      c.dtype = dtype_from_string(dt);
-      if (!c.dtype)
-        fail(ProtocolErrc::unknown_dtype,
-             "field \"dtype\": unknown dtype \"" + memcuda::detail::rules::printable(dt) +
-                 "\"; expected one of bool u8 i8 i16 i32 i64 u16 u32 u64 f16 bf16 f32 f64");
-      c.shape = memcuda::detail::rules::shape_from_json(
-          detail::require(*o, "shape", "command \"create\""), "field \"shape\"");
-      try {
-        (void)byte_size(*c.dtype, *c.shape);
-      } catch (const ProtocolError& e) {
-        fail(e.errc(), std::string("field \"shape\": ") + e.what());
-      }
-      if (const json::value* v = detail::find(*o, "device"))
-        c.device = static_cast<int>(detail::get_int(*v, "device", 0, kMaxDevice));
-      if (const json::value* v = detail::find(*o, "device_uuid"))
-        c.device_uuid = detail::get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
-      if (const json::value* v = detail::find(*o, "persistent")) {
-        if (!v->is_bool()) detail::wrong_type("persistent", "a boolean", *v);
-        c.persistent = v->get_bool();
-      }
-      if (const json::value* v = detail::find(*o, "backend")) {
-        std::string_view b = detail::get_string(*v, "backend");
-        c.backend = backend_from_string(b);
-        if (!c.backend)
-          fail(ProtocolErrc::bad_value, "field \"backend\": \"" +
-                                            memcuda::detail::rules::printable(b) +
-                                            "\" is not a backend; expected \"cuda\" or \"host\"");
-      }
+    case Op::create:
+      detail::decode_create_fields(*o, c);
       break;
-    }
     case Op::get:
     case Op::release:
       if (const json::value* v = detail::find(*o, "generation"))
@@ -185,54 +240,15 @@ inline Command decode_command(std::string_view text) {
       break;
     case Op::free:
       if (many_frees) {
-        if (detail::find(*o, "generation"))
-          fail(ProtocolErrc::bad_value, "command \"free\": give \"generation\" or \"generations\", not both");
-        const json::value& gv = *detail::find(*o, "generations");
-        const json::array* a = gv.if_array();
-        if (!a) detail::wrong_type("generations", "an array", gv);
-        if (a->empty() || a->size() > kMaxBatchEntries)
-          fail(ProtocolErrc::bad_value, "field \"generations\": " + std::to_string(a->size()) +
-                                            " entries; a free holds 1.." + std::to_string(kMaxBatchEntries));
-        c.generations.reserve(a->size());
-        for (const auto& g : *a) c.generations.push_back(detail::get_uint(g, "generations"));
+        detail::decode_free_many(*o, c);
         break;
       }
       c.generation =
           detail::get_uint(detail::require(*o, "generation", "command \"free\""), "generation");
       break;
-    case Op::create_many: {
-      // The defaults of the entries, checked like a create's own fields.
-      if (const json::value* v = detail::find(*o, "device"))
-        c.device = static_cast<int>(detail::get_int(*v, "device", 0, kMaxDevice));
-      if (const json::value* v = detail::find(*o, "device_uuid"))
-        c.device_uuid = detail::get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
-      if (const json::value* v = detail::find(*o, "persistent")) {
-        if (!v->is_bool()) detail::wrong_type("persistent", "a boolean", *v);
-        c.persistent = v->get_bool();
-      }
-      if (const json::value* v = detail::find(*o, "backend")) c.backend = detail::get_backend(*v, "backend");
-      const json::value& tv = detail::require(*o, "tensors", "command \"create_many\"");
-      const json::array* a = tv.if_array();
-      if (!a) detail::wrong_type("tensors", "an array", tv);
-      if (a->empty() || a->size() > kMaxBatchEntries)
-        fail(ProtocolErrc::bad_value, "field \"tensors\": " + std::to_string(a->size()) +
-                                          " entries; a create_many holds 1.." +
-                                          std::to_string(kMaxBatchEntries));
-      c.tensors.reserve(a->size());
-      for (std::size_t i = 0; i < a->size(); ++i) {
-        CreateEntry e = detail::decode_create_entry((*a)[i], i);
-        for (std::size_t j = 0; j < i; ++j)
-          if (c.tensors[j].name == e.name)
-            fail(ProtocolErrc::bad_value, "field \"tensors\": the name \"" + e.name + "\" appears twice (entries " +
-                                              std::to_string(j) + " and " + std::to_string(i) + ")");
-        if (!e.device) e.device = c.device;
-        if (!e.device_uuid) e.device_uuid = c.device_uuid;
-        if (!e.backend) e.backend = c.backend;
-        if (!e.persistent) e.persistent = c.persistent;
-        c.tensors.push_back(std::move(e));
-      }
+    case Op::create_many:
+      detail::decode_create_many(*o, c);
       break;
-    }
   }
   return c;
 }

@@ -122,6 +122,182 @@ inline Fields encode_record(const TensorInfo& t) {
   return out;
 }
 
+namespace detail {
+
+// decode_record's reading of one record: its fields by name (holders apart),
+// and how a bad one is reported, naming the record and the field.
+class RecordDecoder {
+ public:
+  explicit RecordDecoder(const Fields& fields) {
+    namespace f = record_field;
+    for (const auto& [k, v] : fields)
+      if (k == f::name && memcuda::is_valid_name(v)) who_ = "tensor record \"" + v + "\"";
+    for (const auto& [k, v] : fields) {
+      std::string_view key = k;
+      if (key.starts_with(f::holder_prefix)) {
+        std::string id(key.substr(f::holder_prefix.size()));
+        if (id.empty()) bad(key, "names no holder");
+        auto n = parse_decimal<std::int64_t>(v);
+        if (!n || *n < 0) bad(key, "is " + shown(v) + ", expected an integer >= 0");
+        if (!t.holders.emplace(std::move(id), *n).second) bad(key, "appears twice");
+        continue;
+      }
+      if (!by_name_.emplace(key, v).second) bad(key, "appears twice");
+    }
+  }
+
+  [[noreturn]] void bad(std::string_view field, const std::string& why) const {
+    fail(ProtocolErrc::bad_record, who_ + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
+  }
+  std::string_view required(std::string_view field) const {
+    auto it = by_name_.find(field);
+    if (it == by_name_.end()) bad(field, "is missing");
+    return it->second;
+  }
+  std::optional<std::string_view> optional_field(std::string_view field) const {
+    auto it = by_name_.find(field);
+    if (it == by_name_.end()) return std::nullopt;
+    return it->second;
+  }
+  static std::string shown(std::string_view v) { return "\"" + memcuda::detail::rules::printable(v) + "\""; }
+  std::int64_t as_i64(std::string_view field, std::string_view v) const {
+    auto n = parse_decimal<std::int64_t>(v);
+    if (!n) bad(field, "is " + shown(v) + ", expected a decimal int64");
+    return *n;
+  }
+  std::uint64_t as_u64(std::string_view field, std::string_view v) const {
+    auto n = parse_decimal<std::uint64_t>(v);
+    if (!n) bad(field, "is " + shown(v) + ", expected a decimal uint64");
+    return *n;
+  }
+
+  TensorInfo t;  // what is decoded so far
+
+ private:
+  std::map<std::string_view, std::string_view> by_name_;
+  std::string who_ = "tensor record";
+};
+
+// name, dtype, shape and bytes, which must agree.
+inline void decode_identity(RecordDecoder& d) {
+  namespace f = record_field;
+  std::string_view name = d.required(f::name);
+  if (!is_valid_name(name)) d.bad(f::name, "is " + RecordDecoder::shown(name) + ", not a valid tensor name");
+  d.t.name = std::string(name);
+
+  std::string_view dt = d.required(f::dtype);
+  auto dtype = dtype_from_string(dt);
+  if (!dtype) d.bad(f::dtype, "is " + RecordDecoder::shown(dt) + ", not a dtype");
+  d.t.dtype = *dtype;
+
+  std::string_view sh = d.required(f::shape);
+  try {
+    d.t.shape = shape_from_string(sh);
+  } catch (const ProtocolError& e) {
+    d.bad(f::shape, "is " + RecordDecoder::shown(sh) + ": " + e.what());
+  }
+
+  d.t.bytes = d.as_u64(f::bytes, d.required(f::bytes));
+  std::uint64_t expected = 0;
+  try {
+    expected = byte_size(d.t.dtype, d.t.shape);
+  } catch (const ProtocolError& e) {
+    d.bad(f::shape, std::string("does not give a valid size: ") + e.what());
+  }
+  if (d.t.bytes != expected)
+    d.bad(f::bytes, "is " + std::to_string(d.t.bytes) + " but " + std::string(to_string(d.t.dtype)) + " " +
+                        shape_to_string(d.t.shape) + " needs " + std::to_string(expected));
+}
+
+// backend, state, generation, refcount, device and ipc_handle.
+inline void decode_placement(RecordDecoder& d) {
+  namespace f = record_field;
+  std::string_view be = d.required(f::backend);
+  auto backend = backend_from_string(be);
+  if (!backend) d.bad(f::backend, "is " + RecordDecoder::shown(be) + ", expected \"cuda\" or \"host\"");
+  d.t.backend = *backend;
+
+  std::string_view st = d.required(f::state);
+  auto state = state_from_string(st);
+  if (!state) d.bad(f::state, "is " + RecordDecoder::shown(st) + ", expected \"pending\", \"ready\" or \"lost\"");
+  d.t.state = *state;
+
+  d.t.generation = d.as_u64(f::generation, d.required(f::generation));
+  d.t.refcount = d.as_i64(f::refcount, d.required(f::refcount));
+  if (d.t.refcount < 0) d.bad(f::refcount, "is " + std::to_string(d.t.refcount) + ", expected >= 0");
+
+  std::int64_t device = d.as_i64(f::device, d.required(f::device));
+  if (d.t.backend == BackendKind::host && device != -1)
+    d.bad(f::device, "is " + std::to_string(device) + ", expected -1 for a host tensor");
+  if (d.t.backend == BackendKind::cuda && (device < 0 || device > protocol::kMaxDevice))
+    d.bad(f::device, "is " + std::to_string(device) + ", expected 0..1023 for a cuda tensor");
+  d.t.device = static_cast<int>(device);
+
+  d.t.ipc_handle = std::string(d.required(f::ipc_handle));
+  if (d.t.state != TensorState::pending) {
+    if (d.t.backend == BackendKind::cuda && d.t.ipc_handle.size() != kIpcHandleBytes)
+      d.bad(f::ipc_handle,
+          "is " + std::to_string(d.t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
+    if (d.t.backend == BackendKind::host && d.t.ipc_handle.empty())
+      d.bad(f::ipc_handle, "is empty, expected the allocation key (or an older version's shm object name) of a host tensor");
+  }
+}
+
+// The optional fields: absent ones keep TensorInfo's defaults.
+inline void decode_optional_fields(RecordDecoder& d) {
+  namespace f = record_field;
+  if (auto v = d.optional_field(f::ctime)) d.t.ctime_ms = d.as_i64(f::ctime, *v);
+  if (auto v = d.optional_field(f::node)) d.t.node = std::string(*v);
+  if (auto v = d.optional_field(f::device_uuid)) d.t.device_uuid = std::string(*v);
+  if (auto v = d.optional_field(f::offset)) d.t.offset = d.as_u64(f::offset, *v);
+  // Once allocated, the mapping's extent is needed to map it and to check
+  // offset + bytes: alloc_bytes is required then (a record without it could
+  // not be written back either).
+  if (auto v = d.t.state == TensorState::pending ? d.optional_field(f::alloc_bytes)
+                                               : std::optional<std::string_view>(d.required(f::alloc_bytes))) {
+    d.t.alloc_bytes = d.as_u64(f::alloc_bytes, *v);
+    if (d.t.state != TensorState::pending &&
+        (d.t.offset > d.t.alloc_bytes || d.t.bytes > d.t.alloc_bytes - d.t.offset))
+      d.bad(f::alloc_bytes, "is " + std::to_string(d.t.alloc_bytes) + ", too small for offset " +
+                              std::to_string(d.t.offset) + " + bytes " + std::to_string(d.t.bytes));
+  }
+  if (auto v = d.optional_field(f::alloc_id)) d.t.alloc_id = d.as_u64(f::alloc_id, *v);
+  if (auto v = d.optional_field(f::epoch)) d.t.epoch = d.as_u64(f::epoch, *v);
+  if (auto v = d.optional_field(f::owner)) d.t.owner = std::string(*v);
+  if (auto v = d.optional_field(f::owner_pid)) d.t.owner_pid = d.as_i64(f::owner_pid, *v);
+  if (auto v = d.optional_field(f::create_id)) d.t.create_id = std::string(*v);
+  if (auto v = d.optional_field(f::event_handle)) {
+    d.t.event_handle = std::string(*v);
+    if (!d.t.event_handle.empty() && d.t.event_handle.size() != kIpcHandleBytes)
+      d.bad(f::event_handle,
+          "is " + std::to_string(d.t.event_handle.size()) + " bytes, expected 0 or 64");
+  }
+  if (auto v = d.optional_field(f::event_version)) d.t.event_version = d.as_u64(f::event_version, *v);
+  // Any printable token: a kind this version cannot open still decodes (so
+  // listings show it); opening it is the backend's clear error.
+  if (auto v = d.optional_field(f::alloc_kind)) {
+    if (v->empty() || v->size() > 64 ||
+        !std::all_of(v->begin(), v->end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }))
+      d.bad(f::alloc_kind, "is " + RecordDecoder::shown(*v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
+    d.t.alloc_kind = std::string(*v);
+  }
+  // Where a cuda_vmm_fd allocation's fd is had. Its syntax is the fd layer's
+  // (detail/fd/fd_source.hpp), checked when it is used; here only that it is
+  // short printable text (a record with a stray binary value decodes, its
+  // open fails with the parser's message).
+  if (auto v = d.optional_field(f::fd_source)) {
+    if (v->size() > 512 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+      d.bad(f::fd_source, "is " + RecordDecoder::shown(*v) + ", expected printable text of at most 512 bytes");
+    d.t.fd_source = std::string(*v);
+  }
+  if (auto v = d.optional_field(f::borrowed)) {
+    if (*v != "1" && *v != "0") d.bad(f::borrowed, "is " + RecordDecoder::shown(*v) + ", expected \"1\" or \"0\"");
+    d.t.borrowed = *v == "1";
+  }
+}
+
+}  // namespace detail
+
 // Rebuilds a TensorInfo from a Hash (HGETALL). Unknown fields are ignored;
 // "holder:<id>" fields fill holders. Throws ProtocolError(bad_record), naming
 // the field, when a required field (name, dtype, shape, bytes, backend,
@@ -134,159 +310,11 @@ inline Fields encode_record(const TensorInfo& t) {
 // event_handle is empty or 64 bytes; refcount and holder counts are >= 0.
 // Optional fields that are absent keep TensorInfo's default values.
 inline TensorInfo decode_record(const Fields& fields) {
-  namespace f = record_field;
-  std::map<std::string_view, std::string_view> by_name;
-  TensorInfo t;
-  std::string who = "tensor record";
-  for (const auto& [k, v] : fields)
-    if (k == f::name && memcuda::is_valid_name(v)) who = "tensor record \"" + v + "\"";
-  auto bad = [&](std::string_view field, const std::string& why) {
-    detail::fail(ProtocolErrc::bad_record,
-                 who + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
-  };
-  for (const auto& [k, v] : fields) {
-    std::string_view key = k;
-    if (key.starts_with(f::holder_prefix)) {
-      std::string id(key.substr(f::holder_prefix.size()));
-      if (id.empty()) bad(key, "names no holder");
-      auto n = detail::parse_decimal<std::int64_t>(v);
-      if (!n || *n < 0)
-        bad(key, "is \"" + memcuda::detail::rules::printable(v) + "\", expected an integer >= 0");
-      if (!t.holders.emplace(std::move(id), *n).second) bad(key, "appears twice");
-      continue;
-    }
-    if (!by_name.emplace(key, v).second) bad(key, "appears twice");
-  }
-  auto required = [&](std::string_view field) -> std::string_view {
-    auto it = by_name.find(field);
-    if (it == by_name.end()) bad(field, "is missing");
-    return it->second;
-  };
-  auto optional = [&](std::string_view field) -> std::optional<std::string_view> {
-    auto it = by_name.find(field);
-    if (it == by_name.end()) return std::nullopt;
-    return it->second;
-  };
-  auto shown = [](std::string_view v) {
-    return "\"" + memcuda::detail::rules::printable(v) + "\"";
-  };
-  auto as_i64 = [&](std::string_view field, std::string_view v) {
-    auto n = detail::parse_decimal<std::int64_t>(v);
-    if (!n) bad(field, "is " + shown(v) + ", expected a decimal int64");
-    return *n;
-  };
-  auto as_u64 = [&](std::string_view field, std::string_view v) {
-    auto n = detail::parse_decimal<std::uint64_t>(v);
-    if (!n) bad(field, "is " + shown(v) + ", expected a decimal uint64");
-    return *n;
-  };
-
-  std::string_view name = required(f::name);
-  if (!is_valid_name(name)) bad(f::name, "is " + shown(name) + ", not a valid tensor name");
-  t.name = std::string(name);
-
-  std::string_view dt = required(f::dtype);
-  auto dtype = dtype_from_string(dt);
-  if (!dtype) bad(f::dtype, "is " + shown(dt) + ", not a dtype");
-  t.dtype = *dtype;
-
-  std::string_view sh = required(f::shape);
-  try {
-    t.shape = shape_from_string(sh);
-  } catch (const ProtocolError& e) {
-    bad(f::shape, "is " + shown(sh) + ": " + e.what());
-  }
-
-  t.bytes = as_u64(f::bytes, required(f::bytes));
-  std::uint64_t expected = 0;
-  try {
-    expected = byte_size(t.dtype, t.shape);
-  } catch (const ProtocolError& e) {
-    bad(f::shape, std::string("does not give a valid size: ") + e.what());
-  }
-  if (t.bytes != expected)
-    bad(f::bytes, "is " + std::to_string(t.bytes) + " but " + std::string(to_string(t.dtype)) +
-                      " " + shape_to_string(t.shape) + " needs " + std::to_string(expected));
-
-  std::string_view be = required(f::backend);
-  auto backend = backend_from_string(be);
-  if (!backend) bad(f::backend, "is " + shown(be) + ", expected \"cuda\" or \"host\"");
-  t.backend = *backend;
-
-  std::string_view st = required(f::state);
-  auto state = state_from_string(st);
-  if (!state) bad(f::state, "is " + shown(st) + ", expected \"pending\", \"ready\" or \"lost\"");
-  t.state = *state;
-
-  t.generation = as_u64(f::generation, required(f::generation));
-  t.refcount = as_i64(f::refcount, required(f::refcount));
-  if (t.refcount < 0) bad(f::refcount, "is " + std::to_string(t.refcount) + ", expected >= 0");
-
-  std::int64_t device = as_i64(f::device, required(f::device));
-  if (t.backend == BackendKind::host && device != -1)
-    bad(f::device, "is " + std::to_string(device) + ", expected -1 for a host tensor");
-  if (t.backend == BackendKind::cuda && (device < 0 || device > protocol::kMaxDevice))
-    bad(f::device, "is " + std::to_string(device) + ", expected 0..1023 for a cuda tensor");
-  t.device = static_cast<int>(device);
-
-  t.ipc_handle = std::string(required(f::ipc_handle));
-  if (t.state != TensorState::pending) {
-    if (t.backend == BackendKind::cuda && t.ipc_handle.size() != kIpcHandleBytes)
-      bad(f::ipc_handle,
-          "is " + std::to_string(t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
-    if (t.backend == BackendKind::host && t.ipc_handle.empty())
-      bad(f::ipc_handle, "is empty, expected the allocation key (or an older version's shm object name) of a host tensor");
-  }
-
-  if (auto v = optional(f::ctime)) t.ctime_ms = as_i64(f::ctime, *v);
-  if (auto v = optional(f::node)) t.node = std::string(*v);
-  if (auto v = optional(f::device_uuid)) t.device_uuid = std::string(*v);
-  if (auto v = optional(f::offset)) t.offset = as_u64(f::offset, *v);
-  // Once allocated, the mapping's extent is needed to map it and to check
-  // offset + bytes: alloc_bytes is required then (a record without it could
-  // not be written back either).
-  if (auto v = t.state == TensorState::pending ? optional(f::alloc_bytes)
-                                               : std::optional<std::string_view>(required(f::alloc_bytes))) {
-    t.alloc_bytes = as_u64(f::alloc_bytes, *v);
-    if (t.state != TensorState::pending &&
-        (t.offset > t.alloc_bytes || t.bytes > t.alloc_bytes - t.offset))
-      bad(f::alloc_bytes, "is " + std::to_string(t.alloc_bytes) + ", too small for offset " +
-                              std::to_string(t.offset) + " + bytes " + std::to_string(t.bytes));
-  }
-  if (auto v = optional(f::alloc_id)) t.alloc_id = as_u64(f::alloc_id, *v);
-  if (auto v = optional(f::epoch)) t.epoch = as_u64(f::epoch, *v);
-  if (auto v = optional(f::owner)) t.owner = std::string(*v);
-  if (auto v = optional(f::owner_pid)) t.owner_pid = as_i64(f::owner_pid, *v);
-  if (auto v = optional(f::create_id)) t.create_id = std::string(*v);
-  if (auto v = optional(f::event_handle)) {
-    t.event_handle = std::string(*v);
-    if (!t.event_handle.empty() && t.event_handle.size() != kIpcHandleBytes)
-      bad(f::event_handle,
-          "is " + std::to_string(t.event_handle.size()) + " bytes, expected 0 or 64");
-  }
-  if (auto v = optional(f::event_version)) t.event_version = as_u64(f::event_version, *v);
-  // Any printable token: a kind this version cannot open still decodes (so
-  // listings show it); opening it is the backend's clear error.
-  if (auto v = optional(f::alloc_kind)) {
-    if (v->empty() || v->size() > 64 ||
-        !std::all_of(v->begin(), v->end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }))
-      bad(f::alloc_kind, "is " + shown(*v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
-    t.alloc_kind = std::string(*v);
-  }
-  // Where a cuda_vmm_fd allocation's fd is had. Its syntax is the fd layer's
-  // (detail/fd/fd_source.hpp), checked when it is used; here only that it is
-  // short printable text (a record with a stray binary value decodes, its
-  // open fails with the parser's message).
-  if (auto v = optional(f::fd_source)) {
-    if (v->size() > 512 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
-      bad(f::fd_source, "is " + shown(*v) + ", expected printable text of at most 512 bytes");
-    t.fd_source = std::string(*v);
-  }
-  if (auto v = optional(f::borrowed)) {
-    if (*v != "1" && *v != "0") bad(f::borrowed, "is " + shown(*v) + ", expected \"1\" or \"0\"");
-    t.borrowed = *v == "1";
-  }
-  return t;
+  detail::RecordDecoder d(fields);
+  detail::decode_identity(d);
+  detail::decode_placement(d);
+  detail::decode_optional_fields(d);
+  return std::move(d.t);
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

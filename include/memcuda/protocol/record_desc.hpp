@@ -226,12 +226,6 @@ class RecordReader {
     if (!unknown_.empty()) return decode_record(fields());
     namespace f = record_field;
     TensorInfo t;
-    auto bad = [&](std::string_view field, const std::string& why) {
-      std::string who = "tensor record";  // made only on failure: it costs an allocation
-      if (has(kName) && memcuda::is_valid_name(v_[kName])) who += " \"" + std::string(v_[kName]) + "\"";
-      detail::fail(ProtocolErrc::bad_record,
-                   who + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
-    };
     for (const auto& [k, v] : holders_) {
       std::string id(k.substr(f::holder_prefix.size()));
       if (id.empty()) bad(k, "names no holder");
@@ -240,36 +234,30 @@ class RecordReader {
       if (!t.holders.emplace(std::move(id), *n).second) bad(k, "appears twice");
     }
     if (!dup_.empty()) bad(dup_, "appears twice");
-    auto required = [&](int i) -> std::string_view {
-      if (!has(i)) bad(kNames[i], "is missing");
-      return v_[i];
-    };
-    auto shown = [](std::string_view v) { return "\"" + memcuda::detail::rules::printable(v) + "\""; };
-    auto as_i64 = [&](std::string_view field, std::string_view v) {
-      auto n = detail::parse_decimal<std::int64_t>(v);
-      if (!n) bad(field, "is " + shown(v) + ", expected a decimal int64");
-      return *n;
-    };
-    auto as_u64 = [&](std::string_view field, std::string_view v) {
-      auto n = detail::parse_decimal<std::uint64_t>(v);
-      if (!n) bad(field, "is " + shown(v) + ", expected a decimal uint64");
-      return *n;
-    };
+    finish_identity(t);
+    finish_placement(t);
+    finish_optional(t);
+    return t;
+  }
 
+ private:
+  // name, dtype, shape and bytes, which must agree.
+  void finish_identity(TensorInfo& t) const {
+    namespace f = record_field;
     std::string_view name = required(kName);
-    if (!is_valid_name(name)) bad(f::name, "is " + shown(name) + ", not a valid tensor name");
+    if (!is_valid_name(name)) bad(f::name, "is " + shown_text(name) + ", not a valid tensor name");
     t.name = std::string(name);
 
     std::string_view dt = required(kDtype);
     auto dtype = dtype_from_string(dt);
-    if (!dtype) bad(f::dtype, "is " + shown(dt) + ", not a dtype");
+    if (!dtype) bad(f::dtype, "is " + shown_text(dt) + ", not a dtype");
     t.dtype = *dtype;
 
     std::string_view sh = required(kShape);
     try {
       t.shape = shape_from_string(sh);
     } catch (const ProtocolError& e) {
-      bad(f::shape, "is " + shown(sh) + ": " + e.what());
+      bad(f::shape, "is " + shown_text(sh) + ": " + e.what());
     }
 
     t.bytes = as_u64(f::bytes, required(kBytes));
@@ -282,15 +270,19 @@ class RecordReader {
     if (t.bytes != expected)
       bad(f::bytes, "is " + std::to_string(t.bytes) + " but " + std::string(to_string(t.dtype)) + " " +
                         shape_to_string(t.shape) + " needs " + std::to_string(expected));
+  }
 
+  // backend, state, generation, refcount, device and ipc_handle.
+  void finish_placement(TensorInfo& t) const {
+    namespace f = record_field;
     std::string_view be = required(kBackend);
     auto backend = backend_from_string(be);
-    if (!backend) bad(f::backend, "is " + shown(be) + ", expected \"cuda\" or \"host\"");
+    if (!backend) bad(f::backend, "is " + shown_text(be) + ", expected \"cuda\" or \"host\"");
     t.backend = *backend;
 
     std::string_view st = required(kState);
     auto state = state_from_string(st);
-    if (!state) bad(f::state, "is " + shown(st) + ", expected \"pending\", \"ready\" or \"lost\"");
+    if (!state) bad(f::state, "is " + shown_text(st) + ", expected \"pending\", \"ready\" or \"lost\"");
     t.state = *state;
 
     t.generation = as_u64(f::generation, required(kGeneration));
@@ -311,7 +303,11 @@ class RecordReader {
       if (t.backend == BackendKind::host && t.ipc_handle.empty())
         bad(f::ipc_handle, "is empty, expected the allocation key (or an older version's shm object name) of a host tensor");
     }
+  }
 
+  // The optional fields: absent ones keep TensorInfo's defaults.
+  void finish_optional(TensorInfo& t) const {
+    namespace f = record_field;
     if (has(kCtime)) t.ctime_ms = as_i64(f::ctime, v_[kCtime]);
     if (has(kNode)) t.node = std::string(v_[kNode]);
     if (has(kDeviceUuid)) t.device_uuid = std::string(v_[kDeviceUuid]);
@@ -338,19 +334,38 @@ class RecordReader {
       if (v.empty() || v.size() > 64 || !std::all_of(v.begin(), v.end(), [](char c) {
             return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
           }))
-        bad(f::alloc_kind, "is " + shown(v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
+        bad(f::alloc_kind, "is " + shown_text(v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
       t.alloc_kind = std::string(v);
     }
     if (has(kFdSource)) {
       std::string_view v = v_[kFdSource];
       if (v.size() > 512 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
-        bad(f::fd_source, "is " + shown(v) + ", expected printable text of at most 512 bytes");
+        bad(f::fd_source, "is " + shown_text(v) + ", expected printable text of at most 512 bytes");
       t.fd_source = std::string(v);
     }
-    return t;
   }
 
- private:
+  [[noreturn]] void bad(std::string_view field, const std::string& why) const {
+    std::string who = "tensor record";  // made only on failure: it costs an allocation
+    if (has(kName) && memcuda::is_valid_name(v_[kName])) who += " \"" + std::string(v_[kName]) + "\"";
+    detail::fail(ProtocolErrc::bad_record, who + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
+  }
+  std::string_view required(int i) const {
+    if (!has(i)) bad(kNames[i], "is missing");
+    return v_[i];
+  }
+  static std::string shown_text(std::string_view v) { return "\"" + memcuda::detail::rules::printable(v) + "\""; }
+  std::int64_t as_i64(std::string_view field, std::string_view v) const {
+    auto n = detail::parse_decimal<std::int64_t>(v);
+    if (!n) bad(field, "is " + shown_text(v) + ", expected a decimal int64");
+    return *n;
+  }
+  std::uint64_t as_u64(std::string_view field, std::string_view v) const {
+    auto n = detail::parse_decimal<std::uint64_t>(v);
+    if (!n) bad(field, "is " + shown_text(v) + ", expected a decimal uint64");
+    return *n;
+  }
+
   // The fields decode_record reads (record.hpp); index = bit in seen_.
   enum : int {
     kName, kDtype, kShape, kCtime, kNode, kDevice, kDeviceUuid, kBytes, kBackend, kIpcHandle, kOffset,

@@ -57,11 +57,80 @@ struct ScannedField {
   }
 };
 
+// Where the scan is in the top-level object, and what it saw there.
+struct RouteScan {
+  // Escaped, a byte takes at most 6 ("\u00XX"): longer raw text cannot hold a valid value.
+  static constexpr std::size_t kMaxRawReplyTo = 6 * kMaxReplyToBytes, kMaxRawId = 6 * kMaxIdBytes, kMaxRawKey = 64;
+  enum class At { key, colon, value, after } at = At::key;
+  enum class Field { none, reply_to, id } field = Field::none;
+  ScannedField reply_to, id;
+
+  void take(std::optional<json::value> v) {
+    if (field == Field::reply_to) reply_to.see(std::move(v));
+    if (field == Field::id) id.see(std::move(v));
+    field = Field::none;
+    at = At::after;
+  }
+  void skip() {
+    field = Field::none;
+    at = At::after;
+  }
+
+  // A string of the top-level object (its text between the quotes).
+  void string_token(std::string_view raw) {
+    if (at == At::key) {
+      std::optional<std::string> k;
+      if (raw.find('\\') == std::string_view::npos) k = std::string(raw);
+      else k = strict_string(raw, kMaxRawKey);
+      field = !k ? Field::none : *k == "reply_to" ? Field::reply_to : *k == "id" ? Field::id : Field::none;
+      at = At::colon;
+    } else if (at == At::value) {
+      auto s = strict_string(raw, field == Field::id ? kMaxRawId : kMaxRawReplyTo);
+      take(s ? std::optional<json::value>(json::string(*s)) : std::nullopt);
+    } else {
+      skip();
+    }
+  }
+
+  // A ':' or ',' of the top-level object.
+  void separator(char c) {
+    const bool to_value = c == ':' && at == At::colon;
+    field = to_value ? field : Field::none;
+    at = to_value ? At::value : c == ',' ? At::key : At::after;
+  }
+
+  // A scalar token (number, literal) or garbage of the top-level object.
+  void scalar_token(std::string_view tok) {
+    if (at != At::value) return skip();
+    std::optional<json::value> v;
+    if (field == Field::id && tok.size() <= 32) {
+      try {
+        v = parse_document(tok, "id");
+      } catch (const ProtocolError&) {
+      }
+    }
+    take(std::move(v));
+  }
+
+  std::optional<ReplyRoute> route() const {
+    if (reply_to.bad || !reply_to.value) return std::nullopt;
+    ReplyRoute r;
+    r.reply_to = get_bounded_text(*reply_to.value, "reply_to", kMaxReplyToBytes);
+    if (!id.bad && id.value) {
+      try {
+        r.id = get_id(*id.value, r.id_is_number);
+      } catch (const ProtocolError&) {
+        r.id.reset();
+        r.id_is_number = false;
+      }
+    }
+    return r;
+  }
+};
+
 // Lenient scan of a document's top-level object; nullopt when it names no
 // usable reply_to. Never throws.
 inline std::optional<ReplyRoute> scan_reply_route(std::string_view text) noexcept try {
-  // Escaped, a byte takes at most 6 ("\u00XX"): longer raw text cannot hold a valid value.
-  constexpr std::size_t kMaxRawReplyTo = 6 * kMaxReplyToBytes, kMaxRawId = 6 * kMaxIdBytes, kMaxRawKey = 64;
   text = text.substr(0, kMaxPeekBytes);
   const std::size_t n = text.size();
   auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
@@ -69,15 +138,7 @@ inline std::optional<ReplyRoute> scan_reply_route(std::string_view text) noexcep
   while (i < n && ws(text[i])) ++i;
   if (i == n || text[i] != '{') return std::nullopt;
   ++i;
-  enum class At { key, colon, value, after } at = At::key;
-  enum class Field { none, reply_to, id } field = Field::none;
-  ScannedField reply_to, id;
-  auto take = [&](std::optional<json::value> v) {
-    if (field == Field::reply_to) reply_to.see(std::move(v));
-    if (field == Field::id) id.see(std::move(v));
-    field = Field::none;
-    at = At::after;
-  };
+  RouteScan scan;
   std::size_t depth = 1;
   while (i < n && depth > 0) {
     const char c = text[i];
@@ -87,20 +148,7 @@ inline std::optional<ReplyRoute> scan_reply_route(std::string_view text) noexcep
       if (i >= n) break;  // cut short inside a string
       const std::string_view raw = text.substr(start, i - start);
       ++i;
-      if (depth != 1) continue;
-      if (at == At::key) {
-        std::optional<std::string> k;
-        if (raw.find('\\') == std::string_view::npos) k = std::string(raw);
-        else k = strict_string(raw, kMaxRawKey);
-        field = !k ? Field::none : *k == "reply_to" ? Field::reply_to : *k == "id" ? Field::id : Field::none;
-        at = At::colon;
-      } else if (at == At::value) {
-        auto s = strict_string(raw, field == Field::id ? kMaxRawId : kMaxRawReplyTo);
-        take(s ? std::optional<json::value>(json::string(*s)) : std::nullopt);
-      } else {
-        field = Field::none;
-        at = At::after;
-      }
+      if (depth == 1) scan.string_token(raw);
       continue;
     }
     if (ws(c)) {
@@ -110,15 +158,13 @@ inline std::optional<ReplyRoute> scan_reply_route(std::string_view text) noexcep
     if (c == '{' || c == '[' || c == '}' || c == ']' || c == ':' || c == ',') {
       ++i;
       // A field whose value is a container, or missing: not usable.
-      if (depth == 1 && at == At::value) take(std::nullopt);
+      if (depth == 1 && scan.at == RouteScan::At::value) scan.take(std::nullopt);
       if (c == '{' || c == '[') {
         ++depth;
       } else if (c == '}' || c == ']') {
         --depth;
       } else if (depth == 1) {
-        const bool to_value = c == ':' && at == At::colon;
-        field = to_value ? field : Field::none;
-        at = to_value ? At::value : c == ',' ? At::key : At::after;
+        scan.separator(c);
       }
       continue;
     }
@@ -127,33 +173,9 @@ inline std::optional<ReplyRoute> scan_reply_route(std::string_view text) noexcep
     while (i < n && !ws(text[i]) && text[i] != '"' && text[i] != ',' && text[i] != ':' && text[i] != '{' &&
            text[i] != '}' && text[i] != '[' && text[i] != ']')
       ++i;
-    if (depth != 1) continue;
-    if (at == At::value) {
-      std::optional<json::value> v;
-      if (field == Field::id && i - start <= 32) {
-        try {
-          v = parse_document(text.substr(start, i - start), "id");
-        } catch (const ProtocolError&) {
-        }
-      }
-      take(std::move(v));
-    } else {
-      field = Field::none;
-      at = At::after;
-    }
+    if (depth == 1) scan.scalar_token(text.substr(start, i - start));
   }
-  if (reply_to.bad || !reply_to.value) return std::nullopt;
-  ReplyRoute r;
-  r.reply_to = get_bounded_text(*reply_to.value, "reply_to", kMaxReplyToBytes);
-  if (!id.bad && id.value) {
-    try {
-      r.id = get_id(*id.value, r.id_is_number);
-    } catch (const ProtocolError&) {
-      r.id.reset();
-      r.id_is_number = false;
-    }
-  }
-  return r;
+  return scan.route();
 } catch (...) {
   return std::nullopt;
 }

@@ -250,6 +250,67 @@ inline bool starts_with_nocase(std::string_view s, std::string_view prefix) {
   return true;
 }
 
+// unix://[user:pass@]/path[?db=N]: what follows the scheme.
+inline void parse_unix_rest(std::string_view url, std::string_view rest, Options& o) {
+  auto at = rest.find('@');
+  if (at != std::string_view::npos && rest.find('/') > at) {
+    parse_userinfo(url, rest.substr(0, at), o);
+    rest = rest.substr(at + 1);
+  }
+  auto q = rest.find('?');
+  std::string_view raw_path = rest.substr(0, q);
+  if (raw_path.empty()) bad_url(url, "missing unix socket path");
+  if (raw_path.front() != '/')
+    bad_url(url, "unix socket path must be absolute (unix:///path/to.sock)");
+  o.path = pct_decode(url, raw_path, "socket path");
+  if (o.path.find('\0') != std::string::npos) bad_url(url, "NUL byte in the socket path");
+  if (o.path.size() > kMaxUnixPath)
+    bad_url(url, "unix socket path is " + std::to_string(o.path.size()) + " bytes, longer than the " +
+                     std::to_string(kMaxUnixPath) + " a socket address holds");
+  if (q != std::string_view::npos) parse_query(url, rest.substr(q + 1), o, false);
+}
+
+struct HostPort {
+  std::string_view host, port;
+  bool has_port = false;
+};
+
+// host[:port] or [IPv6]:port, checked character by character.
+inline HostPort parse_host_port(std::string_view url, std::string_view hostport) {
+  std::string_view host;
+  std::string_view port;
+  bool has_port = false;
+  if (hostport.front() == '[') {  // [::1]:6379
+    auto close = hostport.find(']');
+    if (close == std::string_view::npos) bad_url(url, "unterminated '[' in IPv6 address");
+    host = hostport.substr(1, close - 1);
+    if (host.empty()) bad_url(url, "empty IPv6 address in []");
+    for (char c : host)
+      if (!(std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'))
+        bad_url(url, "bad character in IPv6 address");
+    auto after = hostport.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') bad_url(url, "junk after IPv6 address (want ]:port)");
+      port = after.substr(1);
+      has_port = true;
+    }
+  } else {
+    auto colon = hostport.find(':');
+    host = hostport.substr(0, colon);
+    if (colon != std::string_view::npos) {
+      if (hostport.find(':', colon + 1) != std::string_view::npos)
+        bad_url(url, "more than one ':' in host:port (an IPv6 address goes in [])");
+      port = hostport.substr(colon + 1);
+      has_port = true;
+    }
+    if (host.empty()) bad_url(url, "missing host");
+    for (char c : host)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'))
+        bad_url(url, "bad character '" + std::string(1, c) + "' in host");
+  }
+  return {host, port, has_port};
+}
+
 }  // namespace detail
 
 // Parses a Redis URL into Options (timeouts keep their defaults).
@@ -279,24 +340,7 @@ inline Options parse_url(std::string_view url) {
                                " (%-escape it)");
 
   if (o.transport == Options::Transport::unix_socket) {
-    // unix://[user:pass@]/path[?db=N]
-    auto at = rest.find('@');
-    if (at != std::string_view::npos && rest.find('/') > at) {
-      detail::parse_userinfo(url, rest.substr(0, at), o);
-      rest = rest.substr(at + 1);
-    }
-    auto q = rest.find('?');
-    std::string_view raw_path = rest.substr(0, q);
-    if (raw_path.empty()) detail::bad_url(url, "missing unix socket path");
-    if (raw_path.front() != '/')
-      detail::bad_url(url, "unix socket path must be absolute (unix:///path/to.sock)");
-    o.path = detail::pct_decode(url, raw_path, "socket path");
-    if (o.path.find('\0') != std::string::npos) detail::bad_url(url, "NUL byte in the socket path");
-    if (o.path.size() > kMaxUnixPath)
-      detail::bad_url(url, "unix socket path is " + std::to_string(o.path.size()) +
-                               " bytes, longer than the " + std::to_string(kMaxUnixPath) +
-                               " a socket address holds");
-    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), o, false);
+    detail::parse_unix_rest(url, rest, o);
     return o;
   }
 
@@ -324,37 +368,7 @@ inline Options parse_url(std::string_view url) {
     }
   }
   if (hostport.empty()) detail::bad_url(url, "missing host");
-  std::string_view host;
-  std::string_view port;
-  bool has_port = false;
-  if (hostport.front() == '[') {  // [::1]:6379
-    auto close = hostport.find(']');
-    if (close == std::string_view::npos) detail::bad_url(url, "unterminated '[' in IPv6 address");
-    host = hostport.substr(1, close - 1);
-    if (host.empty()) detail::bad_url(url, "empty IPv6 address in []");
-    for (char c : host)
-      if (!(std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'))
-        detail::bad_url(url, "bad character in IPv6 address");
-    auto after = hostport.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') detail::bad_url(url, "junk after IPv6 address (want ]:port)");
-      port = after.substr(1);
-      has_port = true;
-    }
-  } else {
-    auto colon = hostport.find(':');
-    host = hostport.substr(0, colon);
-    if (colon != std::string_view::npos) {
-      if (hostport.find(':', colon + 1) != std::string_view::npos)
-        detail::bad_url(url, "more than one ':' in host:port (an IPv6 address goes in [])");
-      port = hostport.substr(colon + 1);
-      has_port = true;
-    }
-    if (host.empty()) detail::bad_url(url, "missing host");
-    for (char c : host)
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'))
-        detail::bad_url(url, "bad character '" + std::string(1, c) + "' in host");
-  }
+  const auto [host, port, has_port] = detail::parse_host_port(url, hostport);
   if (host.size() > 253) detail::bad_url(url, "host name longer than 253 characters");
   o.host = std::string(host);
   if (has_port) {

@@ -53,15 +53,21 @@ struct Allocation {
 };
 
 // Which kind of allocation a record points at ("alloc_kind" in the tensor
-// Hash, docs/protocol.md). A reader opens only the kinds its backend
-// knows; records written before the field existed read as the backend's
-// legacy kind.
+// Hash, docs/protocol.md). A reader opens every kind it knows, whatever it
+// allocates with (select.hpp, backend_for(const TensorInfo&)).
 namespace alloc_kind {
 inline constexpr std::string_view host_memfd = "host_memfd";  // memfd, POSIX fd from the owner (fd_source)
 inline constexpr std::string_view host_shm = "host_shm";  // older versions: POSIX shm object named by ipc_handle
 inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
 inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd from the owner (fd_source)
 }  // namespace alloc_kind
+
+// The kind `t` names: its alloc_kind, or for a record written before the
+// field existed, its backend's only kind then (host_shm, cuda_ipc).
+inline std::string_view record_kind(const TensorInfo& t) noexcept {
+  if (!t.alloc_kind.empty()) return t.alloc_kind;
+  return t.backend == BackendKind::host ? alloc_kind::host_shm : alloc_kind::cuda_ipc;
+}
 
 // The memory a record points at belongs to another user: the object is
 // owned by another uid, or the system refused this process (EACCES, EPERM).
@@ -88,14 +94,14 @@ class Mapping {
   int device_ = -1;
 };
 
-// Throws Unavailable when `t` is of an allocation kind other than `mine`
-// (a record written by a newer or differently built process).
+// Throws Unavailable when `t` is of an allocation kind other than `mine`:
+// opens are dispatched by kind (select.hpp), so only a caller that picked
+// a backend itself (a test, a takeover's pool) gets here with another.
 inline void expect_alloc_kind(const TensorInfo& t, std::string_view mine) {
-  if (t.alloc_kind.empty() || t.alloc_kind == mine) return;
-  throw Unavailable("tensor '" + t.name + "' is a " + t.alloc_kind + " allocation, but this process's " +
-                    std::string(to_string(t.backend)) + " backend opens only " + std::string(mine) +
-                    " allocations (its allocator of record runs another mem-cuda build or configuration, e.g. another "
-                    "cuda_allocation / MEMCUDA_CUDA_ALLOCATION: run both alike)");
+  const std::string_view kind = record_kind(t);
+  if (kind == mine) return;
+  throw Unavailable("tensor '" + t.name + "' is a " + std::string(kind) + " allocation; the " + std::string(mine) +
+                    " backend opens only " + std::string(mine) + " allocations");
 }
 
 class Backend {

@@ -248,7 +248,7 @@ class CudaVmmBackend final : public Backend {
   }
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
-    check_kind(t);
+    expect_alloc_kind(t, alloc_kind::cuda_vmm_fd);
     const int device = ordinal_of_uuid(t.device_uuid, t.device);
     const std::string key = vmm_key(t.ipc_handle);
     const std::string what = "tensor '" + t.name + "' (" + key + ")";
@@ -273,7 +273,7 @@ class CudaVmmBackend final : public Backend {
   // on). The served entry is published by the session that commits it
   // (ServedFd::retag, migration.hpp).
   Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id, const std::string& /*tag*/) override {
-    check_kind(t);
+    expect_alloc_kind(t, alloc_kind::cuda_vmm_fd);
     const std::string key = vmm_key(t.ipc_handle);
     const std::string what = "adopting " + key + " of tensor '" + t.name + "'";
     UniqueFd fd = FdHolds::instance().dup(key);
@@ -304,16 +304,6 @@ class CudaVmmBackend final : public Backend {
   // Synchronous, on a stream of its own (cuda.hpp).
   void copy(void* dst, const void* src, std::uint64_t n, int device) override {
     copy_synchronously(dst, src, n, device);
-  }
-
- private:
-  static void check_kind(const TensorInfo& t) {
-    if (t.alloc_kind == alloc_kind::cuda_vmm_fd) return;
-    const std::string kind = t.alloc_kind.empty() ? std::string(alloc_kind::cuda_ipc) : t.alloc_kind;
-    throw Unavailable("tensor '" + t.name + "' is a " + kind +
-                      " allocation, but this process's cuda backend opens only cuda_vmm_fd allocations "
-                      "(cuda_allocation = vmm); its allocator of record runs with another cuda_allocation "
-                      "(MEMCUDA_CUDA_ALLOCATION) or another mem-cuda build: run both alike");
   }
 };
 

@@ -137,7 +137,7 @@ class HostBackend final : public Backend {
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
     if (legacy_shm::is_legacy(t)) return std::make_unique<HostMapping>(legacy_shm::map_object(t), t.alloc_bytes);
-    check_kind(t);
+    expect_alloc_kind(t, alloc_kind::host_memfd);
     const std::string what = "tensor '" + t.name + "' (" + t.ipc_handle + ")";
     UniqueFd fd = record_fd(t, t.ipc_handle, what);
     void* p = map_fd(fd.get(), t.alloc_bytes, what);
@@ -160,7 +160,7 @@ class HostBackend final : public Backend {
   // entry is published by the session that commits it (ServedFd::retag,
   // migration.hpp); the record keeps its ipc_handle (the same memory).
   Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id, const std::string& /*tag*/) override {
-    check_kind(t);
+    expect_alloc_kind(t, alloc_kind::host_memfd);
     const std::string what = "adopting " + t.ipc_handle + " of tensor '" + t.name + "'";
     UniqueFd fd = FdHolds::instance().dup(t.ipc_handle);
     if (!fd)
@@ -207,13 +207,6 @@ class HostBackend final : public Backend {
     } catch (...) {
       s->withdraw();
     }
-  }
-
-  static void check_kind(const TensorInfo& t) {
-    if (t.alloc_kind == alloc_kind::host_memfd) return;
-    throw Unavailable("tensor '" + t.name + "' is a " + t.alloc_kind +
-                      " allocation, but this process's host backend opens only host_memfd allocations (and "
-                      "host_shm ones of older versions); its allocator of record runs another mem-cuda build");
   }
 
   // Maps n bytes of the memfd `fd` (not taken) once it is what a host

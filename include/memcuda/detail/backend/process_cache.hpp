@@ -9,9 +9,9 @@
 // after a free can never be mistaken for a live mapping.
 //
 // A mapping stays open while any tensor of this process uses it, and the
-// most recently used idle ones (MEMCUDA_IMPORT_CACHE, default 16; 0 closes
-// at once) are kept open too, so a get/release loop does not pay an IPC
-// open (60-170 us) every time. The cost: memory the allocator of record
+// most recently used idle ones (RegistryOptions::import_cache, default 16;
+// 0 closes at once; the last registry made sets it) are kept open too, so
+// a get/release loop does not pay an IPC open (60-170 us) every time. The cost: memory the allocator of record
 // has returned stays allocated until this process drops the mapping, so
 // the allocator of record tells every process when it returns a slab
 // ("unmap" in the inbox) and when an exporter's session ends ("forget").
@@ -19,7 +19,6 @@
 
 #include "memcuda/config.hpp"
 
-#include <cstdlib>
 #include <functional>
 #include <future>
 #include <list>
@@ -70,6 +69,16 @@ class ProcessCache {
 
   static std::string key(const std::string& owner, std::uint64_t alloc_id) {
     return owner + "#" + std::to_string(alloc_id);
+  }
+
+  // How many idle mappings to keep (RegistryOptions::import_cache): a
+  // registry sets it as it is made. Lowering it closes the least recently
+  // used ones beyond it now, after the lock is let go.
+  void set_idle_limit(std::size_t n) {
+    std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
+    std::lock_guard lk(m_);
+    keep_idle_ = n;
+    while (recent_.size() > keep_idle_) gone.splice(gone.begin(), recent_, std::prev(recent_.end()));
   }
 
   void add_export(const std::string& owner, const std::shared_ptr<ExportedBlock>& b) {
@@ -237,16 +246,6 @@ class ProcessCache {
     if (recent_.size() > keep_idle_) recent_.pop_back();  // closes it if unused (lock held: close is quick)
   }
 
-  static std::size_t idle_limit() {
-    const char* e = std::getenv("MEMCUDA_IMPORT_CACHE");
-    if (!e || !*e) return 16;
-    try {
-      return static_cast<std::size_t>(std::stoul(e));
-    } catch (const std::exception&) {
-      return 16;
-    }
-  }
-
   void sweep() {
     std::size_t live = 0;
     for (auto it = imported_.begin(); it != imported_.end();) {
@@ -267,7 +266,7 @@ class ProcessCache {
   std::unordered_set<std::string> dead_owners_;  // forget_owner: never kept idle
   // First opens in flight, by key: later callers for the key wait on it.
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<Mapping>>> opening_;
-  const std::size_t keep_idle_ = idle_limit();
+  std::size_t keep_idle_ = 16;  // set_idle_limit
   std::size_t live_hint_ = 0;
   std::uint64_t opens_ = 0;
   std::uint64_t hits_ = 0;

@@ -12,6 +12,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <cerrno>
 #include <string>
 
 #include "memcuda/detail/fd/fd_client.hpp"
@@ -23,11 +24,23 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// Whether a failed transfer says that this system refuses fd transfer
+// itself (not that this owner or this fd could not be had): the pidfd
+// path refused with no socket path allowed, or a unix socket call failed
+// with an error of policy or of a missing facility.
+inline bool refuses_fd_transfer(const FdTransferError& e) noexcept {
+  if (e.reason() == FdErrc::pidfd_failed) return true;
+  if (e.reason() != FdErrc::system) return false;
+  const int n = e.sys_errno();
+  return n == EPERM || n == EACCES || n == ENOSYS || n == EAFNOSUPPORT || n == EPROTONOSUPPORT || n == EOPNOTSUPP;
+}
+
 // The held fd of `key` (FdHolds), else the one `t.fd_source` names.
 // `what` names the tensor in messages. Throws ProtocolError(bad_record)
 // for a source that is not the owner's fd server or a file that is not the
 // one it published, Lost when the owner has exited and no process of this
-// one holds the fd, Unavailable (FdTransferError) for the other transfer
+// one holds the fd, KindUnavailable(no_fd_support) when the system refuses
+// fd transfer, Unavailable (FdTransferError) for the other transfer
 // failures, each with a message that says what to change.
 inline UniqueFd record_fd(const TensorInfo& t, const std::string& key, const std::string& what) {
   if (UniqueFd held = FdHolds::instance().dup(key)) return held;
@@ -40,6 +53,12 @@ inline UniqueFd record_fd(const TensorInfo& t, const std::string& key, const std
   try {
     fd = fetch(src.source, src.id).fd;
   } catch (const FdTransferError& e) {
+    if (refuses_fd_transfer(e))
+      throw KindUnavailable(KindErrc::no_fd_support, t.alloc_kind,
+                            what + ": this process cannot receive the fd of a " + t.alloc_kind +
+                                " allocation: the system refuses fd transfer here (" + e.what() +
+                                "); a seccomp or LSM policy that denies unix sockets, SCM_RIGHTS or pidfd_getfd "
+                                "must allow them for processes that share memory by fd");
     // Nothing listens: the owner's process is gone (its socket file went
     // with it, or refuses connections). A standby that held the fd adopts it at the takeover, which
     // republishes the record.

@@ -1,12 +1,16 @@
-// Which backend opens what: the process-wide backend objects, and the cuda
-// allocation kind (cuMem with fds, or legacy IPC) a registry asks for and
-// resolves against the device.
+// Which backend does what. A registry allocates with one kind per backend
+// (cuda: cuMem with fds or legacy IPC, resolved against the device); it
+// opens every kind a record names, with that kind's backend, whatever it
+// allocates with: the allocation kind decides only what a process creates.
+// A kind this process cannot open is a KindUnavailable saying what it lacks.
 #pragma once
 
 #include "memcuda/config.hpp"
 
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/backend/cuda_backend.hpp"
@@ -18,38 +22,93 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-inline Backend& backend_for(BackendKind k) {
-  static HostBackend host;  // stateless; process-wide so blocks never outlive it
-  if (k == BackendKind::host) return host;
+// The process's backend objects. They are stateless (served fds live in
+// FdService, held ones in FdHolds; CUDA and the driver's entry points are
+// loaded by their first open or allocation), so all are made together:
+// whoever constructs one first (the release queue does) outlives them all.
+struct Backends {
+  HostBackend host;
 #if MEMCUDA_HAS_CUDA()
-  static CudaBackend cuda;
-  return cuda;
-#else
-  throw Unavailable("the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+  CudaBackend ipc;
+  CudaVmmBackend vmm;
 #endif
-}
-
-#if MEMCUDA_HAS_CUDA()
-// The cuMem backend (stateless: its served fds live in FdService, its
-// standby fds in FdHolds).
-inline CudaVmmBackend& vmm_backend() {
-  static CudaVmmBackend vmm;
-  return vmm;
-}
-#endif
-
-// The backend that opens `t` by its record's alloc_kind, whatever this
-// registry allocates with: for internal paths (a migration copy into a new
-// home, adoption), not for a user's get (Context::backend checks the kind).
-inline Backend& backend_for(const TensorInfo& t) {
-  if (t.backend == BackendKind::cuda && t.alloc_kind == alloc_kind::cuda_vmm_fd) {
-#if MEMCUDA_HAS_CUDA()
-    return vmm_backend();
-#else
-    throw Unavailable("tensor '" + t.name + "' is a cuda_vmm_fd allocation: mem-cuda was built without CUDA");
-#endif
+  static Backends& instance() {
+    static Backends b;  // process-wide so blocks never outlive it
+    return b;
   }
-  return backend_for(t.backend);
+};
+
+// The backend of a BackendKind's first allocation kind (host: host_memfd,
+// which also reads and reclaims older host_shm objects; cuda: legacy IPC):
+// for what is not about one record's kind.
+inline Backend& backend_for(BackendKind k) {
+  if (k == BackendKind::host) return Backends::instance().host;
+#if MEMCUDA_HAS_CUDA()
+  return Backends::instance().ipc;
+#else
+  throw KindUnavailable(KindErrc::built_without_cuda, std::string(alloc_kind::cuda_ipc),
+                        "the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
+#endif
+}
+
+#if MEMCUDA_HAS_CUDA()
+inline CudaVmmBackend& vmm_backend() { return Backends::instance().vmm; }
+
+// Why this process can open no cuda memory at all, or nullopt. Asked once:
+// the driver and the visible devices do not change during a process's life.
+inline const std::optional<std::pair<KindErrc, std::string>>& cuda_lack() {
+  static const std::optional<std::pair<KindErrc, std::string>> lack =
+      []() -> std::optional<std::pair<KindErrc, std::string>> {
+    int n = 0;
+    const cudaError_t st = cudaGetDeviceCount(&n);
+    if (st == cudaSuccess && n > 0) return std::nullopt;
+    cudaGetLastError();
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) cudaGetLastError();
+    const std::string why = st == cudaSuccess ? std::string("no device") : cudaGetErrorName(st);
+    if (driver == 0 || st == cudaErrorInsufficientDriver || st == cudaErrorStubLibrary)
+      return std::pair{KindErrc::no_cuda_driver, "this process has no usable CUDA driver (" + why + ")"};
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return std::pair{KindErrc::no_cuda_device,
+                     "this process sees no CUDA device (" + why + "; CUDA_VISIBLE_DEVICES is " +
+                         (visible ? "'" + std::string(visible) + "'" : std::string("unset")) + ")"};
+  }();
+  return lack;
+}
+#endif
+
+// The backend that opens `t`, by the kind its record names, whatever this
+// registry allocates with. KindUnavailable when this process cannot open
+// that kind (and says why), ProtocolError(bad_record) when the record's
+// kind and backend disagree.
+inline Backend& backend_for(const TensorInfo& t) {
+  const std::string_view kind = record_kind(t);
+  const bool host = kind == alloc_kind::host_memfd || kind == alloc_kind::host_shm;
+  const bool cuda = kind == alloc_kind::cuda_ipc || kind == alloc_kind::cuda_vmm_fd;
+  if (!host && !cuda)
+    throw KindUnavailable(KindErrc::unknown_kind, std::string(kind),
+                          "tensor '" + t.name + "' is a " + std::string(kind) +
+                              " allocation, a kind this mem-cuda version does not know (its allocator of record "
+                              "runs a newer version): upgrade this reader");
+  if (host != (t.backend == BackendKind::host))
+    throw ProtocolError(ProtocolErrc::bad_record, "tensor '" + t.name + "': its record says backend " +
+                                                      std::string(to_string(t.backend)) + " but allocation kind " +
+                                                      std::string(kind) + "; refused (a record edited in Redis?)");
+  if (host) return Backends::instance().host;
+  const std::string what = "tensor '" + t.name + "' is a " + std::string(kind) + " allocation, but ";
+#if MEMCUDA_HAS_CUDA()
+  if (const auto& lack = cuda_lack())
+    throw KindUnavailable(lack->first, std::string(kind), what + lack->second + ": it cannot open cuda memory");
+  if (kind == alloc_kind::cuda_ipc) return Backends::instance().ipc;
+  if (const auto& d = cu_driver(); !d.ok())
+    throw KindUnavailable(KindErrc::no_cuda_driver, std::string(kind),
+                          what + "this process's CUDA driver lacks " + d.missing +
+                              " (cuMem with POSIX fds needs a newer driver)");
+  return Backends::instance().vmm;
+#else
+  throw KindUnavailable(KindErrc::built_without_cuda, std::string(kind),
+                        what + "this mem-cuda was built without the CUDA toolkit: it opens only host memory");
+#endif
 }
 
 // The requested cuda allocation kind: the option, else automatic (the

@@ -18,12 +18,24 @@
 
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/error.hpp"
-#include "memcuda/shared_tensor.hpp"
 #include "memcuda/stream.hpp"
+#include "memcuda/tensor_info.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 using ReadPiece = std::function<void(std::uint64_t offset, void* dst, std::size_t bytes)>;
+
+// Where a copy goes: what the copier needs of a tensor, taken from any
+// tensor type (a SharedTensor) so that this layer does not depend on it.
+struct CopyTarget {
+  template <class Tensor>
+  CopyTarget(const Tensor& t)  // NOLINT(google-explicit-constructor): call sites pass the tensor
+      : data(t.data()), bytes(t.bytes()), backend(t.backend()), device(t.device()) {}
+  void* data;
+  std::uint64_t bytes;
+  BackendKind backend;
+  int device;
+};
 
 class StateDictCopier {
  public:
@@ -46,18 +58,18 @@ class StateDictCopier {
   std::size_t staging_allocated() const noexcept { return staging_ ? 2 * half_ : 0; }
 
   // Fills `t` from `read`, piece by piece.
-  void copy_from(const SharedTensor<void>& t, const ReadPiece& read) {
-    const std::uint64_t n = t.bytes();
-    if (t.backend() == BackendKind::host) {
-      auto* dst = static_cast<unsigned char*>(t.data());
+  void copy_from(const CopyTarget& t, const ReadPiece& read) {
+    const std::uint64_t n = t.bytes;
+    if (t.backend == BackendKind::host) {
+      auto* dst = static_cast<unsigned char*>(t.data);
       for (std::uint64_t off = 0; off < n; off += half_)
         read(off, dst + off, static_cast<std::size_t>(std::min<std::uint64_t>(half_, n - off)));
       return;
     }
 #if MEMCUDA_HAS_CUDA()
-    DeviceGuard g(t.device());
+    DeviceGuard g(t.device);
     ensure_staging();
-    auto* dst = static_cast<unsigned char*>(t.data());
+    auto* dst = static_cast<unsigned char*>(t.data);
     for (std::uint64_t off = 0; off < n; off += half_) {
       const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(half_, n - off));
       unsigned char* buf = static_cast<unsigned char*>(staging_) + next_ * half_;
@@ -75,25 +87,25 @@ class StateDictCopier {
 #endif
   }
 
-  void copy(const SharedTensor<void>& t, const void* src) {
-    const std::uint64_t n = t.bytes();
+  void copy(const CopyTarget& t, const void* src) {
+    const std::uint64_t n = t.bytes;
     if (n == 0) return;
-    if (t.backend() == BackendKind::host) {
+    if (t.backend == BackendKind::host) {
 #if MEMCUDA_HAS_CUDA()
       // The source may be device memory: let the driver tell.
       cudaPointerAttributes a{};
       if (cudaPointerGetAttributes(&a, src) == cudaSuccess && a.type == cudaMemoryTypeDevice) {
-        MEMCUDA_CUDA_TRY(cudaMemcpy(t.data(), src, n, cudaMemcpyDefault));
+        MEMCUDA_CUDA_TRY(cudaMemcpy(t.data, src, n, cudaMemcpyDefault));
         return;
       }
       (void)cudaGetLastError();
 #endif
-      std::memcpy(t.data(), src, n);
+      std::memcpy(t.data, src, n);
       return;
     }
 #if MEMCUDA_HAS_CUDA()
-    DeviceGuard g(t.device());
-    MEMCUDA_CUDA_TRY(cudaMemcpyAsync(t.data(), src, n, cudaMemcpyDefault, stream_));
+    DeviceGuard g(t.device);
+    MEMCUDA_CUDA_TRY(cudaMemcpyAsync(t.data, src, n, cudaMemcpyDefault, stream_));
     pending_ = true;
 #else
     throw Unavailable("cuda backend not built");

@@ -239,34 +239,9 @@ class BlockAllocator {
   // with the same offset and size cannot be told from the new one; the pool
   // must free each block once (it keys them by tensor record).
   void deallocate(const Block& b) {
-    auto sit = slabs_.find(b.slab_id);
-    if (sit == slabs_.end())
-      bad_free(b, "no slab " + std::to_string(b.slab_id) +
-                      " in this pool (never added, or removed): the block is not from this "
-                      "allocator");
-    Slab& slab = sit->second;
-    if (b.offset >= slab.size)
-      bad_free(b, "offset is past the end of slab " + std::to_string(slab.id) + " (size " +
-                      std::to_string(slab.size) + "): the block is not from this allocator");
-
-    auto rit = slab.ranges.find(b.offset);
-    if (rit == slab.ranges.end()) {
-      auto in = std::prev(slab.ranges.upper_bound(b.offset));  // offset < size: exists
-      bad_free(b, std::string("offset falls inside the ") +
-                      (in->second.live ? "live block " : "free range ") +
-                      describe_range(in->first, in->second.size) +
-                      (in->second.live ? ": not a block start, the block is not from this "
-                                         "allocator"
-                                       : ": double free, or a block not from this allocator"));
-    }
+    auto [sp, rit] = live_block(b);
+    Slab& slab = *sp;
     Range& r = rit->second;
-    if (!r.live)
-      bad_free(b, "the range " + describe_range(rit->first, r.size) +
-                      " at this offset is already free: double free");
-    if (r.size != b.size)
-      bad_free(b, "the live block at this offset has size " + std::to_string(r.size) +
-                      ": pass the Block that allocate() returned");
-
     const std::uint64_t freed = r.size;
     const std::uint64_t freed_requested = r.requested;
     auto next = std::next(rit);
@@ -438,6 +413,39 @@ class BlockAllocator {
 
   static std::string describe_range(std::uint64_t offset, std::uint64_t size) {
     return "[" + std::to_string(offset) + ", " + std::to_string(offset + size) + ")";
+  }
+
+  // The slab and range of `b`, a live block of this allocator; bad_free
+  // (InvalidArgument, nothing changed) when it is not one.
+  std::pair<Slab*, std::map<std::uint64_t, Range>::iterator> live_block(const Block& b) {
+    auto sit = slabs_.find(b.slab_id);
+    if (sit == slabs_.end())
+      bad_free(b, "no slab " + std::to_string(b.slab_id) +
+                      " in this pool (never added, or removed): the block is not from this "
+                      "allocator");
+    Slab& slab = sit->second;
+    if (b.offset >= slab.size)
+      bad_free(b, "offset is past the end of slab " + std::to_string(slab.id) + " (size " +
+                      std::to_string(slab.size) + "): the block is not from this allocator");
+
+    auto rit = slab.ranges.find(b.offset);
+    if (rit == slab.ranges.end()) {
+      auto in = std::prev(slab.ranges.upper_bound(b.offset));  // offset < size: exists
+      bad_free(b, std::string("offset falls inside the ") +
+                      (in->second.live ? "live block " : "free range ") +
+                      describe_range(in->first, in->second.size) +
+                      (in->second.live ? ": not a block start, the block is not from this "
+                                         "allocator"
+                                       : ": double free, or a block not from this allocator"));
+    }
+    const Range& r = rit->second;
+    if (!r.live)
+      bad_free(b, "the range " + describe_range(rit->first, r.size) +
+                      " at this offset is already free: double free");
+    if (r.size != b.size)
+      bad_free(b, "the live block at this offset has size " + std::to_string(r.size) +
+                      ": pass the Block that allocate() returned");
+    return {&slab, rit};
   }
 
   [[noreturn]] static void bad_free(const Block& b, const std::string& why) {

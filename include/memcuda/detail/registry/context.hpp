@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
@@ -41,6 +42,7 @@ class Context {
         pool(opts.redis, redis::PoolOptions{opts.client_connections, opts.request_timeout * 2}),
         waits(opts.redis, redis::PoolOptions{opts.waiting_connections, opts.request_timeout * 2}) {
     FdParking::instance().configure(opts.fd_prefetch, opts.fd_park_window);
+    ProcessCache::instance().set_idle_limit(opts.import_cache);
   }
 
   Context(const Context&) = delete;
@@ -72,7 +74,8 @@ class Context {
     std::call_once(cuda_once_, [this] { cuda_kind_ = resolve_cuda_allocation(opts); });
     return cuda_kind_;
   }
-  // The backend this registry allocates and opens `k` with.
+  // The backend this registry allocates `k` with. It opens records by
+  // their own kind (backend_for(const TensorInfo&)), whatever this is.
   Backend& backend(BackendKind k) const {
     if (k == BackendKind::cuda && cuda_allocation() == CudaAllocation::vmm) {
 #if MEMCUDA_HAS_CUDA()

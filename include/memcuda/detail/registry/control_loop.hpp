@@ -63,7 +63,6 @@ class ControlLoop {
       if (blocked_.load()) conn_.interrupt();
     });
     const auto& opts = core_->ctx.opts;
-    const bool campaign = opts.control_thread;
     const auto period = std::max(std::min(opts.lease_ttl, opts.session_ttl) / 3,
                                  std::chrono::milliseconds(10));
     // The session and the lease are kept alive by a thread of their own, so
@@ -74,88 +73,14 @@ class ControlLoop {
     // references are shared; stopped and joined when this function returns.
     std::jthread invalidation;
     if (opts.share_references) invalidation = std::jthread([this](std::stop_token ist) { core_->invalidation.run(ist); });
-    auto next_tick = std::chrono::steady_clock::now() + period;
-    auto next_gc = std::chrono::steady_clock::now() + opts.gc_interval;
-    auto next_recover = std::chrono::steady_clock::now();
+    const auto now = std::chrono::steady_clock::now();
+    Schedule at{now + period, now + opts.gc_interval, now};
     while (!st.stop_requested()) {
       try {
-        // A leader's loop stuck in a call (a driver that hangs): the
-        // heartbeat must give the lease up (tests/test_resilience.cpp).
-        if (core_->is_leader() && MEMCUDA_FAULT("control.stall"))
-          std::this_thread::sleep_for(std::max(3 * opts.serve_stall_timeout, std::chrono::milliseconds(1000)));
-        auto now = std::chrono::steady_clock::now();
-        if (now >= next_tick) {
-          if (campaign) {
-            // A new allocator of record takes over its dead predecessor's
-            // tensors in its first GC round: run it now, not a gc_interval on.
-            // A standby that holds every fd-shared allocation goes first
-            // (succession.hpp): it adopts what this process would lose.
-            if (!core_->is_leader() && !stalled() && !succession_.defer(conn_, defer_limit()) &&
-                core_->lease.try_acquire(conn_))
-              next_gc = now;
-            if (core_->is_leader()) {
-              task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
-              task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
-            }
-          }
-          next_tick = now + period;
-          FdParking::instance().expire();  // fds sent along unasked must not pin memory long
-        }
-        if (core_->is_leader() && now >= next_gc) {
-          const auto token = core_->lease.current().first;
-          task("garbage collection", [&] { core_->sessions.collect(conn_, token); });
-          task("migration", [&] { core_->migration.round(conn_, token); });
-          next_gc = now + opts.gc_interval;
-        }
-        if (recover_.load() && now >= next_recover) {
-          // Redis lost our session (data loss or a long stop): put back what
-          // this process owns and holds; retried until every reference found
-          // its record, for at most kRecoverWindow.
-          bool done = false;
-          task("recovery", [&] { done = core_->recovery.run(conn_); });
-          if (done || now >= recover_until_.load()) recover_.store(false);
-          next_recover = now + period;
-        }
-        // A command taken under a lease we no longer hold is the next
-        // leader's (it re-queues our processing list).
-        if (!core_->is_leader()) pending_.reset();
-        if (core_->is_leader()) {
-          auto until = std::min(next_tick, next_gc);
-          serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
-        } else {
-          // A follower watching the holder's pid wakes every kWatchPeriod:
-          // a proven death is a campaign now, not at the lease's expiry.
-          const bool watch = campaign && core_->lease.watching();
-          auto until = watch ? std::min(next_tick, now + Lease::kWatchPeriod) : next_tick;
-          read_inbox(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
-          if (watch && core_->lease.break_if_holder_dead(conn_)) next_tick = std::chrono::steady_clock::now();
-        }
-        failures_ = 0;
-        if (auth_failing_) {
-          log(LogLevel::info, "control thread: Redis accepts our credentials again");
-          auth_failing_ = false;
-          last_auth_error_.clear();
-        }
-        last_pass_ = std::chrono::steady_clock::now();
+        pass(st, at, period);
       } catch (const AuthError& e) {
-        // Credentials no longer work (a password rotation, an ACL change):
-        // nothing this process owns is given up for it. The lease lapses
-        // (it cannot be renewed) and the loop keeps trying with backoff, so
-        // a password restored, or rotated into the password file, is picked
-        // up and this process serves or campaigns again. Logged once per
-        // distinct error.
         if (st.stop_requested()) break;
-        core_->lease.lose(e.what());
-        if (e.what() != last_auth_error_) {
-          log(LogLevel::error, std::string("control thread: Redis refuses our credentials (retrying; rotate them "
-                                           "through the password file, docs/operations.md): ") + e.what());
-          last_auth_error_ = e.what();
-        }
-        auth_failing_ = true;
-        sweep_ = true;
-        last_pass_ = std::chrono::steady_clock::now();  // not a stall: nothing to serve without Redis
-        failures_ = std::min(failures_ + 1, 5);
-        backoff(st, std::min(period * (1 << failures_), std::chrono::milliseconds(5000)));
+        credentials_refused(e, st, period);
       } catch (const std::exception& e) {
         if (st.stop_requested()) break;
         sweep_ = true;  // the next pass as leader requeues what a lost reply stranded
@@ -168,6 +93,107 @@ class ControlLoop {
     }
     beat.request_stop();
     beat.join();
+    end_session();
+  }
+
+ private:
+  // When the loop's periodic work is next due.
+  struct Schedule {
+    std::chrono::steady_clock::time_point tick, gc, recover;
+  };
+
+  // One pass: the periodic work that is due, then a wait for work (serve
+  // one command as the leader, read the inbox as a follower).
+  void pass(std::stop_token st, Schedule& at, std::chrono::milliseconds period) {
+    const auto& opts = core_->ctx.opts;
+    const bool campaign = opts.control_thread;
+    // A leader's loop stuck in a call (a driver that hangs): the
+    // heartbeat must give the lease up (tests/test_resilience.cpp).
+    if (core_->is_leader() && MEMCUDA_FAULT("control.stall"))
+      std::this_thread::sleep_for(std::max(3 * opts.serve_stall_timeout, std::chrono::milliseconds(1000)));
+    auto now = std::chrono::steady_clock::now();
+    if (now >= at.tick) tick(now, at, period);
+    if (core_->is_leader() && now >= at.gc) {
+      const auto token = core_->lease.current().first;
+      task("garbage collection", [&] { core_->sessions.collect(conn_, token); });
+      task("migration", [&] { core_->migration.round(conn_, token); });
+      at.gc = now + opts.gc_interval;
+    }
+    if (recover_.load() && now >= at.recover) {
+      // Redis lost our session (data loss or a long stop): put back what
+      // this process owns and holds; retried until every reference found
+      // its record, for at most kRecoverWindow.
+      bool done = false;
+      task("recovery", [&] { done = core_->recovery.run(conn_); });
+      if (done || now >= recover_until_.load()) recover_.store(false);
+      at.recover = now + period;
+    }
+    // A command taken under a lease we no longer hold is the next
+    // leader's (it re-queues our processing list).
+    if (!core_->is_leader()) pending_.reset();
+    if (core_->is_leader()) {
+      auto until = std::min(at.tick, at.gc);
+      serve_one(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
+    } else {
+      // A follower watching the holder's pid wakes every kWatchPeriod:
+      // a proven death is a campaign now, not at the lease's expiry.
+      const bool watch = campaign && core_->lease.watching();
+      auto until = watch ? std::min(at.tick, now + Lease::kWatchPeriod) : at.tick;
+      read_inbox(std::chrono::duration_cast<std::chrono::milliseconds>(until - now), st);
+      if (watch && core_->lease.break_if_holder_dead(conn_)) at.tick = std::chrono::steady_clock::now();
+    }
+    failures_ = 0;
+    if (auth_failing_) {
+      log(LogLevel::info, "control thread: Redis accepts our credentials again");
+      auth_failing_ = false;
+      last_auth_error_.clear();
+    }
+    last_pass_ = std::chrono::steady_clock::now();
+  }
+
+  // Every period: campaign (a follower) or trim and publish the pools (the
+  // leader).
+  void tick(std::chrono::steady_clock::time_point now, Schedule& at, std::chrono::milliseconds period) {
+    if (core_->ctx.opts.control_thread) {
+      // A new allocator of record takes over its dead predecessor's
+      // tensors in its first GC round: run it now, not a gc_interval on.
+      // A standby that holds every fd-shared allocation goes first
+      // (succession.hpp): it adopts what this process would lose.
+      if (!core_->is_leader() && !stalled() && !succession_.defer(conn_, defer_limit()) &&
+          core_->lease.try_acquire(conn_))
+        at.gc = now;
+      if (core_->is_leader()) {
+        task("trimming the pools", [&] { core_->alloc.trim_and_announce(conn_, false); });
+        task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
+      }
+    }
+    at.tick = now + period;
+    FdParking::instance().expire();  // fds sent along unasked must not pin memory long
+  }
+
+  // Credentials no longer work (a password rotation, an ACL change):
+  // nothing this process owns is given up for it. The lease lapses (it
+  // cannot be renewed) and the loop keeps trying with backoff, so a
+  // password restored, or rotated into the password file, is picked up and
+  // this process serves or campaigns again. Logged once per distinct error.
+  void credentials_refused(const AuthError& e, std::stop_token st, std::chrono::milliseconds period) {
+    core_->lease.lose(e.what());
+    if (e.what() != last_auth_error_) {
+      log(LogLevel::error, std::string("control thread: Redis refuses our credentials (retrying; rotate them "
+                                       "through the password file, docs/operations.md): ") + e.what());
+      last_auth_error_ = e.what();
+    }
+    auth_failing_ = true;
+    sweep_ = true;
+    last_pass_ = std::chrono::steady_clock::now();  // not a stall: nothing to serve without Redis
+    failures_ = std::min(failures_ + 1, 5);
+    backoff(st, std::min(period * (1 << failures_), std::chrono::milliseconds(5000)));
+  }
+
+  // After the loop: the releases queued so far, then the lease and the
+  // session, each given up in Redis.
+  void end_session() {
+    const auto& opts = core_->ctx.opts;
     // The stop callback may have interrupted a blocking call that had just
     // returned: the goodbye below must still reach Redis.
     conn_.clear_interrupt();
@@ -183,7 +209,6 @@ class ControlLoop {
     }
   }
 
- private:
   // One periodic task of the loop. Its failure is its own: logged (three
   // times, then every 100th) and the loop goes on serving. A lost link
   // (ConnectionError, TimeoutError) still ends the pass: the loop backs off

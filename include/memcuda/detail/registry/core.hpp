@@ -25,7 +25,12 @@
 //   Invalidation the connection that keeps Holdings correct
 //                (client tracking; its thread runs beside the
 //                ControlLoop)                                  invalidation.hpp
-//   ControlLoop  the registry's thread (control/control_loop.hpp)
+//   ControlLoop  the registry's thread (control_loop.hpp)
+//
+// Seams. The roles never include each other: Client and Standby see the
+// Lease as a LeaseView, Client, Recovery and the ReleaseQueue see the
+// Allocator as an OwnAllocator (lease_view.hpp, own_allocator.hpp). Here,
+// and only here, the concrete Lease and Allocator are handed to them.
 //
 // Connections. Client calls borrow a connection from Context::pool (short
 // commands) or Context::waits (a call that waits in Redis) for their own
@@ -73,20 +78,20 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/copy_count.hpp"
 #include "memcuda/detail/registry/client/client.hpp"
-#include "memcuda/detail/registry/client/invalidation.hpp"
+#include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
+#include "memcuda/detail/registry/client/invalidation.hpp"
+#include "memcuda/detail/registry/client/recovery.hpp"
 #include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/executor.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/migration.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
 #include "memcuda/detail/registry/process/borrowed.hpp"
-#include "memcuda/detail/registry/process/dict_holds.hpp"
-#include "memcuda/detail/registry/process/inbox.hpp"
-#include "memcuda/detail/registry/process/recovery.hpp"
-#include "memcuda/detail/registry/process/release_queue.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"
 
@@ -118,7 +123,7 @@ class Core {
   Holdings holdings{ctx.keys.prefix()};
   DictHolds dicts;
   Client client{ctx, lease, alloc, holdings};
-  Executor executor{ctx, lease, alloc, client};
+  Executor executor{ctx, lease, alloc};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
   Recovery recovery{ctx, alloc, holdings, dicts};

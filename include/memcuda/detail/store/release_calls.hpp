@@ -1,6 +1,6 @@
 // The release scripts as pipelined commands (EVALSHA of a loaded script):
 // the release queue sends a batch of them in one round trip
-// (detail/registry/process/release_queue.hpp). Their KEYS and ARGV are
+// (detail/registry/release_queue.hpp). Their KEYS and ARGV are
 // those of kRelease (scripts.hpp) and kDictRelease (dict_scripts.hpp).
 #pragma once
 

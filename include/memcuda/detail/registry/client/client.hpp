@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/registry/acquire_outcome.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/client/silent_leader.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/allocator.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"
@@ -47,7 +47,7 @@ struct Opened {
 
 class Client {
  public:
-  Client(Context& ctx, Lease& lease, Allocator& alloc, Holdings& holdings)
+  Client(Context& ctx, LeaseView& lease, OwnAllocator& alloc, Holdings& holdings)
       : ctx_(ctx), lease_(lease), alloc_(alloc), holdings_(holdings) {}
 
   // The get fast path: one script checks state, dtype and node and takes
@@ -78,64 +78,12 @@ class Client {
       t = *cached;
       t.refcount = reply_int(r[1]);
     } else {
-      t = checked(r, std::string(name), dtype, ctx_.session);
+      t = acquired(ctx_, lease_, alloc_, r, std::string(name), dtype, ctx_.session);
       auto keep = std::make_shared<TensorInfo>(t);
       keep->holders.clear();  // changes all the time; reg.info() has the truth
       read = std::move(keep);
     }
     return adopt_reference(std::move(t), std::move(read));
-  }
-
-  // check_acquire, and when the script took a reference to a record that
-  // does not decode, `holder`'s reference given back before the error is
-  // thrown (else it would be held until the holder ends).
-  TensorInfo checked(const redis::Reply& r, const std::string& name, std::optional<DType> dtype,
-                     const std::string& holder) {
-    try {
-      return check_acquire(r, name, dtype);
-    } catch (const ProtocolError&) {
-      if (script_status(r) != "ok") throw;
-      std::uint64_t gen = 0;
-      for (auto& [f, v] : fields_from_reply(r[1]))
-        if (f == store::field::generation) gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
-      if (gen) {
-        try {
-          auto c = ctx_.pool.acquire();
-          alloc_.release(*c, name, gen, holder, "");
-        } catch (const std::exception& e) {
-          log(LogLevel::warn, "giving back the reference to corrupt record '" + name + "': " + e.what());
-        }
-      }
-      throw;
-    }
-  }
-
-  // The outcome of an acquire script run for `name` (leader or client).
-  TensorInfo check_acquire(const redis::Reply& r, const std::string& name, std::optional<DType> dtype) {
-    const std::string st = script_status(r);
-    if (st == "ok") return protocol::decode_record(fields_from_reply(r[1]));
-    if (st == "corrupt") throw corrupt_record(name, r[1].str());
-    if (st == "notfound") throw NotFound("no tensor named '" + name + "'");
-    if (st == "dtype")
-      throw TypeMismatch("tensor '" + name + "' holds " + std::string(r[1].str()) + ", not " +
-                         std::string(dtype ? to_string(*dtype) : "?"));
-    if (st == "node")
-      throw Unavailable("tensor '" + name + "' lives on node " + std::string(r[1].str()) + ", this is " + ctx_.node);
-    if (st == "lost") {
-      std::map<std::string, std::string> m;
-      for (auto& [f, v] : fields_from_reply(r[1])) m[f] = v;
-      namespace f = store::field;
-      throw Lost("tensor '" + name + "' (generation " + m[std::string(f::generation)] +
-                 ") was lost: its allocator of record (pid " + m[std::string(f::owner_pid)] + ", session " +
-                 m[std::string(f::owner)] + ", epoch " + m[std::string(f::epoch)] +
-                 ") died and no live process held a copy; the name is free to create again");
-    }
-    if (st == "state") {
-      if (r[1].str() == "lost")
-        throw Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it");
-      throw NotFound("tensor '" + name + "' is not ready (state " + std::string(r[1].str()) + ")");
-    }
-    lease_.fail_status("acquire", st, "getting '" + name + "'", st == "notleader" ? r[1].str() : "");
   }
 
   // create() of the API: directly when we are the allocator of record,
@@ -374,14 +322,14 @@ class Client {
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
     auto [base, keep] = ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] {
       try {
-        // Borrowed memory is opened by its own kind, whatever this registry allocates with.
-        return (t.borrowed ? backend_for(t) : ctx_.backend(t.backend)).open(t);
+        // By the record's kind, whatever this registry allocates with.
+        return backend_for(t).open(t);
       } catch (const Error& e) {
         // A legacy IPC handle of a live owner in another pid namespace fails
         // as a dead owner's does (Lost), or with another CUDA error: say
         // which it is.
-        if (t.alloc_kind != alloc_kind::cuda_ipc || (!dynamic_cast<const Lost*>(&e) && !dynamic_cast<const CudaError*>(&e)))
-          throw;
+        const bool ipc_failure = dynamic_cast<const Lost*>(&e) || dynamic_cast<const CudaError*>(&e);
+        if (record_kind(t) != alloc_kind::cuda_ipc || !ipc_failure) throw;
         auto c = ctx_.pool.acquire();
         if (auto ns = foreign_pid_namespace(ctx_, *c, t.owner))
           throw Unavailable("tensor '" + t.name + "' is a legacy CUDA IPC allocation of a process in another pid "
@@ -411,8 +359,8 @@ class Client {
   }
 
   Context& ctx_;
-  Lease& lease_;
-  Allocator& alloc_;
+  LeaseView& lease_;
+  OwnAllocator& alloc_;
   Holdings& holdings_;
   std::atomic<std::uint64_t> seq_{0};  // request and wait ids of this session
 };

@@ -64,7 +64,7 @@
 
 #include "memcuda/detail/registry/client/holdings_entry.hpp"
 #include "memcuda/detail/registry/client/invalidation_log.hpp"
-#include "memcuda/detail/registry/process/release_queue.hpp"
+#include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/tensor_info.hpp"

@@ -27,8 +27,9 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/placement.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
-#include "memcuda/detail/registry/process/inbox.hpp"
+#include "memcuda/detail/registry/own_allocator.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/pool_stats.hpp"
 #include "memcuda/stats.hpp"
@@ -40,7 +41,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class BatchAllocator;  // batch_allocator.hpp: create_many, one pool pass and one script
 
-class Allocator {
+class Allocator final : public OwnAllocator {
   friend class BatchAllocator;
 
  public:
@@ -49,13 +50,6 @@ class Allocator {
   void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
   // Drops the keep-alive of a buffer this process shared (process/borrowed.hpp); set before threads start.
   void set_borrowed_free(std::function<bool(std::uint64_t)> f) { borrowed_free_ = std::move(f); }
-
-  struct Created {
-    std::uint64_t generation;
-    std::int64_t refcount;
-    TensorInfo info;
-    PoolBlock block;  // slab null on a replay
-  };
 
   // An allocation this process owns as (ex-)allocator of record.
   struct Owned {
@@ -69,20 +63,12 @@ class Allocator {
   // for a stray key under the name that is not a record of ours),
   // NotLeader (lease lost), InvalidArgument, CudaError, BudgetExceeded,
   // InternalError (a script status this version does not know).
-  Created create(redis::Connection& c, const protocol::Command& cmd) {
+  Created create(redis::Connection& c, const protocol::Command& cmd) override {
     if (!cmd.dtype || !cmd.shape) throw InvalidArgument("create needs a dtype and a shape");
     ::memcuda::validate_name(cmd.name);
     const std::uint64_t bytes = byte_size(*cmd.dtype, *cmd.shape);
     const BackendKind kind = cmd.backend.value_or(ctx_.default_backend());
-    int device = -1;
-    if (kind == BackendKind::cuda) {
-      device = cmd.device.value_or(ctx_.opts.default_device);
-#if MEMCUDA_HAS_CUDA()
-      // Ordinals differ between processes with different CUDA_VISIBLE_DEVICES;
-      // the UUID, when the sender gave it, is what names the device.
-      if (cmd.device_uuid) device = ordinal_of_uuid(*cmd.device_uuid, device);
-#endif
-    }
+    const int device = device_for(kind, cmd.device, cmd.device_uuid, ctx_);
     auto [token, epoch] = lease_.current();
     if (!lease_.held()) throw NotLeader("this process is not the allocator of record");
 
@@ -92,37 +78,92 @@ class Allocator {
     std::optional<Owned> parked = unpark(create_id);
     DevicePool& pool = parked ? *parked->pool : pool_for(kind, device);
     PoolBlock pb = parked ? parked->pb : pool.allocate(bytes);
-    // Until the script has published it, the block is ours to give back.
-    struct Giveback {
-      DevicePool* pool;
-      const PoolBlock* pb;
-      ~Giveback() {
-        if (pool) pool->deallocate(*pb);
-      }
-    } giveback{&pool, &pb};
+    Giveback giveback{&pool, &pb};  // until the script has published it, the block is ours to give back
     if (!parked) pool.zero({{&pb, bytes}});  // a new tensor reads as zeros (a parked one was zeroed before)
 
-    TensorInfo t;
-    if (parked) {
-      t = parked->info;  // exactly what the lost attempt sent
-      t.epoch = epoch;
-    } else {
-      t.name = cmd.name;
-      t.dtype = *cmd.dtype;
-      t.shape = *cmd.shape;
-      t.ctime_ms = now_ms();
-      t.bytes = bytes;
-      t.backend = kind;
-      place_in(t, pb, ctx_, epoch);
-      t.state = TensorState::ready;
-      t.create_id = create_id;
-    }
+    TensorInfo t = parked ? parked->info  // exactly what the lost attempt sent
+                          : new_record(cmd.name, *cmd.dtype, *cmd.shape, bytes, kind, pb, ctx_, epoch, create_id);
+    if (parked) t.epoch = epoch;
 
     const bool persistent = cmd.persistent.value_or(false);
     const auto& k = ctx_.keys;
-    // The record's fields go straight into the arguments: names as
-    // literals, text `t` holds as views (t outlives the script call), only
-    // numbers as owned strings. This path runs for every create.
+    const auto args = create_args(cmd, t, token, persistent);
+    const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
+                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name), ukey = k.usage(),
+                      rkey = k.refs(holder_of(cmd)), hkey = k.holders(), dkey = k.dicts();
+    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey, dkey};
+    redis::Reply r;
+    try {
+      r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+      if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
+    } catch (const IoError&) {
+      // The script may have run: Redis may hold a ready record pointing at
+      // this block. Giving it back would hand the same memory to the next
+      // create. Keep it, parked by create_id, until a retry learns the
+      // outcome (replay: ours; exists/error: give back). Without a
+      // create_id nothing can tell: the block stays out of the pool.
+      giveback.pool = nullptr;
+      park(create_id, Owned{&pool, pb, t, persistent});
+      throw;
+    }
+    const std::string st = script_status(r);
+    // t is done with once kept: the script's arguments are sent.
+    auto keep = [&](std::uint64_t gen) { return keep_created(std::move(t), gen, r, holder_of(cmd), persistent, giveback); };
+    if (st == "ok") return after_create(c, keep(reply_u64(r[1])));
+    if (st == "replay") {
+      // The lost attempt published our parked block: adopt it, so the
+      // creator gets its memory like a fresh create. No parked block: the
+      // attempt that ran was answered and its block is in owned_ already.
+      if (parked) return after_create(c, keep(reply_u64(r[1])));
+      return after_create(c, {reply_u64(r[1]), reply_int(r[2]), {}, {}});
+    }
+    if (parked && st != "exists" && st != "stray") {
+      // Answered with an error (e.g. the lease moved): the record may still
+      // be the lost attempt's. Ours then, freed with its last reference.
+      if (!create_id.empty() && adopt_published(c, tkey, Owned{&pool, pb, t, persistent})) giveback.pool = nullptr;
+    }
+    if (st == "exists")
+      throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
+                          "); remove it first or get() it");
+    if (st == "stray") throw AlreadyExists("cannot create '" + cmd.name + "': " + stray_record(tkey, r[1].str()));
+    lease_.fail_status("create", st, "creating '" + cmd.name + "'", st == "notleader" ? r[1].str() : "");
+  }
+
+  // Until the script has published it, a create's block is its to give back.
+  struct Giveback {
+    DevicePool* pool;
+    const PoolBlock* pb;
+    ~Giveback() {
+      if (pool) pool->deallocate(*pb);
+    }
+  };
+
+  // A published create's block (`r`: the script's answer), owned from now on.
+  Created keep_created(TensorInfo t, std::uint64_t gen, const redis::Reply& r, const std::string& holder,
+                       bool persistent, Giveback& giveback) {
+    t.generation = gen;
+    t.refcount = reply_int(r[2]);
+    t.holders[holder] = 1;
+    if (persistent) t.holders[std::string(HolderId::kName)] = 1;
+    DevicePool* pool = std::exchange(giveback.pool, nullptr);
+    const PoolBlock& pb = *giveback.pb;
+    {
+      std::lock_guard lk(owned_mu_);
+      owned_.insert_or_assign(t.generation, Owned{pool, pb, t, persistent});
+      owned_bytes_ += pb.block.size;
+    }
+    ++creates_;
+    const std::uint64_t g = t.generation;
+    const std::int64_t rc = t.refcount;
+    return Created{g, rc, std::move(t), pb};
+  }
+
+  // The create script's arguments. The record's fields go straight in:
+  // names as literals, text `t` holds as views (`t` must outlive the
+  // script call), only numbers as owned strings. This runs for every create.
+  std::vector<redis::Arg> create_args(const protocol::Command& cmd, const TensorInfo& t, const std::string& token,
+                                      bool persistent) const {
+    const auto& k = ctx_.keys;
     std::vector<redis::Arg> args;
     args.reserve(7 + 2 * 24);
     args.emplace_back(token);
@@ -145,67 +186,20 @@ class Allocator {
       args.emplace_back(std::forward<decltype(f)>(f));
       args.emplace_back(std::forward<decltype(v)>(v));
     });
-    const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
-                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name), ukey = k.usage(),
-                      rkey = k.refs(holder_of(cmd)), hkey = k.holders(), dkey = k.dicts();
-    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey, dkey};
-    redis::Reply r;
-    try {
-      r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
-      if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
-    } catch (const IoError&) {
-      // The script may have run: Redis may hold a ready record pointing at
-      // this block. Giving it back would hand the same memory to the next
-      // create. Keep it, parked by create_id, until a retry learns the
-      // outcome (replay: ours; exists/error: give back). Without a
-      // create_id nothing can tell: the block stays out of the pool.
-      giveback.pool = nullptr;
-      park(create_id, Owned{&pool, pb, t, persistent});
-      throw;
-    }
-    const std::string st = script_status(r);
-    auto keep = [&](std::uint64_t gen) {
-      t.generation = gen;
-      t.refcount = reply_int(r[2]);
-      t.holders[holder_of(cmd)] = 1;
-      if (persistent) t.holders[std::string(HolderId::kName)] = 1;
-      giveback.pool = nullptr;
-      {
-        std::lock_guard lk(owned_mu_);
-        owned_.insert_or_assign(t.generation, Owned{&pool, pb, t, persistent});
-        owned_bytes_ += pb.block.size;
-      }
-      ++creates_;
-      const std::uint64_t g = t.generation;
-      const std::int64_t rc = t.refcount;
-      return Created{g, rc, std::move(t), pb};  // t is done with: the script's arguments are sent
-    };
-    if (st == "ok") return after_create(c, keep(reply_u64(r[1])));
-    if (st == "replay") {
-      // The lost attempt published our parked block: adopt it, so the
-      // creator gets its memory like a fresh create. No parked block: the
-      // attempt that ran was answered and its block is in owned_ already.
-      if (parked) return after_create(c, keep(reply_u64(r[1])));
-      return after_create(c, {reply_u64(r[1]), reply_int(r[2]), {}, {}});
-    }
-    if (parked && st != "exists" && st != "stray") {
-      // Answered with an error (e.g. the lease moved): the record may still
-      // be the lost attempt's. Ours then, freed with its last reference.
-      auto cur = store::read_create_id(c, tkey);
-      if (!create_id.empty() && cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == create_id &&
-          !cur[1].is_nil()) {
-        giveback.pool = nullptr;
-        t.generation = std::stoull(std::string(cur[1].str()));
-        std::lock_guard lk(owned_mu_);
-        owned_[t.generation] = Owned{&pool, pb, t, persistent};
-        owned_bytes_ += pb.block.size;
-      }
-    }
-    if (st == "exists")
-      throw AlreadyExists("tensor '" + cmd.name + "' already exists (generation " + std::to_string(reply_u64(r[1])) +
-                          "); remove it first or get() it");
-    if (st == "stray") throw AlreadyExists("cannot create '" + cmd.name + "': " + stray_record(tkey, r[1].str()));
-    lease_.fail_status("create", st, "creating '" + cmd.name + "'", st == "notleader" ? r[1].str() : "");
+    return args;
+  }
+
+  // After a refused create or create many whose earlier attempt's reply was
+  // lost: when the record under `tkey` is that attempt's (its create_id),
+  // the parked block `o` is the record's memory, owned from now on.
+  bool adopt_published(redis::Connection& c, const std::string& tkey, Owned o) {
+    auto cur = store::read_create_id(c, tkey);
+    if (cur.size() != 2 || cur[0].is_nil() || cur[0].str() != o.info.create_id || cur[1].is_nil()) return false;
+    o.info.generation = std::stoull(std::string(cur[1].str()));
+    std::lock_guard lk(owned_mu_);
+    owned_bytes_ += o.pb.block.size;
+    owned_[o.info.generation] = std::move(o);
+    return true;
   }
 
   // Blocks parked by creates whose reply was lost, and their count (tests).
@@ -218,7 +212,7 @@ class Allocator {
   // remaining refcount. Frees the memory when it was the last and it is
   // ours. `token` is the lease token when the leader acts for a holder.
   std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen, const std::string& holder,
-                       const std::string& token, bool all = false) {
+                       const std::string& token, bool all = false) override {
     const auto& k = ctx_.keys;
     auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader(), k.refs(holder), k.usage()},
                                        {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
@@ -227,7 +221,7 @@ class Allocator {
 
   // What a release script's answer means (also for pipelined releases).
   std::int64_t release_outcome(redis::Connection& c, const redis::Reply& r, const std::string& name,
-                               std::uint64_t gen, const std::string& holder) {
+                               std::uint64_t gen, const std::string& holder) override {
     const std::string st = script_status(r);
     if (st == "ok") return reply_int(r[1]);
     if (st == "free") {
@@ -248,7 +242,7 @@ class Allocator {
 
   // Frees an unlinked tensor whose last reference is gone. Ours: drop the
   // allocation. Another (dead) owner's: reclaim what the backend can.
-  void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) {
+  void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) override {
     const std::string rkey = ctx_.keys.removed(generation);
     std::optional<Owned> mine;
     {
@@ -300,7 +294,7 @@ class Allocator {
   }
 
   // The records of what this process owns (for recovery).
-  std::vector<std::pair<TensorInfo, bool>> owned_records() const {
+  std::vector<std::pair<TensorInfo, bool>> owned_records() const override {
     std::lock_guard lk(owned_mu_);
     std::vector<std::pair<TensorInfo, bool>> v;
     for (const auto& [g, o] : owned_) v.emplace_back(o.info, o.persistent);

@@ -37,189 +37,27 @@ class BatchAllocator {
   // InvalidArgument, BudgetExceeded, CudaError, InternalError.
   static std::vector<Allocator::Created> create_many(Allocator& A, redis::Connection& c,
                                                      const protocol::Command& cmd) {
-    if (cmd.tensors.empty()) throw InvalidArgument("create_many needs at least one tensor");
-    if (cmd.tensors.size() > protocol::kMaxBatchEntries)
-      throw InvalidArgument("create_many of " + std::to_string(cmd.tensors.size()) + " tensors: at most " +
-                            std::to_string(protocol::kMaxBatchEntries) + " in one batch");
-    std::set<std::string_view> seen;
-    for (const auto& e : cmd.tensors) {
-      ::memcuda::validate_name(e.name);
-      if (!seen.insert(e.name).second) throw InvalidArgument("create_many names '" + e.name + "' twice");
-    }
+    check_entries(cmd);
     auto [token, epoch] = A.lease_.current();
     if (!A.lease_.held()) throw NotLeader("this process is not the allocator of record");
-    Context& ctx = A.ctx_;
-
     // One pass over the pools: every block, or (on BudgetExceeded, a CUDA
     // error) none: Slots' destructor gives back what is not published.
-    // Entries are first sorted into their pools; a pool's share of the batch
-    // goes into one allocation of its own when it is large enough
-    // (DevicePool::allocate_packed, PoolOptions::pack_batches_min_bytes),
-    // else tensor by tensor.
     Slots slots{&A};
     slots.v.resize(cmd.tensors.size());
-    std::vector<std::uint64_t> bytes(cmd.tensors.size(), 0);
-    std::vector<BackendKind> kinds(cmd.tensors.size(), BackendKind::host);
-    std::vector<std::pair<DevicePool*, std::vector<std::size_t>>> groups;  // pool -> entries, first-seen order
-    for (std::size_t i = 0; i < cmd.tensors.size(); ++i) {
-      const auto& e = cmd.tensors[i];
-      const std::string create_id = entry_create_id(cmd.id, i);
-      if (auto parked = A.unpark(create_id)) {
-        parked->info.epoch = epoch;
-        slots.v[i] = {parked->pool, parked->pb, parked->info, parked->persistent, true, true};
-        continue;
-      }
-      bytes[i] = byte_size(e.dtype, e.shape);
-      kinds[i] = e.backend.value_or(ctx.default_backend());
-      int device = -1;
-      if (kinds[i] == BackendKind::cuda) {
-        device = e.device.value_or(ctx.opts.default_device);
-#if MEMCUDA_HAS_CUDA()
-        if (e.device_uuid) device = ordinal_of_uuid(*e.device_uuid, device);
-#endif
-      }
-      DevicePool* pool = &A.pool_for(kinds[i], device);
-      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == pool; });
-      if (g == groups.end()) g = groups.insert(groups.end(), {pool, {}});
-      g->second.push_back(i);
-    }
-    auto place = [&](std::size_t i, DevicePool* pool, const PoolBlock& pb) {
-      const auto& e = cmd.tensors[i];
-      slots.v[i] = {pool, pb, record_for(A, e, pb, bytes[i], kinds[i], epoch, entry_create_id(cmd.id, i)),
-                    e.persistent.value_or(false), false, true};
-    };
-    for (const auto& [pool, idx] : groups) {
-      std::vector<std::uint64_t> sizes;
-      sizes.reserve(idx.size());
-      for (auto i : idx) sizes.push_back(bytes[i]);
-      if (auto packed = pool->allocate_packed(sizes)) {
-        for (std::size_t j = 0; j < idx.size(); ++j) {
-          // Owned by the slot from here; a throw in record_for leaves the
-          // rest of the batch to be returned one block at a time.
-          try {
-            place(idx[j], pool, (*packed)[j]);
-          } catch (...) {
-            for (std::size_t r = j; r < idx.size(); ++r)
-              if (!slots.v[idx[r]].give_back) pool->deallocate((*packed)[r]);
-            throw;
-          }
-        }
-        continue;
-      }
-      for (auto i : idx) {
-        PoolBlock pb = pool->allocate(bytes[i]);
-        try {
-          place(i, pool, pb);
-        } catch (...) {
-          pool->deallocate(pb);
-          throw;
-        }
-      }
-    }
-
+    const Plan plan = sort_into_pools(A, cmd, epoch, slots);
+    take_blocks(A, cmd, epoch, plan, slots);
     // Every new tensor reads as zeros before the script publishes it (one
     // pass per pool; parked blocks were zeroed by their first attempt).
-    for (const auto& [pool, idx] : groups) {
+    for (const auto& [pool, idx] : plan.groups) {
       std::vector<std::pair<const PoolBlock*, std::uint64_t>> blocks;
-      for (auto i : idx) blocks.emplace_back(&slots.v[i].pb, bytes[i]);
+      for (auto i : idx) blocks.emplace_back(&slots.v[i].pb, plan.bytes[i]);
       pool->zero(blocks);
     }
-
-    const auto& k = ctx.keys;
     const std::string holder = holder_of(cmd);
-    std::vector<std::string> keys{k.names(), k.leader(), k.generation()};
-    std::vector<std::string> args{token, std::to_string(slots.v.size())};
-    for (const auto& s : slots.v) {
-      const std::string& name = s.info.name;
-      keys.push_back(k.tensor(name));
-      keys.push_back(k.waiters(name));
-      keys.push_back(k.lost(name));
-      protocol::Fields fields = protocol::encode_record(s.info);
-      std::vector<std::string> fv;
-      for (const auto& [f, v] : fields) {
-        namespace rf = store::field;
-        if (f == rf::generation || f == rf::state || f == rf::refcount || store::is_holder_field(f)) continue;
-        fv.push_back(f);
-        fv.push_back(v);
-      }
-      // desc: the fields that do not change, in one string a batch get
-      // reads with one HMGET (record_desc.hpp).
-      args.insert(args.end(), {name, s.info.create_id, k.ready_channel(name), holder, s.persistent ? "1" : "0",
-                               protocol::encode_desc_body(fields), std::to_string(fv.size() / 2)});
-      args.insert(args.end(), std::make_move_iterator(fv.begin()), std::make_move_iterator(fv.end()));
-    }
-    args.push_back(k.prefix());  // last: the key prefix the script derives index keys from
-    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
-    redis::Reply r;
-    try {
-      r = ctx.scripts.create_many.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
-      if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
-    } catch (const IoError&) {
-      // The script may have run: keep every block out of the pool, parked
-      // by its create_id, until a retry learns the outcome.
-      for (auto& s : slots.v) {
-        s.give_back = false;
-        A.park(s.info.create_id, Allocator::Owned{s.pool, s.pb, s.info, s.persistent});
-      }
-      throw;
-    }
+    const redis::Reply r = publish(A, c, token, holder, slots);
     const std::string st = script_status(r);
-    if (st == "ok" || st == "replay") {
-      std::vector<Allocator::Created> out;
-      for (std::size_t i = 0; i < slots.v.size(); ++i) {
-        auto& s = slots.v[i];
-        const std::uint64_t gen = reply_u64(r[1 + 2 * i]);
-        const std::int64_t rc = reply_int(r[2 + 2 * i]);
-        if (st == "replay" && !s.parked) {
-          out.push_back({gen, rc, {}, {}});  // answered before: its block is owned already
-          continue;
-        }
-        s.info.generation = gen;
-        s.info.refcount = rc;
-        s.info.holders[holder] = 1;
-        if (s.persistent) s.info.holders[std::string(HolderId::kName)] = 1;
-        s.give_back = false;
-        {
-          std::lock_guard lk(A.owned_mu_);
-          A.owned_[gen] = Allocator::Owned{s.pool, s.pb, s.info, s.persistent};
-          A.owned_bytes_ += s.pb.block.size;
-        }
-        ++A.creates_;
-        out.push_back({gen, rc, s.info, s.pb});
-      }
-      if (A.after_create_) A.after_create_(c);  // new allocations held by the standbys before the answer
-      return out;
-    }
-    // Refused: nothing was written by this script. A parked block may
-    // still be what a lost attempt published: adopt those, give back the rest.
-    const std::size_t stray = st == "stray" ? static_cast<std::size_t>(reply_int(r[1])) - 1 : slots.v.size();
-    for (std::size_t i = 0; i < slots.v.size(); ++i) {
-      auto& s = slots.v[i];
-      if (!s.parked) continue;
-      s.parked = false;  // not the record's: back to the pool
-      if (i == stray) continue;  // not a Hash of ours: nothing of a lost attempt there
-      auto cur = store::read_create_id(c, k.tensor(s.info.name));
-      if (cur.size() == 2 && !cur[0].is_nil() && cur[0].str() == s.info.create_id && !cur[1].is_nil()) {
-        s.give_back = false;
-        s.info.generation = std::stoull(std::string(cur[1].str()));
-        std::lock_guard lk(A.owned_mu_);
-        A.owned_[s.info.generation] = Allocator::Owned{s.pool, s.pb, s.info, s.persistent};
-        A.owned_bytes_ += s.pb.block.size;
-      }
-    }
-    if (st == "exists") {
-      const std::size_t i = static_cast<std::size_t>(reply_int(r[1])) - 1;
-      const std::string name = i < slots.v.size() ? slots.v[i].info.name : "?";
-      throw AlreadyExists("tensor '" + name + "' already exists (generation " + std::string(r[2].str()) +
-                          "): create_many created none of its " + std::to_string(slots.v.size()) + " tensors");
-    }
-    if (st == "stray") {
-      const std::string name = stray < slots.v.size() ? slots.v[stray].info.name : "?";
-      throw AlreadyExists("cannot create '" + name + "': " + stray_record(k.tensor(name), r[2].str()) +
-                          " (create_many created none of its " + std::to_string(slots.v.size()) + " tensors)");
-    }
-    A.lease_.fail_status("create_many", st, "creating " + std::to_string(slots.v.size()) + " tensors",
-                         st == "notleader" ? r[1].str() : "");
+    if (st == "ok" || st == "replay") return take_ownership(A, c, r, st == "replay", holder, slots);
+    refused(A, c, r, st, slots);
   }
 
  private:
@@ -248,19 +86,188 @@ class BatchAllocator {
     }
   };
 
-  static TensorInfo record_for(Allocator& A, const protocol::CreateEntry& e, const PoolBlock& pb, std::uint64_t bytes,
-                               BackendKind kind, std::uint64_t epoch, const std::string& create_id) {
-    TensorInfo t;
-    t.name = e.name;
-    t.dtype = e.dtype;
-    t.shape = e.shape;
-    t.ctime_ms = now_ms();
-    t.bytes = bytes;
-    t.backend = kind;
-    place_in(t, pb, A.ctx_, epoch);  // as Allocator::create writes it
-    t.state = TensorState::ready;
-    t.create_id = create_id;
-    return t;
+  static void check_entries(const protocol::Command& cmd) {
+    if (cmd.tensors.empty()) throw InvalidArgument("create_many needs at least one tensor");
+    if (cmd.tensors.size() > protocol::kMaxBatchEntries)
+      throw InvalidArgument("create_many of " + std::to_string(cmd.tensors.size()) + " tensors: at most " +
+                            std::to_string(protocol::kMaxBatchEntries) + " in one batch");
+    std::set<std::string_view> seen;
+    for (const auto& e : cmd.tensors) {
+      ::memcuda::validate_name(e.name);
+      if (!seen.insert(e.name).second) throw InvalidArgument("create_many names '" + e.name + "' twice");
+    }
+  }
+
+  // The entries to allocate, sorted into their pools (first-seen order).
+  struct Plan {
+    std::vector<std::uint64_t> bytes;
+    std::vector<BackendKind> kinds;
+    std::vector<std::pair<DevicePool*, std::vector<std::size_t>>> groups;  // pool -> entries
+  };
+
+  // A block parked by a lost attempt under an entry's create_id fills its
+  // slot at once; the others go into the plan.
+  static Plan sort_into_pools(Allocator& A, const protocol::Command& cmd, std::uint64_t epoch, Slots& slots) {
+    Context& ctx = A.ctx_;
+    Plan plan{std::vector<std::uint64_t>(cmd.tensors.size(), 0),
+              std::vector<BackendKind>(cmd.tensors.size(), BackendKind::host), {}};
+    for (std::size_t i = 0; i < cmd.tensors.size(); ++i) {
+      const auto& e = cmd.tensors[i];
+      if (auto parked = A.unpark(entry_create_id(cmd.id, i))) {
+        parked->info.epoch = epoch;
+        slots.v[i] = {parked->pool, parked->pb, parked->info, parked->persistent, true, true};
+        continue;
+      }
+      plan.bytes[i] = byte_size(e.dtype, e.shape);
+      plan.kinds[i] = e.backend.value_or(ctx.default_backend());
+      DevicePool* pool = &A.pool_for(plan.kinds[i], device_for(plan.kinds[i], e.device, e.device_uuid, ctx));
+      auto g = std::find_if(plan.groups.begin(), plan.groups.end(), [&](const auto& x) { return x.first == pool; });
+      if (g == plan.groups.end()) g = plan.groups.insert(plan.groups.end(), {pool, {}});
+      g->second.push_back(i);
+    }
+    return plan;
+  }
+
+  // A pool's share of the batch goes into one allocation of its own when it
+  // is large enough (DevicePool::allocate_packed,
+  // PoolOptions::pack_batches_min_bytes), else tensor by tensor.
+  static void take_blocks(Allocator& A, const protocol::Command& cmd, std::uint64_t epoch, const Plan& plan,
+                          Slots& slots) {
+    auto place = [&](std::size_t i, DevicePool* pool, const PoolBlock& pb) {
+      const auto& e = cmd.tensors[i];
+      slots.v[i] = {pool, pb,
+                    new_record(e.name, e.dtype, e.shape, plan.bytes[i], plan.kinds[i], pb, A.ctx_, epoch,
+                               entry_create_id(cmd.id, i)),
+                    e.persistent.value_or(false), false, true};
+    };
+    for (const auto& [pool, idx] : plan.groups) {
+      std::vector<std::uint64_t> sizes;
+      sizes.reserve(idx.size());
+      for (auto i : idx) sizes.push_back(plan.bytes[i]);
+      if (auto packed = pool->allocate_packed(sizes)) {
+        for (std::size_t j = 0; j < idx.size(); ++j) {
+          // Owned by the slot from here; a throw in new_record leaves the
+          // rest of the batch to be returned one block at a time.
+          try {
+            place(idx[j], pool, (*packed)[j]);
+          } catch (...) {
+            for (std::size_t r = j; r < idx.size(); ++r)
+              if (!slots.v[idx[r]].give_back) pool->deallocate((*packed)[r]);
+            throw;
+          }
+        }
+        continue;
+      }
+      for (auto i : idx) {
+        PoolBlock pb = pool->allocate(plan.bytes[i]);
+        try {
+          place(i, pool, pb);
+        } catch (...) {
+          pool->deallocate(pb);
+          throw;
+        }
+      }
+    }
+  }
+
+  // Runs the create_many script over every slot. When the link fails the
+  // script may have run: every block stays out of the pool, parked by its
+  // create_id, until a retry learns the outcome.
+  static redis::Reply publish(Allocator& A, redis::Connection& c, const std::string& token,
+                              const std::string& holder, Slots& slots) {
+    const auto& k = A.ctx_.keys;
+    std::vector<std::string> keys{k.names(), k.leader(), k.generation()};
+    std::vector<std::string> args{token, std::to_string(slots.v.size())};
+    for (const auto& s : slots.v) {
+      const std::string& name = s.info.name;
+      keys.push_back(k.tensor(name));
+      keys.push_back(k.waiters(name));
+      keys.push_back(k.lost(name));
+      protocol::Fields fields = protocol::encode_record(s.info);
+      std::vector<std::string> fv;
+      for (const auto& [f, v] : fields) {
+        namespace rf = store::field;
+        if (f == rf::generation || f == rf::state || f == rf::refcount || store::is_holder_field(f)) continue;
+        fv.push_back(f);
+        fv.push_back(v);
+      }
+      // desc: the fields that do not change, in one string a batch get
+      // reads with one HMGET (record_desc.hpp).
+      args.insert(args.end(), {name, s.info.create_id, k.ready_channel(name), holder, s.persistent ? "1" : "0",
+                               protocol::encode_desc_body(fields), std::to_string(fv.size() / 2)});
+      args.insert(args.end(), std::make_move_iterator(fv.begin()), std::make_move_iterator(fv.end()));
+    }
+    args.push_back(k.prefix());  // last: the key prefix the script derives index keys from
+    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
+    try {
+      auto r = A.ctx_.scripts.create_many.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+      if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
+      return r;
+    } catch (const IoError&) {
+      for (auto& s : slots.v) {
+        s.give_back = false;
+        A.park(s.info.create_id, Allocator::Owned{s.pool, s.pb, s.info, s.persistent});
+      }
+      throw;
+    }
+  }
+
+  // Published (or replayed): each new block becomes an owned allocation.
+  static std::vector<Allocator::Created> take_ownership(Allocator& A, redis::Connection& c, const redis::Reply& r,
+                                                        bool replay, const std::string& holder, Slots& slots) {
+    std::vector<Allocator::Created> out;
+    for (std::size_t i = 0; i < slots.v.size(); ++i) {
+      auto& s = slots.v[i];
+      const std::uint64_t gen = reply_u64(r[1 + 2 * i]);
+      const std::int64_t rc = reply_int(r[2 + 2 * i]);
+      if (replay && !s.parked) {
+        out.push_back({gen, rc, {}, {}});  // answered before: its block is owned already
+        continue;
+      }
+      s.info.generation = gen;
+      s.info.refcount = rc;
+      s.info.holders[holder] = 1;
+      if (s.persistent) s.info.holders[std::string(HolderId::kName)] = 1;
+      s.give_back = false;
+      {
+        std::lock_guard lk(A.owned_mu_);
+        A.owned_[gen] = Allocator::Owned{s.pool, s.pb, s.info, s.persistent};
+        A.owned_bytes_ += s.pb.block.size;
+      }
+      ++A.creates_;
+      out.push_back({gen, rc, s.info, s.pb});
+    }
+    if (A.after_create_) A.after_create_(c);  // new allocations held by the standbys before the answer
+    return out;
+  }
+
+  // Refused: nothing was written by this script. A parked block may
+  // still be what a lost attempt published: adopt those, give back the rest.
+  [[noreturn]] static void refused(Allocator& A, redis::Connection& c, const redis::Reply& r, const std::string& st,
+                                   Slots& slots) {
+    const auto& k = A.ctx_.keys;
+    const std::size_t stray = st == "stray" ? static_cast<std::size_t>(reply_int(r[1])) - 1 : slots.v.size();
+    for (std::size_t i = 0; i < slots.v.size(); ++i) {
+      auto& s = slots.v[i];
+      if (!s.parked) continue;
+      s.parked = false;  // not the record's: back to the pool
+      if (i == stray) continue;  // not a Hash of ours: nothing of a lost attempt there
+      if (A.adopt_published(c, k.tensor(s.info.name), Allocator::Owned{s.pool, s.pb, s.info, s.persistent}))
+        s.give_back = false;
+    }
+    if (st == "exists") {
+      const std::size_t i = static_cast<std::size_t>(reply_int(r[1])) - 1;
+      const std::string name = i < slots.v.size() ? slots.v[i].info.name : "?";
+      throw AlreadyExists("tensor '" + name + "' already exists (generation " + std::string(r[2].str()) +
+                          "): create_many created none of its " + std::to_string(slots.v.size()) + " tensors");
+    }
+    if (st == "stray") {
+      const std::string name = stray < slots.v.size() ? slots.v[stray].info.name : "?";
+      throw AlreadyExists("cannot create '" + name + "': " + stray_record(k.tensor(name), r[2].str()) +
+                          " (create_many created none of its " + std::to_string(slots.v.size()) + " tensors)");
+    }
+    A.lease_.fail_status("create_many", st, "creating " + std::to_string(slots.v.size()) + " tensors",
+                         st == "notleader" ? r[1].str() : "");
   }
 };
 

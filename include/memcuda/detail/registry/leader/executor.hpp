@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "memcuda/detail/registry/client/client.hpp"
+#include "memcuda/detail/registry/acquire_outcome.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/batch_allocator.hpp"
@@ -20,8 +20,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Executor {
  public:
-  Executor(Context& ctx, Lease& lease, Allocator& alloc, Client& client)
-      : ctx_(ctx), lease_(lease), alloc_(alloc), client_(client) {}
+  Executor(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
 
   // Whether running `op` again after a failure whose outcome is unknown
   // (the link broke mid-call) is safe: a create carries its create_id and
@@ -67,7 +66,7 @@ class Executor {
         const std::string holder = holder_of(cmd);
         auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name), k.refs(holder), k.holders()},
                                            {holder, "", ctx_.node, token, "", "", cmd.name});
-        auto t = client_.checked(r, cmd.name, std::nullopt, holder_of(cmd));
+        auto t = acquired(ctx_, lease_, alloc_, r, cmd.name, std::nullopt, holder_of(cmd));
         rep.generation = t.generation;
         rep.refcount = t.refcount;
         break;
@@ -158,7 +157,6 @@ class Executor {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
-  Client& client_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

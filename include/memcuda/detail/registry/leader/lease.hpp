@@ -33,6 +33,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/index_repair.hpp"
 #include "memcuda/detail/registry/leader/owner_uid.hpp"
+#include "memcuda/detail/registry/lease_view.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/reply.hpp"
@@ -40,14 +41,14 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-class Lease {
+class Lease final : public LeaseView {
  public:
   explicit Lease(Context& ctx) : ctx_(ctx), owner_uid_(ctx.keys) {}
 
-  bool held() const noexcept { return leader_.load(std::memory_order_acquire); }
+  bool held() const noexcept override { return leader_.load(std::memory_order_acquire); }
 
   // The token and epoch of the last lease this process took.
-  std::pair<std::string, std::uint64_t> current() const {
+  std::pair<std::string, std::uint64_t> current() const override {
     std::lock_guard lk(mu_);
     return {token_, epoch_};
   }
@@ -121,7 +122,7 @@ class Lease {
     log(LogLevel::info, "released the allocator-of-record lease (epoch " + std::to_string(epoch) + ")");
   }
 
-  void lose(const std::string& why) {
+  void lose(const std::string& why) override {
     if (leader_.exchange(false)) log(LogLevel::warn, "no longer allocator of record: " + why);
   }
 
@@ -159,20 +160,6 @@ class Lease {
                               (w.pid > 0 ? ", pid " + std::to_string(w.pid) : std::string(", its liveness lock free")) +
                               ") is gone: broke its lease, campaigning now");
     return true;
-  }
-
-  // A script answered 'notleader': the lease moved on. Throws NotLeader.
-  [[noreturn]] void lost(const std::string& what, std::string_view now_held_by = {}) {
-    lose("lease taken over" + (now_held_by.empty() ? std::string() : " (now " + std::string(now_held_by) + ")"));
-    throw NotLeader("lost the allocator-of-record lease" + (what.empty() ? std::string() : " while " + what));
-  }
-
-  // Maps a status no known branch took: 'notleader' is a lost lease,
-  // anything else an InternalError (the lease stays).
-  [[noreturn]] void fail_status(std::string_view script, std::string_view status, const std::string& what,
-                                std::string_view held_by = {}) {
-    if (status == "notleader") lost(what, held_by);
-    unexpected_status(script, status);
   }
 
  private:

@@ -33,9 +33,11 @@
 #include "memcuda/detail/registry/leader/give_up.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/migration_copy.hpp"
+#include "memcuda/detail/registry/leader/orphan_scan.hpp"
 #include "memcuda/detail/registry/leader/sessions.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
-#include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/records.hpp"
 
@@ -73,102 +75,41 @@ class Migration {
   enum class Adopted { migrated, lost, gone, retry };
 
   std::pair<std::uint64_t, std::uint64_t> adopt_orphans(redis::Connection& c, const std::string& token) {
-    std::uint64_t migrated = 0, lost = 0;
     resolve_parked(c);
     std::vector<std::string> owners;  // memcuda:owners: every allocator of record that may own records
     if (!orphans_possible(c, owners)) return {0, 0};
     scanned_ = true;
-    auto rkeys = record_keys(c, ctx_.keys);
-    std::set<std::string> still_used;  // ipc handles of dead owners that records still use
-    std::set<std::string> seen;        // the ipc handle of every record scanned
-    std::map<std::string, bool> dead;  // owner -> dead
-    std::set<std::string> unsettled;   // dead owners with a record left for a later round
-    std::map<std::string, std::set<BackendKind>> kinds;  // dead owner -> backends of its records
-    std::vector<TensorInfo> orphans;
-    if (!rkeys.empty()) {
-      std::vector<redis::Command> cmds;
-      namespace f = store::field;
-      for (const auto& k : rkeys)
-        cmds.push_back(
-            store::read_fields_cmd(k, {f::owner, f::owner_pid, f::node, f::state, f::ipc_handle, f::fd_source}));
-      std::vector<std::exception_ptr> errs;  // a key of the wrong type is GC's to quarantine, not the round's end
-      auto rs = c.pipeline(cmds, &errs);
-      for (std::size_t i = 0; i < rkeys.size(); ++i) {
-        if (rs[i].is_error()) continue;
-        if (!rs[i][4].is_nil()) seen.insert(std::string(rs[i][4].str()));
-        if (rs[i][0].is_nil() || rs[i][2].is_nil() || rs[i][3].is_nil()) continue;
-        std::string owner(rs[i][0].str());
-        if (owner == ctx_.session || !same_node(rs[i][2].str(), ctx_.node)) continue;
-        if (!dead.count(owner)) {
-          std::int64_t pid = 0;
-          std::string foreign;  // the owner's fd server in another pid namespace: its pid means nothing here
-          try {
-            if (!rs[i][1].is_nil()) pid = reply_int(rs[i][1]);
-            if (!rs[i][5].is_nil()) foreign = decode_fd_source(rs[i][5].str()).source.address;
-            if (owner_pid_is_ours(foreign)) foreign.clear();
-          } catch (const std::exception&) {  // unreadable: judged by the session alone
-            pid = 0;
-          }
-          dead[owner] = !owner_alive(ctx_, c, owner, foreign.empty() ? pid : 0, foreign);
-        }
-        if (!dead[owner]) continue;
-        if (rs[i][3].str() != to_string(TensorState::ready)) {
-          unsettled.insert(owner);  // not ours to judge: keep its memory
-          continue;
-        }
-        auto r = store::read_record(c, rkeys[i]);
-        if (r.size() == 0) continue;
-        TensorInfo t;
-        try {
-          t = protocol::decode_record(fields_from_reply(r.view()));
-        } catch (const ProtocolError& e) {
-          log(LogLevel::warn, std::string("orphan scan: skipping a corrupt record: ") + e.what());
-          unsettled.insert(owner);
-          continue;
-        }
-        if (t.borrowed) {  // its owner's own buffer: lost with it, never adopted or copied
-          if (give_up_borrowed(ctx_, lease_, c, token, t)) ++lost;
-          continue;
-        }
-        kinds[owner].insert(t.backend);
-        orphans.push_back(std::move(t));
-      }
-    }
-    // Owners of cuda_vmm_fd allocations that no record names any more (empty
-    // slabs of a dead leader): their fields go in the sweep below, so that
-    // standbys close those fds. And dead owners of no record at all: their
-    // sweep takes them off memcuda:owners.
-    for (const auto& owner : allocation_owners(c, ctx_.keys)) owners.push_back(owner);
-    for (const auto& owner : owners) {
-      if (owner == ctx_.session || dead.count(owner)) continue;
-      dead[owner] = !owner_alive(ctx_, c, owner, 0);
-    }
-    // An owner seen in a record that memcuda:owners lacks (a record of an
-    // older version) is written there, so that its death triggers a scan.
-    if (!dead.empty()) {
-      std::vector<redis::Command> add;
-      for (const auto& [owner, is_dead] : dead) add.push_back(store::add_owner_cmd(ctx_.keys, owner));
-      std::vector<std::exception_ptr> errs;
-      c.pipeline(add, &errs);
-    }
+    OrphanScan scan;
+    scan_records(ctx_, lease_, c, token, scan);
+    judge_other_owners(ctx_, c, owners, scan);
+    settle_orphans(c, token, scan);
+    sweep_dead_owners(c, scan);
+    return {scan.migrated, scan.lost};
+  }
+
+  // Each orphan adopted in place, copied, or given up as lost.
+  void settle_orphans(redis::Connection& c, const std::string& token, OrphanScan& scan) {
     std::vector<TensorInfo> denied;  // another user's memory: left for a leader that can open it
-    for (const auto& t : adopt_in_place(c, token, std::move(orphans), migrated, denied)) {
+    for (const auto& t : adopt_in_place(c, token, std::move(scan.orphans), scan.migrated, denied)) {
       Adopted a = adopt_one(c, token, t);
-      if (a == Adopted::migrated) ++migrated;
-      if (a == Adopted::lost) ++lost;
+      if (a == Adopted::migrated) ++scan.migrated;
+      if (a == Adopted::lost) ++scan.lost;
       if (a == Adopted::retry) {
-        still_used.insert(t.ipc_handle);
-        unsettled.insert(t.owner);
+        scan.still_used.insert(t.ipc_handle);
+        scan.unsettled.insert(t.owner);
       } else {
         alloc_.add_orphan(t);
       }
     }
     for (const auto& t : denied) {
-      still_used.insert(t.ipc_handle);
-      unsettled.insert(t.owner);
+      scan.still_used.insert(t.ipc_handle);
+      scan.unsettled.insert(t.owner);
     }
+  }
+
+  void sweep_dead_owners(redis::Connection& c, OrphanScan& scan) {
     // What this process adopted is its own now: never unlinked as an orphan.
-    std::set<std::string> keep = still_used;
+    std::set<std::string> keep = scan.still_used;
     for (DevicePool* p : alloc_.pools())
       for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
     // Unlink what dead owners left once nothing refers to it any more.
@@ -179,11 +120,11 @@ class Migration {
     // the scan above is not atomic (a remove may move a record between
     // its two parts), so the sweep waits for a round in which the owner
     // is again settled, with that round's records kept.
-    keep.insert(seen.begin(), seen.end());
+    keep.insert(scan.seen.begin(), scan.seen.end());
     std::map<std::string, std::set<BackendKind>> due;
     due.swap(sweep_next_);
     for (const auto& [owner, ks] : due) {
-      if (unsettled.count(owner)) {
+      if (scan.unsettled.count(owner)) {
         sweep_next_[owner].insert(ks.begin(), ks.end());  // not yet: next round again
         continue;
       }
@@ -196,9 +137,8 @@ class Migration {
                                 " that no record uses");
       store::remove_owner(c, ctx_.keys, owner);  // settled: no more scans for it
     }
-    for (const auto& [owner, is_dead] : dead)
-      if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
-    return {migrated, lost};
+    for (const auto& [owner, is_dead] : scan.dead)
+      if (is_dead) sweep_next_[owner].insert(scan.kinds[owner].begin(), scan.kinds[owner].end());
   }
 
   // The tensors whose backend can take their memory over in place: grouped

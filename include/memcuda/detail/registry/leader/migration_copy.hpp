@@ -20,7 +20,7 @@
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/placement.hpp"
-#include "memcuda/detail/registry/process/inbox.hpp"
+#include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/sessions.hpp"

@@ -250,7 +250,7 @@ class BatchClient {
     return NameError{me ? me->code() : "internal", ex.what(), std::current_exception()};
   }
 
-  // The error of a name the acquire script refused (as Client::check_acquire).
+  // The error of a name the acquire script refused (as acquire_outcome).
   NameError refusal(redis::ReplyView e, const std::string& name, std::optional<DType> dtype) {
     const std::string st(e[1].str());
     if (st == "notfound") return error_of(NotFound("no tensor named '" + name + "'"));

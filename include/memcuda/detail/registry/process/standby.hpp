@@ -20,9 +20,9 @@
 //   record adopts everything in place (can_adopt / adopt, migration.hpp);
 // - closes the fds of allocations that left the Hash.
 // A dead owner's fields are deleted by the leader's migration round once
-// every record of that owner is settled (forget_allocations_of), which is
-// what lets standbys close them: memory is freed once, after the last
-// reference and the last fd.
+// every record of that owner is settled (forget_allocations_of,
+// leader/orphan_scan.hpp), which is what lets standbys close them: memory
+// is freed once, after the last reference and the last fd.
 //
 // No window (docs/design.md, "What is lost when"): a create that made a new
 // allocation is answered only once every live standby holds its fd
@@ -60,7 +60,7 @@
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/lease_view.hpp"
 #include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/redis/script.hpp"
@@ -68,46 +68,6 @@
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // The allocations Hash's schema lives in store/allocations.hpp.
-namespace standby {
-inline std::string encode_entry(const std::string& owner, const std::string& source) {
-  return store::encode_allocation(owner, source);
-}
-inline auto decode_entry(std::string_view v) { return store::decode_allocation(v); }
-inline std::string apply(redis::Connection& c, const Keys& k, const std::vector<std::string>& ops) {
-  return store::apply_allocations(c, k, ops);
-}
-inline std::map<std::string, std::string> read_all(redis::Connection& c, const Keys& k) {
-  return store::read_allocations(c, k);
-}
-}  // namespace standby
-
-// Deletes the allocations Hash fields owned by the dead session `owner`
-// except those whose key is one of `keep` (ipc handles of records, padded
-// or not). Returns how many it deleted. The leader's migration round calls
-// it for a dead owner all of whose records are settled.
-inline std::size_t forget_allocations_of(redis::Connection& c, const Keys& k, const std::string& owner,
-                                         const std::set<std::string>& keep) {
-  std::set<std::string> kept;
-  for (const auto& h : keep) kept.insert(vmm_key(h));
-  std::vector<std::string> ops;
-  for (const auto& [key, value] : standby::read_all(c, k)) {
-    auto e = standby::decode_entry(value);
-    if (!e || e->owner != owner || kept.count(key)) continue;
-    ops.insert(ops.end(), {"D", key});
-  }
-  if (ops.empty()) return 0;
-  standby::apply(c, k, ops);
-  return ops.size() / 2;
-}
-
-// The owners named in the allocations Hash (the leader checks which died).
-inline std::set<std::string> allocation_owners(redis::Connection& c, const Keys& k) {
-  std::set<std::string> out;
-  for (const auto& [key, value] : standby::read_all(c, k))
-    if (auto e = standby::decode_entry(value)) out.insert(e->owner);
-  return out;
-}
-
 class Standby {
  public:
   // At most this long between two passes: bounds the window above.
@@ -116,7 +76,7 @@ class Standby {
   // repairs what a lost reply or a Redis restart left inconsistent.
   static constexpr int kFullEvery = 20;
 
-  Standby(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
+  Standby(Context& ctx, LeaseView& lease) : ctx_(ctx), lease_(lease) {}
   ~Standby() { stop(); }
   Standby(const Standby&) = delete;
   Standby& operator=(const Standby&) = delete;
@@ -143,13 +103,13 @@ class Standby {
     if (v == last_version_ && sv == last_service_version_ && !last_failed_ && ++quiet_ < kFullEvery) return p;
     quiet_ = 0;
     p.full = true;
-    auto all = standby::read_all(c, k);
+    auto all = store::read_allocations(c, k);
 
     // 1. This session's entries, as it serves them now.
     std::map<std::string, std::string> mine;
     if (svc)
       for (const auto& e : svc->entries(ctx_.session))
-        mine[e.key] = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
+        mine[e.key] = store::encode_allocation(ctx_.session, encode_fd_source(e.source));
     std::vector<std::string> writes;
     for (const auto& [key, value] : mine) {
       auto it = all.find(key);
@@ -159,7 +119,7 @@ class Standby {
       ++p.published;
     }
     for (auto it = all.begin(); it != all.end();) {
-      auto e = standby::decode_entry(it->second);
+      auto e = store::decode_allocation(it->second);
       if (e && e->owner == ctx_.session && !mine.count(it->first)) {
         writes.insert(writes.end(), {"D", it->first});
         it = all.erase(it);
@@ -169,7 +129,7 @@ class Standby {
       }
     }
     std::string synced = v;
-    if (!writes.empty()) synced = standby::apply(c, k, writes);
+    if (!writes.empty()) synced = store::apply_allocations(c, k, writes);
 
     // 2. Close what left the Hash.
     auto& holds = FdHolds::instance();
@@ -180,26 +140,7 @@ class Standby {
     }
 
     // 3. Hold what we lack.
-    if (fetch_missing) {
-      for (const auto& [key, value] : all) {
-        if (holds.holds(ctx_.session, key)) continue;
-        auto e = standby::decode_entry(value);
-        if (!e || e->owner == ctx_.session) continue;
-        try {
-          ServedSource src = decode_fd_source(e->source);
-          // Only the registry's own fd server of the entry's owner process.
-          check_fd_source(src, HolderId::pid_of(e->owner).value_or(0), "allocation " + key);
-          FetchOptions fo;
-          fo.timeout = std::chrono::milliseconds(500);
-          holds.hold(ctx_.session, key, fetch(src.source, src.id, fo).fd);
-          ++p.fetched;
-        } catch (const std::exception& ex) {
-          ++p.failed;
-          if (++fetch_failures_ <= 5 || fetch_failures_ % 100 == 0)
-            log(LogLevel::info, "standby: cannot hold allocation " + key + " yet: " + ex.what());
-        }
-      }
-    }
+    if (fetch_missing) hold_missing(all, p);
     last_version_ = synced;
     last_service_version_ = sv;
     last_failed_ = p.failed != 0;
@@ -216,6 +157,30 @@ class Standby {
     return p;
   }
 
+  // Fetches and holds, without importing, the fd of every allocation in
+  // `all` that another session serves and this one does not hold yet.
+  void hold_missing(const std::map<std::string, std::string>& all, Pass& p) {
+    auto& holds = FdHolds::instance();
+    for (const auto& [key, value] : all) {
+      if (holds.holds(ctx_.session, key)) continue;
+      auto e = store::decode_allocation(value);
+      if (!e || e->owner == ctx_.session) continue;
+      try {
+        ServedSource src = decode_fd_source(e->source);
+        // Only the registry's own fd server of the entry's owner process.
+        check_fd_source(src, HolderId::pid_of(e->owner).value_or(0), "allocation " + key);
+        FetchOptions fo;
+        fo.timeout = std::chrono::milliseconds(500);
+        holds.hold(ctx_.session, key, fetch(src.source, src.id, fo).fd);
+        ++p.fetched;
+      } catch (const std::exception& ex) {
+        ++p.failed;
+        if (++fetch_failures_ <= 5 || fetch_failures_ % 100 == 0)
+          log(LogLevel::info, "standby: cannot hold allocation " + key + " yet: " + ex.what());
+      }
+    }
+  }
+
   // Writes the entries this session serves that the Hash lacks (or has
   // otherwise), at once: the create path of the allocator of record
   // (Core::secure_new_allocations), rather than the thread's next tick.
@@ -226,14 +191,14 @@ class Standby {
     const auto& k = ctx_.keys;
     auto svc = FdService::existing();
     if (!svc) return;
-    auto all = standby::read_all(c, k);
+    auto all = store::read_allocations(c, k);
     std::vector<std::string> ops;
     for (const auto& e : svc->entries(ctx_.session)) {
-      std::string value = standby::encode_entry(ctx_.session, encode_fd_source(e.source));
+      std::string value = store::encode_allocation(ctx_.session, encode_fd_source(e.source));
       auto it = all.find(e.key);
       if (it == all.end() || it->second != value) ops.insert(ops.end(), {"S", e.key, std::move(value)});
     }
-    if (!ops.empty()) standby::apply(c, k, ops);
+    if (!ops.empty()) store::apply_allocations(c, k, ops);
   }
 
   // Deletes the fields this session owns but no longer serves, at once
@@ -245,12 +210,12 @@ class Standby {
     if (auto svc = FdService::existing())
       for (const auto& e : svc->entries(ctx_.session)) mine.insert(e.key);
     std::vector<std::string> ops;
-    for (const auto& [key, value] : standby::read_all(c, k)) {
-      auto e = standby::decode_entry(value);
+    for (const auto& [key, value] : store::read_allocations(c, k)) {
+      auto e = store::decode_allocation(value);
       if (e && e->owner == ctx_.session && !mine.count(key)) ops.insert(ops.end(), {"D", key});
     }
     if (ops.empty()) return 0;
-    standby::apply(c, k, ops);
+    store::apply_allocations(c, k, ops);
     return ops.size() / 2;
   }
 
@@ -334,7 +299,7 @@ class Standby {
   }
 
   Context& ctx_;
-  Lease& lease_;
+  LeaseView& lease_;
   std::mutex mu_;  // leaf: guards thread_ (start/stop), blocked_on_ and the tick wait
   redis::Connection* blocked_on_ = nullptr;  // the thread's connection while it waits on its wake list
   std::condition_variable_any cv_;

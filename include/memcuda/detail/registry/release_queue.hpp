@@ -54,7 +54,7 @@
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/registry/own_allocator.hpp"
 #include "memcuda/detail/store/release_calls.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -69,19 +69,19 @@ class ReleaseQueue {
   // Queues one release of `ctx.session`'s reference; `keep` keeps the
   // registry's core (ctx, alloc) alive until it is sent. Never blocks on
   // I/O; wakes the sending thread only when it sleeps.
-  void push(std::shared_ptr<void> keep, Context& ctx, Allocator& alloc, std::string name,
+  void push(std::shared_ptr<void> keep, Context& ctx, OwnAllocator& alloc, std::string name,
             std::uint64_t gen) noexcept {
     push_item(std::move(keep), ctx, alloc, std::move(name), gen, 0);
   }
 
   // Queues the release of one of `ctx.session`'s references to the
   // state-dict record `dict_id` (state_dicts.hpp), in order with the rest.
-  void push_dict(std::shared_ptr<void> keep, Context& ctx, Allocator& alloc, std::uint64_t dict_id) noexcept {
+  void push_dict(std::shared_ptr<void> keep, Context& ctx, OwnAllocator& alloc, std::uint64_t dict_id) noexcept {
     push_item(std::move(keep), ctx, alloc, std::string(), 0, dict_id);
   }
 
  private:
-  void push_item(std::shared_ptr<void> keep, Context& ctx, Allocator& alloc, std::string name, std::uint64_t gen,
+  void push_item(std::shared_ptr<void> keep, Context& ctx, OwnAllocator& alloc, std::string name, std::uint64_t gen,
                  std::uint64_t dict_id) noexcept {
     bool wake = false;
     try {
@@ -169,7 +169,7 @@ class ReleaseQueue {
   struct Item {
     std::shared_ptr<void> keep;
     Context* ctx;
-    Allocator* alloc;
+    OwnAllocator* alloc;
     std::string name;
     std::uint64_t gen;
     std::uint64_t seq;  // order of push(), from 1

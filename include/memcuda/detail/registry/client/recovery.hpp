@@ -12,15 +12,15 @@
 
 #include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/allocator.hpp"
-#include "memcuda/detail/registry/process/dict_holds.hpp"
+#include "memcuda/detail/registry/own_allocator.hpp"
+#include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Recovery {
  public:
-  Recovery(Context& ctx, Allocator& alloc, Holdings& holdings, DictHolds& dicts)
+  Recovery(Context& ctx, OwnAllocator& alloc, Holdings& holdings, DictHolds& dicts)
       : ctx_(ctx), alloc_(alloc), holdings_(holdings), dicts_(dicts) {}
 
   // Returns true when every reference found its record (false: some owner
@@ -79,7 +79,7 @@ class Recovery {
   }
 
   Context& ctx_;
-  Allocator& alloc_;
+  OwnAllocator& alloc_;
   Holdings& holdings_;
   DictHolds& dicts_;
 };
