@@ -10,6 +10,7 @@
 #include <string>
 
 #include "memcuda/detail/store/dict_scripts.hpp"
+#include "memcuda/detail/store/generation_fn.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
@@ -118,7 +119,7 @@ return out
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'stray', entry index,
 //    key type} (its key is not a record of ours; left as it is) | {'notleader', token}
-inline constexpr auto kCreateMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
+inline constexpr auto kCreateMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, kGenerationFn, R"lua(
 local lead = redis.call('GET', KEYS[2])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 local n = tonumber(ARGV[2])
@@ -156,13 +157,7 @@ if replays > 0 then
   end
   return out
 end
-local last = redis.call('INCRBY', KEYS[3], n)
-local base = last - n + 1
-if base == 1 then  -- a fresh Redis: start above every generation of an earlier one
-  local t = redis.call('TIME')
-  base = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[3], string.format('%.0f', base + n - 1))
-end
+local base = take_generations(KEYS[3], n)
 -- new names under a linked state dict: the dict no longer says get_prefix's names
 local kp = ARGV[#ARGV]
 if redis.call('SCARD', kp .. 'memcuda:dicts') > 0 then
@@ -191,11 +186,7 @@ for i = 1, n do
   hold(kp, ARGV[a + 3], gen, ARGV[a])
   count_usage(kp, t, 1)
   redis.call('PUBLISH', ARGV[a + 2], gen)
-  for _, l in ipairs(redis.call('SMEMBERS', KEYS[2 + 3 * i])) do
-    redis.call('LPUSH', l, gen)
-    redis.call('PEXPIRE', l, 60000)
-  end
-  redis.call('DEL', KEYS[2 + 3 * i])
+  wake_waiters(kp, KEYS[2 + 3 * i], gen)
   out[#out + 1] = gen
   out[#out + 1] = rc
 end

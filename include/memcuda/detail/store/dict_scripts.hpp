@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "memcuda/detail/store/generation_fn.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
 #include "memcuda/detail/store/node_fn.hpp"
 
@@ -99,7 +100,12 @@ local function unlink_dict(p, id)
   end
 end
 local function unlink_dicts_over_in(p, dicts, name)
-  for _, pre in ipairs(redis.call('SMEMBERS', dicts)) do
+  local linked = redis.pcall('SMEMBERS', dicts)
+  if linked.err then  -- before anything is written
+    error({err = 'WRONGTYPE the index of linked state dicts ' .. dicts .. ' is a ' .. redis.call('TYPE', dicts)['ok'] ..
+                 ', not a set: the allocator of record moves it aside and rebuilds it from the links; retry'})
+  end
+  for _, pre in ipairs(linked) do
     if string.sub(name, 1, #pre) == pre then unlink_dict(p, redis.call('GET', p .. 'memcuda:dictlink:' .. pre)) end
   end
 end
@@ -116,7 +122,7 @@ local function unlink_dicts_over(p, name) unlink_dicts_over_in(p, p .. 'memcuda:
 //       per member: name, generation
 // -> {'ok', id} | {'changed', name} | {'notpersistent', name} | {'nodesc', name}
 //    | {'mismatch', names under the prefix}
-inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, kDescMatchesFn, R"lua(
+inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, kDescMatchesFn, kGenerationFn, R"lua(
 local p, pre = ARGV[1], ARGV[2]
 local n = #KEYS - 1
 local under = redis.call('ZLEXCOUNT', ARGV[5], '[' .. pre, '(' .. pre .. '\255')
@@ -138,7 +144,7 @@ for i = 1, n do
 end
 unlink_dict(p, redis.call('GET', KEYS[1]))
 for _, o in ipairs(olds) do unlink_dict(p, o) end
-local id = string.format('%.0f', redis.call('INCR', ARGV[4]))
+local id = string.format('%.0f', take_generations(ARGV[4], 1))
 local rk = p .. 'memcuda:dict:' .. id
 redis.call('HSET', rk, 'prefix', pre, 'state', 'linked', 'refcount', 0, 'node', ARGV[3], 'count', n,
            'blob', table.concat(parts))

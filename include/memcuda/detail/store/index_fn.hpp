@@ -63,6 +63,27 @@ local function count_usage_in(u, key, sign)
   if b ~= 0 then redis.pcall('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
 end
 local function count_usage(p, key, sign) count_usage_in(p .. 'memcuda:usage', key, sign) end
+-- Wakes the wait()ers of a name (pushes g onto each list of its waiters
+-- set, deletes the set). A set of the wrong type (another client's) is
+-- moved aside, as the allocator of record moves a key (key prefix p), and
+-- a list of the wrong type skipped: never the script's failure after the
+-- record is written.
+local function wake_waiters(p, set, g)
+  local waiting = redis.pcall('SMEMBERS', set)
+  if waiting.err then
+    local id = string.sub(set, #p + 9)
+    local t = redis.call('TIME')
+    redis.call('RENAME', set, p .. 'memcuda:quarantine:' .. id)
+    redis.pcall('HSET', p .. 'memcuda:quarantined', id,
+                string.format('%.0f', t[1] * 1000 + math.floor(t[2] / 1000)) .. ' a ' ..
+                redis.call('TYPE', p .. 'memcuda:quarantine:' .. id)['ok'] .. ' where the key (a set) belongs')
+    return
+  end
+  for _, l in ipairs(waiting) do
+    if not redis.pcall('LPUSH', l, gen_text(g)).err then redis.call('PEXPIRE', l, 60000) end
+  end
+  if #waiting > 0 then redis.call('DEL', set) end
+end
 -- A name in and out of the index (memcuda:names): as the writes above.
 local function name_add(names, n) redis.pcall('ZADD', names, 0, n) end
 local function name_rem(names, n) redis.pcall('ZREM', names, n) end

@@ -70,6 +70,10 @@ class Keys {
   std::string request_reply(std::string_view sid, std::uint64_t seq) const {
     return reply(sid) + ":" + std::to_string(seq);
   }
+  // The reply list of one batch command of a session (create_many, remove_many).
+  std::string batch_reply(std::string_view sid, std::uint64_t seq) const {
+    return reply(sid) + ":batch:" + std::to_string(seq);
+  }
   // Where holders answer a migrate request of this session (the leader).
   std::string migrate_reply(std::string_view sid) const { return reply(sid) + ":migrate"; }
   // A wait()er's private list, and the set of them per name (the create

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "memcuda/detail/store/keys.hpp"
@@ -21,9 +22,25 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail::store {
 
 // ---- the lifecycle list ----
 
-// Queues a JSON command for the allocator of record (LPUSH).
+// Queues a JSON command for the allocator of record (LPUSH). A lifecycle
+// list of the wrong type (another client's) is moved aside by the
+// allocator of record at its next GC round (schema.hpp): waits for that.
 inline void push_command(redis::Connection& c, const Keys& k, std::string_view payload) {
-  c.command({"LPUSH", k.lifecycle(), payload});
+  for (int tries = 0;; ++tries) {
+    try {
+      c.command({"LPUSH", k.lifecycle(), payload});
+      return;
+    } catch (const ReplyError& e) {
+      if (e.prefix() != "WRONGTYPE") throw;
+      if (tries == 60)
+        throw ReplyError("the lifecycle list '" + k.lifecycle() +
+                             "' is not a list (written by another Redis client?) and no allocator of record moved it "
+                             "aside within 3 s: is one serving (`memcuda leader`)? Its GC round does so "
+                             "(docs/operations.md, \"Keys of the wrong type\")",
+                         "WRONGTYPE");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
 }
 // Takes a queued command back if no leader has picked it up: true when it was still there (LREM).
 inline bool retract_command(redis::Connection& c, const Keys& k, std::string_view payload) {

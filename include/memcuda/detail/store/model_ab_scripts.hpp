@@ -152,7 +152,7 @@ return 1
 //       member: name, generation
 // -> {'ok', version, dict id} | {'notstaged', staged} | {'mismatch', count}
 //    | {'changed', name} | {'nodesc', name}
-inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kRetireUnderFn, kLiveSetsFn, kDescMatchesFn, R"lua(
+inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kRetireUnderFn, kLiveSetsFn, kDescMatchesFn, kGenerationFn, R"lua(
 local p, hp = ARGV[1], ARGV[3]
 local m = redis.call('HMGET', KEYS[1], 'ab_staged', 'ab_prefix', 'ab_live', 'ab_version')
 if m[1] ~= ARGV[2] then return {'notstaged', tostring(m[1])} end
@@ -174,7 +174,7 @@ for i = 1, n do
   named[i] = f[7] ~= false
 end
 -- the new set: persistent, pinned by a linked record
-local id = string.format('%.0f', redis.call('INCR', KEYS[5]))
+local id = string.format('%.0f', take_generations(KEYS[5], 1))
 local rk = p .. 'memcuda:dict:' .. id
 redis.call('HSET', rk, 'prefix', hp, 'state', 'linked', 'refcount', 0, 'node', ARGV[4], 'count', n,
            'blob', table.concat(parts))

@@ -44,7 +44,7 @@ inline std::vector<std::string> names_page(redis::Connection& c, const Keys& k, 
     }
     throw ReplyError("the name index '" + k.names() + "' is a " + type +
                          ", not a sorted set: the allocator of record moves it aside and rebuilds it from the records "
-                         "at its next garbage collection round (docs/operations.md, \"Index keys of the wrong type\"); "
+                         "at its next garbage collection round (docs/operations.md, \"Keys of the wrong type\"); "
                          "retry then",
                      "WRONGTYPE");
   }

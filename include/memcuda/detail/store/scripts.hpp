@@ -10,6 +10,7 @@
 
 #include "memcuda/detail/store/batch_scripts.hpp"
 #include "memcuda/detail/store/dict_scripts.hpp"
+#include "memcuda/detail/store/generation_fn.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
 #include "memcuda/detail/store/release_scripts.hpp"
 #include "memcuda/detail/store/model_ab_scripts.hpp"
@@ -60,7 +61,7 @@ return 0
 //    already done) | {'exists', generation} | {'stray', key type} (the key is
 //    not a record of ours: no generation field, or not a Hash; left as it is)
 //    | {'notleader', current token}
-inline constexpr auto kCreate = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
+inline constexpr auto kCreate = join(kUnlinkDictFn, kStrayFn, kIndexFn, kGenerationFn, R"lua(
 local lead = redis.call('GET', KEYS[3])
 if lead ~= ARGV[1] then return {'notleader', tostring(lead)} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -73,12 +74,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 -- a new name under a linked state dict: the dict no longer says get_prefix's names
 unlink_dicts_over_in(ARGV[7], KEYS[10], ARGV[2])
-local gen = redis.call('INCR', KEYS[4])
-if gen == 1 then  -- a fresh Redis: start above every generation of an earlier one
-  local t = redis.call('TIME')
-  gen = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[4], gen)
-end
+local gen = take_generations(KEYS[4], 1)
 redis.call('DEL', KEYS[6])
 -- The whole record in one HSET (unpack last, so it expands fully): every
 -- redis.call costs argument conversion and a command dispatch, and Redis
@@ -97,14 +93,7 @@ name_add(KEYS[2], ARGV[2])
 hold_in(KEYS[8], KEYS[9], ARGV[5], gen, ARGV[2])
 count_usage_in(KEYS[7], KEYS[1], 1)
 redis.call('PUBLISH', ARGV[4], gen)
-local waiting = redis.call('SMEMBERS', KEYS[5])
-if #waiting > 0 then
-  for _, l in ipairs(waiting) do
-    redis.call('LPUSH', l, gen)
-    redis.call('PEXPIRE', l, 60000)
-  end
-  redis.call('DEL', KEYS[5])
-end
+wake_waiters(ARGV[7], KEYS[5], gen)
 return {'ok', gen, rc}
 )lua");
 
@@ -200,12 +189,12 @@ end
 // ARGV: token, old generation, dead owner, key prefix, field, value, ...
 // -> {'ok', new generation} | {'gone'} (released, removed or migrated
 //    meanwhile) | {'notleader', t}
-inline constexpr auto kMigrate = join(kUnlinkDictFn, kIndexFn, kDeadOwnerRecord, R"lua(
+inline constexpr auto kMigrate = join(kUnlinkDictFn, kIndexFn, kDeadOwnerRecord, kGenerationFn, R"lua(
 local f = redis.call('HMGET', key, 'owner', 'refcount', 'migrated_from', 'dict')
 if f[1] ~= ARGV[3] or tonumber(f[2] or '0') <= 0 then return {'gone'} end
 unlink_dict(ARGV[4], f[4])  -- its desc described the old placement
 -- as text: Lua would print a number this large as 1.79e+15
-local gen = string.format('%.0f', redis.call('INCR', KEYS[3]))
+local gen = string.format('%.0f', take_generations(KEYS[3], 1))
 if linked then count_usage(ARGV[4], key, -1) end
 redis.call('HSET', key, unpack(ARGV, 5))
 if linked then count_usage(ARGV[4], key, 1) end
@@ -288,13 +277,16 @@ if named then
   name_add(KEYS[2], ARGV[4])
   count_usage(ARGV[2], key, 1)
 end
-local cur = redis.call('GET', KEYS[3])
+-- A counter of the wrong type or not a number is left to the allocator of
+-- record's repair (store/schema_repair.hpp): the record is put back anyway.
+local cur = redis.pcall('GET', KEYS[3])
 if not cur then
   local t = redis.call('TIME')
-  cur = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  cur = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('SET', KEYS[3], cur)
 end
-if tonumber(cur) < tonumber(g) then redis.call('SET', KEYS[3], g) end
+local n = type(cur) == 'string' and tonumber(cur)
+if n and n < tonumber(g) then redis.call('SET', KEYS[3], g) end
 if named then return {'named'} end
 return {'unlinked'}
 )lua");

@@ -29,19 +29,14 @@ namespace lua {
 // ARGV: name, ready channel, holder (the owner's session), persistent (0|1),
 //       key prefix, field, value, ...
 // -> {'ok', generation, refcount} | {'exists', generation} | {'stray', key type}
-inline constexpr auto kShare = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
+inline constexpr auto kShare = join(kUnlinkDictFn, kStrayFn, kIndexFn, kGenerationFn, R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local g, ty = record_generation(KEYS[1])
   if not g then return {'stray', ty} end
   return {'exists', g}
 end
 unlink_dicts_over_in(ARGV[5], KEYS[10], ARGV[1])
-local gen = redis.call('INCR', KEYS[4])
-if gen == 1 then
-  local t = redis.call('TIME')
-  gen = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[4], gen)
-end
+local gen = take_generations(KEYS[4], 1)
 redis.call('DEL', KEYS[6])
 local rc = 1
 redis.call('HSET', KEYS[1], 'generation', gen, 'state', 'ready', 'refcount', 1, 'holder:' .. ARGV[3], 1,
@@ -55,14 +50,7 @@ name_add(KEYS[2], ARGV[1])
 hold_in(KEYS[8], KEYS[9], ARGV[3], gen, ARGV[1])
 count_usage_in(KEYS[7], KEYS[1], 1)
 redis.call('PUBLISH', ARGV[2], gen)
-local waiting = redis.call('SMEMBERS', KEYS[5])
-if #waiting > 0 then
-  for _, l in ipairs(waiting) do
-    redis.call('LPUSH', l, gen)
-    redis.call('PEXPIRE', l, 60000)
-  end
-  redis.call('DEL', KEYS[5])
-end
+wake_waiters(ARGV[5], KEYS[5], gen)
 return {'ok', gen, rc}
 )lua");
 }  // namespace lua

@@ -12,6 +12,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/batch_allocator.hpp"
+#include "memcuda/detail/registry/leader/index_repair.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/store/records.hpp"
 
@@ -27,7 +28,24 @@ class Executor {
   // others take or drop a reference.
   static bool idempotent(protocol::Op op) { return op == protocol::Op::create || op == protocol::Op::create_many; }
 
+  // A command that failed on a key of the wrong type or format (schema.hpp)
+  // runs again once the keys are repaired; failing again, it says so.
   protocol::Reply execute(redis::Connection& c, const protocol::Command& cmd) {
+    try {
+      return execute_once(c, cmd);
+    } catch (const ReplyError& e) {
+      if (!schema::is_fault(e)) throw;
+      index_repair::check(c, ctx_, lease_.current().first);
+    }
+    try {
+      return execute_once(c, cmd);
+    } catch (const ReplyError& e) {
+      if (!schema::is_fault(e)) throw;
+      throw schema::explain(e, std::string(to_string(cmd.op)) + " '" + cmd.name + "'");
+    }
+  }
+
+  protocol::Reply execute_once(redis::Connection& c, const protocol::Command& cmd) {
     if (MEMCUDA_FAULT("executor.execute")) throw ConnectionError("fault point executor.execute");
     protocol::Reply rep;
     rep.id = cmd.id;

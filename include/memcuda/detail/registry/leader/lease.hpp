@@ -54,8 +54,19 @@ class Lease final : public LeaseView {
   }
 
   // Campaigns once. On success this process is the allocator of record and
-  // commands left by dead leaders are queued again.
+  // commands left by dead leaders are queued again. A lease key of the wrong
+  // type or format (no leader could be elected to repair it) is moved aside
+  // and rebuilt here, then the campaign tried once more.
   bool try_acquire(redis::Connection& c) {
+    try {
+      return campaign(c);
+    } catch (const ReplyError& e) {
+      if (!schema::is_fault(e) || schema::check_lease_keys(c, ctx_.keys) == 0) throw;
+      return campaign(c);
+    }
+  }
+
+  bool campaign(redis::Connection& c) {
     if (!owner_uid_.may_campaign(c)) return false;  // another user's namespace: it could serve none of it
     const auto& k = ctx_.keys;
     auto r = ctx_.scripts.lease_acquire.eval(c, {k.leader(), k.epoch()}, {ctx_.session, ctx_.opts.lease_ttl.count()});
@@ -84,7 +95,7 @@ class Lease final : public LeaseView {
     // type is moved aside and rebuilt (index_repair.hpp), the orphan scan
     // learns from memcuda:owners whom to watch (migration.hpp), and an older
     // version's name index becomes the sorted set every script now reads.
-    index_repair::check(c, k, ctx_.node);
+    index_repair::check(c, ctx_, token, true);
     store::add_owner(c, k, ctx_.session);
     upgrade_name_index(c, k);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");

@@ -151,7 +151,7 @@ class Sessions {
   GcReport collect(redis::Connection& c, const std::string& token) {
     GcReport rep;
     const Keys& keys = ctx_.keys;
-    index_repair::check(c, keys, ctx_.node);  // an index key of the wrong type: moved aside, rebuilt
+    index_repair::check(c, ctx_, token);  // a key of the wrong type: moved aside, rebuilt
     // State-dict records first: a dead holder's last reference to an
     // unlinked record deletes it, and the holders' pass then drops its pins.
     collect_dicts(c, rep);

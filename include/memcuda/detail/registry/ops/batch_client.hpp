@@ -411,7 +411,7 @@ class BatchClient {
   // connection of the waiting pool and a reply list of its own.
   protocol::Reply request(protocol::Command cmd) {
     static std::atomic<std::uint64_t> seq{0};
-    const std::string reply_key = ctx_.keys.reply(ctx_.session) + ":batch:" + std::to_string(++seq);
+    const std::string reply_key = ctx_.keys.batch_reply(ctx_.session, ++seq);
     cmd.reply_to = reply_key;
     std::string payload;
     try {
