@@ -54,11 +54,9 @@ struct Allocation {
 
 // Which kind of allocation a record points at ("alloc_kind" in the tensor
 // Hash, docs/protocol.md). A reader opens only the kinds its backend
-// knows; records written before the field existed read as the backend's
-// legacy kind.
+// knows; a cuda record without the field reads as cuda_ipc.
 namespace alloc_kind {
 inline constexpr std::string_view host_memfd = "host_memfd";  // memfd, POSIX fd from the owner (fd_source)
-inline constexpr std::string_view host_shm = "host_shm";  // older versions: POSIX shm object named by ipc_handle
 inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
 inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd from the owner (fd_source)
 }  // namespace alloc_kind
@@ -115,9 +113,6 @@ class Backend {
   virtual void deallocate(const Allocation& a) noexcept = 0;
   // Maps an allocation exported by another process of this node.
   virtual std::unique_ptr<Mapping> open(const TensorInfo& t) = 0;
-  // Frees what a dead exporter left behind, where the backend can (a legacy
-  // shm object outlives its creator; memory shared by fd goes by itself).
-  virtual void reclaim_orphan(const TensorInfo&) noexcept {}
 
   // ---- adoption: a dead exporter's memory taken over in place ----
   // Whether this process can take ownership of the allocation holding `t`,
@@ -133,13 +128,6 @@ class Backend {
   // another user, Unavailable or ProtocolError when it cannot be adopted.
   virtual Allocation adopt(const TensorInfo& t, std::uint64_t /*alloc_id*/, const std::string& /*tag*/) {
     throw Unavailable("tensor '" + t.name + "': its memory cannot be adopted by this backend");
-  }
-  // Frees what the dead exporter `tag` (its session id) left that no record
-  // uses any more: every allocation of its naming except `keep` (handles).
-  // Returns how many it freed. Backends whose memory dies with its
-  // exporter have nothing to free.
-  virtual std::size_t reclaim_owner(const std::string& /*tag*/, const std::set<std::string>& /*keep*/) noexcept {
-    return 0;
   }
   // Copies n bytes between two mappings of this backend and returns when
   // the copy is complete (migration of a dead allocator's tensors).

@@ -83,7 +83,6 @@ class Migration {
     std::set<std::string> seen;        // the ipc handle of every record scanned
     std::map<std::string, bool> dead;  // owner -> dead
     std::set<std::string> unsettled;   // dead owners with a record left for a later round
-    std::map<std::string, std::set<BackendKind>> kinds;  // dead owner -> backends of its records
     std::vector<TensorInfo> orphans;
     if (!rkeys.empty()) {
       std::vector<redis::Command> cmds;
@@ -130,7 +129,6 @@ class Migration {
           if (give_up_borrowed(ctx_, lease_, c, token, t)) ++lost;
           continue;
         }
-        kinds[owner].insert(t.backend);
         orphans.push_back(std::move(t));
       }
     }
@@ -159,20 +157,17 @@ class Migration {
       if (a == Adopted::retry) {
         still_used.insert(t.ipc_handle);
         unsettled.insert(t.owner);
-      } else {
-        alloc_.add_orphan(t);
       }
     }
     for (const auto& t : denied) {
       still_used.insert(t.ipc_handle);
       unsettled.insert(t.owner);
     }
-    // What this process adopted is its own now: never unlinked as an orphan.
+    // What this process adopted is its own now: never freed as a dead
+    // owner's.
     std::set<std::string> keep = still_used;
     for (DevicePool* p : alloc_.pools())
       for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
-    // Unlink what dead owners left once nothing refers to it any more.
-    alloc_.reclaim_orphans(keep);
     // A dead owner all of whose records were settled: whatever else of its
     // naming remains (empty slabs it kept, blocks whose records went
     // meanwhile) is referenced by no record and is freed, one round later:
@@ -180,24 +175,22 @@ class Migration {
     // its two parts), so the sweep waits for a round in which the owner
     // is again settled, with that round's records kept.
     keep.insert(seen.begin(), seen.end());
-    std::map<std::string, std::set<BackendKind>> due;
+    std::set<std::string> due;
     due.swap(sweep_next_);
-    for (const auto& [owner, ks] : due) {
+    for (const auto& owner : due) {
       if (unsettled.count(owner)) {
-        sweep_next_[owner].insert(ks.begin(), ks.end());  // not yet: next round again
+        sweep_next_.insert(owner);  // not yet: next round again
         continue;
       }
-      std::size_t n = 0;
-      for (BackendKind k : ks) n += backend_for(k).reclaim_owner(owner, keep);
-      // cuda_vmm_fd: standbys close the fds of what no record uses.
-      n += forget_allocations_of(c, ctx_.keys, owner, keep);
+      // Standbys close the fds of what no record uses.
+      const std::size_t n = forget_allocations_of(c, ctx_.keys, owner, keep);
       if (n)
         log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
                                 " that no record uses");
       store::remove_owner(c, ctx_.keys, owner);  // settled: no more scans for it
     }
     for (const auto& [owner, is_dead] : dead)
-      if (is_dead) sweep_next_[owner].insert(kinds[owner].begin(), kinds[owner].end());
+      if (is_dead) sweep_next_.insert(owner);
     return {migrated, lost};
   }
 
@@ -489,7 +482,7 @@ class Migration {
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
   std::vector<Parked> parked_;             // guarded by mu_
   bool scanned_ = false;                   // a full scan ran (only the round touches it)
-  std::map<std::string, std::set<BackendKind>> sweep_next_;  // dead owners to sweep next round (the round's own)
+  std::set<std::string> sweep_next_;  // dead owners to sweep next round (the round's own)
   std::set<std::string> denied_logged_;  // handles whose AccessDenied was logged once (only the round touches it)
   std::atomic<std::uint64_t> seq_{0};
 };
