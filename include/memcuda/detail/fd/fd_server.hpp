@@ -290,14 +290,15 @@ class FdServer {
   // Waits up to io_timeout for the peer's one message. Every answer, a
   // refusal included, is sent only after the request was read: closing a
   // unix socket with unread data resets the peer's side (ECONNRESET), and
-  // the peer would lose our answer with it.
+  // the peer would lose our answer with it. Room for one fd: a request
+  // must carry none, one shows that it did, the kernel drops the rest.
   ssize_t read_request(int conn, fdwire::Received* msg) {
     pollfd p{conn, POLLIN, 0};
     int n;
     do n = ::poll(&p, 1, static_cast<int>(opt_.io_timeout.count()));
     while (n < 0 && errno == EINTR);
     if (n <= 0) return -1;
-    return fdwire::recv_message(conn, fdwire::kMaxRequest + 16, msg);
+    return fdwire::recv_message(conn, fdwire::kMaxRequest + 16, msg, 1);
   }
 
   // Answers one request read from `conn`. *keep: the connection may serve
@@ -420,7 +421,7 @@ class FdServer {
     auto it = std::find_if(kept_.begin(), kept_.end(), [fd](const Conn& k) { return k.fd.get() == fd; });
     if (it == kept_.end()) return ServeResult::idle;
     fdwire::Received msg;
-    ssize_t got = fdwire::recv_message(fd, fdwire::kMaxRequest + 16, &msg);
+    ssize_t got = fdwire::recv_message(fd, fdwire::kMaxRequest + 16, &msg, 1);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ServeResult::idle;
     bool keep = false;
     ServeResult r = got > 0 ? handle(*it, msg, &keep) : ServeResult::idle;  // 0 or an error: the peer left

@@ -286,9 +286,10 @@ struct Received {
   bool ctrunc = false;     // MSG_CTRUNC: an fd could not be delivered
 };
 
-// recvmsg of one message of at most max_bytes; returns -1 with errno on
-// failure, 0 on orderly close, else the byte count (with r filled).
-inline ssize_t recv_message(int sock, std::size_t max_bytes, Received* r) {
+// recvmsg of one message of at most max_bytes and max_fds fds (the kernel
+// drops more, with MSG_CTRUNC); returns -1 with errno on failure, 0 on
+// orderly close, else the byte count (with r filled).
+inline ssize_t recv_message(int sock, std::size_t max_bytes, Received* r, std::size_t max_fds = kMaxBatch) {
   r->bytes.assign(max_bytes + 1, '\0');  // one spare byte to see truncation ourselves
   iovec iov{r->bytes.data(), r->bytes.size()};
   msghdr msg{};
@@ -296,7 +297,7 @@ inline ssize_t recv_message(int sock, std::size_t max_bytes, Received* r) {
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxBatch)] = {};
   msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof ctrl;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * (max_fds < kMaxBatch ? max_fds : kMaxBatch));
   ssize_t n;
   do n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
