@@ -17,7 +17,8 @@
 # memcuda_bench is already on PATH. Each program starts its own private
 # redis-server on a unix socket unless MEMCUDA_REDIS_URL is set.
 #
-# Writes docs/benchmarks.md (MEMCUDA_BENCH_DOC overrides) and, when $OUT is
+# Writes its section of docs/benchmarks.md (MEMCUDA_BENCH_DOC overrides),
+# between <!-- run-all:begin --> and <!-- run-all:end -->, and, when $OUT is
 # set, the raw JSON, the logs and a copy of the document under $OUT.
 # Budget: about 6-8 minutes on one H200 (memcuda_bench stops timing loops
 # early once --budget is spent, so the run ends inside one 10-minute call).
@@ -108,54 +109,20 @@ fi
 elapsed=$(( $(date +%s) - start ))
 
 # ---- 3. docs/benchmarks.md ----
-# The sections after this script's own (Machine, How to reproduce, Results)
-# belong to other scripts (run_model.sh, run_scale.sh write between their
-# markers) and to dated runs recorded there: they are carried over as they are.
-kept=""
-if [[ -f $doc ]]; then
-  kept=$(awk 'f { print; next }
-              /^## / && $0 != "## Machine" && $0 != "## How to reproduce" && $0 != "## Results" { f = 1; print }' "$doc")
-fi
+# This script's section lies between <!-- run-all:begin --> and
+# <!-- run-all:end --> (appended when absent); the rest of the file is kept
+# as it is (run_model.sh and run_scale.sh write between their own markers).
 {
-  echo "# mem-cuda benchmarks"
+  echo "<!-- run-all:begin -->"
+  echo "## Latency and throughput"
   echo
-  echo "Written by \`benchmarks/run_all.sh\` on $date_utc (commit $commit, total run ${elapsed} s)."
-  echo "Do not edit the sections down to \"Targets\" by hand: run the script again. The sections after"
-  echo "them are written by run_model.sh and run_scale.sh, or record dated runs; this script keeps them."
-  echo
-  echo "## Machine"
+  echo "\`benchmarks/run_all.sh\` (\`memcuda_bench --backend both --budget 360\`, \`bench_bandwidth\`),"
+  echo "programs of $commit, $date_utc, run ${elapsed} s. $(uname -srm); CUDA $cuda (driver);"
+  echo "GPU and driver:"
   echo
   echo '```'
   echo "$gpu"
   echo '```'
-  echo
-  echo "- CUDA version (driver, nvidia-smi): $cuda"
-  if [[ -f $out/memcuda_bench.json ]]; then
-    # The runtime the programs were built with, from memcuda_bench's JSON.
-    rt=$(grep -o '"cuda_runtime":"[^"]*"' "$out/memcuda_bench.json" | head -1 | cut -d'"' -f4)
-    [[ -n $rt ]] && echo "- CUDA runtime (cudart the benchmarks link): $rt"
-    cpus=$(grep -o '"cpus":[0-9]*' "$out/memcuda_bench.json" | head -1 | cut -d: -f2)
-    [[ -n $cpus ]] && echo "- CPU threads: $cpus"
-  fi
-  echo "- Host: $(uname -srm)"
-  echo
-  echo "## How to reproduce"
-  echo
-  echo '```'
-  echo "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build memcuda_bench bench_bandwidth"
-  echo "# copy the programs, their libraries and a redis-server into .gpu/ (bin/, lib/, env.sh), then on the GPU host:"
-  echo "benchmarks/run_all.sh"
-  echo '```'
-  echo
-  echo "Latencies are wall-clock times of one call (steady_clock) in the process that makes it;"
-  echo "every client-side measurement runs in a separate process (this binary re-executed, its own"
-  echo "TensorRegistry, control_thread=false) while the benchmark's main process is the allocator of"
-  echo "record. \"get (allocation already mapped)\" holds a handle to the tensor throughout; \"first"
-  echo "open\" gets tensors the process has never mapped (fresh consumer processes); the naive baseline"
-  echo "is cudaMalloc + cudaIpcGetMemHandle in the producer and cudaIpcOpenMemHandle + Close in a"
-  echo "consumer process, no registry; the PyTorch baseline is benchmarks/baselines/torch_handoff.py."
-  echo
-  echo "## Results"
   echo
   if [[ -s $out/memcuda_bench.md ]]; then
     cat "$out/memcuda_bench.md"
@@ -166,11 +133,16 @@ fi
     tail -n 30 "$out/memcuda_bench.log" 2>/dev/null
     echo '```'
   fi
-  if [[ -n $kept ]]; then
-    echo
-    printf '%s\n' "$kept"
-  fi
-} > "$doc.new" && mv "$doc.new" "$doc"
+  echo "<!-- run-all:end -->"
+} > "$out/run_all.md"
+if [[ -f $doc ]] && grep -q '<!-- run-all:begin -->' "$doc"; then
+  awk -v f="$out/run_all.md" '
+    /<!-- run-all:begin -->/ { while ((getline l < f) > 0) print l; skip = 1; next }
+    /<!-- run-all:end -->/ { skip = 0; next }
+    !skip' "$doc" > "$doc.new" && mv "$doc.new" "$doc"
+else
+  { [[ -f $doc ]] && echo; cat "$out/run_all.md"; } >> "$doc"
+fi
 cp "$doc" "$out/benchmarks.md"
 say "wrote $doc (and $out/benchmarks.md) in ${elapsed} s"
 exit $rc

@@ -28,7 +28,7 @@
 # Output: the table on stdout; raw rows and logs in $OUT (or a temporary
 # folder); the section between <!-- model-rows:begin --> and
 # <!-- model-rows:end --> of docs/benchmarks.md replaced (appended when
-# absent). benchmarks/run_all.sh rewrites that whole file: run this after it.
+# absent).
 # Budget: about 3-5 minutes on one H200 (each PyTorch consumer is a fresh
 # Python process that imports torch). --budget S (default 540) caps the
 # whole run, so that it ends inside one 10-minute command: each program's
@@ -291,7 +291,7 @@ How to run (programs prebuilt here, carried to the GPU host in .gpu/: bin/, lib/
 ```
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build memcuda_bench_model
 # copy the programs, their libraries and a redis-server into .gpu/; on the GPU host:
-benchmarks/run_all.sh                 # rewrites docs/benchmarks.md: run it first
+benchmarks/run_all.sh                 # the latency rows (its own section)
 MEMCUDA_BENCH_BIN=.gpu/bin benchmarks/run_model.sh     # replaces this section
 benchmarks/run_model.sh --small --torch-device cpu     # a quick check without a GPU
 ```

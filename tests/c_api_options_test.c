@@ -1,6 +1,6 @@
-/* The C ABI's registry options (the fields appended to
- * memcuda_registry_options, memcuda_registry_get_options, and what an older
- * caller's smaller struct gets) and memcuda_get_many's contract
+/* The C ABI's registry options (memcuda_registry_options and its pool
+ * options, memcuda_registry_get_options, a struct_size that is not the
+ * library's) and memcuda_get_many's contract
  * (docs/protocol.md, "The get_many contract"), compiled as C99 against the
  * redis-server that tests/c_api_with_redis.sh starts. */
 #include <stddef.h>
@@ -69,8 +69,8 @@ static void test_transfer_fields(void) {
   memcuda_registry_close(r);
 }
 
-/* Every appended field reaches the registry, and reads back as set. */
-static void test_appended_fields(void) {
+/* Every field reaches the registry, and reads back as set. */
+static void test_fields(void) {
   memcuda_registry_options o, got;
   memcuda_registry* r = NULL;
   base_options(&o, 0);
@@ -136,25 +136,111 @@ static void test_appended_fields(void) {
   CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
 }
 
-/* A caller built against the first release's header: its struct ends at
- * command_timeout_ms, and the appended fields (whatever bytes follow) are
- * not read. */
-static void test_older_struct(void) {
+/* A struct_size other than the library's sizeof (a header and library that
+ * differ, or a struct never initialised) is refused, not misread. */
+static void test_struct_size(void) {
   memcuda_registry_options o;
   memcuda_registry* r = NULL;
-  memcuda_registry_options got;
   base_options(&o, 0);
-  o.struct_size = (uint32_t)(offsetof(memcuda_registry_options, command_timeout_ms) + sizeof o.command_timeout_ms);
-  o.client_connections = -5; /* garbage past the old struct's end */
-  o.share_references = 99;
+  o.struct_size = (uint32_t)offsetof(memcuda_registry_options, pool);
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+  CHECK(strstr(memcuda_last_error_message(), "struct_size") != NULL);
+  o.struct_size = (uint32_t)sizeof o + 8;
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+}
+
+static void* never_allocate(void* user_data, size_t bytes, int device) {
+  (void)user_data, (void)bytes, (void)device;
+  return NULL;
+}
+static void never_deallocate(void* user_data, void* p, size_t bytes, int device) {
+  (void)user_data, (void)p, (void)bytes, (void)device;
+}
+
+/* Every pool field (PoolOptions) reaches the registry and reads back. */
+static void test_pool_fields(void) {
+  memcuda_registry_options o, got;
+  memcuda_registry* r = NULL;
+  static const memcuda_device_budget budgets[] = {{-1, 3u << 20}, {1, 5u << 20}};
+  int marker = 0;
+  memcuda_device_resource up;
+  up.allocate = never_allocate;
+  up.deallocate = never_deallocate;
+  up.user_data = &marker;
+  base_options(&o, 0);
+  o.pool.slab_bytes = 8u << 20;
+  o.pool.host_slab_bytes = 2u << 20;
+  o.pool.dedicated_threshold = 600u << 10;
+  o.pool.pack_batches_min_bytes = -1;
+  o.pool.alignment = 1024;
+  o.pool.retain_empty_slabs = -1;
+  o.pool.budget_bytes = 7u << 20;
+  o.pool.device_budgets = budgets;
+  o.pool.device_budgets_count = 2;
+  o.pool.upstream = &up;
+  o.pool.poison = MEMCUDA_POISON_ON;
   CHECK_OK(memcuda_registry_open(&o, &r));
   if (!r) return;
   memcuda_registry_options_init(&got);
   CHECK_OK(memcuda_registry_get_options(r, &got));
-  CHECK(got.client_connections == 4 && got.share_references == MEMCUDA_SHARING_ON);
+  CHECK(got.pool.slab_bytes == (8u << 20) && got.pool.host_slab_bytes == (2u << 20));
+  CHECK(got.pool.dedicated_threshold == (600u << 10));
+  CHECK(got.pool.pack_batches_min_bytes == -1 && got.pool.retain_empty_slabs == -1);
+  CHECK(got.pool.alignment == 1024 && got.pool.budget_bytes == (7u << 20));
+  CHECK(got.pool.device_budgets_count == 2 && got.pool.device_budgets[0].device == -1 &&
+        got.pool.device_budgets[0].bytes == (3u << 20) && got.pool.device_budgets[1].device == 1);
+  CHECK(got.pool.upstream && got.pool.upstream->user_data == &marker && got.pool.upstream != &up);
+  CHECK(got.pool.poison == MEMCUDA_POISON_ON);
   memcuda_registry_close(r);
-  o.struct_size = 8; /* smaller than any release's */
-  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT);
+
+  /* The defaults (the test runs without MEMCUDA_DEBUG_POISON). */
+  base_options(&o, 0);
+  CHECK_OK(memcuda_registry_open(&o, &r));
+  if (!r) return;
+  memcuda_registry_options_init(&got);
+  CHECK_OK(memcuda_registry_get_options(r, &got));
+  CHECK(got.pool.slab_bytes == (256u << 20) && got.pool.host_slab_bytes == (32u << 20));
+  CHECK(got.pool.pack_batches_min_bytes == (64 << 20) && got.pool.retain_empty_slabs == 1);
+  CHECK(got.pool.alignment == 256 && got.pool.budget_bytes == 0 && got.pool.device_budgets == NULL);
+  CHECK(got.pool.upstream == NULL && got.pool.poison == MEMCUDA_POISON_OFF);
+  memcuda_registry_close(r);
+
+  /* Bad values: INVALID_ARGUMENT, no registry. */
+  base_options(&o, 0);
+  o.pool.alignment = 300;
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+  base_options(&o, 0);
+  o.pool.poison = 5;
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+  base_options(&o, 0);
+  o.pool.retain_empty_slabs = -2;
+  CHECK(memcuda_registry_open(&o, &r) == MEMCUDA_ERR_INVALID_ARGUMENT && r == NULL);
+}
+
+/* A budget set through the C options is the allocator of record's: a create
+ * past it is BUDGET_EXCEEDED, and fits again once memory is released. Its
+ * own namespace, so that this registry is the allocator of record. */
+static void test_budget_enforced(void) {
+  memcuda_registry_options o;
+  memcuda_registry* r = NULL;
+  memcuda_tensor *a = NULL, *b = NULL, *c = NULL;
+  int64_t shape[1] = {900 << 10};
+  base_options(&o, 1);
+  o.name_space = "copt-budget";
+  o.pool.host_slab_bytes = 1u << 20;
+  o.pool.budget_bytes = 2u << 20; /* two slabs */
+  CHECK_OK(memcuda_registry_open(&o, &r));
+  if (!r) return;
+  CHECK_OK(memcuda_create(r, "a", MEMCUDA_DTYPE_U8, shape, 1, NULL, &a));
+  CHECK_OK(memcuda_create(r, "b", MEMCUDA_DTYPE_U8, shape, 1, NULL, &b));
+  CHECK(memcuda_create(r, "c", MEMCUDA_DTYPE_U8, shape, 1, NULL, &c) == MEMCUDA_ERR_BUDGET_EXCEEDED && c == NULL);
+  CHECK(strstr(memcuda_last_error_message(), "budget 2097152") != NULL);
+  memcuda_tensor_release(a);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK_OK(memcuda_create(r, "c", MEMCUDA_DTYPE_U8, shape, 1, NULL, &c));
+  memcuda_tensor_release(b);
+  memcuda_tensor_release(c);
+  memcuda_registry_close(r);
 }
 
 /* share_references as seen in Redis: on, a second get of a held name
@@ -230,8 +316,10 @@ int main(void) {
     fprintf(stderr, "memcuda_registry_open: %s\n", memcuda_last_error_message());
     return 1;
   }
-  test_appended_fields();
-  test_older_struct();
+  test_fields();
+  test_struct_size();
+  test_pool_fields();
+  test_budget_enforced();
   test_sharing(leader);
   test_get_many_contract(leader);
   memcuda_registry_close(leader);

@@ -106,7 +106,7 @@ def main() -> int:
             fast = None
 
         def parts() -> list:
-            # get_state_dict(framework="torch")'s steps, as registry.py runs them.
+            # get_state_dict(framework="torch")'s steps, as _models.py runs them.
             t = [time.perf_counter_ns()]
             arr = ctypes.POINTER(ctypes.c_void_p)()
             n = ctypes.c_size_t()

@@ -1,20 +1,26 @@
-// Umbrella header: everything a mem-cuda user needs to call the API. It
-// declares; one translation unit of the program must also include
-// memcuda/implementation.hpp, which defines (CMake:
-// memcuda_add_implementation(<target>)). Cheap to include by design: no
+// Umbrella header: every public header of the C++ API (include/memcuda/*.hpp)
+// but two: memcuda/protocol.hpp, the wire formats (Boost.JSON), which code
+// that needs it includes on its own, and memcuda/implementation.hpp, the
+// definitions, which the build compiles once per program
+// (memcuda_add_implementation(<target>)). Cheap to include by design: no
 // Boost.JSON, hiredis, wire protocol or registry internals are reachable
-// from here (docs/design.md, "Compile cost"); memcuda/protocol.hpp, the wire
-// formats, is included on its own by code that needs it.
+// from here (docs/design.md, "Compile cost").
 #pragma once
 
 #include "memcuda/config.hpp"
+#include "memcuda/arrow.hpp"
+#include "memcuda/arrow_share.hpp"
+#include "memcuda/batch.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/local_tensor.hpp"
+#include "memcuda/memory_resource.hpp"
 #include "memcuda/model.hpp"
+#include "memcuda/model_ab.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/safetensors.hpp"
 #include "memcuda/shape.hpp"
+#include "memcuda/share_options.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/state_dict.hpp"
 #include "memcuda/stats.hpp"

@@ -30,6 +30,37 @@ P = ctypes.POINTER
 MAX_RANK = 8
 
 
+class DeviceBudgetC(ctypes.Structure):
+    """memcuda_device_budget: one entry of PoolOptions::device_budgets."""
+    _fields_ = [("device", c_int), ("bytes", c_uint64)]
+
+
+ALLOCATE_FN = ctypes.CFUNCTYPE(c_void_p, c_void_p, c_size_t, c_int)
+DEALLOCATE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_void_p, c_size_t, c_int)
+
+
+class DeviceResourceC(ctypes.Structure):
+    """memcuda_device_resource: where cuda slabs come from (PoolOptions::upstream)."""
+    _fields_ = [("allocate", ALLOCATE_FN), ("deallocate", DEALLOCATE_FN), ("user_data", c_void_p)]
+
+
+class PoolOptionsC(ctypes.Structure):
+    """memcuda_pool_options (PoolOptions)."""
+    _fields_ = [
+        ("slab_bytes", c_uint64),
+        ("host_slab_bytes", c_uint64),
+        ("dedicated_threshold", c_uint64),
+        ("pack_batches_min_bytes", c_int64),
+        ("alignment", c_uint64),
+        ("retain_empty_slabs", c_int64),
+        ("budget_bytes", c_uint64),
+        ("device_budgets", P(DeviceBudgetC)),
+        ("device_budgets_count", c_size_t),
+        ("upstream", P(DeviceResourceC)),
+        ("poison", c_int),
+    ]
+
+
 class RegistryOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -55,6 +86,7 @@ class RegistryOptions(ctypes.Structure):
         ("allowed_uids_count", ctypes.c_size_t),
         ("allowed_gids", ctypes.POINTER(c_uint32)),
         ("allowed_gids_count", ctypes.c_size_t),
+        ("pool", PoolOptionsC),
     ]
 
 

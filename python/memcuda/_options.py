@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from ._lib import ALLOCATE_FN, DEALLOCATE_FN, DeviceBudgetC, DeviceResourceC
+from ._place import BACKEND_NAMES
 from .errors import InvalidArgument
 
 CUDA_ALLOCATIONS = {None: 0, "auto": 1, "vmm": 2, "ipc": 3}  # MEMCUDA_CUDA_ALLOCATION_*
 _SHARING = {None: 0, True: 1, False: 2}  # MEMCUDA_SHARING_*
+_POISON = {None: 0, True: 1, False: 2}  # MEMCUDA_POISON_*
+# PoolOptions' fields (Registry keywords): None keeps the default.
+POOL_KEYWORDS = ("slab_bytes", "host_slab_bytes", "dedicated_threshold", "pack_batches_min_bytes", "alignment",
+                 "retain_empty_slabs", "budget_bytes", "device_budgets", "upstream", "poison")
+# Upstream callbacks live as long as the process: a pool's slabs may go back
+# to them after its Registry is closed (open tensors keep their memory).
+_upstreams: List[Any] = []
 
 
 def _ms(seconds: Optional[float], what: str) -> int:
@@ -89,14 +98,79 @@ def fill(o: Any, *, request_timeout: Optional[float], lease_ttl: Optional[float]
     o.serve_stall_timeout_ms = _ms_or_off(serve_stall_timeout, "serve_stall_timeout")
 
 
+def _bytes(n: Optional[int], what: str, off: bool = False) -> int:
+    """0 (the default) for None; with `off`, -1 for 0 (none/never)."""
+    if n is None:
+        return 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidArgument(f"{what} must be a non-negative int, got {n!r}")
+    return -1 if off and n == 0 else n
+
+
+def _upstream(res: Any) -> Any:
+    """A memcuda_device_resource calling res.allocate(bytes, device) -> int
+    pointer and res.deallocate(ptr, bytes, device)."""
+    if not callable(getattr(res, "allocate", None)) or not callable(getattr(res, "deallocate", None)):
+        raise InvalidArgument(f"upstream must have allocate(bytes, device) and deallocate(ptr, bytes, device), "
+                              f"got {res!r}")
+    c = DeviceResourceC(ALLOCATE_FN(lambda _u, n, d: res.allocate(n, d) or None),
+                        DEALLOCATE_FN(lambda _u, p, n, d: res.deallocate(p, n, d)), None)
+    _upstreams.append((res, c))
+    return c
+
+
+def fill_pool(o: Any, kw: Mapping[str, Any]) -> List[Any]:
+    """Sets the struct's pool from the PoolOptions keywords; returns what to keep alive."""
+    p = o.pool
+    for field in ("slab_bytes", "host_slab_bytes", "dedicated_threshold", "alignment", "budget_bytes"):
+        setattr(p, field, _bytes(kw.get(field), field))
+    p.pack_batches_min_bytes = _bytes(kw.get("pack_batches_min_bytes"), "pack_batches_min_bytes", off=True)
+    p.retain_empty_slabs = _bytes(kw.get("retain_empty_slabs"), "retain_empty_slabs", off=True)
+    p.poison = _POISON[None if kw.get("poison") is None else bool(kw.get("poison"))]
+    keep: List[Any] = []
+    budgets = kw.get("device_budgets")
+    if budgets is not None:
+        if not isinstance(budgets, Mapping):
+            raise InvalidArgument(f"device_budgets must be a dict {{device: bytes}}, got {budgets!r}")
+        arr = (DeviceBudgetC * max(1, len(budgets)))(
+            *((_int_device(d), _bytes(b, f"device_budgets[{d!r}]")) for d, b in budgets.items()))
+        p.device_budgets, p.device_budgets_count = arr, len(budgets)
+        keep.append(arr)
+    if kw.get("upstream") is not None:
+        c = _upstream(kw["upstream"])
+        p.upstream = ctypes.pointer(c)
+    return keep
+
+
+def _int_device(d: Any) -> int:
+    if isinstance(d, bool) or not isinstance(d, int) or d < -1:
+        raise InvalidArgument(f"device_budgets keys must be CUDA ordinals or -1 (host), got {d!r}")
+    return d
+
+
+def _pool_dict(p: Any) -> Dict[str, Any]:
+    return {
+        "slab_bytes": p.slab_bytes,
+        "host_slab_bytes": p.host_slab_bytes,
+        "dedicated_threshold": p.dedicated_threshold,
+        "pack_batches_min_bytes": max(0, p.pack_batches_min_bytes),
+        "alignment": p.alignment,
+        "retain_empty_slabs": max(0, p.retain_empty_slabs),
+        "budget_bytes": p.budget_bytes,
+        "device_budgets": {p.device_budgets[i].device: p.device_budgets[i].bytes
+                           for i in range(p.device_budgets_count)},
+        "poison": p.poison == 1,
+    }
+
+
 def as_dict(o: Any) -> Dict[str, Any]:
-    """The struct memcuda_registry_get_options filled, as constructor keywords."""
-    backends = {-1: None, 0: "cuda", 1: "host"}
+    """The struct memcuda_registry_get_options filled, as constructor keywords
+    (the pool's included, but upstream: the Registry keeps that)."""
     kinds = {v: k for k, v in CUDA_ALLOCATIONS.items() if k}
     return {
         "namespace": (o.name_space or b"").decode() or None,
         "control_thread": bool(o.control_thread),
-        "default_backend": backends[o.default_backend],
+        "default_backend": BACKEND_NAMES[o.default_backend],
         "default_device": o.default_device,
         "request_timeout": o.request_timeout_ms / 1000,
         "lease_ttl": o.lease_ttl_ms / 1000,
@@ -113,4 +187,5 @@ def as_dict(o: Any) -> Dict[str, Any]:
         "runtime_dir": (o.runtime_dir or b"").decode() or None,
         "allowed_uids": [o.allowed_uids[i] for i in range(o.allowed_uids_count)],
         "allowed_gids": [o.allowed_gids[i] for i in range(o.allowed_gids_count)],
+        **_pool_dict(o.pool),
     }

@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 from . import dtypes
 from ._lib import ModelVersionOptionsC, TensorSpecC, lib
 from .errors import InvalidArgument, check
+from ._place import backend_device, copy_into, device_of, normalized
 from .tensor import Stream, Tensor, stream_ptr, torch_views
 
 _FRAMEWORKS = (None, "torch", "numpy")
@@ -184,7 +185,6 @@ class PinnedModel:
 def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str, Any], *, device: Any = None,
                         backend: Optional[str] = None, max_versions: int = 2) -> ModelVersionWriter:
     """See ``Registry.begin_model_version``."""
-    from .registry import _backend_device, _copy_into, _device_of, _normalized
     items = list(state_dict_or_layout.items())
     if not items:
         raise InvalidArgument(f"begin_model_version of '{prefix}' with no tensor")
@@ -195,7 +195,7 @@ def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str
         if _is_layout(value):
             shape, code = tuple(int(d) for d in value[0]), dtypes.code_of(value[1])
         else:
-            v, code, shape = _normalized(value)
+            v, code, shape = normalized(value)
             data[key] = v
         lib.memcuda_tensor_spec_init(ctypes.byref(c))
         c_shape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
@@ -204,10 +204,10 @@ def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str
         c.name, c.dtype, c.ndim = c_name, code, len(shape)
         c.shape = ctypes.cast(c_shape, ctypes.POINTER(ctypes.c_int64))
     if backend is None and device is None and data:
-        device = _device_of(next(iter(data.values())))
+        device = device_of(next(iter(data.values())))
     o = ModelVersionOptionsC()
     lib.memcuda_model_version_options_init(ctypes.byref(o))
-    o.backend, o.device = _backend_device(backend, device)
+    o.backend, o.device = backend_device(backend, device)
     o.max_versions = int(max_versions)
     h = ctypes.c_void_p()
     check(lib.memcuda_begin_model_version(reg._handle(), prefix.encode(), specs, len(items), ctypes.byref(o),
@@ -215,7 +215,7 @@ def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str
     w = ModelVersionWriter(prefix, h.value)
     try:
         for key, v in data.items():
-            _copy_into(w.tensors[key], v, None)
+            copy_into(w.tensors[key], v, None)
     except BaseException:
         w.abort()
         raise

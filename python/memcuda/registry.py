@@ -5,15 +5,16 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _options, dtypes
 from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
+from ._models import ModelMethods
+from ._place import Device, backend_device, copy_into, device_of, normalized
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
 from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
 
 _close_lock = threading.Lock()  # two threads closing one registry close it once
-Device = Union[None, int, str, Any]  # None, a CUDA ordinal, "cuda:1", "cpu"/"host", a torch.device
 
 
 @dataclass(frozen=True)
@@ -52,24 +53,7 @@ class GcReport:
     tensors_lost: int
 
 
-def _backend_device(backend: Optional[str], device: Device) -> tuple:
-    """(MEMCUDA_BACKEND_*, ordinal or -1) from the user's backend and device."""
-    b = {None: -1, "cuda": 0, "host": 1, "cpu": 1}.get(backend, None)
-    if b is None:
-        raise InvalidArgument(f"backend must be 'cuda' or 'host', got {backend!r}")
-    if device is None:
-        return b, -1
-    if isinstance(device, int):
-        return (0 if b == -1 else b), device
-    text = str(device)  # "cuda:1", "cuda", "cpu", torch.device(...)
-    if text in ("cpu", "host"):
-        return 1, -1
-    if text == "cuda" or text.startswith("cuda:"):
-        return 0, int(text.split(":", 1)[1]) if ":" in text else -1
-    raise InvalidArgument(f"device must be an int, 'cuda[:N]' or 'cpu', got {device!r}")
-
-
-class Registry:
+class Registry(ModelMethods):
     """A connection to the tensor registry in Redis, with the same options as C++.
 
     Args:
@@ -106,6 +90,28 @@ class Registry:
             (None: ``$MEMCUDA_ALLOWED_UIDS`` / ``$MEMCUDA_ALLOWED_GIDS``, else
             none). One runtime_dir and policy per process.
 
+        The pool this registry allocates from while it is the allocator of
+        record (C++ PoolOptions; docs/operations.md, "Timings and their knobs"):
+        slab_bytes, host_slab_bytes: slab sizes of the cuda and host pools
+            (None: 256 MiB and 32 MiB).
+        dedicated_threshold: bytes from which a tensor gets an allocation of
+            its own (None: half a slab).
+        pack_batches_min_bytes: a ``create_many`` this large on one device is
+            placed in one allocation (None: 64 MiB; 0: never).
+        alignment: of every block, a power of two of at least 256 (None: 256).
+        retain_empty_slabs: empty slabs kept per pool (None: 1; 0: none).
+        budget_bytes: bytes each device's pool may hold; a create past it
+            raises BudgetExceeded (None: no budget).
+        device_budgets: {CUDA ordinal or -1 (host): bytes}, overriding
+            budget_bytes per device.
+        upstream: where cuda slabs come from: an object with
+            ``allocate(bytes, device) -> int`` (a cudaMalloc pointer) and
+            ``deallocate(ptr, bytes, device)``, called from registry threads
+            (None: cudaMalloc). Kept for the life of the process; not called
+            once the interpreter exits (its slabs are left to the process's end).
+        poison: fill freed blocks and padding with 0xDD (None:
+            ``$MEMCUDA_DEBUG_POISON``, else False).
+
     Options left None take the MEMCUDA_* variables (docs/operations.md,
     "Environment"), else the C++ defaults; ``options`` shows what the registry
     runs with.
@@ -123,7 +129,12 @@ class Registry:
                  share_references: Optional[bool] = None, release_linger: Optional[float] = None,
                  cuda_allocation: Optional[str] = None, serve_stall_timeout: Optional[float] = None,
                  runtime_dir: Optional[str] = None, allowed_uids: Optional[Sequence[int]] = None,
-                 allowed_gids: Optional[Sequence[int]] = None) -> None:
+                 allowed_gids: Optional[Sequence[int]] = None, slab_bytes: Optional[int] = None,
+                 host_slab_bytes: Optional[int] = None, dedicated_threshold: Optional[int] = None,
+                 pack_batches_min_bytes: Optional[int] = None, alignment: Optional[int] = None,
+                 retain_empty_slabs: Optional[int] = None, budget_bytes: Optional[int] = None,
+                 device_budgets: Optional[Mapping[int, int]] = None, upstream: Any = None,
+                 poison: Optional[bool] = None) -> None:
         self._h: Optional[int] = None
         self._pid = os.getpid()
         o = RegistryOptions()
@@ -131,7 +142,7 @@ class Registry:
         o.url = url.encode() if url else None
         o.name_space = namespace.encode() if namespace else None
         o.control_thread = 1 if control_thread else 0
-        o.default_backend, _ = _backend_device(default_backend, None)
+        o.default_backend, _ = backend_device(default_backend, None)
         o.default_device = default_device
         _options.fill(o, request_timeout=request_timeout, lease_ttl=lease_ttl, session_ttl=session_ttl,
                       gc_interval=gc_interval, connect_timeout=connect_timeout, command_timeout=command_timeout,
@@ -140,6 +151,12 @@ class Registry:
                       cuda_allocation=cuda_allocation, serve_stall_timeout=serve_stall_timeout)
         keep = _options.fill_transfer(o, runtime_dir=runtime_dir, allowed_uids=allowed_uids,
                                       allowed_gids=allowed_gids)
+        keep += _options.fill_pool(o, dict(
+            slab_bytes=slab_bytes, host_slab_bytes=host_slab_bytes, dedicated_threshold=dedicated_threshold,
+            pack_batches_min_bytes=pack_batches_min_bytes, alignment=alignment,
+            retain_empty_slabs=retain_empty_slabs, budget_bytes=budget_bytes, device_budgets=device_budgets,
+            upstream=upstream, poison=poison))
+        self._upstream = upstream
         h = ctypes.c_void_p()
         check(lib.memcuda_registry_open(ctypes.byref(o), ctypes.byref(h)))
         del keep
@@ -183,7 +200,7 @@ class Registry:
         o = RegistryOptions()
         lib.memcuda_registry_options_init(ctypes.byref(o))
         check(lib.memcuda_registry_get_options(self._handle(), ctypes.byref(o)))
-        return _options.as_dict(o)
+        return dict(_options.as_dict(o), upstream=self._upstream)
 
     @property
     def session_id(self) -> str:
@@ -210,7 +227,7 @@ class Registry:
         arr = (ctypes.c_int64 * max(1, len(dims)))(*dims)
         co = CreateOptions()
         lib.memcuda_create_options_init(ctypes.byref(co))
-        co.backend, co.device = _backend_device(backend, device)
+        co.backend, co.device = backend_device(backend, device)
         co.persistent = 1 if persistent else 0
         h = ctypes.c_void_p()
         check(lib.memcuda_create(self._handle(), name.encode(), code, arr, len(dims), ctypes.byref(co),
@@ -305,7 +322,7 @@ class Registry:
             keep += [c_shape, c_name]
             c.name, c.dtype, c.ndim = c_name, dtypes.code_of(dtype), len(dims)
             c.shape = ctypes.cast(c_shape, ctypes.POINTER(ctypes.c_int64))
-            c.options.backend, c.options.device = _backend_device(opts["backend"], opts["device"])
+            c.options.backend, c.options.device = backend_device(opts["backend"], opts["device"])
             c.options.persistent = 1 if opts["persistent"] else 0
         out = (ctypes.c_void_p * len(specs))()
         check(lib.memcuda_create_many(self._handle(), arr, len(specs), out))
@@ -323,9 +340,9 @@ class Registry:
         values; this is the weight-sync flow. GPU copies are ordered on
         `stream` (default: the current torch/CuPy stream) and published there.
         Returns the handle (the creator's reference: keep it, or persistent=True)."""
-        data, code, shape = _normalized(data)
+        data, code, shape = normalized(data)
         if backend is None and device is None:
-            device = _device_of(data)
+            device = device_of(data)
         dst = None
         if update:
             try:
@@ -340,7 +357,7 @@ class Registry:
         if dst is None:
             dst = self.create(name, shape, dtypes.name_of(code), device=device, persistent=persistent, backend=backend)
         try:
-            _copy_into(dst, data, stream)
+            copy_into(dst, data, stream)
         except BaseException:
             if not update:
                 dst.release()
@@ -423,261 +440,4 @@ class Registry:
         check(lib.memcuda_collect_garbage(self._handle(), ctypes.byref(r)))
         return GcReport(**{f: getattr(r, f) for f, _ in GcReportC._fields_ if f != "struct_size"})
 
-    # ---- state dicts -----------------------------------------------------------
-    def put_state_dict(self, prefix: str, state_dict: Mapping[str, Any], *, device: Device = None,
-                       backend: Optional[str] = None, persistent: bool = False, update: bool = False,
-                       stream: Stream = None) -> Dict[str, Tensor]:
-        """``put`` of every entry under ``prefix + key``, the creates in one
-        ``create_many`` (all or nothing: AlreadyExists names the first taken
-        name, and none is created); returns the handles by key. The keywords
-        are ``put``'s. update=True: the entries that exist (one ``get_prefix``)
-        are overwritten in place (same shape and dtype, else TypeMismatch before
-        anything is written): the weight-sync flow; the others are created.
-        A failed copy gives back (and removes) what this call created."""
-        entries = []  # (key, data, code, shape, device)
-        for key, value in state_dict.items():
-            data, code, shape = _normalized(value)
-            dev = device if (backend is not None or device is not None) else _device_of(data)
-            entries.append((key, data, code, shape, dev))
-        existing: Dict[str, Tensor] = {}
-        if update:
-            held = self.get_prefix(prefix)
-            wanted = {prefix + e[0] for e in entries}
-            existing = {n: t for n, t in held.items() if n in wanted}
-            for n, t in held.items():
-                if n not in wanted:
-                    t.release()
-            for key, _, code, shape, _ in entries:
-                t = existing.get(prefix + key)
-                if t is not None and (t.shape != shape or t._dtype != code):
-                    got = (t.shape, t.dtype)
-                    for h in existing.values():
-                        h.release()
-                    raise TypeMismatch(f"put_state_dict(update=True): '{prefix + key}' is {got[1]}{list(got[0])}, "
-                                       f"the data is {dtypes.name_of(code)}{list(shape)}")
-        to_create = [e for e in entries if prefix + e[0] not in existing]
-        created = self.create_many([(prefix + key, shape, dtypes.name_of(code), {"device": dev})
-                                    for key, _, code, shape, dev in to_create],
-                                   backend=backend, persistent=persistent)
-        out: Dict[str, Tensor] = {e[0]: t for e, t in zip(to_create, created)}
-        out.update({n[len(prefix):]: t for n, t in existing.items()})
-        try:
-            for key, data, _, _, _ in entries:
-                _copy_into(out[key], data, stream)
-        except BaseException:
-            for t in out.values():
-                t.release()
-            for t in created:
-                try:
-                    self.remove(t.name)
-                except MemcudaError:
-                    pass
-            raise
-        result = {e[0]: out[e[0]] for e in entries}
-        if result and (persistent or update):
-            # get_state_dict then opens it with one O(1) script and one
-            # reference, when this holds (else refused: name by name).
-            self.link_state_dict(prefix, result.values())
-        return result
 
-    def put_safetensors(self, prefix: str, path: str, *, device: Device = None, backend: Optional[str] = None,
-                        persistent: bool = False, staging_bytes: int = 64 << 20) -> Dict[str, Tensor]:
-        """Publishes every tensor of a safetensors file under ``prefix`` in C:
-        created all or nothing, then filled by reading the file in pieces;
-        device tensors go through at most ``staging_bytes`` of pinned host
-        memory, so a model larger than the memory a producer can spare is
-        published with that much (the file is never loaded whole). Returns the
-        handles by key (names without the prefix). NotFound for a missing
-        file, InvalidArgument naming the fault of a malformed one (a failed
-        read removes what was made); persistent=True links a state-dict
-        record, as ``put_state_dict`` does."""
-        co = CreateOptions()
-        lib.memcuda_create_options_init(ctypes.byref(co))
-        co.backend, co.device = _backend_device(backend, device)
-        co.persistent = 1 if persistent else 0
-        arr = ctypes.POINTER(ctypes.c_void_p)()
-        n = ctypes.c_size_t()
-        check(lib.memcuda_publish_safetensors(self._handle(), prefix.encode(), os.fsencode(path), ctypes.byref(co),
-                                              int(staging_bytes), ctypes.byref(arr), ctypes.byref(n)))
-        try:
-            tensors = Tensor.adopt_all(arr[:n.value])
-        finally:
-            lib.memcuda_free_tensor_array(arr)
-        return {t.name[len(prefix):]: t for t in tensors}
-
-    def link_state_dict(self, prefix: str, tensors: Iterable[Tensor]) -> bool:
-        """Links a state-dict record over `tensors`, a dict already published
-        under `prefix` (``put_state_dict(..., persistent=True)`` does it): they
-        must be exactly the names under the prefix, each persistent and still
-        current; the events published so far are recorded. ``get_state_dict``
-        then takes one reference for the whole dict with one O(1) script.
-        Returns False, changing nothing, when that does not hold."""
-        ts = list(tensors)
-        arr = (ctypes.c_void_p * len(ts))(*(t._handle() for t in ts))
-        linked = ctypes.c_int(0)
-        check(lib.memcuda_link_state_dict(self._handle(), prefix.encode(), arr, len(ts), ctypes.byref(linked)))
-        return bool(linked.value)
-
-    # ---- model versions: in-place weight sync (C++: memcuda/model.hpp) ---------
-    def publish_version(self, prefix: str, stream: Stream = None, backend: Optional[str] = None,
-                        device: Optional[int] = None) -> int:
-        """Producer side of weight sync, after ENQUEUEING the writes of the new
-        weights (of the tensors named ``prefix*``) on `stream` (an int
-        cudaStream_t, a torch or CuPy stream; None: the legacy default stream):
-        records one interprocess event there, bumps the model's version and
-        wakes every ``wait_version``. backend: "cuda"/"host" of the model's
-        tensors (None: the registry's default; host records no event: the
-        writes must be done). device: the stream's ordinal (None: current).
-        Returns the new version (1, 2, ...). Raises NotFound (no such tensor)."""
-        b, _ = _backend_device(backend, None)
-        v = ctypes.c_uint64()
-        check(lib.memcuda_publish_version(self._handle(), prefix.encode(), stream_ptr(stream), b,
-                                          -1 if device is None else int(device), ctypes.byref(v)))
-        return v.value
-
-    def wait_version(self, prefix: str, after: int = 0, timeout: float = 10.0, stream: Stream = None) -> Optional[int]:
-        """Consumer side: blocks (no polling) until the model's version is greater
-        than `after`, makes `stream` wait on the producer's event (no host
-        synchronisation) and returns the version; None when `timeout` seconds
-        pass first. Raises NotFound (no version and no tensor under prefix)."""
-        v = ctypes.c_uint64()
-        check(lib.memcuda_wait_version(self._handle(), prefix.encode(), int(after), max(0, int(timeout * 1000)),
-                                       stream_ptr(stream), ctypes.byref(v)))
-        return v.value or None
-
-    def current_version(self, prefix: str) -> int:
-        """The model's current version (0: tensors, but no version published yet)."""
-        v = ctypes.c_uint64()
-        check(lib.memcuda_current_version(self._handle(), prefix.encode(), ctypes.byref(v)))
-        return v.value
-
-    # ---- A/B model versions (C++: memcuda/model_ab.hpp; model_versions.py) -----
-    def begin_model_version(self, prefix: str, state_dict_or_layout: Mapping[str, Any], *, device: Device = None,
-                            backend: Optional[str] = None, max_versions: int = 2) -> Any:
-        """Stages version N+1 of model `prefix` in a SECOND set of tensors while
-        readers keep N: returns a ``ModelVersionWriter`` (``version``, ``tensors``,
-        ``torch()``, ``commit(stream=None)``, ``abort()``; a context manager that
-        aborts on exception). Values are tensor-likes (copied in) or
-        ``(shape, dtype)`` layouts (left for the caller to fill). AlreadyExists
-        while another live process stages a version; BudgetExceeded when
-        `max_versions` versions (the current one and older ones a reader still
-        holds) have memory."""
-        from .model_versions import begin_model_version
-        return begin_model_version(self, prefix, state_dict_or_layout, device=device, backend=backend,
-                                   max_versions=max_versions)
-
-    def publish_model(self, prefix: str, state_dict: Mapping[str, Any], *, stream: Stream = None,
-                      device: Device = None, backend: Optional[str] = None, max_versions: int = 2) -> int:
-        """``begin_model_version`` + copy + ``commit(stream)``: returns the new version."""
-        from .model_versions import publish_model
-        return publish_model(self, prefix, state_dict, stream=stream, device=device, backend=backend,
-                             max_versions=max_versions)
-
-    def open_model(self, prefix: str, framework: Optional[str] = None, stream: Stream = None) -> Any:
-        """Pins the model's current version (one reference): a ``PinnedModel``
-        (``version``, ``tensors``, ``latest()``, ``advance(stream=None)``,
-        ``close()``; a context manager). `stream` is ordered after the
-        producer's writes of that version (None: the legacy default stream)."""
-        from .model_versions import open_model
-        return open_model(self, prefix, framework, stream)
-
-    def get_state_dict(self, prefix: str, framework: Optional[str] = None, *,
-                       allow_copy: bool = False) -> Dict[str, Any]:
-        """Opens every tensor named ``prefix*`` in one Redis round trip
-        (``get_prefix``'s names); keys without the prefix. Where the dict was
-        put with ``put_state_dict(..., persistent=True)`` (and is unchanged
-        since), the open is one O(1) script and this process holds ONE
-        reference for the whole dict, released when the last of its tensors
-        and views is gone.
-
-        framework: None (memcuda Tensors), "torch" (zero-copy torch tensors,
-        CUDA ones ordered on torch's current stream after the publish each
-        record carried: no further round trip) or "numpy" (host tensors).
-        Zero copy either way, or NotZeroCopy (a cuda or bf16 tensor for
-        "numpy", a dtype this torch lacks for "torch"); allow_copy=True:
-        "numpy" copies those instead, warned and counted in ``stats()``.
-
-        With "torch", the tensors of one allocation (a packed dict is one) are
-        views of ONE DLPack import (``_torch_open``, as ``tensor.torch_views``): they hold the
-        references of all of them together, released when the last of those
-        views is gone."""
-        if framework not in (None, "torch", "numpy"):
-            raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
-        if framework == "torch":
-            # Straight from the C array: one DLPack import per allocation (a
-            # packed dict: one), ordered by the batch's records, no Tensor
-            # object per tensor (memcuda/_torch_open.py).
-            from ._torch_open import release_handles, torch_views_of_handles
-            arr = ctypes.POINTER(ctypes.c_void_p)()
-            n = ctypes.c_size_t()
-            check(lib.memcuda_open_state_dict(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
-            try:
-                names, views = torch_views_of_handles(arr, n.value) if n.value else ([], [])
-            finally:
-                release_handles(arr, n.value)
-            cut = len(prefix)
-            return {name[cut:]: v for name, v in zip(names, views)}
-        got = self._by_name(lib.memcuda_open_state_dict, prefix)
-        out: Dict[str, Any] = {}
-        for name, t in got.items():
-            out[name[len(prefix):]] = t if framework is None else t.numpy(allow_copy=allow_copy)
-        return out
-
-
-def _normalized(data: Any) -> Tuple[Any, int, Tuple[int, ...]]:
-    """(data, MEMCUDA_DTYPE_* code, shape); what has no shape goes through numpy.asarray."""
-    if not hasattr(data, "shape"):
-        import numpy
-        data = numpy.asarray(data)
-    return data, dtypes.code_of(_dtype_of(data)), tuple(int(d) for d in data.shape)
-
-
-def _dtype_of(data: Any) -> Any:
-    dt = getattr(data, "dtype", None)
-    if dt is None:
-        import numpy
-        return numpy.asarray(data).dtype
-    return dt
-
-
-def _device_of(data: Any) -> Device:
-    mod = type(data).__module__.split(".")[0]
-    if mod == "torch":
-        return data.device.index if data.is_cuda else "cpu"
-    if mod == "cupy":
-        return data.device.id
-    return None  # NumPy and friends: the registry's default backend
-
-
-def _copy_into(dst: Tensor, data: Any, stream: Stream) -> None:
-    """Copies data into dst (same shape and dtype), publishing GPU writes."""
-    mod = type(data).__module__.split(".")[0]
-    if mod == "torch":
-        import torch
-        import torch.utils.dlpack
-        src = data.detach()
-        # stream=-1: we are the writer, there is nothing of ours to wait for.
-        view = torch.utils.dlpack.from_dlpack(dst.__dlpack__(stream=-1))
-        if view.dtype != src.dtype:  # bool travels as uint8 through DLPack 0.6
-            src = src.to(view.dtype)
-        if dst.backend == "cuda":
-            s = torch.cuda.current_stream(view.device) if stream is None else stream
-            with torch.cuda.stream(s if isinstance(s, torch.cuda.Stream) else torch.cuda.ExternalStream(s)):
-                view.copy_(src)
-            dst.publish(s)
-        else:
-            view.copy_(src)
-        del view
-        return
-    if mod == "cupy":
-        import cupy
-        view = cupy.from_dlpack(dst)
-        s = cupy.cuda.get_current_stream() if stream is None else stream
-        with (s if isinstance(s, cupy.cuda.Stream) else cupy.cuda.ExternalStream(stream_ptr(s))):
-            view[...] = data
-        dst.publish(s)
-        del view
-        return
-    import numpy
-    arr = numpy.ascontiguousarray(data)
-    dst.copy_from_host(arr.ctypes.data, arr.nbytes)

@@ -1,4 +1,4 @@
-"""Registry options from Python (the C struct's appended fields, the
+"""Registry options from Python (every keyword, the pool's included, the
 MEMCUDA_* variables for what is left None) and get_many's contract
 (docs/protocol.md, "The get_many contract")."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import memcuda
 
 ENV = ("MEMCUDA_SHARE_REFERENCES", "MEMCUDA_RELEASE_LINGER_MS", "MEMCUDA_CUDA_ALLOCATION", "MEMCUDA_RUNTIME_DIR",
-       "MEMCUDA_ALLOWED_UIDS", "MEMCUDA_ALLOWED_GIDS")
+       "MEMCUDA_ALLOWED_UIDS", "MEMCUDA_ALLOWED_GIDS", "MEMCUDA_DEBUG_POISON")
 
 
 @pytest.fixture
@@ -44,6 +44,54 @@ def test_keywords_reach_the_registry(redis_url, namespace, clean_env):
     assert (d["client_connections"], d["waiting_connections"]) == (4, 16)
     assert d["share_references"] is True and d["release_linger"] == 0
     assert d["cuda_allocation"] == "auto" and d["serve_stall_timeout"] == 30
+
+
+class NeverAllocates:
+    """An upstream resource; the host backend never calls it."""
+
+    def allocate(self, nbytes, device):
+        return 0
+
+    def deallocate(self, ptr, nbytes, device):
+        pass
+
+
+def test_pool_keywords_reach_the_registry(redis_url, namespace, clean_env):
+    up = NeverAllocates()
+    with memcuda.Registry(redis_url, namespace, control_thread=False, slab_bytes=8 << 20, host_slab_bytes=2 << 20,
+                          dedicated_threshold=600 << 10, pack_batches_min_bytes=0, alignment=1024,
+                          retain_empty_slabs=0, budget_bytes=7 << 20, device_budgets={-1: 3 << 20, 1: 5 << 20},
+                          upstream=up, poison=True) as r:
+        o = r.options
+    assert (o["slab_bytes"], o["host_slab_bytes"], o["dedicated_threshold"]) == (8 << 20, 2 << 20, 600 << 10)
+    assert o["pack_batches_min_bytes"] == 0 and o["retain_empty_slabs"] == 0 and o["alignment"] == 1024
+    assert o["budget_bytes"] == 7 << 20 and o["device_budgets"] == {-1: 3 << 20, 1: 5 << 20}
+    assert o["upstream"] is up and o["poison"] is True
+
+    with memcuda.Registry(redis_url, namespace, control_thread=False) as r:
+        d = r.options
+    assert (d["slab_bytes"], d["host_slab_bytes"], d["dedicated_threshold"]) == (256 << 20, 32 << 20, 0)
+    assert (d["pack_batches_min_bytes"], d["alignment"], d["retain_empty_slabs"]) == (64 << 20, 256, 1)
+    assert d["budget_bytes"] == 0 and d["device_budgets"] == {} and d["upstream"] is None and d["poison"] is False
+
+
+@pytest.mark.parametrize("budget", [{"budget_bytes": 2 << 20}, {"device_budgets": {-1: 2 << 20}},
+                                    {"budget_bytes": 64 << 20, "device_budgets": {-1: 2 << 20}}])
+def test_budget_from_python_is_enforced(redis_url, namespace, clean_env, budget):
+    """The allocator of record's pool takes the budget given here (for every
+    device, or the host's own, which wins): a create past it raises
+    BudgetExceeded, and fits once memory is given back."""
+    with memcuda.Registry(redis_url, namespace, default_backend="host", host_slab_bytes=1 << 20, **budget) as r:
+        a = r.create("b.a", [900 << 10], "u8")
+        b = r.create("b.b", [900 << 10], "u8")
+        with pytest.raises(memcuda.BudgetExceeded, match="budget 2097152"):
+            r.create("b.c", [900 << 10], "u8")
+        with pytest.raises(memcuda.NotFound):
+            r.info("b.c")
+        a.release()
+        r.flush()
+        c = r.create("b.c", [900 << 10], "u8")
+        del b, c
 
 
 def test_variables_fill_what_is_left_none(redis_url, namespace, clean_env):
@@ -104,7 +152,10 @@ def test_runtime_dir_and_peer_policy(redis_url, namespace, clean_env):
 
 
 @pytest.mark.parametrize("kw", [{"cuda_allocation": "cumem"}, {"client_connections": 0},
-                                {"waiting_connections": -1}, {"release_linger": 61}, {"release_linger": -1}])
+                                {"waiting_connections": -1}, {"release_linger": 61}, {"release_linger": -1},
+                                {"alignment": 300}, {"budget_bytes": -1}, {"slab_bytes": "1M"},
+                                {"device_budgets": [1 << 20]}, {"device_budgets": {-2: 1}},
+                                {"upstream": object()}])
 def test_bad_values_are_refused(redis_url, namespace, clean_env, kw):
     with pytest.raises(memcuda.InvalidArgument):
         memcuda.Registry(redis_url, namespace, control_thread=False, **kw)

@@ -93,18 +93,20 @@ def test_check_device_of_a_host_tensor(reg):
         t.check_device("tpu")
 
 
-def test_the_c_stats_struct_of_an_older_caller_is_filled_up_to_its_size(reg):
+def test_the_c_stats_struct_of_another_size_is_refused(reg):
+    """A struct_size other than the library's (a header and library that
+    differ) is refused, nothing written; the library's own is filled."""
     import ctypes
     from memcuda._lib import StatsC, lib
     s = StatsC()
     lib.memcuda_stats_init(ctypes.byref(s))
-    old = StatsC.copies.offset  # the struct before copies/copied_bytes
-    s.struct_size = old
-    s.copies = s.copied_bytes = 12345  # must stay: the older caller has no room for them
     assert lib.memcuda_stats_get(reg._handle(), ctypes.byref(s)) == 0
-    assert s.struct_size == old and s.copies == 12345 and s.copied_bytes == 12345
-    s.struct_size = old - 8
-    assert lib.memcuda_stats_get(reg._handle(), ctypes.byref(s)) != 0
+    assert s.struct_size == ctypes.sizeof(StatsC) and s.copies != 12345
+    for size in (StatsC.copies.offset, ctypes.sizeof(StatsC) + 8):
+        s.struct_size = size
+        s.copies = 12345
+        assert lib.memcuda_stats_get(reg._handle(), ctypes.byref(s)) == memcuda.InvalidArgument.code
+        assert s.struct_size == size and s.copies == 12345
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

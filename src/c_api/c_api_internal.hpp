@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "memcuda/c/memcuda.h"
 #include "memcuda/memcuda.hpp"
@@ -14,9 +15,10 @@
 // The registry behind a memcuda_registry*. The session id is copied so that
 // memcuda_registry_session_id can hand out a stable C string.
 struct memcuda_registry {
-  explicit memcuda_registry(memcuda::RegistryOptions o) : reg(std::move(o)), session(reg.session_id()) {}
+  explicit memcuda_registry(memcuda::RegistryOptions o);  // options.cpp
   memcuda::TensorRegistry reg;
   std::string session;
+  std::vector<memcuda_device_budget> budgets;  // reg's pool.device_budgets, for memcuda_registry_get_options
 };
 
 // One share of a reference. Copies of `t` (memcuda_tensor_retain, DLPack
@@ -74,14 +76,15 @@ inline void fill_info(memcuda_tensor_info* out, const memcuda::TensorInfo& in) {
   out->holders = static_cast<std::int64_t>(in.holders.size());
 }
 
-// A C struct the caller sized: reject one older than what we write.
+// A C struct the caller filled: its struct_size must be this library's
+// sizeof, so a header and library that differ are refused, not misread.
 template <class S>
 void check_struct(const S* s, const char* what) {
   if (!s) throw memcuda::InvalidArgument(std::string(what) + " is NULL");
-  if (s->struct_size < sizeof(S))
+  if (s->struct_size != sizeof(S))
     throw memcuda::InvalidArgument(std::string(what) + "->struct_size is " + std::to_string(s->struct_size) +
-                                   ", smaller than this library's " + std::to_string(sizeof(S)) +
-                                   " (call the matching *_init first)");
+                                   ", not this library's " + std::to_string(sizeof(S)) +
+                                   " (call the matching *_init first; header and library must match)");
 }
 
 inline memcuda::TensorRegistry& registry(memcuda_registry* r) {
@@ -137,5 +140,12 @@ inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_
   }
   return s;
 }
+
+// False once memcuda_stop_callbacks ran: the caller's callbacks are then
+// leaked, not run (share.cpp).
+bool callbacks_allowed() noexcept;
+
+// memcuda_registry_options (NULL: the defaults) over RegistryOptions::from_env() (options.cpp).
+memcuda::RegistryOptions to_options(const memcuda_registry_options* c);
 
 }  // namespace memcuda_c

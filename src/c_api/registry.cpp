@@ -19,130 +19,6 @@ using memcuda_c::guarded;
 
 namespace {
 
-std::chrono::milliseconds ms(std::int64_t v) { return std::chrono::milliseconds(v); }
-
-// Whether the caller's struct (struct_size) holds the field at [offset, offset + size).
-bool has(const memcuda_registry_options* c, std::size_t offset, std::size_t size) {
-  return c->struct_size >= offset + size;
-}
-// A connection count: 0 keeps the default, else 1.. .
-void count(std::int64_t v, std::size_t& field, const char* what) {
-  if (v < 0) throw memcuda::InvalidArgument(std::string(what) + " must not be negative (0: the default)");
-  if (v > 0) field = static_cast<std::size_t>(v);
-}
-
-memcuda::RegistryOptions to_options(const memcuda_registry_options* c) {
-  auto o = memcuda::RegistryOptions::from_env();  // the MEMCUDA_* variables; the struct's fields win
-  if (!c) return o;
-  if (!has(c, offsetof(memcuda_registry_options, command_timeout_ms), sizeof c->command_timeout_ms))
-    memcuda_c::check_struct(c, "options");  // older than the first release's struct: refused with its message
-  if (c->url && *c->url) o.redis = memcuda::redis::with_password_from_env(memcuda::redis::parse_url(c->url));
-  if (c->name_space) o.name_space = c->name_space;
-  o.control_thread = c->control_thread != 0;
-  switch (c->default_backend) {
-    case MEMCUDA_BACKEND_DEFAULT: break;
-    case MEMCUDA_BACKEND_CUDA: o.default_backend = memcuda::BackendKind::cuda; break;
-    case MEMCUDA_BACKEND_HOST: o.default_backend = memcuda::BackendKind::host; break;
-    default: throw memcuda::InvalidArgument("default_backend " + std::to_string(c->default_backend) + " is not a MEMCUDA_BACKEND_* value");
-  }
-  if (c->default_device < 0) throw memcuda::InvalidArgument("default_device must not be negative");
-  o.default_device = c->default_device;
-  auto set = [](std::int64_t v, std::chrono::milliseconds& field, const char* what) {
-    if (v < 0) throw memcuda::InvalidArgument(std::string(what) + " must not be negative (0: the default)");
-    if (v > 0) field = ms(v);
-  };
-  set(c->request_timeout_ms, o.request_timeout, "request_timeout_ms");
-  set(c->lease_ttl_ms, o.lease_ttl, "lease_ttl_ms");
-  set(c->session_ttl_ms, o.session_ttl, "session_ttl_ms");
-  set(c->gc_interval_ms, o.gc_interval, "gc_interval_ms");
-  set(c->connect_timeout_ms, o.redis.connect_timeout, "connect_timeout_ms");
-  set(c->command_timeout_ms, o.redis.command_timeout, "command_timeout_ms");
-  // Fields appended after the first release: read only when the caller's struct has them.
-  if (has(c, offsetof(memcuda_registry_options, client_connections), sizeof c->client_connections))
-    count(c->client_connections, o.client_connections, "client_connections");
-  if (has(c, offsetof(memcuda_registry_options, waiting_connections), sizeof c->waiting_connections))
-    count(c->waiting_connections, o.waiting_connections, "waiting_connections");
-  if (has(c, offsetof(memcuda_registry_options, share_references), sizeof c->share_references)) {
-    switch (c->share_references) {
-      case MEMCUDA_SHARING_DEFAULT: break;
-      case MEMCUDA_SHARING_ON: o.share_references = true; break;
-      case MEMCUDA_SHARING_OFF: o.share_references = false; break;
-      default: throw memcuda::InvalidArgument("share_references " + std::to_string(c->share_references) + " is not a MEMCUDA_SHARING_* value");
-    }
-  }
-  if (has(c, offsetof(memcuda_registry_options, release_linger_ms), sizeof c->release_linger_ms)) {
-    const std::int64_t v = c->release_linger_ms;
-    if (v < -1 || v > 60000)
-      throw memcuda::InvalidArgument("release_linger_ms " + std::to_string(v) + " is out of range (-1: none, 0: the default, at most 60000)");
-    if (v == -1) o.release_linger = std::chrono::microseconds(0);
-    if (v > 0) o.release_linger = ms(v);
-  }
-  if (has(c, offsetof(memcuda_registry_options, cuda_allocation), sizeof c->cuda_allocation)) {
-    switch (c->cuda_allocation) {
-      case MEMCUDA_CUDA_ALLOCATION_DEFAULT: break;
-      case MEMCUDA_CUDA_ALLOCATION_AUTO: o.cuda_allocation = memcuda::CudaAllocation::automatic; break;
-      case MEMCUDA_CUDA_ALLOCATION_VMM: o.cuda_allocation = memcuda::CudaAllocation::vmm; break;
-      case MEMCUDA_CUDA_ALLOCATION_IPC: o.cuda_allocation = memcuda::CudaAllocation::ipc; break;
-      default: throw memcuda::InvalidArgument("cuda_allocation " + std::to_string(c->cuda_allocation) + " is not a MEMCUDA_CUDA_ALLOCATION_* value");
-    }
-  }
-  if (has(c, offsetof(memcuda_registry_options, serve_stall_timeout_ms), sizeof c->serve_stall_timeout_ms)) {
-    const std::int64_t v = c->serve_stall_timeout_ms;
-    if (v < -1) throw memcuda::InvalidArgument("serve_stall_timeout_ms must be -1 (never), 0 (the default) or positive");
-    if (v == -1) o.serve_stall_timeout = ms(0);
-    if (v > 0) o.serve_stall_timeout = ms(v);
-  }
-  if (has(c, offsetof(memcuda_registry_options, runtime_dir), sizeof c->runtime_dir) && c->runtime_dir &&
-      *c->runtime_dir)
-    o.runtime_dir = c->runtime_dir;
-  auto ids = [](const std::uint32_t* p, std::size_t n, std::vector<std::uint32_t>& field, const char* what) {
-    if (!p) return;  // the default (the variable)
-    if (n > 65536) throw memcuda::InvalidArgument(std::string(what) + "_count " + std::to_string(n) + " is too large");
-    field.assign(p, p + n);
-  };
-  if (has(c, offsetof(memcuda_registry_options, allowed_uids_count), sizeof c->allowed_uids_count))
-    ids(c->allowed_uids, c->allowed_uids_count, o.allowed_uids, "allowed_uids");
-  if (has(c, offsetof(memcuda_registry_options, allowed_gids_count), sizeof c->allowed_gids_count))
-    ids(c->allowed_gids, c->allowed_gids_count, o.allowed_gids, "allowed_gids");
-  return o;
-}
-
-// The registry's options in the C struct's terms (memcuda_registry_get_options).
-void from_options(const memcuda::RegistryOptions& o, memcuda_registry_options* c) {
-  memcuda_registry_options f{};
-  f.struct_size = c->struct_size;
-  f.url = nullptr;
-  f.name_space = o.name_space.c_str();
-  f.control_thread = o.control_thread ? 1 : 0;
-  f.default_backend = !o.default_backend                             ? MEMCUDA_BACKEND_DEFAULT
-                      : *o.default_backend == memcuda::BackendKind::cuda ? MEMCUDA_BACKEND_CUDA
-                                                                         : MEMCUDA_BACKEND_HOST;
-  f.default_device = o.default_device;
-  f.request_timeout_ms = o.request_timeout.count();
-  f.lease_ttl_ms = o.lease_ttl.count();
-  f.session_ttl_ms = o.session_ttl.count();
-  f.gc_interval_ms = o.gc_interval.count();
-  f.connect_timeout_ms = o.redis.connect_timeout.count();
-  f.command_timeout_ms = o.redis.command_timeout.count();
-  f.client_connections = static_cast<std::int64_t>(o.client_connections);
-  f.waiting_connections = static_cast<std::int64_t>(o.waiting_connections);
-  f.share_references = o.share_references ? MEMCUDA_SHARING_ON : MEMCUDA_SHARING_OFF;
-  const auto linger = std::chrono::duration_cast<std::chrono::milliseconds>(o.release_linger).count();
-  f.release_linger_ms = linger > 0 ? linger : -1;
-  using memcuda::CudaAllocation;
-  f.cuda_allocation = o.cuda_allocation.value_or(CudaAllocation::automatic) == CudaAllocation::vmm ? MEMCUDA_CUDA_ALLOCATION_VMM
-                      : o.cuda_allocation.value_or(CudaAllocation::automatic) == CudaAllocation::ipc
-                          ? MEMCUDA_CUDA_ALLOCATION_IPC
-                          : MEMCUDA_CUDA_ALLOCATION_AUTO;
-  f.serve_stall_timeout_ms = o.serve_stall_timeout.count() > 0 ? o.serve_stall_timeout.count() : -1;
-  f.runtime_dir = o.runtime_dir.c_str();
-  f.allowed_uids = o.allowed_uids.empty() ? nullptr : o.allowed_uids.data();
-  f.allowed_uids_count = o.allowed_uids.size();
-  f.allowed_gids = o.allowed_gids.empty() ? nullptr : o.allowed_gids.data();
-  f.allowed_gids_count = o.allowed_gids.size();
-  std::memcpy(c, &f, std::min<std::size_t>(c->struct_size, sizeof f));
-}
-
 // Opens one tensor and checks the dtype, returning a new C handle.
 // With a stream, the stream also waits for the producer's last publish
 // (the event handle comes with the record: no extra round trip).
@@ -188,29 +64,10 @@ void fill_stats(memcuda_stats* s, const memcuda::RegistryStats& st) {
 
 extern "C" {
 
-void memcuda_registry_options_init(memcuda_registry_options* o) {
-  if (!o) return;
-  *o = memcuda_registry_options{};
-  o->struct_size = sizeof *o;
-  o->control_thread = 1;
-  o->default_backend = MEMCUDA_BACKEND_DEFAULT;
-}
-
-int memcuda_registry_get_options(const memcuda_registry* reg, memcuda_registry_options* out) {
-  return guarded([&] {
-    if (!reg) throw memcuda::InvalidArgument("registry is NULL");
-    if (!out) throw memcuda::InvalidArgument("out is NULL");
-    if (out->struct_size < offsetof(memcuda_registry_options, client_connections))
-      throw memcuda::InvalidArgument("out->struct_size is " + std::to_string(out->struct_size) +
-                                     " (call memcuda_registry_options_init first)");
-    from_options(reg->reg.options(), out);
-  });
-}
-
 int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out) {
   return guarded([&] {
     memcuda_c::out_arg(out);
-    *out = new memcuda_registry(to_options(opts));
+    *out = new memcuda_registry(memcuda_c::to_options(opts));
   });
 }
 
@@ -266,13 +123,13 @@ int memcuda_remove(memcuda_registry* reg, const char* name) {
 int memcuda_wait(memcuda_registry* reg, const char* name, int64_t timeout_ms, int* ready) {
   return guarded([&] {
     if (timeout_ms < 0) throw memcuda::InvalidArgument("timeout_ms must not be negative");
-    bool ok = memcuda_c::registry(reg).wait(memcuda_c::name_arg(name), ms(timeout_ms));
+    bool ok = memcuda_c::registry(reg).wait(memcuda_c::name_arg(name), std::chrono::milliseconds(timeout_ms));
     if (ready) *ready = ok ? 1 : 0;
   });
 }
 
 int memcuda_flush(memcuda_registry* reg, int64_t timeout_ms) {
-  return guarded([&] { memcuda_c::registry(reg).flush(ms(timeout_ms < 0 ? -1 : timeout_ms)); });
+  return guarded([&] { memcuda_c::registry(reg).flush(std::chrono::milliseconds(timeout_ms < 0 ? -1 : timeout_ms)); });
 }
 
 void memcuda_tensor_info_init(memcuda_tensor_info* info) {
@@ -342,16 +199,10 @@ int memcuda_stats_get(memcuda_registry* reg, memcuda_stats* s) {
   return guarded([&] {
     // A caller built before copies/copied_bytes passes the older size:
     // fill what it has room for (one struct, written in full here).
-    constexpr std::uint32_t before_copies = offsetof(memcuda_stats, copies);
-    if (!s) throw memcuda::InvalidArgument("stats is NULL");
-    if (s->struct_size < before_copies) memcuda_c::check_struct(s, "stats");
-    const std::uint32_t room = s->struct_size < sizeof *s ? before_copies : sizeof *s;
+    memcuda_c::check_struct(s, "stats");
     auto st = memcuda_c::registry(reg).stats();
-    memcuda_stats full;
-    memcuda_stats_init(&full);
-    fill_stats(&full, st);
-    std::memcpy(s, &full, room);
-    s->struct_size = room;
+    memcuda_stats_init(s);
+    fill_stats(s, st);
   });
 }
 

@@ -18,7 +18,8 @@ std::atomic<bool> g_callbacks_stopped{false};
 
 std::string items_name(const char* n) { return std::string(memcuda_c::name_arg(n)); }
 
-bool callbacks_allowed() noexcept { return !g_callbacks_stopped.load(std::memory_order_acquire); }
+using memcuda_c::callbacks_allowed;
+
 
 // An array of our own in place of the caller's: its release runs the
 // caller's unless callbacks were stopped. Buffers and children stay the
@@ -56,6 +57,8 @@ memcuda::ShareOptions share_options(const memcuda_share_options* opts) {
 }
 
 }  // namespace
+
+bool memcuda_c::callbacks_allowed() noexcept { return !g_callbacks_stopped.load(std::memory_order_acquire); }
 
 extern "C" {
 

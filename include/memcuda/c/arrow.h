@@ -1,10 +1,9 @@
 /* The C ABI's Arrow C Device Data Interface export, part of
- * <memcuda/c/memcuda.h> (which includes this header; either may be included
- * first). */
+ * <memcuda/c/memcuda.h> (which includes this header). */
 #ifndef MEMCUDA_C_ARROW_H
 #define MEMCUDA_C_ARROW_H
 
-#include "memcuda/c/memcuda.h"
+#include "memcuda/c/common.h"
 
 #ifdef __cplusplus
 extern "C" {

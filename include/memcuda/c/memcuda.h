@@ -2,10 +2,10 @@
  *
  * A plain C99 header over libmemcuda_c.so. No C++ type crosses it: handles
  * are opaque pointers, option and record structs are plain data that start
- * with their own size (struct_size) so the library can grow them without
- * breaking older callers, and every call that can fail returns an int status
- * (MEMCUDA_OK = 0, else one of the MEMCUDA_ERR_* codes below, one per class of
- * the C++ memcuda::Error tree). The message of the last failure is kept per
+ * with their size (struct_size, set by their _init function) so a header and
+ * library that differ are refused, and every call that can fail returns an int status
+ * (MEMCUDA_OK = 0, else one of the MEMCUDA_ERR_* codes of memcuda/c/common.h,
+ * one per class of the C++ memcuda::Error tree). The message of the last failure is kept per
  * thread (memcuda_last_error_message).
  *
  * Threads: every function may be called from any thread; a registry and a
@@ -19,48 +19,22 @@
 #ifndef MEMCUDA_C_MEMCUDA_H
 #define MEMCUDA_C_MEMCUDA_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "memcuda/c/common.h"
+#include "memcuda/c/options.h"
 
-#if defined(_WIN32)
-#define MEMCUDA_C_EXPORT
-#else
-#define MEMCUDA_C_EXPORT __attribute__((visibility("default")))
-#endif
+/* Declared apart, in the same C ABI (each includes only common.h):
+ * publishing from files (memcuda_publish_safetensors), borrowed buffers
+ * (memcuda_share), Arrow export and import (memcuda_tensor_to_arrow), A/B model versions (memcuda_model_*) and
+ * zero copy or an error (memcuda_tensor_check_device, memcuda_note_copy). */
+#include "memcuda/c/arrow.h"
+#include "memcuda/c/memcuda_publish.h"
+#include "memcuda/c/memcuda_share.h"
+#include "memcuda/c/model_ab.h"
+#include "memcuda/c/zero_copy.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Incremented when a function's meaning or a struct's leading layout
- * changes incompatibly; new functions and struct members appended at the end
- * (announced through struct_size) do not change it. */
-#define MEMCUDA_C_ABI_VERSION 1
-
-/* ---- status codes: one per class of include/memcuda/error.hpp ---------- */
-#define MEMCUDA_OK 0
-#define MEMCUDA_ERR_ERROR 1            /* memcuda::Error (no more specific class) */
-#define MEMCUDA_ERR_INVALID_ARGUMENT 2 /* InvalidArgument */
-#define MEMCUDA_ERR_NOT_FOUND 3        /* NotFound */
-#define MEMCUDA_ERR_ALREADY_EXISTS 4   /* AlreadyExists */
-#define MEMCUDA_ERR_TYPE_MISMATCH 5    /* TypeMismatch */
-#define MEMCUDA_ERR_STALE_HANDLE 6     /* StaleHandle */
-#define MEMCUDA_ERR_BUDGET_EXCEEDED 7  /* BudgetExceeded */
-#define MEMCUDA_ERR_LOST 8             /* Lost */
-#define MEMCUDA_ERR_NOT_LEADER 9       /* NotLeader */
-#define MEMCUDA_ERR_UNAVAILABLE 10     /* Unavailable */
-#define MEMCUDA_ERR_INTERNAL 11        /* InternalError */
-#define MEMCUDA_ERR_PROTOCOL 12        /* ProtocolError (an InvalidArgument) */
-#define MEMCUDA_ERR_CUDA 13            /* CudaError */
-#define MEMCUDA_ERR_REDIS 14           /* RedisError */
-#define MEMCUDA_ERR_REDIS_CONNECTION 15 /* ConnectionError (a RedisError) */
-#define MEMCUDA_ERR_REDIS_AUTH 16      /* AuthError (a ConnectionError) */
-#define MEMCUDA_ERR_TIMEOUT 17         /* TimeoutError (a RedisError) */
-#define MEMCUDA_ERR_REDIS_REPLY 18     /* ReplyError (a RedisError) */
-#define MEMCUDA_ERR_OUT_OF_MEMORY 19   /* host memory exhausted (std::bad_alloc) */
-#define MEMCUDA_ERR_UNKNOWN 20         /* any other failure (a bug: please report) */
-#define MEMCUDA_ERR_NOT_ZERO_COPY 21   /* NotZeroCopy (an Unavailable): zero copy cannot be had */
-#define MEMCUDA_ERR_LAST 21
 
 /* The code of the last failing call on this thread (MEMCUDA_OK if none). */
 MEMCUDA_C_EXPORT int memcuda_last_error_code(void);
@@ -87,22 +61,7 @@ MEMCUDA_C_EXPORT int memcuda_abi_version(void);
 /* 1 when the library was built with the CUDA backend. */
 MEMCUDA_C_EXPORT int memcuda_has_cuda(void);
 
-/* ---- dtypes (the values of memcuda::DType; stable) ---------------------- */
-#define MEMCUDA_DTYPE_ANY (-1) /* memcuda_get: accept whatever is stored */
-#define MEMCUDA_DTYPE_BOOL 0
-#define MEMCUDA_DTYPE_U8 1
-#define MEMCUDA_DTYPE_I8 2
-#define MEMCUDA_DTYPE_I16 3
-#define MEMCUDA_DTYPE_I32 4
-#define MEMCUDA_DTYPE_I64 5
-#define MEMCUDA_DTYPE_U16 6
-#define MEMCUDA_DTYPE_U32 7
-#define MEMCUDA_DTYPE_U64 8
-#define MEMCUDA_DTYPE_F16 9
-#define MEMCUDA_DTYPE_BF16 10
-#define MEMCUDA_DTYPE_F32 11
-#define MEMCUDA_DTYPE_F64 12
-
+/* ---- dtypes (MEMCUDA_DTYPE_*, memcuda/c/common.h) ------------------------ */
 /* Canonical name ("f32", "bf16", ...); NULL for an unknown value. */
 MEMCUDA_C_EXPORT const char* memcuda_dtype_name(int dtype);
 /* Parses a canonical name or an alias ("float32", "bfloat16", ...); -1 if unknown. */
@@ -110,80 +69,7 @@ MEMCUDA_C_EXPORT int memcuda_dtype_from_name(const char* name);
 /* Bytes per element; 0 for an unknown value. */
 MEMCUDA_C_EXPORT size_t memcuda_dtype_itemsize(int dtype);
 
-/* ---- backends, states, limits ------------------------------------------- */
-#define MEMCUDA_BACKEND_DEFAULT (-1)
-#define MEMCUDA_BACKEND_CUDA 0
-#define MEMCUDA_BACKEND_HOST 1
-
-#define MEMCUDA_STATE_PENDING 0
-#define MEMCUDA_STATE_READY 1
-#define MEMCUDA_STATE_LOST 2
-
-#define MEMCUDA_MAX_RANK 8
-#define MEMCUDA_MAX_NAME_BYTES 255
-
-/* ---- the registry --------------------------------------------------------- */
-typedef struct memcuda_registry memcuda_registry; /* opaque */
-typedef struct memcuda_tensor memcuda_tensor;     /* opaque: one share of a reference */
-
-/* memcuda_registry_options.share_references */
-#define MEMCUDA_SHARING_DEFAULT 0 /* $MEMCUDA_SHARE_REFERENCES, else on */
-#define MEMCUDA_SHARING_ON 1
-#define MEMCUDA_SHARING_OFF 2
-
-/* memcuda_registry_options.cuda_allocation (RegistryOptions::cuda_allocation) */
-#define MEMCUDA_CUDA_ALLOCATION_DEFAULT 0 /* $MEMCUDA_CUDA_ALLOCATION, else auto */
-#define MEMCUDA_CUDA_ALLOCATION_AUTO 1    /* vmm where the device supports it, else ipc */
-#define MEMCUDA_CUDA_ALLOCATION_VMM 2     /* cuMem allocations shared as fds */
-#define MEMCUDA_CUDA_ALLOCATION_IPC 3     /* legacy cudaIpc handles */
-
-/* Options of memcuda_registry_open. Fill with memcuda_registry_options_init,
- * then change what you need; 0 (or NULL) in a field means "the default": the
- * MEMCUDA_* variable of that option where there is one (docs/operations.md,
- * "Environment": the C ABI starts from RegistryOptions::from_env()), else
- * the C++ default. Fields after command_timeout_ms were appended later: a
- * caller whose struct_size ends before one gets its default. */
-typedef struct memcuda_registry_options {
-  uint32_t struct_size;       /* sizeof(memcuda_registry_options) */
-  const char* url;            /* redis://... or unix:///path.sock; NULL: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379;
-                                 a URL without a password takes $MEMCUDA_REDIS_PASSWORD (and $MEMCUDA_REDIS_USER) */
-  const char* name_space;     /* NULL or "": none */
-  int control_thread;         /* 1 (default): may become the allocator of record; 0: client only */
-  int default_backend;        /* MEMCUDA_BACKEND_*: backend of create() when not given */
-  int default_device;         /* CUDA ordinal of create() when not given (default 0) */
-  int64_t request_timeout_ms; /* a create served by another process (default 5000) */
-  int64_t lease_ttl_ms;       /* allocator-of-record lease (default 1500) */
-  int64_t session_ttl_ms;     /* a dead process's references are dropped after about this (default 2000) */
-  int64_t gc_interval_ms;     /* default 500 */
-  int64_t connect_timeout_ms; /* one connect to Redis (default 1000) */
-  int64_t command_timeout_ms; /* one Redis command (default 2000) */
-  /* appended (read only when struct_size covers them) */
-  int64_t client_connections;     /* connections at most for short calls (default 4) */
-  int64_t waiting_connections;    /* connections at most for calls that wait in Redis (default 16) */
-  int share_references;           /* MEMCUDA_SHARING_*: a get of a held name shares its handle (default on) */
-  int64_t release_linger_ms;      /* with sharing: how long a dropped get's reference lingers;
-                                     0: the default ($MEMCUDA_RELEASE_LINGER_MS, else none); -1: none; at most 60000 */
-  int cuda_allocation;            /* MEMCUDA_CUDA_ALLOCATION_* */
-  int64_t serve_stall_timeout_ms; /* a leader whose loop stalls this long gives up its lease (default 30000; -1: never) */
-  /* The fd servers' runtime directory and peer policy (docs/fd-transfer.md); one per process. */
-  const char* runtime_dir;        /* NULL or "": $MEMCUDA_RUNTIME_DIR, else /tmp/memcuda-<uid> */
-  const uint32_t* allowed_uids;   /* peers served besides this uid and root; NULL: $MEMCUDA_ALLOWED_UIDS,
-                                     else none; else allowed_uids_count entries (0: none) */
-  size_t allowed_uids_count;
-  const uint32_t* allowed_gids;   /* by effective gid; NULL: $MEMCUDA_ALLOWED_GIDS, else none */
-  size_t allowed_gids_count;
-} memcuda_registry_options;
-
-MEMCUDA_C_EXPORT void memcuda_registry_options_init(memcuda_registry_options* opts);
-/* The options an open registry runs with (after the environment and the
- * defaults), in the struct's terms: every field set, none left 0 for "the
- * default" (release_linger_ms: -1 for none, serve_stall_timeout_ms: -1 for
- * never); url is NULL; name_space, runtime_dir, allowed_uids and
- * allowed_gids are valid while reg is open (the id arrays NULL when empty). Set
- * out->struct_size first (memcuda_registry_options_init); only the fields
- * it covers are written. */
-MEMCUDA_C_EXPORT int memcuda_registry_get_options(const memcuda_registry* reg, memcuda_registry_options* out);
-
+/* ---- the registry (options: memcuda/c/options.h) ------------------------ */
 /* Connects and starts the registry's thread (TensorRegistry's constructor).
  * opts may be NULL (all defaults). On success *out owns the registry. */
 MEMCUDA_C_EXPORT int memcuda_registry_open(const memcuda_registry_options* opts, memcuda_registry** out);
@@ -196,15 +82,6 @@ MEMCUDA_C_EXPORT void memcuda_registry_close(memcuda_registry* reg);
 MEMCUDA_C_EXPORT const char* memcuda_registry_session_id(const memcuda_registry* reg);
 /* *out = 1 while this registry holds the allocator-of-record lease (no I/O). */
 MEMCUDA_C_EXPORT int memcuda_registry_is_leader(const memcuda_registry* reg, int* out);
-
-typedef struct memcuda_create_options {
-  uint32_t struct_size; /* sizeof(memcuda_create_options) */
-  int backend;          /* MEMCUDA_BACKEND_DEFAULT: the registry's */
-  int device;           /* -1: the registry's default device */
-  int persistent;       /* 1: also held by its name until memcuda_remove */
-} memcuda_create_options;
-
-MEMCUDA_C_EXPORT void memcuda_create_options_init(memcuda_create_options* opts);
 
 /* Creates a tensor (contents unspecified) and returns the creator's share.
  * shape may be NULL when ndim is 0 (a scalar). opts may be NULL. */
@@ -254,18 +131,6 @@ MEMCUDA_C_EXPORT int memcuda_link_state_dict(memcuda_registry* reg, const char* 
 /* Frees an array of memcuda_get_prefix (not the handles in it); NULL is a no-op. */
 MEMCUDA_C_EXPORT void memcuda_free_tensor_array(memcuda_tensor** arr);
 
-/* One tensor of memcuda_create_many: what memcuda_create takes. Fill with
- * memcuda_tensor_spec_init (it also inits `options`). */
-typedef struct memcuda_tensor_spec {
-  uint32_t struct_size;           /* sizeof(memcuda_tensor_spec) */
-  const char* name;
-  int dtype;                      /* a MEMCUDA_DTYPE_* value (not ANY) */
-  int ndim;                       /* 0..MEMCUDA_MAX_RANK */
-  const int64_t* shape;           /* ndim dimensions; may be NULL when ndim is 0 */
-  memcuda_create_options options; /* backend, device, persistence of this tensor */
-} memcuda_tensor_spec;
-
-MEMCUDA_C_EXPORT void memcuda_tensor_spec_init(memcuda_tensor_spec* spec);
 /* Creates `count` tensors (contents unspecified) in one request to the
  * allocator of record (TensorRegistry::create_many); out[i] is the
  * creator's share of specs[i]. All or nothing: on a failure (ALREADY_EXISTS
@@ -365,7 +230,7 @@ typedef struct memcuda_stats {
   uint64_t import_opens;
   uint64_t import_hits;
   uint64_t copies;       /* opted-in copies in place of zero copy (c/zero_copy.h) */
-  uint64_t copied_bytes; /* these two: left out for an older, smaller struct_size */
+  uint64_t copied_bytes;
 } memcuda_stats;
 
 MEMCUDA_C_EXPORT void memcuda_stats_init(memcuda_stats* stats);
@@ -438,7 +303,6 @@ MEMCUDA_C_EXPORT int memcuda_tensor_copy_to_host(const memcuda_tensor* t, void* 
  * (kDLCUDA or kDLCPU), holding its own share of the reference; the
  * consumer calls its deleter exactly once, from any thread; the deleter
  * only queues the release (no network I/O). Ownership passes to the caller. */
-struct DLManagedTensor;
 MEMCUDA_C_EXPORT int memcuda_tensor_to_dlpack(const memcuda_tensor* t, struct DLManagedTensor** out);
 
 /* ---- many handles at once (src/c_api/batch_views.cpp) -----------------------
@@ -486,15 +350,5 @@ MEMCUDA_C_EXPORT int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const*
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
-
-/* Declared apart, in the same C ABI: publishing from files
- * (memcuda_publish_safetensors), borrowed buffers (memcuda_share), the Arrow
- * export (memcuda_tensor_to_arrow), A/B model versions (memcuda_model_*) and
- * zero copy or an error (memcuda_tensor_check_device, memcuda_note_copy). */
-#include "memcuda/c/arrow.h"
-#include "memcuda/c/memcuda_publish.h"
-#include "memcuda/c/memcuda_share.h"
-#include "memcuda/c/model_ab.h"
-#include "memcuda/c/zero_copy.h"
 
 #endif /* MEMCUDA_C_MEMCUDA_H */

@@ -1,10 +1,10 @@
 /* The C ABI's publishing from files: a model's tensors created and filled
- * from a file in pieces, with bounded host memory. Included by
- * memcuda/c/memcuda.h; part of the same ABI. */
+ * from a file in pieces, with bounded host memory. Part of
+ * <memcuda/c/memcuda.h> (which includes this header). */
 #ifndef MEMCUDA_C_MEMCUDA_PUBLISH_H
 #define MEMCUDA_C_MEMCUDA_PUBLISH_H
 
-#include "memcuda/c/memcuda.h"
+#include "memcuda/c/common.h"
 
 #ifdef __cplusplus
 extern "C" {

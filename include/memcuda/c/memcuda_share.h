@@ -1,9 +1,10 @@
 /* The C ABI's borrowed buffers: memory this process already has, shared by
- * name without a copy. Included by memcuda/c/memcuda.h; part of the same ABI. */
+ * name without a copy. Part of
+ * <memcuda/c/memcuda.h> (which includes this header). */
 #ifndef MEMCUDA_C_MEMCUDA_SHARE_H
 #define MEMCUDA_C_MEMCUDA_SHARE_H
 
-#include "memcuda/c/memcuda.h"
+#include "memcuda/c/common.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,8 +53,9 @@ MEMCUDA_C_EXPORT int memcuda_share_many_dlpack(memcuda_registry* reg, const char
                                                const memcuda_share_options* opts, memcuda_tensor** out);
 
 /* From now on the registry no longer calls the caller's callbacks (share
- * release callbacks, DLPack deleters, Arrow release callbacks): whatever is
- * still borrowed is leaked instead. For a language runtime that is shutting
+ * release callbacks, DLPack deleters, Arrow release callbacks, a pool's
+ * upstream resource): whatever is still borrowed is leaked instead, and a
+ * slab the pool needs fails with MEMCUDA_ERR_UNAVAILABLE. For a language runtime that is shutting
  * down and cannot take a callback from a registry thread any more (the
  * Python package calls it from atexit). Irreversible; any thread. */
 MEMCUDA_C_EXPORT void memcuda_stop_callbacks(void);

@@ -1,9 +1,9 @@
 /* The C ABI's A/B model versions (C++: include/memcuda/model_ab.hpp),
- * part of memcuda/c/memcuda.h (which includes this file; include that one). */
+ * part of memcuda/c/memcuda.h (which includes this header). */
 #ifndef MEMCUDA_C_MODEL_AB_H
 #define MEMCUDA_C_MODEL_AB_H
 
-#include "memcuda/c/memcuda.h"
+#include "memcuda/c/common.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,10 +1,9 @@
 /* The C ABI of "zero copy or an error" (docs/design.md), part of
- * <memcuda/c/memcuda.h> (which includes this header; either may be included
- * first). */
+ * <memcuda/c/memcuda.h> (which includes this header). */
 #ifndef MEMCUDA_C_ZERO_COPY_H
 #define MEMCUDA_C_ZERO_COPY_H
 
-#include "memcuda/c/memcuda.h"
+#include "memcuda/c/common.h"
 
 #ifdef __cplusplus
 extern "C" {
