@@ -97,6 +97,10 @@ inline std::uint64_t get_le64(const unsigned char* p) {
 // Request: "MCFD" | version u8 | op u8 | flags u16 = 0 | count u16 | offer
 // u16 | reserved u32 = 0 | count ids u64 LE.
 inline std::string encode_request(const Request& r) {
+  // The counts travel as u16: more would wrap into a shorter, wrong request.
+  if (r.ids.size() > kMaxBatch || r.offer > kMaxBatch)
+    throw InvalidArgument("fd request of " + std::to_string(r.ids.size()) + " ids offering " +
+                          std::to_string(r.offer) + ", at most " + std::to_string(kMaxBatch));
   std::string out(kHeader + 8 * r.ids.size(), '\0');
   auto* p = reinterpret_cast<unsigned char*>(out.data());
   std::memcpy(p, kMagic, 4);
@@ -155,6 +159,9 @@ inline Status decode_request(std::string_view in, Request* out, std::string* why
 // entries, each: id u64 | status u8 | flags u8 | key length u16 | reserved
 // u32 | key. The fds ride along in entry order, one per ok entry.
 inline std::string encode_reply(const Reply& r) {
+  if (r.entries.size() > kMaxBatch)
+    throw InvalidArgument("fd reply of " + std::to_string(r.entries.size()) + " entries, at most " +
+                          std::to_string(kMaxBatch));
   const std::size_t n = r.message.size() < kMaxMessage ? r.message.size() : kMaxMessage;
   std::size_t size = kHeader + n, fds = 0;
   for (const auto& e : r.entries) {
