@@ -1,6 +1,5 @@
-// libFuzzer target: the desc field of a tensor Hash and the map-free record
-// reader the batch get uses (protocol/record_desc.hpp), each against
-// decode_record, the reference.
+// libFuzzer target: the desc field of a tensor Hash (protocol/record_desc.hpp)
+// against decode_record, the reference, and the record reader both share.
 //
 // Input format (every byte string is a valid input):
 //   - starting with "M1": the bytes are a desc, as the acquire_many script
@@ -8,7 +7,7 @@
 //     them (state ready, refcount 1, no event) with the desc's own epoch and
 //     generation;
 //   - anything else: Hash fields in fuzz_record's format (one "key=value"
-//     per line, \xNN escapes), fed to RecordReader as an HGETALL is.
+//     per line, \xNN escapes), decoded as an HGETALL is.
 //
 // Checks:
 //  - parse_desc, decode_desc and RecordReader throw nothing but
@@ -16,9 +15,7 @@
 //  - a parsed desc decodes exactly as decode_record decodes the same fields
 //    (accepted alike, to the same TensorInfo; rejected alike);
 //  - a desc that names another generation or epoch is refused;
-//  - encode_desc of an accepted record parses and decodes back to it;
-//  - RecordReader accepts and rejects what decode_record does, to the same
-//    TensorInfo.
+//  - encode_desc of an accepted record parses and decodes back to it.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -52,16 +49,6 @@ auto guarded(F&& f, const char* what) -> std::optional<decltype(f())> {
 
 std::optional<memcuda::TensorInfo> reference(const p::Fields& f) {
   return guarded([&] { return p::decode_record(f); }, "decode_record");
-}
-
-std::optional<memcuda::TensorInfo> via_reader(const p::Fields& f) {
-  return guarded(
-      [&] {
-        p::RecordReader r;
-        for (const auto& [k, v] : f) r.add(k, v);
-        return r.finish();
-      },
-      "RecordReader");
 }
 
 void fuzz_desc(std::string_view d) {
@@ -118,6 +105,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   const p::Fields fields = memcuda_fuzz::parse_fields(in);
-  MEMCUDA_FUZZ_CHECK(via_reader(fields) == reference(fields), "RecordReader and decode_record disagree");
+  (void)reference(fields);
   return 0;
 }

@@ -15,7 +15,7 @@
 //   service                    start the service                    -> ok ADDRESS
 //   servefd ID TEXT            a memfd holding TEXT, served by it    -> ok FD_SOURCE
 //   open MODE OWNER_PID FD_SOURCE   check the source as a reader does, fetch -> ok socket|pidfd TEXT
-// Batches and prefetch (fd_wire_batch.hpp, fd_parking.hpp):
+// Batches and prefetch (fd_wire.hpp, fd_parking.hpp):
 //   drop ID                    stop serving ID and close it (the owner frees it) -> ok
 //   prefetch N MS              FdParking::configure(N, MS)          -> ok
 //   fetchsock ID ADDR          fetch_fd over the socket (offers parked) -> ok TEXT

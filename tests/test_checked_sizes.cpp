@@ -9,7 +9,7 @@
 
 #include "memcuda/arrow_share.hpp"
 #include "memcuda/detail/base/checked.hpp"
-#include "memcuda/detail/fd/fd_wire_batch.hpp"
+#include "memcuda/detail/fd/fd_wire.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/share.hpp"
 #include "support/redis_server.hpp"
@@ -167,16 +167,16 @@ TEST_CASE("shapes at the 2^63 and 2^64 element edges are refused, not wrapped", 
 // Failed before the check: 2^16 + 1 ids went out with a count of 1.
 TEST_CASE("fd wire: a batch count past what the u16 header carries is refused when encoding", "[overflow][fd]") {
   namespace fdwire = detail::fdwire;
-  fdwire::BatchRequest r;
+  fdwire::Request r;
   r.ids.assign(65537, 1);
-  CHECK_THROWS_AS(fdwire::encode_batch_request(r), InvalidArgument);
+  CHECK_THROWS_AS(fdwire::encode_request(r), InvalidArgument);
   r.ids.assign(fdwire::kMaxBatch + 1, 1);
-  CHECK_THROWS_AS(fdwire::encode_batch_request(r), InvalidArgument);
-  fdwire::BatchReply rep;
+  CHECK_THROWS_AS(fdwire::encode_request(r), InvalidArgument);
+  fdwire::Reply rep;
   rep.entries.resize(fdwire::kMaxBatch + 1);
-  CHECK_THROWS_AS(fdwire::encode_batch_reply(rep), InvalidArgument);
+  CHECK_THROWS_AS(fdwire::encode_reply(rep), InvalidArgument);
   r.ids.assign(fdwire::kMaxBatch, 1);
-  CHECK(fdwire::encode_batch_request(r).size() == fdwire::kRequestSize + 8 * fdwire::kMaxBatch);
+  CHECK(fdwire::encode_request(r).size() == fdwire::kHeader + 8 * fdwire::kMaxBatch);
 }
 
 // Failed before the check: [2^40, 2^23, 0] is a valid empty shape (its strides

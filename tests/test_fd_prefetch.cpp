@@ -1,4 +1,4 @@
-// Batched fetches and prefetch over the fd socket (fd_wire_batch.hpp,
+// Batched fetches and prefetch over the fd socket (fd_wire.hpp,
 // fd_parking.hpp; docs/fd-transfer.md, "Batches and prefetch"), between
 // real processes (memcuda_fd_peer) with memfds. Every fetch here goes over
 // the socket (fetch_fd, fetch_many): what a reader in another pid namespace
@@ -69,82 +69,7 @@ struct Prefetch {
   ~Prefetch() { FdParking::instance().configure(FdParking::kDefaultOffer, FdParking::kDefaultWindow); }
 };
 
-// A server as versions before version 2 answered: version 1 only, requests
-// read into a 32-byte buffer, anything else refused and its connection closed.
-struct OldServer {
-  UniqueFd listen;
-  UniqueFd mem;
-  std::jthread t;
-  std::atomic<int> refused{0}, served{0};
-  explicit OldServer(const std::string& addr) {
-    sockaddr_un sa;
-    socklen_t len = fdwire::make_address(addr, &sa);
-    listen = fdwire::make_socket();
-    REQUIRE(::bind(listen.get(), reinterpret_cast<sockaddr*>(&sa), len) == 0);
-    REQUIRE(::listen(listen.get(), 8) == 0);
-    mem = UniqueFd(::memfd_create("memcuda-old", MFD_CLOEXEC));
-    REQUIRE(::write(mem.get(), "old", 3) == 3);
-    t = std::jthread([this](std::stop_token st) {
-      while (!st.stop_requested()) {
-        pollfd p{listen.get(), POLLIN, 0};
-        if (::poll(&p, 1, 50) <= 0) continue;
-        UniqueFd c(::accept4(listen.get(), nullptr, nullptr, SOCK_CLOEXEC));
-        for (;;) {  // one connection at a time, its requests in turn
-          pollfd q{c.get(), POLLIN, 0};
-          if (st.stop_requested() || ::poll(&q, 1, 500) <= 0) break;
-          fdwire::Received msg;
-          if (fdwire::recv_message(c.get(), fdwire::kRequestSize + 16, &msg) <= 0) break;
-          fdwire::Request req;
-          std::string why;
-          auto status = msg.truncated ? fdwire::Status::bad_request : fdwire::decode_request(msg.bytes, &req, &why);
-          if (status != fdwire::Status::ok) {
-            ++refused;
-            fdwire::send_message(c.get(), fdwire::encode_reply({status, 0, why.empty() ? "too long" : why}));
-            break;  // closed, as the old server did
-          }
-          ++served;
-          fdwire::send_message(c.get(), fdwire::encode_reply({fdwire::Status::ok, req.id, {}}), mem.get());
-        }
-      }
-    });
-  }
-};
-
 }  // namespace
-
-TEST_CASE("fd wire version 2 round-trips and rejects what it does not define", "[fd]") {
-  fdwire::BatchRequest r{{1, 2, 0x0102030405060708ull}, 9};
-  std::string enc = fdwire::encode_batch_request(r);
-  CHECK(enc.size() == 16 + 3 * 8);
-  fdwire::BatchRequest back;
-  std::string why;
-  REQUIRE(fdwire::decode_batch_request(enc, &back, &why) == fdwire::Status::ok);
-  CHECK(back.ids == r.ids);
-  CHECK(back.offer == 9);
-  CHECK(fdwire::decode_batch_request(enc.substr(0, enc.size() - 1), &back, &why) == fdwire::Status::bad_request);
-  std::string zero = fdwire::encode_batch_request({{}, 0});
-  CHECK(fdwire::decode_batch_request(zero, &back, &why) == fdwire::Status::bad_request);
-
-  fdwire::BatchReply rep;
-  rep.entries.resize(2);
-  rep.entries[0].id = 5;
-  rep.entries[0].key = "host:s:5";
-  rep.entries[1].id = 6;
-  rep.entries[1].status = fdwire::Status::unknown_id;
-  rep.entries[1].offered = true;
-  std::string bytes = fdwire::encode_batch_reply(rep);
-  fdwire::BatchReply got;
-  std::size_t fds = 0;
-  REQUIRE(fdwire::decode_batch_reply(bytes, &got, &fds, &why));
-  CHECK(fds == 1);
-  REQUIRE(got.entries.size() == 2);
-  CHECK(got.entries[0].key == "host:s:5");
-  CHECK(got.entries[1].status == fdwire::Status::unknown_id);
-  CHECK(got.entries[1].offered);
-  CHECK_FALSE(fdwire::decode_batch_reply(bytes + "x", &got, &fds, &why));
-  // A version 1 server's answer to it is no version 2 reply.
-  CHECK_FALSE(fdwire::decode_batch_reply(fdwire::encode_reply({fdwire::Status::bad_version, 0, "v"}), &got, &fds, &why));
-}
 
 TEST_CASE("a batched fetch returns the fd of every id asked for, an unknown or withdrawn id failing alone", "[fd]") {
   Prefetch off(0, 10s);
@@ -251,29 +176,4 @@ TEST_CASE("a parked fd goes when its allocation is freed, after its window, and 
   CHECK(server_counts(big).second > static_cast<int>(FdParking::kMaxParked));
   CHECK(parking(reader)[0] == static_cast<int>(FdParking::kMaxParked));
   CHECK(reader.ask("memfds") == "ok " + std::to_string(FdParking::kMaxParked));
-}
-
-TEST_CASE("a reader of this version and a server of the last one still exchange fds", "[fd]") {
-  const std::string addr = unique_address("old");
-  OldServer old(addr);
-  Prefetch on(64, 10s);
-  // A version 2 request is refused; the reader asks again in version 1,
-  // from then on only so.
-  CHECK(read_fd(fetch_fd(addr, 1, 2s).get()) == "old");
-  CHECK(old.refused == 1);
-  CHECK(old.served == 1);
-  auto got = fetch_many(addr, {2, 3, 4}, 2s);
-  REQUIRE(got.size() == 3);
-  for (auto& b : got) {
-    std::string why;
-    if (!b.fd) try {
-        std::rethrow_exception(b.error);
-      } catch (const std::exception& e) {
-        why = e.what();
-      }
-    INFO(why);
-    CHECK((b.fd && read_fd(b.fd.get()) == "old"));
-  }
-  CHECK(old.refused == 1);
-  CHECK(old.served == 4);
 }

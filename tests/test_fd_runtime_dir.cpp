@@ -114,7 +114,7 @@ TEST_CASE("runtime directory: names, paths and id lists are parsed strictly", "[
   }
 }
 
-TEST_CASE("fd sources: a socket in the reader's own runtime directory, or the old abstract form", "[security][fd]") {
+TEST_CASE("fd sources: only a socket in the reader's own runtime directory", "[security][fd]") {
   ServedSource s;
   s.id = 1;
   s.source.pid = 4242;
@@ -123,12 +123,11 @@ TEST_CASE("fd sources: a socket in the reader's own runtime directory, or the ol
   s.source.address = dir + "/" + name;
   CHECK_NOTHROW(check_fd_source(s, 4242, "t", dir));
   CHECK_THROWS_AS(check_fd_source(s, 4243, "t", dir), ProtocolError);  // not the record's owner
-  s.source.address = "@memcuda-fd-4242-0123456789abcdef";                // written by an older version
-  CHECK_NOTHROW(check_fd_source(s, 4242, "t", dir));
   for (const std::string& bad :
        {"/tmp/" + name, dir + "/sub/" + name, dir + "/../memcuda/" + name, dir + "x/" + name,
         dir + "/" + socket_name(4243, 4026531836, 1), dir + "/fd-4242.sock", std::string("/etc/passwd"),
-        std::string("@some-other-program"), "@" + dir + "/" + name, dir + "/" + name + "/"}) {
+        std::string("@some-other-program"), "@" + dir + "/" + name, dir + "/" + name + "/",
+        std::string("@memcuda-fd-4242-0123456789abcdef")}) {
     INFO(bad);
     s.source.address = bad;
     try {

@@ -88,41 +88,66 @@ fdwire::Reply raw_exchange(const std::string& addr, const std::string& bytes, in
   socklen_t len = fdwire::make_address(addr, &sa);
   UniqueFd s = fdwire::make_socket();
   REQUIRE(::connect(s.get(), reinterpret_cast<sockaddr*>(&sa), len) == 0);
-  REQUIRE(fdwire::send_message(s.get(), bytes, fd) == static_cast<ssize_t>(bytes.size()));
+  std::vector<int> fds;
+  if (fd >= 0) fds.push_back(fd);
+  REQUIRE(fdwire::send_message(s.get(), bytes, fds) == static_cast<ssize_t>(bytes.size()));
   pollfd p{s.get(), POLLIN, 0};
   REQUIRE(::poll(&p, 1, 5000) == 1);
   fdwire::Received msg;
   REQUIRE(fdwire::recv_message(s.get(), fdwire::kMaxReply, &msg) > 0);
-  CHECK_FALSE(msg.fd);  // an error never carries an fd
+  CHECK(msg.fds.empty());  // an error never carries an fd
   fdwire::Reply r;
+  std::size_t n = 0;
   std::string why;
-  REQUIRE(fdwire::decode_reply(msg.bytes, &r, &why));
+  REQUIRE(fdwire::decode_reply(msg.bytes, &r, &n, &why));
+  CHECK(r.entries.empty());
   return r;
 }
 
 }  // namespace
 
 TEST_CASE("fd wire format round-trips and rejects what it does not define", "[fd]") {
-  std::string req = fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, 0x0102030405060708ull});
-  REQUIRE(req.size() == 16);
-  CHECK(req.substr(0, 4) == "MCFD");
-  CHECK(static_cast<unsigned char>(req[8]) == 0x08);  // little-endian id
-  fdwire::Request r;
+  fdwire::Request r{{1, 2, 0x0102030405060708ull}, 9};
+  std::string enc = fdwire::encode_request(r);
+  REQUIRE(enc.size() == 16 + 3 * 8);
+  CHECK(enc.substr(0, 4) == "MCFD");
+  CHECK(static_cast<unsigned char>(enc[16 + 16]) == 0x08);  // little-endian ids
+  fdwire::Request back;
   std::string why;
-  CHECK(fdwire::decode_request(req, &r, &why) == fdwire::Status::ok);
-  CHECK(r.id == 0x0102030405060708ull);
+  REQUIRE(fdwire::decode_request(enc, &back, &why) == fdwire::Status::ok);
+  CHECK(back.ids == r.ids);
+  CHECK(back.offer == 9);
+  CHECK(fdwire::decode_request(enc.substr(0, enc.size() - 1), &back, &why) == fdwire::Status::bad_request);
+  CHECK(fdwire::decode_request(fdwire::encode_request({{}, 0}), &back, &why) == fdwire::Status::bad_request);
 
   fdwire::Reply rep;
-  std::string long_msg(1000, 'x');
-  std::string enc = fdwire::encode_reply({fdwire::Status::refused, 7, long_msg});
-  CHECK(enc.size() == fdwire::kMaxReply);  // messages are cut at the limit
-  REQUIRE(fdwire::decode_reply(enc, &rep, &why));
-  CHECK(rep.status == fdwire::Status::refused);
-  CHECK(rep.message.size() == fdwire::kMaxMessage);
-  CHECK_FALSE(fdwire::decode_reply(enc.substr(0, enc.size() - 1), &rep, &why));  // length mismatch
-  std::string bad_status = fdwire::encode_reply({fdwire::Status::ok, 1, {}});
+  rep.entries.resize(2);
+  rep.entries[0].id = 5;
+  rep.entries[0].key = "host:s:5";
+  rep.entries[1].id = 6;
+  rep.entries[1].status = fdwire::Status::unknown_id;
+  rep.entries[1].offered = true;
+  std::string bytes = fdwire::encode_reply(rep);
+  fdwire::Reply got;
+  std::size_t fds = 0;
+  REQUIRE(fdwire::decode_reply(bytes, &got, &fds, &why));
+  CHECK(fds == 1);
+  REQUIRE(got.entries.size() == 2);
+  CHECK(got.entries[0].key == "host:s:5");
+  CHECK(got.entries[1].status == fdwire::Status::unknown_id);
+  CHECK(got.entries[1].offered);
+  CHECK_FALSE(fdwire::decode_reply(bytes + "x", &got, &fds, &why));
+  std::string bad_status = bytes;
   bad_status[5] = 9;
-  CHECK_FALSE(fdwire::decode_reply(bad_status, &rep, &why));
+  CHECK_FALSE(fdwire::decode_reply(bad_status, &got, &fds, &why));
+
+  // Messages are cut at the limit.
+  std::string cut = fdwire::encode_reply({fdwire::Status::refused, std::string(1000, 'x'), {}});
+  CHECK(cut.size() == fdwire::kHeader + fdwire::kMaxMessage);
+  REQUIRE(fdwire::decode_reply(cut, &got, &fds, &why));
+  CHECK(got.status == fdwire::Status::refused);
+  CHECK(got.message.size() == fdwire::kMaxMessage);
+  CHECK_FALSE(fdwire::decode_reply(cut.substr(0, cut.size() - 1), &got, &fds, &why));  // length mismatch
 
   sockaddr_un sa;
   CHECK_THROWS_AS(fdwire::make_address("", &sa), memcuda::InvalidArgument);
@@ -134,26 +159,29 @@ TEST_CASE("an fd server answers malformed requests with errors and keeps serving
   ServedHere here({addr});
   UniqueFd mem = make_memfd("still-served");
   here.srv.add(5, mem.get());
-  std::string good = fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, 5});
+  std::string good = fdwire::encode_request({{5}, 0});
 
   struct Case {
     const char* name;
     std::string bytes;
     fdwire::Status want;
   };
-  std::string v2 = good, op = good, reserved = good, magic = good;
-  v2[4] = 3;  // 2 is the batch version (test_fd_prefetch.cpp)
+  std::string version = good, op = good, reserved = good, magic = good, count = good;
+  version[4] = 2;
   op[5] = 9;
   reserved[7] = 1;
   magic[0] = 'X';
+  count[8] = 0;
   std::vector<Case> cases = {
       {"garbage", "hello", fdwire::Status::bad_request},
       {"wrong magic", magic, fdwire::Status::bad_request},
-      {"future version", v2, fdwire::Status::bad_version},
+      {"another version", version, fdwire::Status::bad_version},
       {"unknown op", op, fdwire::Status::bad_request},
       {"reserved bytes set", reserved, fdwire::Status::bad_request},
+      {"no ids", count, fdwire::Status::bad_request},
       {"one byte too long", good + "x", fdwire::Status::bad_request},
-      {"one byte short", good.substr(0, 15), fdwire::Status::bad_request},
+      {"one byte short", good.substr(0, good.size() - 1), fdwire::Status::bad_request},
+      {"header only", good.substr(0, 15), fdwire::Status::bad_request},
       {"far too long", good + std::string(4000, 'z'), fdwire::Status::bad_request},
   };
   for (auto& c : cases) {

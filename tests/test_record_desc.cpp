@@ -44,11 +44,11 @@ TensorInfo host_record() {
   t.device = -1;
   t.bytes = 64 * 32 * 2;
   t.backend = BackendKind::host;
-  t.ipc_handle = "/memcuda.9949-f10d2887daff886b.1";
+  t.ipc_handle = "host:9949-f10d2887daff886b:1";
   t.offset = 4096;
   t.alloc_bytes = 33554432;
   t.alloc_id = 7;
-  t.alloc_kind = "host_shm";
+  t.alloc_kind = "host_memfd";
   t.refcount = 3;
   t.state = TensorState::ready;
   t.generation = 1795452580450673;

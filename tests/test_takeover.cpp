@@ -423,14 +423,14 @@ TEST_CASE("records say their allocation kind, and a reader of another kind gets 
   t.backend = BackendKind::host;
   t.device = -1;
   t.state = TensorState::ready;
-  t.ipc_handle = "/memcuda.test-kind.1";
+  t.ipc_handle = "host:test-kind:1";
   t.alloc_bytes = 256;
-  t.alloc_kind = "host_shm";
+  t.alloc_kind = "host_memfd";
   auto f = protocol::encode_record(t);
-  CHECK(std::count(f.begin(), f.end(), std::pair<std::string, std::string>{"alloc_kind", "host_shm"}) == 1);
+  CHECK(std::count(f.begin(), f.end(), std::pair<std::string, std::string>{"alloc_kind", "host_memfd"}) == 1);
   CHECK(protocol::decode_record(f) == t);
 
-  // written before the field existed: absent, read as the legacy kind
+  // without the field: absent, read back empty
   TensorInfo old = t;
   old.alloc_kind.clear();
   auto fo = protocol::encode_record(old);
@@ -450,7 +450,7 @@ TEST_CASE("records say their allocation kind, and a reader of another kind gets 
     CHECK(contains(e.what(), "host_memfd"));
   }
   CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(vmm));
-  // an older version's shm object is read, never adopted (the copy path saves it)
+  // a record naming no fd this process holds is never adopted (the copy path saves it)
   CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(t));
   CHECK_FALSE(detail::backend_for(BackendKind::host).can_adopt(old));
   TensorInfo memfd = t;

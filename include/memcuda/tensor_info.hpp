@@ -76,9 +76,9 @@ struct TensorInfo {
   std::uint64_t offset = 0;                  // "offset", of the tensor in the exported allocation
   std::uint64_t alloc_bytes = 0;             // "alloc_bytes", size of the exported allocation
   std::uint64_t alloc_id = 0;                // "alloc_id", unique per allocator
-  // "alloc_kind": how ipc_handle is opened, "host_shm", "cuda_ipc" or
-  // "cuda_vmm_fd" (ipc_handle is then a unique key, not a handle); "" in records written before the field existed
-  // (read as the backend's legacy kind: host_shm or cuda_ipc).
+  // "alloc_kind": how ipc_handle is opened, "host_memfd", "cuda_ipc" or
+  // "cuda_vmm_fd" (ipc_handle is then a unique key, not a handle); "" in a
+  // cuda record written before the field existed (read as cuda_ipc).
   std::string alloc_kind;
   // "fd_source": for "cuda_vmm_fd", where an importer obtains the
   // allocation's fd: "v1;<served id>;<owner pid>;<fd number>;<st_dev>;<st_ino>;<fd

@@ -255,10 +255,6 @@ class TensorRegistry {
                                                    const GetOptions& opts);
   std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want,
                                                    StreamHandle stream);
-  // The handle of a reference just taken. If its constructor throws (a
-  // device this process cannot see, bad_alloc), the reference is given back
-  // rather than leaked until the session ends.
-  std::shared_ptr<detail::TensorHandle> make_handle(detail::Opened&& o);
   // get(name, stream): makes `stream` wait for the producer's last publish.
   static void wait_for_event(const TensorInfo& info, StreamHandle stream);
 

@@ -88,11 +88,11 @@ std::vector<HolderView> holders_of(const TensorInfo& t) {
   return hs;
 }
 
-// The record's alloc_kind; a record written before the field existed
-// reads as its backend's legacy kind (docs/protocol.md).
+// The record's alloc_kind; a record without the field reads as its
+// backend's first kind (docs/protocol.md).
 std::string alloc_kind_text(const TensorInfo& t) {
   if (!t.alloc_kind.empty()) return t.alloc_kind;
-  return t.backend == BackendKind::cuda ? "cuda_ipc" : "host_shm";
+  return t.backend == BackendKind::cuda ? "cuda_ipc" : "host_memfd";
 }
 
 // `info --json`: the record, every field, and each holder's process.
@@ -105,9 +105,6 @@ json::object info_json(const TensorInfo& t, const std::vector<HolderView>& holde
   o["this_node"] = same_node;
   o["ipc_handle"] = hex(t.ipc_handle);
   o["ipc_handle_bytes"] = t.ipc_handle.size();
-  // A host record of an older version names a /dev/shm object; a
-  // host_memfd one names a key (its memory has no name in /dev/shm).
-  if (alloc_kind_text(t) == "host_shm") o["shm_name"] = t.ipc_handle;
   if (!t.fd_source.empty()) o["fd_source"] = t.fd_source;
   o["offset"] = t.offset;
   o["alloc_bytes"] = t.alloc_bytes;
@@ -141,7 +138,6 @@ void print_info(const TensorInfo& t, const std::vector<HolderView>& holders, std
   auto opt = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
   std::string handle = t.ipc_handle.empty() ? "-" : hex(t.ipc_handle);
   handle += " (" + std::to_string(t.ipc_handle.size()) + " bytes";
-  if (alloc_kind_text(t) == "host_shm" && !t.ipc_handle.empty()) handle += ", shm object " + t.ipc_handle;
   if (alloc_kind_text(t) == "host_memfd") handle += ", memfd " + t.ipc_handle;
   handle += ")";
   std::cout << key_values({

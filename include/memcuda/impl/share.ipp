@@ -15,7 +15,7 @@ SharedTensor<void> TensorRegistry::share(std::string_view name, void* data, DTyp
   auto& c = core();
   const auto token = c.holdings.begin();  // a later get() of the name shares this handle
   auto o = detail::share_buffer(c, name, data, dtype, std::move(shape), opts);
-  return SharedTensor<void>(detail::remember(c, make_handle(std::move(o)), token));
+  return SharedTensor<void>(detail::remember(c, detail::handle_of(core_, std::move(o)), token));
 }
 
 std::map<std::string, SharedTensor<void>> TensorRegistry::share_many(std::vector<ShareRequest> items) {
@@ -31,7 +31,7 @@ std::map<std::string, SharedTensor<void>> TensorRegistry::share_many(std::vector
     }
     auto& o = std::get<detail::Opened>(r);
     std::string name = o.info.name;
-    out.emplace(std::move(name), SharedTensor<void>(detail::remember(c, make_handle(std::move(o)), token)));
+    out.emplace(std::move(name), SharedTensor<void>(detail::remember(c, detail::handle_of(core_, std::move(o)), token)));
   }
   if (first) {
     out.clear();  // their releases unregister them

@@ -173,7 +173,7 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_
   }
   const auto token = c.holdings.begin();  // reference sharing: a later get shares the creator's handle
   auto o = c.client.create(std::move(cmd));
-  return detail::remember(c, make_handle(std::move(o)), token);
+  return detail::remember(c, detail::handle_of(core_, std::move(o)), token);
 }
 
 // get(): a name this registry holds is shared from the reference cache (no
@@ -196,17 +196,6 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_vie
   else if (g.handle->info().backend == BackendKind::cuda)
     g.handle->wait_published(stream);
   return std::move(g.handle);
-}
-
-std::shared_ptr<detail::TensorHandle> TensorRegistry::make_handle(detail::Opened&& o) {
-  std::string name = o.info.name;
-  const std::uint64_t gen = o.info.generation;
-  try {
-    return std::make_shared<detail::TensorHandle>(core_, std::move(o.info), o.data, std::move(o.keep));
-  } catch (...) {
-    detail::Core::release_later(core_, std::move(name), gen);
-    throw;
-  }
 }
 
 void TensorRegistry::wait_for_event(const TensorInfo& info, StreamHandle stream) {

@@ -9,6 +9,7 @@
 #include "memcuda/config.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -122,199 +123,232 @@ inline Fields encode_record(const TensorInfo& t) {
   return out;
 }
 
-namespace detail {
+struct DescView;  // record_desc.hpp
 
-// decode_record's reading of one record: its fields by name (holders apart),
-// and how a bad one is reported, naming the record and the field.
-class RecordDecoder {
+// Decodes Hash fields given one at a time (views that must outlive
+// finish()) into a TensorInfo: from a Fields (decode_record), straight from
+// an HGETALL reply, or from a desc (record_desc.hpp), without building a map
+// per record. Unknown fields (desc, dict, ...) are ignored; "holder:<id>"
+// fields fill holders. finish() throws ProtocolError(bad_record), naming
+// the field, when a required field (name, dtype, shape, bytes, backend,
+// state, generation, refcount, device, ipc_handle, and alloc_bytes once not
+// pending) is missing, a field appears twice, or a value does not parse or
+// is inconsistent: bytes must equal byte_size(dtype, shape); device is -1
+// for host and 0..1023 for cuda; once the tensor is not pending, ipc_handle
+// is 64 bytes for cuda and non-empty for host, and offset + bytes <=
+// alloc_bytes; event_handle is empty or 64 bytes; refcount and holder
+// counts are >= 0. Optional fields that are absent keep TensorInfo's
+// default values.
+class RecordReader {
  public:
-  explicit RecordDecoder(const Fields& fields) {
-    namespace f = record_field;
-    for (const auto& [k, v] : fields)
-      if (k == f::name && memcuda::is_valid_name(v)) who_ = "tensor record \"" + v + "\"";
-    for (const auto& [k, v] : fields) {
-      std::string_view key = k;
-      if (key.starts_with(f::holder_prefix)) {
-        std::string id(key.substr(f::holder_prefix.size()));
-        if (id.empty()) bad(key, "names no holder");
-        auto n = parse_decimal<std::int64_t>(v);
-        if (!n || *n < 0) bad(key, "is " + shown(v) + ", expected an integer >= 0");
-        if (!t.holders.emplace(std::move(id), *n).second) bad(key, "appears twice");
-        continue;
-      }
-      if (!by_name_.emplace(key, v).second) bad(key, "appears twice");
+  void add(std::string_view k, std::string_view v) {
+    if (k.starts_with(record_field::holder_prefix)) {
+      holders_.emplace_back(k, v);
+      return;
     }
+    if (const int i = index_of(k); i >= 0) set(i, v);
+  }
+  // Adds the fields of a parsed desc, its epoch and generation included
+  // (defined in record_desc.hpp).
+  void add(const DescView& d);
+
+  TensorInfo finish() const {
+    TensorInfo t;
+    finish_holders(t);
+    finish_identity(t);
+    finish_placement(t);
+    finish_optional(t);
+    finish_texts(t);
+    return t;
   }
 
+ private:
   [[noreturn]] void bad(std::string_view field, const std::string& why) const {
-    fail(ProtocolErrc::bad_record, who_ + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
+    std::string who = "tensor record";  // made only on failure: it costs an allocation
+    if (has(kName) && memcuda::is_valid_name(v_[kName])) who += " \"" + std::string(v_[kName]) + "\"";
+    detail::fail(ProtocolErrc::bad_record, who + ": field \"" + memcuda::detail::rules::printable(field) + "\" " + why);
   }
-  std::string_view required(std::string_view field) const {
-    auto it = by_name_.find(field);
-    if (it == by_name_.end()) bad(field, "is missing");
-    return it->second;
-  }
-  std::optional<std::string_view> optional_field(std::string_view field) const {
-    auto it = by_name_.find(field);
-    if (it == by_name_.end()) return std::nullopt;
-    return it->second;
+  std::string_view required(int i) const {
+    if (!has(i)) bad(kNames[i], "is missing");
+    return v_[i];
   }
   static std::string shown(std::string_view v) { return "\"" + memcuda::detail::rules::printable(v) + "\""; }
   std::int64_t as_i64(std::string_view field, std::string_view v) const {
-    auto n = parse_decimal<std::int64_t>(v);
+    auto n = detail::parse_decimal<std::int64_t>(v);
     if (!n) bad(field, "is " + shown(v) + ", expected a decimal int64");
     return *n;
   }
   std::uint64_t as_u64(std::string_view field, std::string_view v) const {
-    auto n = parse_decimal<std::uint64_t>(v);
+    auto n = detail::parse_decimal<std::uint64_t>(v);
     if (!n) bad(field, "is " + shown(v) + ", expected a decimal uint64");
     return *n;
   }
 
-  TensorInfo t;  // what is decoded so far
+  void finish_holders(TensorInfo& t) const {
+    namespace f = record_field;
+    for (const auto& [k, v] : holders_) {
+      std::string id(k.substr(f::holder_prefix.size()));
+      if (id.empty()) bad(k, "names no holder");
+      auto n = detail::parse_decimal<std::int64_t>(v);
+      if (!n || *n < 0) bad(k, "is \"" + memcuda::detail::rules::printable(v) + "\", expected an integer >= 0");
+      if (!t.holders.emplace(std::move(id), *n).second) bad(k, "appears twice");
+    }
+    if (!dup_.empty()) bad(dup_, "appears twice");
+  }
 
- private:
-  std::map<std::string_view, std::string_view> by_name_;
-  std::string who_ = "tensor record";
+  // name, dtype, shape and bytes, which must agree.
+  void finish_identity(TensorInfo& t) const {
+    namespace f = record_field;
+    std::string_view name = required(kName);
+    if (!is_valid_name(name)) bad(f::name, "is " + shown(name) + ", not a valid tensor name");
+    t.name = std::string(name);
+
+    std::string_view dt = required(kDtype);
+    auto dtype = dtype_from_string(dt);
+    if (!dtype) bad(f::dtype, "is " + shown(dt) + ", not a dtype");
+    t.dtype = *dtype;
+
+    std::string_view sh = required(kShape);
+    try {
+      t.shape = shape_from_string(sh);
+    } catch (const ProtocolError& e) {
+      bad(f::shape, "is " + shown(sh) + ": " + e.what());
+    }
+
+    t.bytes = as_u64(f::bytes, required(kBytes));
+    std::uint64_t expected = 0;
+    try {
+      expected = byte_size(t.dtype, t.shape);
+    } catch (const ProtocolError& e) {
+      bad(f::shape, std::string("does not give a valid size: ") + e.what());
+    }
+    if (t.bytes != expected)
+      bad(f::bytes, "is " + std::to_string(t.bytes) + " but " + std::string(to_string(t.dtype)) + " " +
+                        shape_to_string(t.shape) + " needs " + std::to_string(expected));
+  }
+
+  // backend, state, generation, refcount, device and ipc_handle.
+  void finish_placement(TensorInfo& t) const {
+    namespace f = record_field;
+    std::string_view be = required(kBackend);
+    auto backend = backend_from_string(be);
+    if (!backend) bad(f::backend, "is " + shown(be) + ", expected \"cuda\" or \"host\"");
+    t.backend = *backend;
+
+    std::string_view st = required(kState);
+    auto state = state_from_string(st);
+    if (!state) bad(f::state, "is " + shown(st) + ", expected \"pending\", \"ready\" or \"lost\"");
+    t.state = *state;
+
+    t.generation = as_u64(f::generation, required(kGeneration));
+    t.refcount = as_i64(f::refcount, required(kRefcount));
+    if (t.refcount < 0) bad(f::refcount, "is " + std::to_string(t.refcount) + ", expected >= 0");
+
+    std::int64_t device = as_i64(f::device, required(kDevice));
+    if (t.backend == BackendKind::host && device != -1)
+      bad(f::device, "is " + std::to_string(device) + ", expected -1 for a host tensor");
+    if (t.backend == BackendKind::cuda && (device < 0 || device > protocol::kMaxDevice))
+      bad(f::device, "is " + std::to_string(device) + ", expected 0..1023 for a cuda tensor");
+    t.device = static_cast<int>(device);
+
+    t.ipc_handle = std::string(required(kIpcHandle));
+    if (t.state != TensorState::pending) {
+      if (t.backend == BackendKind::cuda && t.ipc_handle.size() != kIpcHandleBytes)
+        bad(f::ipc_handle, "is " + std::to_string(t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
+      if (t.backend == BackendKind::host && t.ipc_handle.empty())
+        bad(f::ipc_handle, "is empty, expected the allocation key of a host tensor");
+    }
+  }
+
+  // The optional numbers: absent ones keep TensorInfo's defaults.
+  void finish_optional(TensorInfo& t) const {
+    namespace f = record_field;
+    if (has(kCtime)) t.ctime_ms = as_i64(f::ctime, v_[kCtime]);
+    if (has(kNode)) t.node = std::string(v_[kNode]);
+    if (has(kDeviceUuid)) t.device_uuid = std::string(v_[kDeviceUuid]);
+    if (has(kOffset)) t.offset = as_u64(f::offset, v_[kOffset]);
+    if (t.state != TensorState::pending || has(kAllocBytes)) {
+      t.alloc_bytes = as_u64(f::alloc_bytes, required(kAllocBytes));
+      if (t.state != TensorState::pending && (t.offset > t.alloc_bytes || t.bytes > t.alloc_bytes - t.offset))
+        bad(f::alloc_bytes, "is " + std::to_string(t.alloc_bytes) + ", too small for offset " +
+                                std::to_string(t.offset) + " + bytes " + std::to_string(t.bytes));
+    }
+    if (has(kAllocId)) t.alloc_id = as_u64(f::alloc_id, v_[kAllocId]);
+    if (has(kEpoch)) t.epoch = as_u64(f::epoch, v_[kEpoch]);
+    if (has(kOwner)) t.owner = std::string(v_[kOwner]);
+    if (has(kOwnerPid)) t.owner_pid = as_i64(f::owner_pid, v_[kOwnerPid]);
+    if (has(kCreateId)) t.create_id = std::string(v_[kCreateId]);
+    if (has(kEventHandle)) {
+      t.event_handle = std::string(v_[kEventHandle]);
+      if (!t.event_handle.empty() && t.event_handle.size() != kIpcHandleBytes)
+        bad(f::event_handle, "is " + std::to_string(t.event_handle.size()) + " bytes, expected 0 or 64");
+    }
+    if (has(kEventVersion)) t.event_version = as_u64(f::event_version, v_[kEventVersion]);
+  }
+
+  // The optional texts and flags, checked for their alphabet.
+  void finish_texts(TensorInfo& t) const {
+    namespace f = record_field;
+    if (has(kAllocKind)) {
+      std::string_view v = v_[kAllocKind];
+      if (v.empty() || v.size() > 64 || !std::all_of(v.begin(), v.end(), [](char c) {
+            return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+          }))
+        bad(f::alloc_kind, "is " + shown(v) + ", expected a kind such as \"host_memfd\" or \"cuda_vmm_fd\"");
+      t.alloc_kind = std::string(v);
+    }
+    if (has(kFdSource)) {
+      std::string_view v = v_[kFdSource];
+      if (v.size() > 512 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+        bad(f::fd_source, "is " + shown(v) + ", expected printable text of at most 512 bytes");
+      t.fd_source = std::string(v);
+    }
+    if (has(kBorrowed)) {
+      std::string_view v = v_[kBorrowed];
+      if (v != "1" && v != "0") bad(f::borrowed, "is " + shown(v) + ", expected \"1\" or \"0\"");
+      t.borrowed = v == "1";
+    }
+  }
+
+  // The fields a record has; index = bit in seen_.
+  enum : int {
+    kName, kDtype, kShape, kCtime, kNode, kDevice, kDeviceUuid, kBytes, kBackend, kIpcHandle, kOffset,
+    kAllocBytes, kAllocId, kAllocKind, kRefcount, kState, kGeneration, kEpoch, kOwner, kOwnerPid, kCreateId,
+    kEventHandle, kEventVersion, kFdSource, kBorrowed, kCount
+  };
+  static constexpr std::array<std::string_view, kCount> kNames = {
+      record_field::name,        record_field::dtype,        record_field::shape,      record_field::ctime,
+      record_field::node,        record_field::device,       record_field::device_uuid, record_field::bytes,
+      record_field::backend,     record_field::ipc_handle,   record_field::offset,     record_field::alloc_bytes,
+      record_field::alloc_id,    record_field::alloc_kind,   record_field::refcount,   record_field::state,
+      record_field::generation,  record_field::epoch,        record_field::owner,      record_field::owner_pid,
+      record_field::create_id,   record_field::event_handle, record_field::event_version,
+      record_field::fd_source,   record_field::borrowed};
+
+  static int index_of(std::string_view k) noexcept {
+    for (int i = 0; i < kCount; ++i)
+      if (k == kNames[i]) return i;
+    return -1;
+  }
+  bool has(int i) const noexcept { return (seen_ >> i) & 1u; }
+  void set(int i, std::string_view v) noexcept {
+    const std::uint32_t bit = 1u << i;
+    if (seen_ & bit) dup_ = kNames[i];
+    seen_ |= bit;
+    v_[i] = v;
+  }
+
+  std::array<std::string_view, kCount> v_{};
+  std::uint32_t seen_ = 0;
+  std::string_view dup_;  // a field given twice
+  std::vector<std::pair<std::string_view, std::string_view>> holders_;
 };
 
-// name, dtype, shape and bytes, which must agree.
-inline void decode_identity(RecordDecoder& d) {
-  namespace f = record_field;
-  std::string_view name = d.required(f::name);
-  if (!is_valid_name(name)) d.bad(f::name, "is " + RecordDecoder::shown(name) + ", not a valid tensor name");
-  d.t.name = std::string(name);
-
-  std::string_view dt = d.required(f::dtype);
-  auto dtype = dtype_from_string(dt);
-  if (!dtype) d.bad(f::dtype, "is " + RecordDecoder::shown(dt) + ", not a dtype");
-  d.t.dtype = *dtype;
-
-  std::string_view sh = d.required(f::shape);
-  try {
-    d.t.shape = shape_from_string(sh);
-  } catch (const ProtocolError& e) {
-    d.bad(f::shape, "is " + RecordDecoder::shown(sh) + ": " + e.what());
-  }
-
-  d.t.bytes = d.as_u64(f::bytes, d.required(f::bytes));
-  std::uint64_t expected = 0;
-  try {
-    expected = byte_size(d.t.dtype, d.t.shape);
-  } catch (const ProtocolError& e) {
-    d.bad(f::shape, std::string("does not give a valid size: ") + e.what());
-  }
-  if (d.t.bytes != expected)
-    d.bad(f::bytes, "is " + std::to_string(d.t.bytes) + " but " + std::string(to_string(d.t.dtype)) + " " +
-                        shape_to_string(d.t.shape) + " needs " + std::to_string(expected));
-}
-
-// backend, state, generation, refcount, device and ipc_handle.
-inline void decode_placement(RecordDecoder& d) {
-  namespace f = record_field;
-  std::string_view be = d.required(f::backend);
-  auto backend = backend_from_string(be);
-  if (!backend) d.bad(f::backend, "is " + RecordDecoder::shown(be) + ", expected \"cuda\" or \"host\"");
-  d.t.backend = *backend;
-
-  std::string_view st = d.required(f::state);
-  auto state = state_from_string(st);
-  if (!state) d.bad(f::state, "is " + RecordDecoder::shown(st) + ", expected \"pending\", \"ready\" or \"lost\"");
-  d.t.state = *state;
-
-  d.t.generation = d.as_u64(f::generation, d.required(f::generation));
-  d.t.refcount = d.as_i64(f::refcount, d.required(f::refcount));
-  if (d.t.refcount < 0) d.bad(f::refcount, "is " + std::to_string(d.t.refcount) + ", expected >= 0");
-
-  std::int64_t device = d.as_i64(f::device, d.required(f::device));
-  if (d.t.backend == BackendKind::host && device != -1)
-    d.bad(f::device, "is " + std::to_string(device) + ", expected -1 for a host tensor");
-  if (d.t.backend == BackendKind::cuda && (device < 0 || device > protocol::kMaxDevice))
-    d.bad(f::device, "is " + std::to_string(device) + ", expected 0..1023 for a cuda tensor");
-  d.t.device = static_cast<int>(device);
-
-  d.t.ipc_handle = std::string(d.required(f::ipc_handle));
-  if (d.t.state != TensorState::pending) {
-    if (d.t.backend == BackendKind::cuda && d.t.ipc_handle.size() != kIpcHandleBytes)
-      d.bad(f::ipc_handle,
-          "is " + std::to_string(d.t.ipc_handle.size()) + " bytes, expected 64 for a cuda tensor");
-    if (d.t.backend == BackendKind::host && d.t.ipc_handle.empty())
-      d.bad(f::ipc_handle, "is empty, expected the allocation key (or an older version's shm object name) of a host tensor");
-  }
-}
-
-// The optional fields: absent ones keep TensorInfo's defaults.
-inline void decode_optional_fields(RecordDecoder& d) {
-  namespace f = record_field;
-  if (auto v = d.optional_field(f::ctime)) d.t.ctime_ms = d.as_i64(f::ctime, *v);
-  if (auto v = d.optional_field(f::node)) d.t.node = std::string(*v);
-  if (auto v = d.optional_field(f::device_uuid)) d.t.device_uuid = std::string(*v);
-  if (auto v = d.optional_field(f::offset)) d.t.offset = d.as_u64(f::offset, *v);
-  // Once allocated, the mapping's extent is needed to map it and to check
-  // offset + bytes: alloc_bytes is required then (a record without it could
-  // not be written back either).
-  if (auto v = d.t.state == TensorState::pending ? d.optional_field(f::alloc_bytes)
-                                               : std::optional<std::string_view>(d.required(f::alloc_bytes))) {
-    d.t.alloc_bytes = d.as_u64(f::alloc_bytes, *v);
-    if (d.t.state != TensorState::pending &&
-        (d.t.offset > d.t.alloc_bytes || d.t.bytes > d.t.alloc_bytes - d.t.offset))
-      d.bad(f::alloc_bytes, "is " + std::to_string(d.t.alloc_bytes) + ", too small for offset " +
-                              std::to_string(d.t.offset) + " + bytes " + std::to_string(d.t.bytes));
-  }
-  if (auto v = d.optional_field(f::alloc_id)) d.t.alloc_id = d.as_u64(f::alloc_id, *v);
-  if (auto v = d.optional_field(f::epoch)) d.t.epoch = d.as_u64(f::epoch, *v);
-  if (auto v = d.optional_field(f::owner)) d.t.owner = std::string(*v);
-  if (auto v = d.optional_field(f::owner_pid)) d.t.owner_pid = d.as_i64(f::owner_pid, *v);
-  if (auto v = d.optional_field(f::create_id)) d.t.create_id = std::string(*v);
-  if (auto v = d.optional_field(f::event_handle)) {
-    d.t.event_handle = std::string(*v);
-    if (!d.t.event_handle.empty() && d.t.event_handle.size() != kIpcHandleBytes)
-      d.bad(f::event_handle,
-          "is " + std::to_string(d.t.event_handle.size()) + " bytes, expected 0 or 64");
-  }
-  if (auto v = d.optional_field(f::event_version)) d.t.event_version = d.as_u64(f::event_version, *v);
-  // Any printable token: a kind this version cannot open still decodes (so
-  // listings show it); opening it is the backend's clear error.
-  if (auto v = d.optional_field(f::alloc_kind)) {
-    if (v->empty() || v->size() > 64 ||
-        !std::all_of(v->begin(), v->end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }))
-      d.bad(f::alloc_kind, "is " + RecordDecoder::shown(*v) + ", expected a kind such as \"host_shm\" or \"cuda_ipc\"");
-    d.t.alloc_kind = std::string(*v);
-  }
-  // Where a cuda_vmm_fd allocation's fd is had. Its syntax is the fd layer's
-  // (detail/fd/fd_source.hpp), checked when it is used; here only that it is
-  // short printable text (a record with a stray binary value decodes, its
-  // open fails with the parser's message).
-  if (auto v = d.optional_field(f::fd_source)) {
-    if (v->size() > 512 || !std::all_of(v->begin(), v->end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
-      d.bad(f::fd_source, "is " + RecordDecoder::shown(*v) + ", expected printable text of at most 512 bytes");
-    d.t.fd_source = std::string(*v);
-  }
-  if (auto v = d.optional_field(f::borrowed)) {
-    if (*v != "1" && *v != "0") d.bad(f::borrowed, "is " + RecordDecoder::shown(*v) + ", expected \"1\" or \"0\"");
-    d.t.borrowed = *v == "1";
-  }
-}
-
-}  // namespace detail
-
-// Rebuilds a TensorInfo from a Hash (HGETALL). Unknown fields are ignored;
-// "holder:<id>" fields fill holders. Throws ProtocolError(bad_record), naming
-// the field, when a required field (name, dtype, shape, bytes, backend,
-// state, generation, refcount, device, ipc_handle, and alloc_bytes once not
-// pending) is missing, a field appears
-// twice, or a value does not parse or is inconsistent: bytes must equal
-// byte_size(dtype, shape); device is -1 for host and 0..1023 for cuda; once
-// the tensor is not pending, ipc_handle is 64 bytes for cuda and non-empty for
-// host, and offset + bytes <= alloc_bytes when alloc_bytes is stored;
-// event_handle is empty or 64 bytes; refcount and holder counts are >= 0.
-// Optional fields that are absent keep TensorInfo's default values.
+// Rebuilds a TensorInfo from a Hash (HGETALL), with RecordReader's rules.
 inline TensorInfo decode_record(const Fields& fields) {
-  detail::RecordDecoder d(fields);
-  detail::decode_identity(d);
-  detail::decode_placement(d);
-  detail::decode_optional_fields(d);
-  return std::move(d.t);
+  RecordReader r;
+  for (const auto& [k, v] : fields) r.add(k, v);
+  return r.finish();
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::protocol

@@ -57,16 +57,15 @@ struct Allocation {
 // allocates with (select.hpp, backend_for(const TensorInfo&)).
 namespace alloc_kind {
 inline constexpr std::string_view host_memfd = "host_memfd";  // memfd, POSIX fd from the owner (fd_source)
-inline constexpr std::string_view host_shm = "host_shm";  // older versions: POSIX shm object named by ipc_handle
 inline constexpr std::string_view cuda_ipc = "cuda_ipc";    // legacy cudaIpcGetMemHandle handle
 inline constexpr std::string_view cuda_vmm_fd = "cuda_vmm_fd";  // cuMem, POSIX fd from the owner (fd_source)
 }  // namespace alloc_kind
 
 // The kind `t` names: its alloc_kind, or for a record written before the
-// field existed, its backend's only kind then (host_shm, cuda_ipc).
+// field without it, its backend's first kind (host_memfd, cuda_ipc).
 inline std::string_view record_kind(const TensorInfo& t) noexcept {
   if (!t.alloc_kind.empty()) return t.alloc_kind;
-  return t.backend == BackendKind::host ? alloc_kind::host_shm : alloc_kind::cuda_ipc;
+  return t.backend == BackendKind::host ? alloc_kind::host_memfd : alloc_kind::cuda_ipc;
 }
 
 // The memory a record points at belongs to another user: the object is
@@ -121,9 +120,6 @@ class Backend {
   virtual void deallocate(const Allocation& a) noexcept = 0;
   // Maps an allocation exported by another process of this node.
   virtual std::unique_ptr<Mapping> open(const TensorInfo& t) = 0;
-  // Frees what a dead exporter left behind, where the backend can (a legacy
-  // shm object outlives its creator; memory shared by fd goes by itself).
-  virtual void reclaim_orphan(const TensorInfo&) noexcept {}
 
   // ---- adoption: a dead exporter's memory taken over in place ----
   // Whether this process can take ownership of the allocation holding `t`,
@@ -139,13 +135,6 @@ class Backend {
   // another user, Unavailable or ProtocolError when it cannot be adopted.
   virtual Allocation adopt(const TensorInfo& t, std::uint64_t /*alloc_id*/, const std::string& /*tag*/) {
     throw Unavailable("tensor '" + t.name + "': its memory cannot be adopted by this backend");
-  }
-  // Frees what the dead exporter `tag` (its session id) left that no record
-  // uses any more: every allocation of its naming except `keep` (handles).
-  // Returns how many it freed. Backends whose memory dies with its
-  // exporter have nothing to free.
-  virtual std::size_t reclaim_owner(const std::string& /*tag*/, const std::set<std::string>& /*keep*/) noexcept {
-    return 0;
   }
   // Copies n bytes between two mappings of this backend and returns when
   // the copy is complete (migration of a dead allocator's tensors).

@@ -17,8 +17,7 @@
 // allocator of record dies, as a standby can.
 //
 // The memory goes with the last fd or mapping of it, whoever holds them:
-// a SIGKILL of anyone leaves nothing behind. Records of older versions
-// (host_shm, named in /dev/shm) are still read: host_shm_legacy.hpp.
+// a SIGKILL of anyone leaves nothing behind.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -37,7 +36,6 @@
 #include <vector>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/backend/host_shm_legacy.hpp"
 #include "memcuda/detail/backend/record_fd.hpp"
 #include "memcuda/detail/fd/fd_holds.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
@@ -136,7 +134,6 @@ class HostBackend final : public Backend {
   }
 
   std::unique_ptr<Mapping> open(const TensorInfo& t) override {
-    if (legacy_shm::is_legacy(t)) return std::make_unique<HostMapping>(legacy_shm::map_object(t), t.alloc_bytes);
     expect_alloc_kind(t, alloc_kind::host_memfd);
     const std::string what = "tensor '" + t.name + "' (" + t.ipc_handle + ")";
     UniqueFd fd = record_fd(t, t.ipc_handle, what);
@@ -146,7 +143,7 @@ class HostBackend final : public Backend {
 
   // A dead owner's allocation outlives it while some process holds its fd
   // or a mapping: this one can adopt it when it holds the fd (a standby's,
-  // or one of its own mappings'). Legacy shm objects are never adopted.
+  // or one of its own mappings').
   bool can_adopt(const TensorInfo& t) const noexcept override {
     if (t.backend != BackendKind::host || t.alloc_kind != alloc_kind::host_memfd) return false;
     try {
@@ -185,13 +182,6 @@ class HostBackend final : public Backend {
     a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
-
-  // Only legacy shm objects have names to unlink; memfd memory goes by
-  // itself with its last fd.
-  std::size_t reclaim_owner(const std::string& tag, const std::set<std::string>& keep) noexcept override {
-    return legacy_shm::reclaim_owner(tag, keep);
-  }
-  void reclaim_orphan(const TensorInfo& t) noexcept override { legacy_shm::reclaim_orphan(t); }
 
   void copy(void* dst, const void* src, std::uint64_t n, int /*device*/) override { std::memcpy(dst, src, n); }
 

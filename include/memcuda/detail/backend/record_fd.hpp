@@ -45,8 +45,8 @@ inline bool refuses_fd_transfer(const FdTransferError& e) noexcept {
 inline UniqueFd record_fd(const TensorInfo& t, const std::string& key, const std::string& what) {
   if (UniqueFd held = FdHolds::instance().dup(key)) return held;
   if (t.fd_source.empty())
-    throw Unavailable(what + ": its record has no fd_source (written by a build that shares " + t.alloc_kind +
-                      " memory another way?)");
+    throw Unavailable(what + ": its record has no fd_source, so no process can hand this reader the memory's fd "
+                             "(a record written by hand or by another program?)");
   ServedSource src = decode_fd_source(t.fd_source);
   check_fd_source(src, t.owner_pid, what);
   UniqueFd fd;

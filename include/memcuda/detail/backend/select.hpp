@@ -38,8 +38,8 @@ struct Backends {
   }
 };
 
-// The backend of a BackendKind's first allocation kind (host: host_memfd,
-// which also reads and reclaims older host_shm objects; cuda: legacy IPC):
+// The backend of a BackendKind's first allocation kind (host: host_memfd;
+// cuda: legacy IPC):
 // for what is not about one record's kind.
 inline Backend& backend_for(BackendKind k) {
   if (k == BackendKind::host) return Backends::instance().host;
@@ -83,7 +83,7 @@ inline const std::optional<std::pair<KindErrc, std::string>>& cuda_lack() {
 // kind and backend disagree.
 inline Backend& backend_for(const TensorInfo& t) {
   const std::string_view kind = record_kind(t);
-  const bool host = kind == alloc_kind::host_memfd || kind == alloc_kind::host_shm;
+  const bool host = kind == alloc_kind::host_memfd;
   const bool cuda = kind == alloc_kind::cuda_ipc || kind == alloc_kind::cuda_vmm_fd;
   if (!host && !cuda)
     throw KindUnavailable(KindErrc::unknown_kind, std::string(kind),

@@ -1,4 +1,4 @@
-// fetch_fd: obtain another process's fd for an allocation (docs/fd-transfer.md).
+// fetch: obtain another process's fd for an allocation (docs/fd-transfer.md).
 //
 // Two paths. The default one asks the owner's FdServer over a unix socket and
 // receives the fd by SCM_RIGHTS: it needs no privilege, so it works in
@@ -14,18 +14,22 @@
 //
 // Before either, an fd parked for this allocation is taken (fd_parking.hpp:
 // sent along with an earlier answer, or fetched by a batched open). Over
-// the socket, a fetch asks in version 2 (fd_client_batch.hpp) and takes
-// some of the owner's other fds along; fetch_many() asks for many at once.
+// the socket, one request asks for one id or many (fetch_many) and may
+// take some of the owner's other fds along, which are parked; the
+// connection is kept for the next request to that owner (fd_conn_cache.hpp).
 #pragma once
 
 #include "memcuda/config.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -35,12 +39,10 @@
 #include <thread>
 #include <vector>
 
-#include "memcuda/detail/fd/fd_client_batch.hpp"
 #include "memcuda/detail/fd/fd_conn_cache.hpp"
-#include "memcuda/detail/fd/fd_connect.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
+#include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
@@ -101,7 +103,60 @@ struct Fetched {
   bool via_pidfd = false;
 };
 
+// One id of a batched fetch: its fd, or the error that answered it.
+struct BatchFetched {
+  std::uint64_t id = 0;
+  UniqueFd fd;
+  std::exception_ptr error;  // an FdTransferError when !fd
+};
+
 namespace fdclient {
+
+[[noreturn]] inline void fail(FdErrc why, const std::string& what, int err = 0) {
+  throw FdTransferError(why, what, err);
+}
+
+inline std::string where(std::string_view address, std::uint64_t id) {
+  return "fetching the fd of allocation " + std::to_string(id) + " from the fd server at '" +
+         std::string(address) + "'";
+}
+
+// A new connection to the server at `address`.
+inline UniqueFd connect_to(std::string_view address, std::chrono::steady_clock::time_point deadline,
+                           std::chrono::milliseconds timeout, const std::string& ctx) {
+  sockaddr_un sa;
+  socklen_t len = fdwire::make_address(address, &sa);
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!sock) {
+    if (is_fd_exhaustion(errno)) throw_fd_exhausted(ctx + ": socket()", errno);
+    fail(FdErrc::system, ctx + ": socket() failed: " + std::strerror(errno), errno);
+  }
+  // A non-blocking unix connect fails with EAGAIN while the server's backlog
+  // is full: retry until the deadline rather than block the caller.
+  while (::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    int e = errno;
+    if (e == EINTR) continue;
+    if (e == EAGAIN && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (e == ECONNREFUSED || e == ENOENT)
+      fail(FdErrc::no_server,
+           ctx + ": no server listens there (" + std::strerror(e) + "); its owner has exited or serves no fds" +
+               " (a socket file left by a killed process is swept when a server starts). Check that the owner "
+               "is alive and that both processes see the same runtime directory (one volume, mounted at one path)",
+           e);
+    if (e == EACCES || e == EPERM)
+      fail(FdErrc::permission, ctx + ": permission denied on the socket file or its directory (" +
+                                     std::strerror(e) + "); the runtime directory's mode follows the "
+                                     "owner's peer policy: run both as one user, or allow this one's gid "
+                                     "(MEMCUDA_ALLOWED_GIDS) on the owner's side", e);
+    if (e == EAGAIN) fail(FdErrc::timeout, ctx + ": the server's backlog stayed full for " +
+                                               std::to_string(timeout.count()) + " ms", e);
+    fail(FdErrc::system, ctx + ": connect failed: " + std::strerror(e), e);
+  }
+  return sock;
+}
 
 // errno of the first permission-type pidfd failure in this process, 0 while
 // the fast path is on.
@@ -123,23 +178,18 @@ inline UniqueFd try_pidfd(const FdSource& src, int* err) {
   return fd;
 }
 
-// One request and its answer on `sock`. Returns an empty fd, with *stale
-// set, when a kept connection (`reused`) turns out closed by its server
-// before it answered: the caller retries on a new one.
-inline UniqueFd exchange(int sock, std::uint64_t id, std::chrono::steady_clock::time_point deadline,
-                         std::chrono::milliseconds timeout, const std::string& ctx, bool reused, bool* stale) {
-  *stale = false;
-  FdParking::instance().note_request();
-  // A server that refuses us may answer and close before reading: our send
-  // then fails (EPIPE), but its answer is still queued for us to read.
-  if (fdwire::send_message(sock, fdwire::encode_request({fdwire::kVersion, fdwire::kOpGetFd, id})) < 0) {
-    if (reused && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)) {
-      *stale = true;
-      return {};
-    }
-    if (errno != EPIPE && errno != ECONNRESET)
-      fail(FdErrc::system, ctx + ": send failed: " + std::strerror(errno), errno);
-  }
+inline std::string where_many(std::string_view address, const std::vector<std::uint64_t>& ids) {
+  std::string list;
+  for (std::size_t i = 0; i < ids.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(ids[i]);
+  if (ids.size() > 8) list += ", ...";
+  return ids.size() == 1 ? where(address, ids[0])
+                         : "fetching the fds of " + std::to_string(ids.size()) + " allocations (ids " + list +
+                               ") from the fd server at '" + std::string(address) + "'";
+}
+
+// Waits for the answer on `sock` until the deadline.
+inline void await_answer(int sock, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+                         const std::string& ctx) {
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{sock, POLLIN, 0};
@@ -149,73 +199,134 @@ inline UniqueFd exchange(int sock, std::uint64_t id, std::chrono::steady_clock::
     if (n == 0)
       fail(FdErrc::timeout, ctx + ": no answer within " + std::to_string(timeout.count()) +
                                 " ms; the owner's thread is stuck or the process is stopped");
-    break;
+    return;
   }
+}
+
+// One request and its answer on `sock`: *out gets one entry per id asked
+// for and offered, with the fds. False: a kept connection (`reused`) that
+// its server closed before it answered; the caller asks again on a new one.
+// Failures of the whole request throw FdTransferError.
+inline bool exchange(int sock, const fdwire::Request& req, std::chrono::steady_clock::time_point deadline,
+                     std::chrono::milliseconds timeout, const std::string& ctx, bool reused,
+                     std::vector<fdwire::Entry>* out) {
+  FdParking::instance().note_request();
+  // A server that refuses us may answer and close before reading: our send
+  // then fails (EPIPE), but its answer is still queued for us to read.
+  if (fdwire::send_message(sock, fdwire::encode_request(req)) < 0) {
+    if (reused && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)) return false;
+    if (errno != EPIPE && errno != ECONNRESET)
+      fail(FdErrc::system, ctx + ": send failed: " + std::strerror(errno), errno);
+  }
+  await_answer(sock, deadline, timeout, ctx);
   fdwire::Received msg;
   ssize_t got = fdwire::recv_message(sock, fdwire::kMaxReply, &msg);
-  if (reused && (got == 0 || (got < 0 && errno == ECONNRESET))) {
-    *stale = true;
-    return {};
-  }
+  if (reused && (got == 0 || (got < 0 && errno == ECONNRESET))) return false;
   if (got < 0 && errno == ECONNRESET)
     fail(FdErrc::no_server, ctx + ": the server reset the connection without an answer "
                                   "(it crashed or is exiting?)", errno);
   if (got < 0) fail(FdErrc::system, ctx + ": recvmsg failed: " + std::strerror(errno), errno);
   if (got == 0)
-    fail(FdErrc::no_server, ctx + ": the server closed the connection without an answer "
-                                  "(the owner is exiting?)");
+    fail(FdErrc::no_server, ctx + ": the server closed the connection without an answer (the owner is exiting?)");
+  // Out of fds here: the kernel installs what fits, in order, and drops the
+  // rest. The fds asked for come first, so an answer short of offers only
+  // is still whole.
+  if (msg.ctrunc && req.offer == 0) throw_fd_exhausted(ctx, 0);
   fdwire::Reply rep;
+  std::size_t fds = 0;
   std::string why;
-  if (msg.truncated || msg.extra_fds || !fdwire::decode_reply(msg.bytes, &rep, &why))
-    fail(FdErrc::protocol, ctx + ": malformed answer: " + (why.empty() ? "too long or too many fds" : why));
+  if (msg.truncated || !fdwire::decode_reply(msg.bytes, &rep, &fds, &why) ||
+      (msg.ctrunc ? fds < msg.fds.size() : fds != msg.fds.size()))
+    fail(FdErrc::protocol, ctx + ": malformed answer: " + (why.empty() ? "too long, or fds not as announced" : why));
   switch (rep.status) {
     case fdwire::Status::ok: break;
     case fdwire::Status::refused: fail(FdErrc::permission, ctx + ": server " + rep.message);
-    case fdwire::Status::unknown_id: fail(FdErrc::unknown_id, ctx + ": " + rep.message);
     default: fail(FdErrc::refused, ctx + ": server answered an error: " + rep.message);
   }
-  if (msg.ctrunc || !msg.fd) {
-    if (msg.ctrunc) throw_fd_exhausted(ctx, 0);
-    fail(FdErrc::protocol, ctx + ": the answer said ok but carried no fd");
-  }
-  if (rep.id != id)
-    fail(FdErrc::protocol, ctx + ": the answer is for allocation " + std::to_string(rep.id));
-  return std::move(msg.fd);
-}
-
-// Asks the server at `address` for allocation `id`'s fd, on a connection
-// kept from an earlier fetch from that owner where there is one
-// (fd_conn_cache.hpp). A connection is kept again only after a full answer
-// with its fd; one that failed in any way is closed.
-inline UniqueFd via_socket_v1(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const std::string ctx = where(address, id);
-  FdConnCache& cache = FdConnCache::instance();
-  if (UniqueFd kept = cache.take(address)) {
-    bool stale = false;
-    UniqueFd fd = exchange(kept.get(), id, deadline, timeout, ctx, true, &stale);
-    if (!stale) {
-      cache.give(address, std::move(kept));
-      return fd;
+  std::size_t next = 0, asked = 0;
+  for (auto& e : rep.entries) {
+    if (e.status == fdwire::Status::ok) {
+      if (next < msg.fds.size()) e.fd = std::move(msg.fds[next++]);
+      else if (!e.offered) throw_fd_exhausted(ctx, 0);  // MSG_CTRUNC took an fd asked for
+    }
+    if (!e.offered) {
+      if (asked >= req.ids.size() || e.id != req.ids[asked])
+        fail(FdErrc::protocol, ctx + ": the answer's entry for allocation " + std::to_string(e.id) +
+                                   " is not the one asked for in that place");
+      ++asked;
     }
   }
-  UniqueFd sock = connect_to(address, deadline, timeout, ctx);
-  bool stale = false;
-  UniqueFd fd = exchange(sock.get(), id, deadline, timeout, ctx, false, &stale);
-  cache.give(address, std::move(sock));
-  return fd;
+  if (asked != req.ids.size())
+    fail(FdErrc::protocol, ctx + ": the answer holds " + std::to_string(asked) + " of the " +
+                               std::to_string(req.ids.size()) + " allocations asked for");
+  *out = std::move(rep.entries);
+  return true;
+}
+
+// The error an entry answered with.
+inline std::exception_ptr entry_error(const fdwire::Entry& e, std::string_view address) {
+  const std::string ctx = where(address, e.id);
+  if (e.status == fdwire::Status::unknown_id)
+    return std::make_exception_ptr(FdTransferError(
+        FdErrc::unknown_id, ctx + ": the server serves no allocation with id " + std::to_string(e.id) +
+                                " (freed, or the record is stale)"));
+  return std::make_exception_ptr(FdTransferError(
+      FdErrc::refused, ctx + ": the server could not duplicate its fd (status " +
+                           std::to_string(static_cast<int>(e.status)) + "; out of file descriptors?)"));
+}
+
+// Asks the server at `address` for the fds of `ids` (in requests of at most
+// fdwire::kMaxBatch), and, when `offer` > 0, for up to `offer` more of its
+// allocations along with the first, which are parked (FdParking). Each id
+// gets its fd or its own error; a failure of a whole request (no server,
+// refused, timeout) throws. A connection is kept again only after a full
+// answer; one that failed in any way is closed.
+inline std::vector<BatchFetched> ask(std::string_view address, const std::vector<std::uint64_t>& ids, int offer,
+                                     std::chrono::milliseconds timeout) {
+  std::vector<BatchFetched> out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  FdConnCache& cache = FdConnCache::instance();
+  for (std::size_t at = 0; at < ids.size();) {
+    fdwire::Request req;
+    const std::size_t n = std::min(ids.size() - at, fdwire::kMaxBatch);
+    req.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(at), ids.begin() + static_cast<std::ptrdiff_t>(at + n));
+    if (at == 0 && offer > 0) req.offer = static_cast<std::uint16_t>(std::min<std::size_t>(offer, fdwire::kMaxBatch - n));
+    const std::string ctx = where_many(address, req.ids);
+    std::vector<fdwire::Entry> entries;
+    UniqueFd sock = cache.take(address);
+    if (!sock || !exchange(sock.get(), req, deadline, timeout, ctx, true, &entries)) {
+      sock = connect_to(address, deadline, timeout, ctx);
+      exchange(sock.get(), req, deadline, timeout, ctx, false, &entries);
+    }
+    cache.give(address, std::move(sock));
+    std::size_t parked = 0;
+    for (auto& e : entries) {
+      if (e.offered) {
+        if (!e.fd) continue;
+        FdParking::instance().park(std::string(address), e.id, std::move(e.key), std::move(e.fd));
+        ++parked;
+        continue;
+      }
+      BatchFetched b;
+      b.id = e.id;
+      if (e.fd) b.fd = std::move(e.fd);
+      else b.error = entry_error(e, address);
+      out.push_back(std::move(b));
+    }
+    if (req.offer) FdParking::instance().note_offered(address, parked);
+    at += n;
+  }
+  return out;
 }
 
 // The fd of `id` from the server at `address`: parked, else asked for,
 // with `offer` (-1: FdParking::offer_for) more of its allocations sent
-// along and parked (version 2; version 1 for a server that speaks only that).
+// along and parked.
 inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout,
                            int offer) {
   if (UniqueFd fd = FdParking::instance().take(address, id)) return fd;
   if (offer < 0) offer = FdParking::instance().offer_for(address);  // after the take: it counts the use
-  if (offer <= 0 || V1Servers::instance().has(address)) return via_socket_v1(address, id, timeout);
-  auto r = fetch_batch(address, {id}, offer, timeout,
-                       [&](std::uint64_t one) { return via_socket_v1(address, one, timeout); });
+  auto r = ask(address, {id}, offer, timeout);
   if (r.size() != 1) fail(FdErrc::protocol, where(address, id) + ": no answer for it");
   if (!r[0].fd) std::rethrow_exception(r[0].error);
   return std::move(r[0].fd);
@@ -290,9 +401,7 @@ inline std::vector<BatchFetched> fetch_many(std::string_view address, const std:
     else rest.push_back(id);
   }
   if (rest.empty()) return out;
-  auto got = fetch_batch(address, rest, offer, timeout,
-                         [&](std::uint64_t one) { return fdclient::via_socket_v1(address, one, timeout); });
-  for (auto& b : got) out.push_back(std::move(b));
+  for (auto& b : fdclient::ask(address, rest, offer, timeout)) out.push_back(std::move(b));
   return out;
 }
 
@@ -301,10 +410,6 @@ inline UniqueFd fetch_fd(std::string_view address, std::uint64_t id,
                          std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
   raise_nofile_limit();
   return fdclient::via_socket(address, id, timeout, -1);
-}
-
-inline UniqueFd fetch_fd(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {
-  return fetch(src, id, opt).fd;
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -5,7 +5,7 @@
 // A reader that cannot use pidfd_getfd (another pid namespace, or no
 // ptrace rights) asks an owner's fd server for each allocation it opens.
 // When it asks, the server may send along the fds of the owner's other
-// allocations (fd_wire_batch.hpp), and a batched open (get_many, a state
+// allocations (fd_wire.hpp), and a batched open (get_many, a state
 // dict) fetches all of its allocations in one request; both park the fds
 // here, keyed by (server address, served id), so that the open of one of
 // them is no round trip.
@@ -157,7 +157,7 @@ class FdParking {
     std::lock_guard lk(mu_);
     return dropped_;
   }
-  // Requests this process sent to fd servers (either version).
+  // Requests this process sent to fd servers.
   void note_request() noexcept { requests_.fetch_add(1, std::memory_order_relaxed); }
   std::uint64_t requests() const noexcept { return requests_.load(std::memory_order_relaxed); }
 

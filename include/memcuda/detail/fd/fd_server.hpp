@@ -21,6 +21,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -32,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -44,7 +46,6 @@
 #include "memcuda/detail/fd/fd_error.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
-#include "memcuda/detail/fd/fd_server_batch.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -59,6 +60,16 @@ struct FdServerOptions {
   // Who is served besides this uid and root (allowed_uids, allowed_gids),
   // and so the mode of a path socket; runtime_dir is not used here.
   FdAccess access{};
+};
+
+// Fds a reply sends along besides those asked for, at most (the client
+// names its own bound; this caps it).
+inline constexpr std::size_t kMaxOffer = 64;
+
+// An fd a server serves, borrowed, and the key of its allocation.
+struct ServedEntry {
+  int fd = -1;
+  std::string key;
 };
 
 // Connections a server keeps open for their next request. A peer whose
@@ -206,7 +217,7 @@ class FdServer {
   // Counters for tests and stats.
   std::uint64_t served() const noexcept { return served_.load(); }
   std::uint64_t refused() const noexcept { return refused_.load(); }
-  // Requests answered with fds (either version), and fds sent unasked.
+  // Requests answered with fds, and fds sent unasked.
   std::uint64_t requests() const noexcept { return requests_.load(); }
   std::uint64_t offered() const noexcept { return offered_.load(); }
   // The last refusal or failure, for the owner's log.
@@ -262,12 +273,6 @@ class FdServer {
     return ServeResult::refused;
   }
 
-  ServeResult reply_error(int conn, fdwire::Status st, std::uint64_t id, const std::string& why) {
-    refuse(why);
-    fdwire::send_message(conn, fdwire::encode_reply({st, id, why}));
-    return ServeResult::refused;
-  }
-
   // The credential check. SO_PEERCRED holds the peer's credentials from the
   // time it called connect(), translated into our namespaces by the kernel
   // (a uid our user namespace cannot map reads as the overflow uid, 65534;
@@ -285,14 +290,15 @@ class FdServer {
   // Waits up to io_timeout for the peer's one message. Every answer, a
   // refusal included, is sent only after the request was read: closing a
   // unix socket with unread data resets the peer's side (ECONNRESET), and
-  // the peer would lose our answer with it.
+  // the peer would lose our answer with it. Room for one fd: a request
+  // must carry none, one shows that it did, the kernel drops the rest.
   ssize_t read_request(int conn, fdwire::Received* msg) {
     pollfd p{conn, POLLIN, 0};
     int n;
     do n = ::poll(&p, 1, static_cast<int>(opt_.io_timeout.count()));
     while (n < 0 && errno == EINTR);
     if (n <= 0) return -1;
-    return fdwire::recv_message(conn, fdwire::kMaxRequestBatch + 16, msg);
+    return fdwire::recv_message(conn, fdwire::kMaxRequest + 16, msg, 1);
   }
 
   // Answers one request read from `conn`. *keep: the connection may serve
@@ -301,70 +307,33 @@ class FdServer {
   ServeResult handle(Conn& c, const fdwire::Received& msg, bool* keep) {
     *keep = false;
     const int conn = c.fd.get();
-    if (std::string why = check_peer(conn); !why.empty())
-      return reply_error(conn, fdwire::Status::refused, 0, "refused: " + why);
-    if (msg.fd) return reply_error(conn, fdwire::Status::bad_request, 0, "requests must not carry fds");
-    if (msg.truncated)
-      return reply_error(conn, fdwire::Status::bad_request, 0,
-                         "request longer than " + std::to_string(fdwire::kMaxRequestBatch) + " bytes");
-    if (msg.bytes.size() >= 5 && std::memcmp(msg.bytes.data(), fdwire::kMagic, 4) == 0 &&
-        static_cast<unsigned char>(msg.bytes[4]) == fdwire::kVersionBatch)
-      return handle_batch(c, msg.bytes, keep);
     fdwire::Request req;
     std::string why;
-    if (auto st = fdwire::decode_request(msg.bytes, &req, &why); st != fdwire::Status::ok)
-      return reply_error(conn, st, 0, why);
-    *keep = true;  // an unknown id or a failed dup is the request's, not the peer's fault
-    UniqueFd copy;
-    bool known = false;
-    int dup_errno = 0;
-    {
-      std::lock_guard lk(mu_);
-      if (auto it = fds_.find(req.id); it != fds_.end()) {
-        known = true;
-        copy = UniqueFd(::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0));
-        dup_errno = errno;
-      }
+    fdwire::Status st = fdwire::Status::ok;
+    if (why = check_peer(conn); !why.empty()) {
+      why = "refused: " + why;
+      st = fdwire::Status::refused;
+    } else if (!msg.fds.empty()) {
+      why = "requests must not carry fds";
+      st = fdwire::Status::bad_request;
+    } else if (msg.truncated) {
+      why = "request longer than " + std::to_string(fdwire::kMaxRequest) + " bytes";
+      st = fdwire::Status::bad_request;
+    } else {
+      st = fdwire::decode_request(msg.bytes, &req, &why);
     }
-    if (!known)
-      return reply_error(conn, fdwire::Status::unknown_id, req.id,
-                         "this process (pid " + std::to_string(::getpid()) +
-                             ") serves no allocation with id " + std::to_string(req.id) +
-                             " (freed, or the record is stale)");
-    if (!copy)
-      return reply_error(conn, fdwire::Status::server_error, req.id,
-                         is_fd_exhaustion(dup_errno)
-                             ? fd_exhaustion_message("fd server (pid " + std::to_string(::getpid()) + ") dup", dup_errno)
-                             : std::string("fd server: dup failed: ") + std::strerror(dup_errno));
-    served_.fetch_add(1);
-    requests_.fetch_add(1);
-    if (fdwire::send_message(conn, fdwire::encode_reply({fdwire::Status::ok, req.id, {}}), copy.get()) < 0) {
-      int err = errno;
-      served_.fetch_sub(1);
-      *keep = false;
-      return refuse(std::string("sending the fd failed: ") + std::strerror(err));
-    }
-    c.sent.insert(req.id);
-    return ServeResult::served;
-  }
-
-  // A version 2 request (fd_server_batch.hpp, answer_batch).
-  ServeResult handle_batch(Conn& c, const std::string& bytes, bool* keep) {
-    const int conn = c.fd.get();
-    fdwire::BatchRequest req;
-    std::string why;
-    if (auto st = fdwire::decode_batch_request(bytes, &req, &why); st != fdwire::Status::ok) {
+    if (st != fdwire::Status::ok) {
       refuse(why);
-      fdwire::send_message(conn, fdwire::encode_batch_reply({st, why, {}}));
+      fdwire::send_message(conn, fdwire::encode_reply({st, why, {}}));
       return ServeResult::refused;
     }
-    *keep = true;
+    *keep = true;  // an unknown id or a failed dup is the request's, not the peer's fault
     std::vector<UniqueFd> copies;
     int dup_errno = 0;
-    fdwire::BatchReply rep;
+    fdwire::Reply rep;
     {
       std::lock_guard lk(mu_);
-      rep = answer_batch(fds_, c.sent, req, &copies, &dup_errno);
+      rep = answer(c.sent, req, &copies, &dup_errno);
     }
     std::vector<int> raw;
     for (const auto& d : copies) raw.push_back(d.get());
@@ -384,7 +353,7 @@ class FdServer {
     served_.fetch_add(asked);
     offered_.fetch_add(offered);
     requests_.fetch_add(1);
-    if (fdwire::send_message_fds(conn, fdwire::encode_batch_reply(rep), raw) < 0) {
+    if (fdwire::send_message(conn, fdwire::encode_reply(rep), raw) < 0) {
       int err = errno;
       served_.fetch_sub(asked);
       offered_.fetch_sub(offered);
@@ -397,13 +366,62 @@ class FdServer {
     return asked ? ServeResult::served : ServeResult::refused;
   }
 
+  // The entries answering `req` and the fds to send with them (one per ok
+  // entry, in order): every id asked for, each on its own (an unknown one
+  // fails alone), then up to req.offer (capped at kMaxOffer) allocations
+  // not in `sent` (what this connection already received), those made
+  // after the ids asked for first (a model's tensors are allocated in a
+  // row), then those before. *dup_errno: a dup that failed. Any allocation
+  // served is one the peer may ask for by id (its policy was checked), so
+  // an offer gives it nothing it could not have. Called under mu_.
+  fdwire::Reply answer(const std::unordered_set<std::uint64_t>& sent, const fdwire::Request& req,
+                       std::vector<UniqueFd>* copies, int* dup_errno) const {
+    fdwire::Reply rep;
+    // False when a dup failed (out of fds): nothing more is offered then.
+    auto take = [&](std::uint64_t id, const ServedEntry* s, bool offered) {
+      fdwire::Entry e;
+      e.id = id;
+      e.offered = offered;
+      if (!s) {
+        e.status = fdwire::Status::unknown_id;
+      } else if (UniqueFd d(::fcntl(s->fd, F_DUPFD_CLOEXEC, 0)); d) {
+        e.key = s->key;
+        copies->push_back(std::move(d));
+      } else if (offered) {
+        return false;  // an offer is no answer: leave it out
+      } else {
+        e.status = fdwire::Status::server_error;
+        *dup_errno = errno;
+      }
+      rep.entries.push_back(std::move(e));
+      return true;
+    };
+    std::uint64_t top = 0, bottom = ~std::uint64_t{0};
+    for (std::uint64_t id : req.ids) {
+      auto it = fds_.find(id);
+      take(id, it == fds_.end() ? nullptr : &it->second, false);
+      top = std::max(top, id);
+      bottom = std::min(bottom, id);
+    }
+    std::size_t room =
+        *dup_errno ? 0 : std::min({std::size_t{req.offer}, kMaxOffer, fdwire::kMaxBatch - req.ids.size()});
+    auto offer = [&](std::uint64_t id, const ServedEntry& s) {
+      if (sent.count(id) || std::find(req.ids.begin(), req.ids.end(), id) != req.ids.end()) return;
+      room = take(id, &s, true) ? room - 1 : 0;
+    };
+    for (auto it = fds_.upper_bound(top); room && it != fds_.end(); ++it) offer(it->first, it->second);
+    for (auto it = std::make_reverse_iterator(fds_.lower_bound(bottom)); room && it != fds_.rend(); ++it)
+      offer(it->first, it->second);
+    return rep;
+  }
+
   // A kept connection is readable: its peer's next request, or its close.
   // The request is already there, so nothing here waits.
   ServeResult serve_kept(int fd) {
     auto it = std::find_if(kept_.begin(), kept_.end(), [fd](const Conn& k) { return k.fd.get() == fd; });
     if (it == kept_.end()) return ServeResult::idle;
     fdwire::Received msg;
-    ssize_t got = fdwire::recv_message(fd, fdwire::kMaxRequestBatch + 16, &msg);
+    ssize_t got = fdwire::recv_message(fd, fdwire::kMaxRequest + 16, &msg, 1);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ServeResult::idle;
     bool keep = false;
     ServeResult r = got > 0 ? handle(*it, msg, &keep) : ServeResult::idle;  // 0 or an error: the peer left
@@ -434,7 +452,7 @@ class FdServer {
     if (conn) {
       fdwire::Received msg;
       read_request(conn.get(), &msg);  // an fd it carried is closed with msg
-      fdwire::send_message(conn.get(), fdwire::encode_reply({fdwire::Status::server_error, 0, why}));
+      fdwire::send_message(conn.get(), fdwire::encode_reply({fdwire::Status::server_error, why, {}}));
     }
     conn.reset();
     spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));

@@ -195,7 +195,7 @@ class FdService : public std::enable_shared_from_this<FdService> {
   }
   std::uint64_t served() const noexcept { return server_.served(); }
   std::uint64_t refused() const noexcept { return server_.refused(); }
-  // Requests answered, and fds sent along unasked (fd_wire_batch.hpp).
+  // Requests answered, and fds sent along unasked (fd_wire.hpp).
   std::uint64_t requests() const noexcept { return server_.requests(); }
   std::uint64_t offered() const noexcept { return server_.offered(); }
 

@@ -87,20 +87,10 @@ inline std::optional<SocketName> parse_socket_path(std::string_view address, std
   return parse_socket_name(name);
 }
 
-// The abstract form older versions publish: "@memcuda-fd-<pid>-<16 hex>".
-inline bool is_abstract_fd_address(std::string_view a, std::int64_t pid) {
-  const std::string head = "@memcuda-fd-" + std::to_string(pid) + "-";
-  if (pid <= 0 || !a.starts_with(head) || a.size() != head.size() + 16) return false;
-  for (char c : a.substr(head.size()))
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
-
 // Whether the pid of a source served at `address` names the owner in this
 // process's pid namespace, so the pidfd fast path may address it by pid. A
-// socket name says its server's namespace; an abstract address is of a
-// server that refused other pid namespaces (older versions): assumed ours.
-// Any other path: no.
+// socket name says its server's namespace; an abstract address (tests
+// serve on one) is assumed ours. Any other path: no.
 inline bool owner_pid_is_ours(std::string_view address) {
   if (address.starts_with("@")) return true;
   auto slash = address.rfind('/');

@@ -90,10 +90,8 @@ inline ServedSource decode_fd_source(std::string_view text) {
 
 // Whether `a` is an address FdService gives the fd server of process
 // `pid`: a socket of the runtime directory `dir` named for that pid
-// ("<dir>/fd-<pid>-<pid ns>-<16 hex>.sock"), or the abstract
-// "@memcuda-fd-<pid>-<16 hex>" of older versions (their records still open).
+// ("<dir>/fd-<pid>-<pid ns>-<16 hex>.sock").
 inline bool is_registry_fd_address(std::string_view a, std::int64_t pid, std::string_view dir) {
-  if (is_abstract_fd_address(a, pid)) return true;
   auto s = parse_socket_path(a, dir);
   return s && s->pid == pid;
 }
@@ -111,8 +109,7 @@ inline void check_fd_source(const ServedSource& s, std::int64_t owner_pid, const
                             s.source.address.substr(0, 120) + "') is not the fd server of its owner (pid " +
                             std::to_string(owner_pid) + ") in this process's runtime directory ('" +
                             std::string(dir) + "/fd-" + std::to_string(owner_pid) +
-                            "-<pid ns>-<16 hex>.sock', or '@memcuda-fd-" + std::to_string(owner_pid) +
-                            "-<16 hex>' of older versions); refused (a record edited in Redis, or "
+                            "-<pid ns>-<16 hex>.sock'); refused (a record edited in Redis, or "
                             "processes configured with different runtime directories?)");
 }
 // The same against the process's runtime directory (FdService::pin).

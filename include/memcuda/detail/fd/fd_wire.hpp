@@ -1,19 +1,24 @@
-// The bytes of the fd-transfer protocol (docs/fd-transfer.md) and the socket
-// plumbing shared by fd_server.hpp and fd_client.hpp.
+// The bytes of the fd-transfer protocol (docs/fd-transfer.md, "Bytes on
+// the wire") and the socket plumbing shared by fd_server.hpp and
+// fd_client.hpp. One request asks for the fds of one or more allocation
+// ids; one reply answers each id on its own, carries every fd, and, when
+// the client asks for them, fds of the owner's other allocations sent
+// along (prefetch). A single fetch is a request for one id.
 //
 // Transport: AF_UNIX, SOCK_SEQPACKET. The kernel keeps message boundaries, so
 // one request is one message, a short read cannot split it, and a message
 // larger than our buffer is reported (MSG_TRUNC) instead of running into the
-// next one: strict parsing needs no framing of our own.
+// next one: strict parsing needs no framing of our own. SCM_RIGHTS carries
+// at most 253 fds per message (the kernel's SCM_MAX_FD), so a request asks
+// for at most kMaxBatch ids, offers included; callers split larger sets.
 //
 // Addresses: "@name" is a Linux abstract socket, anything else a filesystem
 // path. The fd service uses a path in the process's runtime directory
 // (fd_socket_dir.hpp): a file is reached from other network and pid
 // namespaces (containers sharing the directory), and its mode and
 // directory follow the peer policy. An abstract name is reached only within
-// one network namespace and has no permissions; versions before the
-// runtime directory used one, and tests still do. Either way the server
-// checks SO_PEERCRED on every connection.
+// one network namespace and has no permissions; tests use one. Either way
+// the server checks SO_PEERCRED on every connection.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -27,6 +32,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/detail/fd/unique_fd.hpp"
 #include "memcuda/error.hpp"
@@ -35,16 +41,20 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail::fdwire {
 
 inline constexpr char kMagic[4] = {'M', 'C', 'F', 'D'};
 inline constexpr std::uint8_t kVersion = 1;
-inline constexpr std::uint8_t kOpGetFd = 1;
-inline constexpr std::size_t kRequestSize = 16;
-inline constexpr std::size_t kReplyHeader = 16;
-inline constexpr std::size_t kMaxMessage = 512;  // text of an error reply
-inline constexpr std::size_t kMaxReply = kReplyHeader + kMaxMessage;
+inline constexpr std::uint8_t kOpGetFds = 1;
+inline constexpr std::size_t kHeader = 16;       // of a request and of a reply
+inline constexpr std::size_t kMaxMessage = 512;  // a reply's text
+inline constexpr std::size_t kMaxBatch = 253;    // SCM_MAX_FD: fds asked for plus offered
+inline constexpr std::size_t kMaxKey = 128;      // an entry's allocation key; longer ones are not sent
+inline constexpr std::size_t kEntryHeader = 16;
+inline constexpr std::size_t kMaxRequest = kHeader + 8 * kMaxBatch;
+inline constexpr std::size_t kMaxReply = kHeader + kMaxMessage + kMaxBatch * (kEntryHeader + kMaxKey);
+inline constexpr std::uint8_t kEntryOffered = 1;  // entry flag: not asked for, sent along
 
-// Reply status byte.
+// A reply's status byte, and each entry's.
 enum class Status : std::uint8_t {
-  ok = 0,            // the fd rides along (SCM_RIGHTS), message empty
-  bad_request = 1,   // malformed request (size, magic, reserved bytes, op)
+  ok = 0,            // the fd rides along (SCM_RIGHTS)
+  bad_request = 1,   // malformed request (size, magic, reserved bytes, op, count, fds sent along)
   bad_version = 2,   // a version this server does not speak
   unknown_id = 3,    // no fd registered under that id
   refused = 4,       // credentials refused (the uid/gid policy)
@@ -52,17 +62,29 @@ enum class Status : std::uint8_t {
 };
 
 struct Request {
-  std::uint8_t version = kVersion;
-  std::uint8_t op = kOpGetFd;
+  std::vector<std::uint64_t> ids;  // 1..kMaxBatch
+  std::uint16_t offer = 0;         // fds of other allocations the client takes along
+};
+
+struct Entry {
   std::uint64_t id = 0;
+  Status status = Status::ok;
+  bool offered = false;
+  std::string key;  // the allocation's key ("host:<session>:<id>", "vmm:..."), may be empty
+  UniqueFd fd;      // ok entries, once received
 };
 
 struct Reply {
-  Status status = Status::ok;
-  std::uint64_t id = 0;
+  Status status = Status::ok;  // of the whole request; entries only when ok
   std::string message;
+  std::vector<Entry> entries;
 };
 
+inline void put_le16(unsigned char* p, std::size_t v) {
+  p[0] = static_cast<unsigned char>(v & 0xff);
+  p[1] = static_cast<unsigned char>((v >> 8) & 0xff);
+}
+inline std::size_t get_le16(const unsigned char* p) { return p[0] | (std::size_t{p[1]} << 8); }
 inline void put_le64(unsigned char* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
@@ -72,20 +94,27 @@ inline std::uint64_t get_le64(const unsigned char* p) {
   return v;
 }
 
-// Request: "MCFD" | version u8 | op u8 | reserved u16 = 0 | id u64 LE.
+// Request: "MCFD" | version u8 | op u8 | flags u16 = 0 | count u16 | offer
+// u16 | reserved u32 = 0 | count ids u64 LE.
 inline std::string encode_request(const Request& r) {
-  std::string out(kRequestSize, '\0');
+  // The counts travel as u16: more would wrap into a shorter, wrong request.
+  if (r.ids.size() > kMaxBatch || r.offer > kMaxBatch)
+    throw InvalidArgument("fd request of " + std::to_string(r.ids.size()) + " ids offering " +
+                          std::to_string(r.offer) + ", at most " + std::to_string(kMaxBatch));
+  std::string out(kHeader + 8 * r.ids.size(), '\0');
   auto* p = reinterpret_cast<unsigned char*>(out.data());
   std::memcpy(p, kMagic, 4);
-  p[4] = r.version;
-  p[5] = r.op;
-  put_le64(p + 8, r.id);
+  p[4] = kVersion;
+  p[5] = kOpGetFds;
+  put_le16(p + 8, r.ids.size());
+  put_le16(p + 10, r.offer);
+  for (std::size_t i = 0; i < r.ids.size(); ++i) put_le64(p + kHeader + 8 * i, r.ids[i]);
   return out;
 }
 
 // Parses a request. On failure returns the status to answer and sets *why.
-// The version is checked before the size so that a future client with a
-// longer request still learns "bad version", not "bad request".
+// The version is checked before the size so that a client of another
+// version learns "bad version", not "bad request".
 inline Status decode_request(std::string_view in, Request* out, std::string* why) {
   auto* p = reinterpret_cast<const unsigned char*>(in.data());
   if (in.size() < 5 || std::memcmp(p, kMagic, 4) != 0) {
@@ -93,67 +122,118 @@ inline Status decode_request(std::string_view in, Request* out, std::string* why
     return Status::bad_request;
   }
   if (p[4] != kVersion) {
-    *why = "request version " + std::to_string(p[4]) + " is not supported; this server speaks versions " +
-           std::to_string(kVersion) + " and 2";
+    *why = "request version " + std::to_string(p[4]) + " is not supported; this server speaks version " +
+           std::to_string(kVersion);
     return Status::bad_version;
   }
-  if (in.size() != kRequestSize) {
-    *why = "request is " + std::to_string(in.size()) + " bytes, expected " + std::to_string(kRequestSize);
+  if (in.size() < kHeader) {
+    *why = "request of " + std::to_string(in.size()) + " bytes, shorter than its header";
     return Status::bad_request;
   }
-  if (p[5] != kOpGetFd) {
+  if (p[5] != kOpGetFds) {
     *why = "unknown request op " + std::to_string(p[5]);
     return Status::bad_request;
   }
-  if (p[6] != 0 || p[7] != 0) {
+  if (p[6] || p[7] || p[12] || p[13] || p[14] || p[15]) {
     *why = "reserved request bytes are not zero";
     return Status::bad_request;
   }
-  out->version = p[4];
-  out->op = p[5];
-  out->id = get_le64(p + 8);
+  const std::size_t count = get_le16(p + 8);
+  if (count == 0 || count > kMaxBatch) {
+    *why = "request for " + std::to_string(count) + " ids (1.." + std::to_string(kMaxBatch) + ")";
+    return Status::bad_request;
+  }
+  if (in.size() != kHeader + 8 * count) {
+    *why = "request of " + std::to_string(in.size()) + " bytes for " + std::to_string(count) +
+           " ids (8 bytes each after a 16-byte header)";
+    return Status::bad_request;
+  }
+  out->ids.resize(count);
+  for (std::size_t i = 0; i < count; ++i) out->ids[i] = get_le64(p + kHeader + 8 * i);
+  out->offer = static_cast<std::uint16_t>(get_le16(p + 10));
   return Status::ok;
 }
 
-// Reply: "MCFD" | version u8 | status u8 | message length u16 LE | id u64 LE |
-// message bytes (UTF-8, at most kMaxMessage; longer ones are cut).
+// Reply: "MCFD" | version u8 | status u8 | message length u16 | count u16 |
+// fds u16 | reserved u32 | message (UTF-8, cut at kMaxMessage) | count
+// entries, each: id u64 | status u8 | flags u8 | key length u16 | reserved
+// u32 | key. The fds ride along in entry order, one per ok entry.
 inline std::string encode_reply(const Reply& r) {
-  std::size_t n = r.message.size() < kMaxMessage ? r.message.size() : kMaxMessage;
-  std::string out(kReplyHeader + n, '\0');
+  if (r.entries.size() > kMaxBatch)
+    throw InvalidArgument("fd reply of " + std::to_string(r.entries.size()) + " entries, at most " +
+                          std::to_string(kMaxBatch));
+  const std::size_t n = r.message.size() < kMaxMessage ? r.message.size() : kMaxMessage;
+  std::size_t size = kHeader + n, fds = 0;
+  for (const auto& e : r.entries) {
+    size += kEntryHeader + (e.key.size() <= kMaxKey ? e.key.size() : 0);
+    fds += e.status == Status::ok;
+  }
+  std::string out(size, '\0');
   auto* p = reinterpret_cast<unsigned char*>(out.data());
   std::memcpy(p, kMagic, 4);
   p[4] = kVersion;
   p[5] = static_cast<unsigned char>(r.status);
-  p[6] = static_cast<unsigned char>(n & 0xff);
-  p[7] = static_cast<unsigned char>(n >> 8);
-  put_le64(p + 8, r.id);
-  std::memcpy(p + kReplyHeader, r.message.data(), n);
+  put_le16(p + 6, n);
+  put_le16(p + 8, r.entries.size());
+  put_le16(p + 10, fds);
+  std::memcpy(p + kHeader, r.message.data(), n);
+  unsigned char* q = p + kHeader + n;
+  for (const auto& e : r.entries) {
+    const std::size_t k = e.key.size() <= kMaxKey ? e.key.size() : 0;
+    put_le64(q, e.id);
+    q[8] = static_cast<unsigned char>(e.status);
+    q[9] = e.offered ? kEntryOffered : 0;
+    put_le16(q + 10, k);
+    std::memcpy(q + kEntryHeader, e.key.data(), k);
+    q += kEntryHeader + k;
+  }
   return out;
 }
 
-// Parses a reply; false (with *why) when it does not follow the protocol.
-inline bool decode_reply(std::string_view in, Reply* out, std::string* why) {
+// Parses a reply (entries without fds); false (with *why) when it does not
+// follow the protocol. *fds: how many fds it says ride along.
+inline bool decode_reply(std::string_view in, Reply* out, std::size_t* fds, std::string* why) {
   auto* p = reinterpret_cast<const unsigned char*>(in.data());
-  if (in.size() < kReplyHeader || std::memcmp(p, kMagic, 4) != 0) {
-    *why = "reply of " + std::to_string(in.size()) + " bytes without the \"MCFD\" header";
+  if (in.size() < kHeader || std::memcmp(p, kMagic, 4) != 0 || p[4] != kVersion) {
+    *why = "reply of " + std::to_string(in.size()) + " bytes without a version " + std::to_string(kVersion) +
+           " \"MCFD\" header";
     return false;
   }
-  if (p[4] != kVersion) {
-    *why = "reply version " + std::to_string(p[4]) + ", expected " + std::to_string(kVersion);
-    return false;
-  }
-  std::size_t n = p[6] | (std::size_t{p[7]} << 8);
-  if (n > kMaxMessage || in.size() != kReplyHeader + n) {
-    *why = "reply length field " + std::to_string(n) + " does not match its " + std::to_string(in.size()) + " bytes";
-    return false;
-  }
-  if (p[5] > static_cast<unsigned char>(Status::server_error)) {
-    *why = "unknown reply status " + std::to_string(p[5]);
+  const std::size_t n = get_le16(p + 6);
+  const std::size_t count = get_le16(p + 8);
+  *fds = get_le16(p + 10);
+  if (p[5] > static_cast<unsigned char>(Status::server_error) || n > kMaxMessage || count > kMaxBatch ||
+      in.size() < kHeader + n + count * kEntryHeader) {
+    *why = "reply header (status " + std::to_string(p[5]) + ", message " + std::to_string(n) + ", entries " +
+           std::to_string(count) + ") does not match its " + std::to_string(in.size()) + " bytes";
     return false;
   }
   out->status = static_cast<Status>(p[5]);
-  out->id = get_le64(p + 8);
-  out->message.assign(in.data() + kReplyHeader, n);
+  out->message.assign(in.data() + kHeader, n);
+  out->entries.clear();
+  std::size_t at = kHeader + n, ok = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (in.size() < at + kEntryHeader) break;
+    const unsigned char* q = p + at;
+    const std::size_t k = get_le16(q + 10);
+    if (q[8] > static_cast<unsigned char>(Status::server_error) || k > kMaxKey || in.size() < at + kEntryHeader + k) {
+      *why = "reply entry " + std::to_string(i) + " is malformed";
+      return false;
+    }
+    Entry e;
+    e.id = get_le64(q);
+    e.status = static_cast<Status>(q[8]);
+    e.offered = (q[9] & kEntryOffered) != 0;
+    e.key.assign(in.data() + at + kEntryHeader, k);
+    ok += e.status == Status::ok;
+    out->entries.push_back(std::move(e));
+    at += kEntryHeader + k;
+  }
+  if (out->entries.size() != count || at != in.size() || ok != *fds) {
+    *why = "reply of " + std::to_string(in.size()) + " bytes does not hold its " + std::to_string(count) +
+           " entries and " + std::to_string(*fds) + " fds";
+    return false;
+  }
   return true;
 }
 
@@ -180,22 +260,23 @@ inline UniqueFd make_socket() {
   return UniqueFd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
 }
 
-// Sends one message, with fd (if >= 0) as SCM_RIGHTS. MSG_NOSIGNAL: a peer
-// that went away must not kill the registry's process with SIGPIPE.
-inline ssize_t send_message(int sock, std::string_view bytes, int fd = -1) {
+// Sends one message with `fds` (at most kMaxBatch) as SCM_RIGHTS.
+// MSG_NOSIGNAL: a peer that went away must not kill the registry's process
+// with SIGPIPE.
+inline ssize_t send_message(int sock, std::string_view bytes, const std::vector<int>& fds = {}) {
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = ctrl;
-    msg.msg_controllen = sizeof ctrl;
+  std::vector<char> ctrl(fds.empty() ? 0 : CMSG_SPACE(sizeof(int) * fds.size()) + alignof(cmsghdr));
+  if (!fds.empty()) {
+    msg.msg_control = ctrl.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
   ssize_t n;
   do n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -203,42 +284,38 @@ inline ssize_t send_message(int sock, std::string_view bytes, int fd = -1) {
   return n;
 }
 
-// One received message: its bytes, the fds that came with it (each owned,
+// One received message: its bytes, every fd that came along (owned,
 // close-on-exec through MSG_CMSG_CLOEXEC), and the kernel's flags.
 struct Received {
   std::string bytes;
-  UniqueFd fd;            // the first fd received, if any
-  int extra_fds = 0;      // more fds than the protocol allows (closed)
+  std::vector<UniqueFd> fds;
   bool truncated = false;  // MSG_TRUNC: the message was longer than the buffer
   bool ctrunc = false;     // MSG_CTRUNC: an fd could not be delivered
 };
 
-// recvmsg of one message of at most max_bytes; returns -1 with errno on
-// failure, 0 on orderly close, else the byte count (>= 0 with r filled).
-inline ssize_t recv_message(int sock, std::size_t max_bytes, Received* r) {
+// recvmsg of one message of at most max_bytes and max_fds fds (the kernel
+// drops more, with MSG_CTRUNC); returns -1 with errno on failure, 0 on
+// orderly close, else the byte count (with r filled).
+inline ssize_t recv_message(int sock, std::size_t max_bytes, Received* r, std::size_t max_fds = kMaxBatch) {
   r->bytes.assign(max_bytes + 1, '\0');  // one spare byte to see truncation ourselves
   iovec iov{r->bytes.data(), r->bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)] = {};
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxBatch)] = {};
   msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof ctrl;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * (max_fds < kMaxBatch ? max_fds : kMaxBatch));
   ssize_t n;
   do n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0) return n;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (std::size_t i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (!r->fd) r->fd.reset(fd);
-      else {
-        ::close(fd);
-        ++r->extra_fds;
-      }
+      r->fds.emplace_back(fd);
     }
   }
   r->truncated = (msg.msg_flags & MSG_TRUNC) || static_cast<std::size_t>(n) > max_bytes;

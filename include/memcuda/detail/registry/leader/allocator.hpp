@@ -271,16 +271,11 @@ class Allocator final : public OwnAllocator {
       log(LogLevel::warn, "ignoring free of '" + t.name + "': still " + std::to_string(t.refcount) + " reference(s)");
       return;
     }
-    if (t.owner != ctx_.session) {
-      if (owner_alive(ctx_, c, t.owner, t.owner_pid)) {
-        // An ex-allocator of record that is still alive owns it: only it can
-        // free it (it keeps the record until then).
-        inbox::send(c, ctx_.keys, t.owner, inbox::Free{generation});
-        return;
-      }
-      // A dead owner's host memory outlives it; its object may hold other
-      // tensors too, so it is unlinked once no record uses it.
-      add_orphan(t);
+    if (t.owner != ctx_.session && owner_alive(ctx_, c, t.owner, t.owner_pid)) {
+      // An ex-allocator of record that is still alive owns it: only it can
+      // free it (it keeps the record until then).
+      inbox::send(c, ctx_.keys, t.owner, inbox::Free{generation});
+      return;
     }
     store::delete_record(c, rkey);
     ++frees_;
@@ -299,28 +294,6 @@ class Allocator final : public OwnAllocator {
     std::vector<std::pair<TensorInfo, bool>> v;
     for (const auto& [g, o] : owned_) v.emplace_back(o.info, o.persistent);
     return v;
-  }
-
-  // Legacy host shm objects of dead owners, unlinked once no record uses them.
-  void add_orphan(const TensorInfo& t) {
-    std::lock_guard lk(owned_mu_);
-    pending_reclaim_.emplace(t.ipc_handle, t);
-  }
-  // Unlinks the dead owners' objects no record in `still_used` refers to.
-  void reclaim_orphans(const std::set<std::string>& still_used) {
-    std::vector<TensorInfo> reclaim;
-    {
-      std::lock_guard lk(owned_mu_);
-      for (auto it = pending_reclaim_.begin(); it != pending_reclaim_.end();) {
-        if (still_used.count(it->first)) {
-          ++it;
-          continue;
-        }
-        reclaim.push_back(std::move(it->second));
-        it = pending_reclaim_.erase(it);
-      }
-    }
-    for (const auto& t : reclaim) backend_for(t.backend).reclaim_orphan(t);
   }
 
   // ---- the pools ----
@@ -476,10 +449,9 @@ class Allocator final : public OwnAllocator {
   Lease& lease_;
   std::mutex pools_mu_;  // leaf: guards pools_ only; never held across a pool's call (a DevicePool locks itself)
   std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
-  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, pending_reclaim_, parked_
+  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, parked_
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
-  std::multimap<std::string, TensorInfo> pending_reclaim_;
   // Blocks of creates whose script reply was lost, by create_id: out of the pool until a
   // retry resolves them (never retried: a leak, not a double use).
   std::unordered_map<std::string, Owned> parked_;

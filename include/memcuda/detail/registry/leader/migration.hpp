@@ -97,8 +97,6 @@ class Migration {
       if (a == Adopted::retry) {
         scan.still_used.insert(t.ipc_handle);
         scan.unsettled.insert(t.owner);
-      } else {
-        alloc_.add_orphan(t);
       }
     }
     for (const auto& t : denied) {
@@ -108,12 +106,11 @@ class Migration {
   }
 
   void sweep_dead_owners(redis::Connection& c, OrphanScan& scan) {
-    // What this process adopted is its own now: never unlinked as an orphan.
+    // What this process adopted is its own now: never freed as a dead
+    // owner's.
     std::set<std::string> keep = scan.still_used;
     for (DevicePool* p : alloc_.pools())
       for (auto& h : p->adopted_handles()) keep.insert(std::move(h));
-    // Unlink what dead owners left once nothing refers to it any more.
-    alloc_.reclaim_orphans(keep);
     // A dead owner all of whose records were settled: whatever else of its
     // naming remains (empty slabs it kept, blocks whose records went
     // meanwhile) is referenced by no record and is freed, one round later:
@@ -121,24 +118,22 @@ class Migration {
     // its two parts), so the sweep waits for a round in which the owner
     // is again settled, with that round's records kept.
     keep.insert(scan.seen.begin(), scan.seen.end());
-    std::map<std::string, std::set<BackendKind>> due;
+    std::set<std::string> due;
     due.swap(sweep_next_);
-    for (const auto& [owner, ks] : due) {
+    for (const auto& owner : due) {
       if (scan.unsettled.count(owner)) {
-        sweep_next_[owner].insert(ks.begin(), ks.end());  // not yet: next round again
+        sweep_next_.insert(owner);  // not yet: next round again
         continue;
       }
-      std::size_t n = 0;
-      for (BackendKind k : ks) n += backend_for(k).reclaim_owner(owner, keep);
-      // cuda_vmm_fd: standbys close the fds of what no record uses.
-      n += forget_allocations_of(c, ctx_.keys, owner, keep);
+      // Standbys close the fds of what no record uses.
+      const std::size_t n = forget_allocations_of(c, ctx_.keys, owner, keep);
       if (n)
         log(LogLevel::info, "freed " + std::to_string(n) + " allocation(s) of dead allocator " + owner +
                                 " that no record uses");
       store::remove_owner(c, ctx_.keys, owner);  // settled: no more scans for it
     }
     for (const auto& [owner, is_dead] : scan.dead)
-      if (is_dead) sweep_next_[owner].insert(scan.kinds[owner].begin(), scan.kinds[owner].end());
+      if (is_dead) sweep_next_.insert(owner);
   }
 
   // The tensors whose backend can take their memory over in place: grouped
@@ -429,7 +424,7 @@ class Migration {
   std::map<std::uint64_t, int> attempts_;  // failed rounds per generation
   std::vector<Parked> parked_;             // guarded by mu_
   bool scanned_ = false;                   // a full scan ran (only the round touches it)
-  std::map<std::string, std::set<BackendKind>> sweep_next_;  // dead owners to sweep next round (the round's own)
+  std::set<std::string> sweep_next_;  // dead owners to sweep next round (the round's own)
   std::set<std::string> denied_logged_;  // handles whose AccessDenied was logged once (only the round touches it)
   std::atomic<std::uint64_t> seq_{0};
 };

@@ -58,7 +58,6 @@ struct OrphanScan {
   std::set<std::string> seen;        // the ipc handle of every record scanned
   std::map<std::string, bool> dead;  // owner -> dead
   std::set<std::string> unsettled;   // dead owners with a record left for a later round
-  std::map<std::string, std::set<BackendKind>> kinds;  // dead owner -> backends of its records
   std::vector<TensorInfo> orphans;
   std::uint64_t migrated = 0, lost = 0;
 };
@@ -115,7 +114,6 @@ inline void scan_records(Context& ctx, Lease& lease, redis::Connection& c, const
       if (give_up_borrowed(ctx, lease, c, token, t)) ++scan.lost;
       continue;
     }
-    scan.kinds[owner].insert(t.backend);
     scan.orphans.push_back(std::move(t));
   }
 }
