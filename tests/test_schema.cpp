@@ -292,3 +292,55 @@ TEST_CASE("schema: a waiters set of the wrong type: the create of its name moves
   for (const auto& q : leader.quarantined()) listed = listed || q.id == "waiters:x";
   CHECK(listed);
 }
+
+// Keys one process alone uses: no other process repairs them, so their
+// owner does when its command meets WRONGTYPE. Before, the allocator of
+// record's BLMOVE into its processing list failed every pass (no create
+// was served) and a session's heartbeat failed until the key was deleted.
+TEST_CASE("schema: the allocator of record's processing list of the wrong type: moved aside, serving goes on",
+          "[redis][schema]") {
+  test::RedisServer srv;
+  TensorRegistry leader(opts(srv, true));
+  REQUIRE(leader.is_leader());
+  auto admin = srv.connect();
+  auto w = worker(srv);
+  auto ready = w->read_line(10s);
+  REQUIRE(ready);
+  REQUIRE(begins(*ready, "READY"));
+  REQUIRE(begins(w->ask("create a 4 1"), "OK gen="));
+  const std::string epoch(admin.command({"GET", "memcuda:epoch"}).str());
+  const std::string key = "memcuda:processing:" + epoch;
+  admin.command({"DEL", key});
+  admin.command({"SET", key, "oops"});
+  const auto r = w->ask("create b 4 2");
+  INFO(r);
+  CHECK(begins(r, "OK gen="));
+  CHECK(type_of(admin, key) != "string");
+  CHECK(type_of(admin, "memcuda:quarantine:processing:" + epoch) == "string");
+  bool listed = false;
+  for (const auto& q : leader.quarantined()) listed = listed || q.id == "processing:" + epoch;
+  CHECK(listed);
+}
+
+TEST_CASE("schema: a live session's key of the wrong type: its owner writes it again, nothing it holds is freed",
+          "[redis][schema]") {
+  test::RedisServer srv;
+  TensorRegistry leader(opts(srv, true));
+  REQUIRE(leader.is_leader());
+  auto admin = srv.connect();
+  auto w = worker(srv);
+  auto ready = w->read_line(10s);
+  REQUIRE(ready);
+  REQUIRE(begins(*ready, "READY"));
+  auto held = leader.create<float>("held", {4});
+  REQUIRE(begins(w->ask("get held"), "OK"));
+  const std::string key = "memcuda:session:" + leader.session_id();
+  REQUIRE(type_of(admin, key) == "string");
+  admin.command({"DEL", key});
+  admin.command({"HSET", key, "oops", "1"});
+  CHECK(test::eventually([&] { return type_of(admin, key) == "string"; }, 5s));
+  CHECK(type_of(admin, "memcuda:quarantine:session:" + leader.session_id()) == "hash");
+  std::this_thread::sleep_for(300ms);  // GC rounds: the session is alive, its reference stays
+  CHECK(leader.info("held").refcount == 2);
+  CHECK(held.valid());
+}

@@ -32,6 +32,7 @@
 #include "memcuda/detail/registry/leader/succession.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/lists.hpp"
+#include "memcuda/detail/store/schema_repair.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -367,7 +368,9 @@ class ControlLoop {
   // allocator of record: copy a tensor whose exporter died, free memory it
   // still owns, forget a dead exporter's mappings, close returned slabs).
   void read_inbox(std::chrono::milliseconds budget, std::stop_token& st) {
-    auto r = blocking_pop(st, clamp_block(budget), store::inbox_pop_cmd(core_->ctx.keys, core_->ctx.session));
+    auto r = schema::own_list(conn_, core_->ctx.keys, core_->ctx.keys.inbox(core_->ctx.session), [&] {
+      return blocking_pop(st, clamp_block(budget), store::inbox_pop_cmd(core_->ctx.keys, core_->ctx.session));
+    });
     if (r.is_nil()) return;
     core_->handle_inbox(conn_, std::string(r[1].str()));
   }
@@ -391,11 +394,13 @@ class ControlLoop {
       // (kRequeue skips the leader's own list). Nothing is pending now, so
       // everything there is such a stray: back onto the lifecycle list, at
       // the end served next, oldest first.
-      while (store::requeue_one(conn_, k, processing)) {
+      while (schema::own_list(conn_, k, processing, [&] { return store::requeue_one(conn_, k, processing); })) {
       }
       sweep_ = false;
     }
-    auto r = blocking_pop(st, clamp_block(budget), store::take_command_cmd(k, processing));
+    auto r = schema::own_list(conn_, k, processing, [&] {
+      return blocking_pop(st, clamp_block(budget), store::take_command_cmd(k, processing));
+    });
     if (r.is_nil()) return;
     if (MEMCUDA_FAULT("control.blmove_reply_lost")) throw ConnectionError("fault point control.blmove_reply_lost");
     pending_.emplace();

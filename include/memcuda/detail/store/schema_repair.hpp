@@ -280,6 +280,42 @@ inline void rebuild(redis::Connection& c, const Keys& k, const Fixed& f, const s
 // does not parse, is moved aside and rebuilt. `full` (lease win): the
 // generation counter is also raised past the highest generation of every
 // record (a SCAN of them). Returns how many keys it moved.
+// Whether a failed command met a key of the wrong type.
+inline bool wrong_type(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const ReplyError& r) {
+    return r.prefix() == "WRONGTYPE";
+  } catch (...) {
+    return false;
+  }
+}
+
+// A key that one process alone reads and writes (its session, its inbox,
+// the processing list of the lease it holds) of the wrong type would fail
+// that process's every pass; no other process repairs it, so the owner
+// moves it aside when its command fails with WRONGTYPE, and its next write
+// makes the key again. Returns whether it moved the key.
+inline bool repair_own(redis::Connection& c, const Keys& k, const std::string& key, std::string_view right) {
+  auto r = c.command(store::key_type_cmd(key));
+  const std::string type(r.str());
+  if (type == "none" || type == right) return false;
+  return move_aside(c, k, key, type, right, "its owner writes it again") >= 0;
+}
+
+// Runs f, a command on a list only this process uses (its inbox, its
+// lease's processing list); met with WRONGTYPE, moves the list aside and
+// runs f again, else the process's every pass would fail on it.
+template <class F>
+auto own_list(redis::Connection& c, const Keys& k, const std::string& key, F&& f) {
+  try {
+    return f();
+  } catch (const ReplyError& e) {
+    if (e.prefix() != "WRONGTYPE" || !repair_own(c, k, key, "list")) throw;
+  }
+  return f();
+}
+
 inline std::size_t check(redis::Connection& c, const Keys& k, const std::vector<Fixed>& keys, bool full,
                          const std::function<void(Fix)>& leader_part) {
   std::vector<redis::Command> cmds;

@@ -27,6 +27,7 @@
 #include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/sessions.hpp"
 #include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/schema_repair.hpp"
 #include "memcuda/protocol/session.hpp"
 #include "memcuda/stats.hpp"
 
@@ -71,9 +72,12 @@ class Sessions {
   // Returns false when the key was gone before this refresh (Redis lost
   // its data, or this process was stopped past its TTL): the caller then
   // re-registers what this process owns and holds (Recovery).
-  bool refresh(redis::Connection& c) {
+  bool refresh(redis::Connection& c, bool repaired = false) {
     std::vector<std::exception_ptr> errs;  // an index of the wrong type: the leader's check moves it aside
     auto r = store::refresh_session(c, ctx_.keys, ctx_.session, session_value(), ctx_.opts.session_ttl, &errs);
+    const std::string own = ctx_.keys.session(ctx_.session);  // of the wrong type: moved aside, written again
+    if (errs[0] && !repaired && schema::wrong_type(errs[0]) && schema::repair_own(c, ctx_.keys, own, "string"))
+      return refresh(c, true);  // false: the caller re-registers what this process holds
     if (errs[0]) std::rethrow_exception(errs[0]);
     return !r[0].is_nil();
   }
