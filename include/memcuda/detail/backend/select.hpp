@@ -7,6 +7,8 @@
 
 #include "memcuda/config.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -54,6 +56,18 @@ inline Backend& backend_for(BackendKind k) {
 #if MEMCUDA_HAS_CUDA()
 inline CudaVmmBackend& vmm_backend() { return Backends::instance().vmm; }
 
+// The CUDA driver reads /proc as its own pid namespace's: under a /proc of
+// another namespace (unshare --pid without --mount-proc) it fails with
+// cudaErrorOperatingSystem. Says so, or "" when /proc/self is this process.
+inline std::string foreign_proc_hint() {
+  char buf[32] = {};
+  const ssize_t n = ::readlink("/proc/self", buf, sizeof buf - 1);
+  const std::string self = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+  if (self.empty() || self == std::to_string(::getpid())) return {};
+  return "; /proc is another pid namespace's (/proc/self is pid " + self + ", this process is pid " +
+         std::to_string(::getpid()) + "), and the CUDA driver needs its own: mount one (unshare --mount-proc)";
+}
+
 // Why this process can open no cuda memory at all, or nullopt. Asked once:
 // the driver and the visible devices do not change during a process's life.
 inline const std::optional<std::pair<KindErrc, std::string>>& cuda_lack() {
@@ -71,7 +85,8 @@ inline const std::optional<std::pair<KindErrc, std::string>>& cuda_lack() {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     return std::pair{KindErrc::no_cuda_device,
                      "this process sees no CUDA device (" + why + "; CUDA_VISIBLE_DEVICES is " +
-                         (visible ? "'" + std::string(visible) + "'" : std::string("unset")) + ")"};
+                         (visible ? "'" + std::string(visible) + "'" : std::string("unset")) + ")" +
+                         foreign_proc_hint()};
   }();
   return lack;
 }
