@@ -334,11 +334,14 @@ class Core {
     for (int i = 0; i < 64; ++i) {
       auto r = store::inbox_take(c, ctx.keys, ctx.session);
       if (r.is_nil()) return;
-      handle_inbox(c, std::string(r.str()));
+      handle_inbox(c, std::string(r.str()), true);
     }
   }
 
-  void handle_inbox(redis::Connection& c, const std::string& raw) {
+  // As the leader (draining), a copy request is not executed: it was sent
+  // to this process before it led, by a round whose wait has ended, and its
+  // target may be another tensor's memory by now.
+  void handle_inbox(redis::Connection& c, const std::string& raw, bool leading = false) {
     inbox::Message msg;
     try {
       msg = inbox::decode(raw, ctx.node);
@@ -354,6 +357,10 @@ class Core {
       } else if (auto* fr = std::get_if<inbox::Free>(&msg)) {
         alloc.free_unlinked(c, fr->generation);
       } else if (auto* m = std::get_if<inbox::Migrate>(&msg)) {
+        if (leading) {
+          log(LogLevel::info, "dropping a stale copy request for '" + m->to.name + "' sent before this process led");
+          return;
+        }
         if (!m->reply_to.starts_with(ctx.keys.reply(""))) throw InvalidArgument("migrate reply_to is not a reply list");
         inbox::MigrateAnswer ans{m->id, true, {}};
         try {

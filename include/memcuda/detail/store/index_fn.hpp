@@ -80,7 +80,8 @@ local function wake_waiters(p, set, g)
     return
   end
   for _, l in ipairs(waiting) do
-    if not redis.pcall('LPUSH', l, gen_text(g)).err then redis.call('PEXPIRE', l, 60000) end
+    local pushed = redis.pcall('LPUSH', l, gen_text(g))  -- a length, or an error table (a list of the wrong type)
+    if type(pushed) ~= 'table' then redis.call('PEXPIRE', l, 60000) end
   end
   if #waiting > 0 then redis.call('DEL', set) end
 end
