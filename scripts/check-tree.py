@@ -39,6 +39,7 @@ LONG_FUNCTIONS = {
 RANKS = {
     "public": 0,  # the public headers, redis/, protocol/, c/
     "base": 1,
+    "process": 1,  # detail/process/: the process object, its parts only named (defined in impl/)
     "cuda": 2,
     "fd": 2,
     "backend": 3,

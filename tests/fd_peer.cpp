@@ -15,14 +15,14 @@
 //   service                    start the service                    -> ok ADDRESS
 //   servefd ID TEXT            a memfd holding TEXT, served by it    -> ok FD_SOURCE
 //   open MODE OWNER_PID FD_SOURCE   check the source as a reader does, fetch -> ok socket|pidfd TEXT
-// Batches and prefetch (fd_wire.hpp, fd_parking.hpp):
+// Batches and prefetch (fd_wire.hpp, fd_table.hpp):
 //   drop ID                    stop serving ID and close it (the owner frees it) -> ok
-//   prefetch N MS              FdParking::configure(N, MS)          -> ok
+//   prefetch N MS              FdTable::configure(N, MS)          -> ok
 //   fetchsock ID ADDR          fetch_fd over the socket (offers parked) -> ok TEXT
 //   many ADDR IDS              fetch_many, IDS "1,2,3"   -> ok ID=TEXT|ID!REASON ...
 //   parked                     -> ok PARKED HITS DROPPED REQUESTS
-//   expire                     FdParking::expire                    -> ok
-//   forget OWNER ALLOC         FdParking::drop_allocation            -> ok
+//   expire                     FdTable::expire                    -> ok
+//   forget OWNER ALLOC         FdTable::drop_allocation            -> ok
 //   memfds                     memfds open in this process           -> ok N
 //   sstats                     -> ok REQUESTS OFFERED (the server's)
 // Failures answer "err REASON message" (REASON: FdErrc name, bad_record, or "error").
@@ -43,7 +43,8 @@
 #include <dirent.h>
 
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
@@ -209,7 +210,7 @@ std::string run(const std::string& line) {
     int n = 0;
     long long ms = 0;
     in >> n >> ms;
-    FdParking::instance().configure(n, std::chrono::milliseconds(ms));
+    Process::get().fds().configure(n, std::chrono::milliseconds(ms));
     return "ok";
   }
   if (cmd == "fetchsock") {
@@ -239,19 +240,19 @@ std::string run(const std::string& line) {
     return r;
   }
   if (cmd == "parked") {
-    auto& p = FdParking::instance();
+    auto& p = Process::get().fds();
     return "ok " + std::to_string(p.parked()) + " " + std::to_string(p.hits()) + " " + std::to_string(p.dropped()) +
            " " + std::to_string(p.requests());
   }
   if (cmd == "expire") {
-    FdParking::instance().expire();
+    Process::get().fds().expire();
     return "ok";
   }
   if (cmd == "forget") {
     std::string owner;
     std::uint64_t alloc = 0;
     in >> owner >> alloc;
-    FdParking::instance().drop_allocation(owner, alloc);
+    Process::get().fds().drop_allocation(owner, alloc);
     return "ok";
   }
   if (cmd == "memfds") {

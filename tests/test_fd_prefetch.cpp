@@ -1,5 +1,5 @@
 // Batched fetches and prefetch over the fd socket (fd_wire.hpp,
-// fd_parking.hpp; docs/fd-transfer.md, "Batches and prefetch"), between
+// fd_table.hpp; docs/fd-transfer.md, "Batches and prefetch"), between
 // real processes (memcuda_fd_peer) with memfds. Every fetch here goes over
 // the socket (fetch_fd, fetch_many): what a reader in another pid namespace
 // does for every allocation.
@@ -10,7 +10,8 @@
 #include <thread>
 
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "support/process.hpp"
 #include "support/timing.hpp"
@@ -56,7 +57,7 @@ std::pair<int, int> server_counts(Child& owner) {
   return {std::stoi(w[1]), std::stoi(w[2])};
 }
 
-// A reader's FdParking: parked, hits, dropped, requests.
+// A reader's FdTable: parked, hits, dropped, requests.
 std::vector<int> parking(Child& reader) {
   auto w = words(reader.ask("parked"));
   REQUIRE(w.size() == 5);
@@ -65,8 +66,8 @@ std::vector<int> parking(Child& reader) {
 
 // This process's prefetch setting for one case, then the default again.
 struct Prefetch {
-  Prefetch(int n, std::chrono::milliseconds window) { FdParking::instance().configure(n, window); }
-  ~Prefetch() { FdParking::instance().configure(FdParking::kDefaultOffer, FdParking::kDefaultWindow); }
+  Prefetch(int n, std::chrono::milliseconds window) { Process::get().fds().configure(n, window); }
+  ~Prefetch() { Process::get().fds().configure(FdTable::kDefaultOffer, FdTable::kDefaultWindow); }
 };
 
 }  // namespace
@@ -115,9 +116,9 @@ TEST_CASE("an owner sends its other allocations along, and the reader's next ope
   Child reader = peer();
   REQUIRE(reader.ask("prefetch 64 60000") == "ok");
   CHECK(reader.ask("fetchsock 1 " + addr) == "ok a1");
-  // A first request takes FdParking::kFirstOffer along.
-  CHECK(server_counts(owner) == std::pair<int, int>{1, FdParking::kFirstOffer});
-  CHECK(parking(reader)[0] == FdParking::kFirstOffer);
+  // A first request takes FdTable::kFirstOffer along.
+  CHECK(server_counts(owner) == std::pair<int, int>{1, FdTable::kFirstOffer});
+  CHECK(parking(reader)[0] == FdTable::kFirstOffer);
   for (int i = 2; i <= 9; ++i) CHECK(reader.ask("fetchsock " + std::to_string(i) + " " + addr) == "ok a" + std::to_string(i));
   CHECK(server_counts(owner).first == 1);  // nine opens, one request
   CHECK(parking(reader) == std::vector<int>{0, 8, 0, 1});
@@ -166,14 +167,14 @@ TEST_CASE("a parked fd goes when its allocation is freed, after its window, and 
   CHECK(reader.ask("memfds") == "ok 0");
   CHECK(parking(reader)[2] == 4);  // dropped unused: 1 by the notice, 3 by the window
 
-  // The bound: at most FdParking::kMaxParked, whatever the owners send.
+  // The bound: at most FdTable::kMaxParked, whatever the owners send.
   Child big = peer();
   const std::string many = serve_n(big, 300);
   REQUIRE(reader.ask("prefetch 64 60000") == "ok");
   // Unused, the offers stay at kFirstOffer: ask for each first id not sent yet.
-  for (int id = 1; id <= 300; id += FdParking::kFirstOffer + 1)
+  for (int id = 1; id <= 300; id += FdTable::kFirstOffer + 1)
     REQUIRE(reader.ask("fetchsock " + std::to_string(id) + " " + many) == "ok a" + std::to_string(id));
-  CHECK(server_counts(big).second > static_cast<int>(FdParking::kMaxParked));
-  CHECK(parking(reader)[0] == static_cast<int>(FdParking::kMaxParked));
-  CHECK(reader.ask("memfds") == "ok " + std::to_string(FdParking::kMaxParked));
+  CHECK(server_counts(big).second > static_cast<int>(FdTable::kMaxParked));
+  CHECK(parking(reader)[0] == static_cast<int>(FdTable::kMaxParked));
+  CHECK(reader.ask("memfds") == "ok " + std::to_string(FdTable::kMaxParked));
 }

@@ -14,7 +14,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
@@ -293,7 +294,7 @@ TEST_CASE("standby: holds what another process serves in its runtime directory, 
   auto p = sb.sync_once(c, true);
   CHECK(p.fetched == 1);
   CHECK(p.failed == 1);
-  auto& holds = FdHolds::instance();
+  auto& holds = Process::get().fds();
   CHECK_FALSE(holds.held(k2));
   {
     UniqueFd fd = holds.dup(k1);

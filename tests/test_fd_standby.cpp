@@ -14,7 +14,8 @@
 #include <string>
 
 #include "memcuda/detail/backend/select.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
@@ -216,7 +217,7 @@ TEST_CASE("standby: the owner publishes its fds, a standby holds them, both foll
   detail::Lease la(ca), lb(cb);
   detail::Standby sa(ca, la), sb(cb, lb);
   auto c = srv.connect();
-  auto& holds = detail::FdHolds::instance();
+  auto& holds = detail::Process::get().fds();
   const std::string hkey = "sb:memcuda:allocations";
 
   auto svc = detail::FdService::acquire();

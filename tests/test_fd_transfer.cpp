@@ -261,9 +261,9 @@ TEST_CASE("a reader keeps one connection per owner, reconnects when it was dropp
           "[fd]") {
   const std::string addr = unique_address("kept");
   // One request per fetch here: no fds sent along (test_fd_prefetch.cpp).
-  FdParking::instance().configure(0, FdParking::kDefaultWindow);
+  Process::get().fds().configure(0, FdTable::kDefaultWindow);
   struct Restore {
-    ~Restore() { FdParking::instance().configure(FdParking::kDefaultOffer, FdParking::kDefaultWindow); }
+    ~Restore() { Process::get().fds().configure(FdTable::kDefaultOffer, FdTable::kDefaultWindow); }
   } restore;
   std::vector<UniqueFd> mems;
   auto serve_all = [&](FdServer& srv) {

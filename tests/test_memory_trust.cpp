@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "memcuda/detail/backend/select.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
@@ -260,7 +261,7 @@ TEST_CASE("standby: an fd source that is not the owner's registry fd server is n
   auto p = sb.sync_once(c, true);
   CHECK(p.fetched == 0);
   CHECK(p.failed == 2);
-  for (const auto& [k, v] : entries) CHECK_FALSE(detail::FdHolds::instance().held(k));
+  for (const auto& [k, v] : entries) CHECK_FALSE(detail::Process::get().fds().held(k));
   CHECK(server.served() == 0);  // nothing was asked of it
   server.stop();
   c.command({"DEL", hkey, "tr:memcuda:allocations_version"});

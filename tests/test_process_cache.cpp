@@ -45,7 +45,7 @@ constexpr auto kGenerous = std::chrono::seconds(20);
 }  // namespace
 
 TEST_CASE("process cache: a slow first open stalls neither hits nor opens of other allocations", "[process_cache][threads]") {
-  auto& pc = ProcessCache::instance();
+  auto& pc = Process::get().cache();
   const std::string owner = owner_for("slow");
   // A mapping already open: later gets of it are hits.
   auto [hot_base, hot_keep] = pc.resolve(owner, 1, [] { return std::make_unique<BufferMapping>(64); });
@@ -78,7 +78,7 @@ TEST_CASE("process cache: a slow first open stalls neither hits nor opens of oth
 }
 
 TEST_CASE("process cache: concurrent first opens of one allocation share one mapping", "[process_cache][threads]") {
-  auto& pc = ProcessCache::instance();
+  auto& pc = Process::get().cache();
   const std::string owner = owner_for("once");
   std::atomic<int> opens{0};
   std::promise<void> entered, release;
@@ -105,7 +105,7 @@ TEST_CASE("process cache: concurrent first opens of one allocation share one map
 }
 
 TEST_CASE("process cache: a failed open reaches every waiter, and the next get opens anew", "[process_cache][threads]") {
-  auto& pc = ProcessCache::instance();
+  auto& pc = Process::get().cache();
   const std::string owner = owner_for("fail");
   std::promise<void> entered, release;
   auto release_f = release.get_future().share();

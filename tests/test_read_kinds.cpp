@@ -135,7 +135,7 @@ TEST_CASE("kinds: import_cache, from the options (MEMCUDA_IMPORT_CACHE), is how 
   // 16 MiB each, half a host slab: an allocation of its own, one mapping each
   REQUIRE(starts_with(w->ask("createp a 4194304 1", 30s), "OK"));
   REQUIRE(starts_with(w->ask("createp b 4194304 2", 30s), "OK"));
-  auto& pc = detail::ProcessCache::instance();
+  auto& pc = detail::Process::get().cache();
   pc.drop_idle();
 
   auto o = test::host_options(srv, false);

@@ -515,7 +515,7 @@ TEST_CASE("host backend: adopt maps the same memfd through a held fd and serves 
   CHECK_THROWS_AS(hb.adopt(t, 76, tag), Lost);
 
   // a standby's hold, fetched from the owner's fd server as the standby thread does
-  auto& holds = detail::FdHolds::instance();
+  auto& holds = detail::Process::get().fds();
   const auto src = detail::decode_fd_source(orig.fd_source);
   holds.hold("test-standby", orig.handle, detail::fetch(src.source, src.id).fd);
   CHECK(hb.can_adopt(t));

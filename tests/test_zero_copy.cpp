@@ -67,7 +67,7 @@ TEST_CASE("zero copy: an opted-in copy is counted in stats and warned about once
   test::RedisServer srv;
   TensorRegistry reg(test::host_options(srv));
   const auto before = reg.stats().process;
-  auto& count = detail::CopyCount::instance();
+  auto& count = detail::Process::get().copies();
   count.note("a test's copy", "zc/a", 100, "a reason");
   count.note("a test's copy", "zc/a", 28, "a reason");  // same site and tensor: counted, not logged again
   const auto after = reg.stats().process;

@@ -28,9 +28,9 @@
 //     the other inline namespace (memcuda::v<M>_<m>_cuda vs _host).
 // README.md, "Troubleshooting", shows the exact messages.
 //
-// Process-wide state (the release queue, the mapping cache, the CUDA event
-// cache, the fault registry) is reached only through the code included here,
-// as function-local statics of inline functions: one object per program.
+// Process-wide state (the release queue, the mapping cache, the fd table,
+// the CUDA event cache: detail/process/process.hpp) is one object defined
+// here (Process::get()): one per program.
 #pragma once
 
 #include "memcuda/memcuda.hpp"
@@ -47,6 +47,7 @@
 #include "memcuda/impl/model.ipp"
 #include "memcuda/impl/model_ab.ipp"
 #include "memcuda/impl/options.ipp"
+#include "memcuda/impl/process.ipp"
 #include "memcuda/impl/safetensors.ipp"
 #include "memcuda/impl/shape.ipp"
 #include "memcuda/impl/share.ipp"

@@ -3,6 +3,7 @@
 // binding made instead where its caller opted in.
 #include "c_api_internal.hpp"
 #include "memcuda/detail/base/copy_count.hpp"
+#include "memcuda/detail/process/process.hpp"
 
 using memcuda_c::guarded;
 
@@ -15,7 +16,7 @@ int memcuda_tensor_check_device(const memcuda_tensor* t, int device) {
 int memcuda_note_copy(const memcuda_tensor* t, const char* site, uint64_t bytes, const char* why) {
   return guarded([&] {
     const auto& s = memcuda_c::tensor(t);
-    memcuda::detail::CopyCount::instance().note(site ? site : "a binding", s.name(), bytes,
+    memcuda::detail::Process::get().copies().note(site ? site : "a binding", s.name(), bytes,
                                                  why ? why : "zero copy could not be had");
   });
 }

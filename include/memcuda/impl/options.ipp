@@ -1,5 +1,6 @@
 // Implementation unit part: RegistryOptions::from_env (memcuda/options.hpp),
-// the one place that turns the MEMCUDA_* variables into registry options.
+// the one place that turns the MEMCUDA_* variables into registry options
+// (the process-wide ones: ProcessOptions::from_env).
 // Included once per program through memcuda/implementation.hpp.
 #pragma once
 
@@ -9,24 +10,13 @@
 #include <string_view>
 
 #include "memcuda/detail/fd/fd_access.hpp"
+#include "memcuda/detail/process/process_options.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/redis/options.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
 
-namespace detail {
-// The variable's value; nullopt when unset or empty (the default stays).
-inline std::optional<std::string_view> env_value(const char* name) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return std::nullopt;
-  return std::string_view(e);
-}
-[[noreturn]] inline void bad_env(const char* name, std::string_view value, std::string_view expected) {
-  throw InvalidArgument(std::string(name) + " is '" + std::string(value) + "'; expected " + std::string(expected) +
-                        " (fix or unset the variable)");
-}
-}  // namespace detail
 
 RegistryOptions RegistryOptions::from_env() {
   RegistryOptions o;
@@ -56,21 +46,12 @@ RegistryOptions RegistryOptions::from_env() {
     o.allowed_uids = detail::parse_id_list(*v, "MEMCUDA_ALLOWED_UIDS (fix or unset the variable)");
   if (auto v = detail::env_value("MEMCUDA_ALLOWED_GIDS"))
     o.allowed_gids = detail::parse_id_list(*v, "MEMCUDA_ALLOWED_GIDS (fix or unset the variable)");
-  auto bounded = [](const char* name, std::string_view v, long long hi, const char* what) {
-    long long n = -1;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (ec != std::errc() || p != v.data() + v.size() || n < 0 || n > hi) detail::bad_env(name, v, what);
-    return n;
-  };
-  if (auto v = detail::env_value("MEMCUDA_FD_PREFETCH"))
-    o.fd_prefetch = static_cast<int>(bounded("MEMCUDA_FD_PREFETCH", *v, 253, "a count of fds, 0..253"));
-  if (auto v = detail::env_value("MEMCUDA_IMPORT_CACHE"))
-    o.import_cache =
-        static_cast<std::size_t>(bounded("MEMCUDA_IMPORT_CACHE", *v, 65536, "a count of mappings, 0..65536"));
-  if (auto v = detail::env_value("MEMCUDA_FD_PARK_MS"))
-    o.fd_park_window = std::chrono::milliseconds(
-        bounded("MEMCUDA_FD_PARK_MS", *v, 60000, "an integer number of milliseconds, 0..60000"));
+  const auto p = detail::ProcessOptions::from_env();  // the process-wide ones a registry sets
+  o.fd_prefetch = p.fd_prefetch;
+  o.import_cache = p.import_cache;
+  o.fd_park_window = p.fd_park_window;
   return o;
 }
+
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

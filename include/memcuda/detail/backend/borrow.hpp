@@ -40,6 +40,7 @@
 #include "memcuda/detail/backend/host_backend.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/share_options.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -94,13 +95,10 @@ inline std::optional<MapsEntry> mapping_of(const void* p) {
 // The regular files this process has open, by (device, inode), as of the
 // last scan of /proc/self/fd: a hit is checked with one fstat before use,
 // a miss rescans. So sharing many buffers scans once, not once per buffer
-// (a process with a model loaded has hundreds of fds).
+// (a process with a model loaded has hundreds of fds). A part of the
+// process object (Process::open_files()): the fd table it mirrors is.
 class OpenFiles {
  public:
-  static OpenFiles& instance() {
-    static OpenFiles f;  // process-wide by design: the fd table is
-    return f;
-  }
   // A duplicate of an open fd of (dev, ino), or none.
   UniqueFd find(dev_t dev, ino_t ino) {
     std::lock_guard lk(mu_);  // leaf: no I/O but the local fd table
@@ -142,7 +140,7 @@ class OpenFiles {
 // An fd of the file (dev, ino) this process has open, duplicated; else one
 // opened through /proc/self/map_files (CAP_SYS_ADMIN); else none.
 inline UniqueFd fd_of_file(const MapsEntry& m) {
-  if (auto fd = OpenFiles::instance().find(m.dev, m.ino)) return fd;
+  if (auto fd = Process::get().open_files().find(m.dev, m.ino)) return fd;
   char name[96];
   std::snprintf(name, sizeof name, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(m.start),
                 static_cast<unsigned long>(m.end));
@@ -154,12 +152,9 @@ inline UniqueFd fd_of_file(const MapsEntry& m) {
 
 // Noexcept frees of a borrowed allocation: stop serving its fd (the
 // keep-alive goes with the Allocation). Nothing is ever allocated here.
+// Stateless; one of the process's backends (Backends::borrowed).
 class BorrowedMemory final : public Backend {
  public:
-  static BorrowedMemory& instance() {
-    static BorrowedMemory b;  // stateless; process-wide by design
-    return b;
-  }
   BackendKind kind() const noexcept override { return BackendKind::host; }
   std::string_view alloc_kind() const noexcept override { return alloc_kind::host_memfd; }
   Allocation allocate(std::uint64_t, int, std::uint64_t, const std::string&, DeviceMemoryResource*) override {

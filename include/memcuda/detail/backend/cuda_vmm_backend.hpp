@@ -36,7 +36,8 @@
 #include "memcuda/detail/cuda/driver.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 
@@ -77,6 +78,7 @@ inline CUmemAllocationProp prop_for(int device) {
 
 // The allocation granularity of `device` (cached per ordinal).
 inline std::uint64_t granularity(int device) {
+  // Process-wide: a property of the device, asked of the driver once.
   static std::mutex mu;
   static std::vector<std::uint64_t> cache;
   {
@@ -262,7 +264,7 @@ class CudaVmmBackend final : public Backend {
   bool can_adopt(const TensorInfo& t) const noexcept override {
     if (t.backend != BackendKind::cuda || t.alloc_kind != alloc_kind::cuda_vmm_fd) return false;
     try {
-      return FdHolds::instance().held(vmm_key(t.ipc_handle));
+      return Process::get().fds().held(vmm_key(t.ipc_handle));
     } catch (...) {
       return false;
     }
@@ -276,7 +278,7 @@ class CudaVmmBackend final : public Backend {
     expect_alloc_kind(t, alloc_kind::cuda_vmm_fd);
     const std::string key = vmm_key(t.ipc_handle);
     const std::string what = "adopting " + key + " of tensor '" + t.name + "'";
-    UniqueFd fd = FdHolds::instance().dup(key);
+    UniqueFd fd = Process::get().fds().dup(key);
     if (!fd)
       throw Lost(what + ": this process holds no fd of it (no standby fetched it before its allocator of record "
                         "died)");

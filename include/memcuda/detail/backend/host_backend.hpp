@@ -13,7 +13,7 @@
 // open: the fd comes from record_fd() (a standby's held fd, else fetched
 // from the owner and checked to be the file it published); its size and
 // seals are checked, then it is mapped. The mapping keeps the fd, held in
-// FdHolds: a process that maps an allocation can adopt it when its
+// FdTable: a process that maps an allocation can adopt it when its
 // allocator of record dies, as a standby can.
 //
 // The memory goes with the last fd or mapping of it, whoever holds them:
@@ -37,7 +37,8 @@
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/backend/record_fd.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
@@ -46,13 +47,13 @@
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // The ipc_handle of a host_memfd allocation, and its key in the
-// allocations Hash and FdHolds: "host:<owner session>:<alloc id>".
+// allocations Hash and FdTable: "host:<owner session>:<alloc id>".
 inline std::string host_handle(const std::string& session, std::uint64_t alloc_id) {
   return "host:" + session + ":" + std::to_string(alloc_id);
 }
 
 // A host allocation mapped into this process. A host_memfd mapping keeps
-// its fd, held in FdHolds under a holder of its own, so that this process
+// its fd, held in FdTable under a holder of its own, so that this process
 // can adopt the allocation (HostBackend::adopt) if its owner dies.
 class HostMapping final : public Mapping {
  public:
@@ -61,12 +62,12 @@ class HostMapping final : public Mapping {
     size_ = n;
     if (fd && !key_.empty()) {
       holder_ = "mapping:" + std::to_string(reinterpret_cast<std::uintptr_t>(p));
-      FdHolds::instance().hold(holder_, key_, std::move(fd));
+      Process::get().fds().hold(holder_, key_, std::move(fd));
     }
   }
   ~HostMapping() override {
     if (base_) ::munmap(base_, size_);
-    if (!holder_.empty()) FdHolds::instance().drop(holder_, key_);
+    if (!holder_.empty()) Process::get().fds().drop(holder_, key_);
   }
 
  private:
@@ -147,7 +148,7 @@ class HostBackend final : public Backend {
   bool can_adopt(const TensorInfo& t) const noexcept override {
     if (t.backend != BackendKind::host || t.alloc_kind != alloc_kind::host_memfd) return false;
     try {
-      return FdHolds::instance().held(t.ipc_handle);
+      return Process::get().fds().held(t.ipc_handle);
     } catch (...) {
       return false;
     }
@@ -159,7 +160,7 @@ class HostBackend final : public Backend {
   Allocation adopt(const TensorInfo& t, std::uint64_t alloc_id, const std::string& /*tag*/) override {
     expect_alloc_kind(t, alloc_kind::host_memfd);
     const std::string what = "adopting " + t.ipc_handle + " of tensor '" + t.name + "'";
-    UniqueFd fd = FdHolds::instance().dup(t.ipc_handle);
+    UniqueFd fd = Process::get().fds().dup(t.ipc_handle);
     if (!fd)
       throw Lost(what + ": this process holds no fd of it (no standby fetched it and no mapping of this process "
                         "has it)");
@@ -189,8 +190,10 @@ class HostBackend final : public Backend {
   // Keeps `s` served until static destruction (process exit). Noexcept: a
   // failure only ends the serving early (the standby still holds the fd).
   static void serve_until_exit(const std::shared_ptr<ServedFd>& s) noexcept {
+    // Process-wide: an adopted allocation is served past the registry that
+    // adopted it, until exit.
     static std::mutex mu;                                // leaf
-    static std::vector<std::shared_ptr<ServedFd>> kept;  // process-wide by design
+    static std::vector<std::shared_ptr<ServedFd>> kept;
     try {
       std::lock_guard lk(mu);
       kept.push_back(s);

@@ -1,4 +1,4 @@
-// The one piece of process-wide state: which exported allocations this
+// Part of the process object (Process::cache()): which exported allocations this
 // process owns and which foreign ones it has mapped. Every registry of the
 // process resolves tensors through it, because a process may not open its
 // own CUDA IPC handle, and because mapping an allocation once per process
@@ -30,8 +30,8 @@
 
 #include "memcuda/detail/backend/backend.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"  // note_process_exit
-#include "memcuda/detail/fd/fd_holds.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -54,16 +54,12 @@ class ExportedBlock {
 
 class ProcessCache {
  public:
-  static ProcessCache& instance() {
-    static ProcessCache c;  // process-wide by design (see above)
-    return c;
-  }
-  // Runs only at exit (static destruction), before the members close the
-  // mappings they keep: CUDA may already be unloaded, and that is no error.
-  ~ProcessCache() { note_process_exit(); }
-  // FdHolds is made first, so that it is destroyed after this cache: a
+  // Runs only at exit (the process object's destruction), before the
+  // members close the mappings they keep: CUDA may already be unloaded, and
+  // that is no error. The fd table outlives the cache (process.hpp): a
   // host mapping the cache still keeps at exit gives its fd back there.
-  ProcessCache() { (void)FdHolds::instance(); }
+  ~ProcessCache() { note_process_exit(); }
+  ProcessCache() = default;
   ProcessCache(const ProcessCache&) = delete;
   ProcessCache& operator=(const ProcessCache&) = delete;
 
@@ -175,7 +171,7 @@ class ProcessCache {
   // its idle mappings, so its memory goes back to the driver as soon as no
   // handle of this process uses it.
   void forget_owner(const std::string& owner) {
-    FdParking::instance().drop_owner(owner);  // fds sent along unasked pin memory too
+    Process::get().fds().drop_owner(owner);  // fds sent along unasked pin memory too
     std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
     {
       std::lock_guard lk(m_);
@@ -192,7 +188,7 @@ class ProcessCache {
   // The exporter returned this allocation to the driver: stop keeping an
   // idle mapping of it (which would keep the memory allocated).
   void forget_allocation(const std::string& owner, std::uint64_t alloc_id) {
-    FdParking::instance().drop_allocation(owner, alloc_id);
+    Process::get().fds().drop_allocation(owner, alloc_id);
     std::list<std::pair<std::string, std::shared_ptr<Mapping>>> gone;
     std::lock_guard lk(m_);
     const std::string k = key(owner, alloc_id);

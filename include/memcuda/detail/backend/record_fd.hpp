@@ -2,7 +2,7 @@
 // file descriptor (cuda_vmm_fd, host_memfd; docs/fd-transfer.md): one way
 // to obtain it, shared by their open() and adopt().
 //
-// A standby of this process may hold it already (FdHolds); else it is
+// A standby of this process may hold it already (FdTable); else it is
 // fetched from where the record says (fd_source), once that names the
 // registry's own fd server of the record's owner (check_fd_source). The fd
 // obtained must be the file the source published ((st_dev, st_ino)):
@@ -16,7 +16,8 @@
 #include <string>
 
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
 #include "memcuda/error.hpp"
@@ -35,7 +36,7 @@ inline bool refuses_fd_transfer(const FdTransferError& e) noexcept {
   return n == EPERM || n == EACCES || n == ENOSYS || n == EAFNOSUPPORT || n == EPROTONOSUPPORT || n == EOPNOTSUPP;
 }
 
-// The held fd of `key` (FdHolds), else the one `t.fd_source` names.
+// The held fd of `key` (FdTable), else the one `t.fd_source` names.
 // `what` names the tensor in messages. Throws ProtocolError(bad_record)
 // for a source that is not the owner's fd server or a file that is not the
 // one it published, Lost when the owner has exited and no process of this
@@ -43,7 +44,7 @@ inline bool refuses_fd_transfer(const FdTransferError& e) noexcept {
 // fd transfer, Unavailable (FdTransferError) for the other transfer
 // failures, each with a message that says what to change.
 inline UniqueFd record_fd(const TensorInfo& t, const std::string& key, const std::string& what) {
-  if (UniqueFd held = FdHolds::instance().dup(key)) return held;
+  if (UniqueFd held = Process::get().fds().dup(key)) return held;
   if (t.fd_source.empty())
     throw Unavailable(what + ": its record has no fd_source, so no process can hand this reader the memory's fd "
                              "(a record written by hand or by another program?)");

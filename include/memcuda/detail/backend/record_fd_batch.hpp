@@ -1,7 +1,7 @@
 // A batched open's fds (get_many, a state dict; docs/fd-transfer.md,
 // "Batches and prefetch"): before their allocations are opened one by one,
 // the fds of those an owner would serve over its socket are fetched in one
-// request per owner and parked (FdParking), so that each open
+// request per owner and parked (FdTable), so that each open
 // (record_fd() -> fetch()) takes its fd without a round trip.
 //
 // Only what the socket would serve anyway: allocations not mapped in this
@@ -25,8 +25,8 @@
 
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/backend/backend.hpp"
@@ -34,20 +34,20 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-// At most this many fds are fetched ahead at once (FdParking keeps 256).
+// At most this many fds are fetched ahead at once (FdTable keeps 256).
 inline constexpr std::size_t kPrefetchChunk = 128;
 
 inline void prefetch_record_fds(const std::vector<const TensorInfo*>& ts) {
-  if (FdParking::instance().window().count() <= 0) return;
+  if (Process::get().fds().window().count() <= 0) return;
   // address -> (served id -> allocation key)
   std::map<std::string, std::map<std::uint64_t, std::string>> per;
   std::set<std::pair<std::string, std::uint64_t>> seen;
   for (const TensorInfo* t : ts) {
     if (t->fd_source.empty() || (t->alloc_kind != alloc_kind::host_memfd && t->alloc_kind != alloc_kind::cuda_vmm_fd))
       continue;
-    if (!seen.emplace(t->owner, t->alloc_id).second || ProcessCache::instance().mapped(t->owner, t->alloc_id)) continue;
+    if (!seen.emplace(t->owner, t->alloc_id).second || Process::get().cache().mapped(t->owner, t->alloc_id)) continue;
     const std::string key = vmm_key(t->ipc_handle);  // host handles carry no padding: the same key
-    if (FdHolds::instance().held(key)) continue;
+    if (Process::get().fds().held(key)) continue;
     try {
       ServedSource src = decode_fd_source(t->fd_source);
       check_fd_source(src, t->owner_pid, "tensor '" + t->name + "'");
@@ -63,7 +63,7 @@ inline void prefetch_record_fds(const std::vector<const TensorInfo*>& ts) {
     for (const auto& [id, key] : ids) list.push_back(id);
     try {
       for (auto& b : fetch_many(address, list, std::chrono::milliseconds(2000), 0))
-        if (b.fd) FdParking::instance().park(address, b.id, ids[b.id], std::move(b.fd));
+        if (b.fd) Process::get().fds().park(address, b.id, ids[b.id], std::move(b.fd));
     } catch (const std::exception&) {
       // no server, refused, timeout: each open reports it for its tensor
     }

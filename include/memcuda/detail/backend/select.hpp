@@ -15,38 +15,37 @@
 #include <utility>
 
 #include "memcuda/detail/backend/backend.hpp"
+#include "memcuda/detail/backend/borrow.hpp"
 #include "memcuda/detail/backend/cuda_backend.hpp"
 #include "memcuda/detail/backend/cuda_vmm_backend.hpp"
 #include "memcuda/detail/backend/host_backend.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/tensor_info.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-// The process's backend objects. They are stateless (served fds live in
-// FdService, held ones in FdHolds; CUDA and the driver's entry points are
-// loaded by their first open or allocation), so all are made together:
-// whoever constructs one first (the release queue does) outlives them all.
+// The process's backend objects (Process::backends()). They are stateless
+// (served fds live in FdService, held ones in FdTable; CUDA and the
+// driver's entry points are loaded by their first open or allocation), so
+// all are made together, before the blocks that free through them.
 struct Backends {
   HostBackend host;
+  BorrowedMemory borrowed;
 #if MEMCUDA_HAS_CUDA()
   CudaBackend ipc;
   CudaVmmBackend vmm;
 #endif
-  static Backends& instance() {
-    static Backends b;  // process-wide so blocks never outlive it
-    return b;
-  }
 };
 
 // The backend of a BackendKind's first allocation kind (host: host_memfd;
 // cuda: legacy IPC):
 // for what is not about one record's kind.
 inline Backend& backend_for(BackendKind k) {
-  if (k == BackendKind::host) return Backends::instance().host;
+  if (k == BackendKind::host) return Process::get().backends().host;
 #if MEMCUDA_HAS_CUDA()
-  return Backends::instance().ipc;
+  return Process::get().backends().ipc;
 #else
   throw KindUnavailable(KindErrc::built_without_cuda, std::string(alloc_kind::cuda_ipc),
                         "the cuda backend is not available: mem-cuda was built without the CUDA toolkit");
@@ -54,7 +53,7 @@ inline Backend& backend_for(BackendKind k) {
 }
 
 #if MEMCUDA_HAS_CUDA()
-inline CudaVmmBackend& vmm_backend() { return Backends::instance().vmm; }
+inline CudaVmmBackend& vmm_backend() { return Process::get().backends().vmm; }
 
 // The CUDA driver reads /proc as its own pid namespace's: under a /proc of
 // another namespace (unshare --pid without --mount-proc) it fails with
@@ -109,17 +108,17 @@ inline Backend& backend_for(const TensorInfo& t) {
     throw ProtocolError(ProtocolErrc::bad_record, "tensor '" + t.name + "': its record says backend " +
                                                       std::string(to_string(t.backend)) + " but allocation kind " +
                                                       std::string(kind) + "; refused (a record edited in Redis?)");
-  if (host) return Backends::instance().host;
+  if (host) return Process::get().backends().host;
   const std::string what = "tensor '" + t.name + "' is a " + std::string(kind) + " allocation, but ";
 #if MEMCUDA_HAS_CUDA()
   if (const auto& lack = cuda_lack())
     throw KindUnavailable(lack->first, std::string(kind), what + lack->second + ": it cannot open cuda memory");
-  if (kind == alloc_kind::cuda_ipc) return Backends::instance().ipc;
+  if (kind == alloc_kind::cuda_ipc) return Process::get().backends().ipc;
   if (const auto& d = cu_driver(); !d.ok())
     throw KindUnavailable(KindErrc::no_cuda_driver, std::string(kind),
                           what + "this process's CUDA driver lacks " + d.missing +
                               " (cuMem with POSIX fds needs a newer driver)");
-  return Backends::instance().vmm;
+  return Process::get().backends().vmm;
 #else
   throw KindUnavailable(KindErrc::built_without_cuda, std::string(kind),
                         what + "this mem-cuda was built without the CUDA toolkit: it opens only host memory");

@@ -20,11 +20,6 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class CopyCount {
  public:
-  static CopyCount& instance() {
-    static CopyCount c;  // process-wide by design: copies of every registry of the process
-    return c;
-  }
-
   // One copy of `bytes` of tensor `name` at `site` (what made it, e.g.
   // "Tensor.numpy(allow_copy=True)"), `why` zero copy could not be had.
   void note(std::string_view site, std::string_view name, std::uint64_t bytes, std::string_view why) noexcept {

@@ -37,6 +37,8 @@
 #include <string>
 #include <string_view>
 
+#include "memcuda/detail/process/process_options.hpp"
+
 MEMCUDA_NAMESPACE_BEGIN namespace detail::fault {
 
 struct Registry {
@@ -46,9 +48,14 @@ struct Registry {
   std::set<std::string, std::less<>> die;          // points that kill the process when they fire
 
   static Registry& instance() {
+    // Its own static, not the process object's: points fire while that
+    // object is made and destroyed, and in code that has no registry.
     static Registry r = [] {
       Registry x;
-      if (const char* e = std::getenv("MEMCUDA_FAULTS")) x.parse(e);
+      try {
+        x.parse(ProcessOptions::from_env().faults);
+      } catch (...) {  // a bad MEMCUDA_FD_* or MEMCUDA_IMPORT_CACHE: none armed; the first registry says why
+      }
       return x;
     }();
     return r;

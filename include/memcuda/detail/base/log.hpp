@@ -1,5 +1,6 @@
 // Minimal logging for what cannot throw (destructors, the control thread).
-// MEMCUDA_LOG=error|warn|info|debug sets the level (default warn). Lines go
+// MEMCUDA_LOG=error|warn|info|debug sets the level (default warn;
+// ProcessOptions::log). Lines go
 // to stderr, one write each, so processes sharing a terminal do not interleave.
 #pragma once
 
@@ -7,23 +8,23 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <string_view>
 
+#include "memcuda/detail/process/process_options.hpp"
+
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
-
 inline LogLevel log_level() {
+  // Its own static, not the process object's: lines are logged while that
+  // object is made and destroyed. Read once; a bad MEMCUDA_FD_* or
+  // MEMCUDA_IMPORT_CACHE (the first registry throws for it) leaves warn.
   static const LogLevel level = [] {
-    const char* e = std::getenv("MEMCUDA_LOG");
-    if (!e) return LogLevel::warn;
-    if (!std::strcmp(e, "error")) return LogLevel::error;
-    if (!std::strcmp(e, "info")) return LogLevel::info;
-    if (!std::strcmp(e, "debug")) return LogLevel::debug;
-    return LogLevel::warn;
+    try {
+      return ProcessOptions::from_env().log;
+    } catch (...) {
+      return LogLevel::warn;
+    }
   }();
   return level;
 }

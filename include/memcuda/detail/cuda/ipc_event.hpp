@@ -16,6 +16,7 @@
 
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
+#include "memcuda/detail/process/process.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -27,10 +28,6 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 // kMaxRetired the oldest is waited for and destroyed.
 class EventCache {
  public:
-  static EventCache& instance() {
-    static EventCache c;
-    return c;
-  }
   static constexpr std::size_t kMaxImports = 4096;
   static constexpr std::size_t kMaxRetired = 4096;
 
@@ -111,11 +108,11 @@ class ExportedEvent {
       throw_cuda(st, "cudaIpcGetEventHandle");
     }
     handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
-    EventCache::instance().add_own(handle_, ev_);
+    Process::get().events().add_own(handle_, ev_);
   }
   // The event outlives this object in the cache (retire_own): a record may
   // still carry its handle, and this process cannot open its own handles.
-  ~ExportedEvent() { EventCache::instance().retire_own(handle_, ev_); }
+  ~ExportedEvent() { Process::get().events().retire_own(handle_, ev_); }
   ExportedEvent(const ExportedEvent&) = delete;
   ExportedEvent& operator=(const ExportedEvent&) = delete;
 
@@ -134,7 +131,7 @@ class ExportedEvent {
 
 // Makes `stream` wait for the last record of the event behind `handle`.
 inline void stream_wait_ipc_event(cudaStream_t stream, const std::string& handle) {
-  MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, EventCache::instance().open(handle), 0));
+  MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, Process::get().events().open(handle), 0));
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -25,6 +25,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -179,22 +180,29 @@ inline void prepare_runtime_dir(const FdAccess& a) {
     bad_runtime_dir(dir, std::string("is not writable by this process: ") + std::strerror(errno), errno);
 }
 
-// The FdAccess of this process: the one its registries pinned
-// (FdService::pin), else the default one. Process-wide, as the fd service is.
-struct PinnedFdAccess {
-  std::mutex mu;  // leaf
-  FdAccess access;
-  std::size_t pins = 0;
-};
-inline PinnedFdAccess& pinned_fd_access() {
-  static PinnedFdAccess p;  // process-wide by design
-  return p;
-}
 inline FdAccess default_fd_access() { return FdAccess{default_runtime_dir(), {}, {}}; }
+
+class FdService;
+// The process's fd service (fd_service.hpp) and the FdAccess its
+// registries pinned (FdService::pin). Process-wide: one fd server per
+// process, so one policy, reached by code that has no registry (a reader's
+// source check, the liveness lock, tests).
+struct FdServiceState {
+  std::mutex mu;  // leaf; no wait under it
+  std::weak_ptr<FdService> current;
+  FdAccess pinned;
+  std::size_t pins = 0;
+  // The pinned FdAccess, else the default one; under `mu`.
+  FdAccess access_locked() const { return pins ? pinned : default_fd_access(); }
+};
+inline FdServiceState& fd_service_state() {
+  static FdServiceState s;  // process-wide: see above
+  return s;
+}
 inline FdAccess process_fd_access() {
-  auto& p = pinned_fd_access();
-  std::lock_guard lk(p.mu);
-  return p.pins ? p.access : default_fd_access();
+  auto& s = fd_service_state();
+  std::lock_guard lk(s.mu);
+  return s.access_locked();
 }
 
 // This process's pid namespace, as the inode of /proc/self/ns/pid (0 if

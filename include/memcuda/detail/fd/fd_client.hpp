@@ -12,7 +12,7 @@
 // failure turns the fast path off for the rest of the process, so each fetch
 // does not pay a failing syscall.
 //
-// Before either, an fd parked for this allocation is taken (fd_parking.hpp:
+// Before either, an fd parked for this allocation is taken (fd_table.hpp:
 // sent along with an earlier answer, or fetched by a batched open). Over
 // the socket, one request asks for one id or many (fetch_many) and may
 // take some of the owner's other fds along, which are parked; the
@@ -42,7 +42,8 @@
 #include "memcuda/detail/fd/fd_conn_cache.hpp"
 #include "memcuda/detail/fd/fd_error.hpp"
 #include "memcuda/detail/fd/fd_limit.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_socket_dir.hpp"
 #include "memcuda/detail/fd/fd_wire.hpp"
 #include "memcuda/detail/fd/unique_fd.hpp"
@@ -94,7 +95,7 @@ struct FetchOptions {
   std::chrono::milliseconds timeout{2000};  // whole fetch, connect included
   FdPath path = FdPath::automatic;
   // Fds of the owner's other allocations to take along over the socket
-  // (parked for their opens, FdParking); -1: as FdParking::offer_for says.
+  // (parked for their opens, FdTable); -1: as FdTable::offer_for says.
   int offer = -1;
 };
 
@@ -210,7 +211,7 @@ inline void await_answer(int sock, std::chrono::steady_clock::time_point deadlin
 inline bool exchange(int sock, const fdwire::Request& req, std::chrono::steady_clock::time_point deadline,
                      std::chrono::milliseconds timeout, const std::string& ctx, bool reused,
                      std::vector<fdwire::Entry>* out) {
-  FdParking::instance().note_request();
+  Process::get().fds().note_request();
   // A server that refuses us may answer and close before reading: our send
   // then fails (EPIPE), but its answer is still queued for us to read.
   if (fdwire::send_message(sock, fdwire::encode_request(req)) < 0) {
@@ -277,7 +278,7 @@ inline std::exception_ptr entry_error(const fdwire::Entry& e, std::string_view a
 
 // Asks the server at `address` for the fds of `ids` (in requests of at most
 // fdwire::kMaxBatch), and, when `offer` > 0, for up to `offer` more of its
-// allocations along with the first, which are parked (FdParking). Each id
+// allocations along with the first, which are parked (FdTable). Each id
 // gets its fd or its own error; a failure of a whole request (no server,
 // refused, timeout) throws. A connection is kept again only after a full
 // answer; one that failed in any way is closed.
@@ -285,7 +286,7 @@ inline std::vector<BatchFetched> ask(std::string_view address, const std::vector
                                      std::chrono::milliseconds timeout) {
   std::vector<BatchFetched> out;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  FdConnCache& cache = FdConnCache::instance();
+  FdConnCache& cache = Process::get().conns();
   for (std::size_t at = 0; at < ids.size();) {
     fdwire::Request req;
     const std::size_t n = std::min(ids.size() - at, fdwire::kMaxBatch);
@@ -303,7 +304,7 @@ inline std::vector<BatchFetched> ask(std::string_view address, const std::vector
     for (auto& e : entries) {
       if (e.offered) {
         if (!e.fd) continue;
-        FdParking::instance().park(std::string(address), e.id, std::move(e.key), std::move(e.fd));
+        Process::get().fds().park(std::string(address), e.id, std::move(e.key), std::move(e.fd));
         ++parked;
         continue;
       }
@@ -313,19 +314,19 @@ inline std::vector<BatchFetched> ask(std::string_view address, const std::vector
       else b.error = entry_error(e, address);
       out.push_back(std::move(b));
     }
-    if (req.offer) FdParking::instance().note_offered(address, parked);
+    if (req.offer) Process::get().fds().note_offered(address, parked);
     at += n;
   }
   return out;
 }
 
 // The fd of `id` from the server at `address`: parked, else asked for,
-// with `offer` (-1: FdParking::offer_for) more of its allocations sent
+// with `offer` (-1: FdTable::offer_for) more of its allocations sent
 // along and parked.
 inline UniqueFd via_socket(std::string_view address, std::uint64_t id, std::chrono::milliseconds timeout,
                            int offer) {
-  if (UniqueFd fd = FdParking::instance().take(address, id)) return fd;
-  if (offer < 0) offer = FdParking::instance().offer_for(address);  // after the take: it counts the use
+  if (UniqueFd fd = Process::get().fds().take(address, id)) return fd;
+  if (offer < 0) offer = Process::get().fds().offer_for(address);  // after the take: it counts the use
   auto r = ask(address, {id}, offer, timeout);
   if (r.size() != 1) fail(FdErrc::protocol, where(address, id) + ": no answer for it");
   if (!r[0].fd) std::rethrow_exception(r[0].error);
@@ -344,9 +345,9 @@ inline int pidfd_fast_path_disabled_errno() noexcept { return fdclient::pidfd_di
 // a bad address.
 inline Fetched fetch(const FdSource& src, std::uint64_t id, const FetchOptions& opt = {}) {
   raise_nofile_limit();
-  // Sent along with an earlier answer, or by a batched open (fd_parking.hpp).
+  // Sent along with an earlier answer, or by a batched open (fd_table.hpp).
   if (opt.path != FdPath::pidfd_only)
-    if (UniqueFd fd = FdParking::instance().take(src.address, id)) return {std::move(fd), false};
+    if (UniqueFd fd = Process::get().fds().take(src.address, id)) return {std::move(fd), false};
   // The pid must name the owner here too: not so for an owner in another
   // pid namespace (another container), which the socket still reaches.
   const bool fast_possible = src.pid > 0 && src.remote_fd >= 0 && src.identity != FdIdentity{} &&
@@ -397,7 +398,7 @@ inline std::vector<BatchFetched> fetch_many(std::string_view address, const std:
   std::vector<BatchFetched> out;
   std::vector<std::uint64_t> rest;
   for (std::uint64_t id : ids) {
-    if (UniqueFd fd = FdParking::instance().take(address, id)) out.push_back({id, std::move(fd), nullptr});
+    if (UniqueFd fd = Process::get().fds().take(address, id)) out.push_back({id, std::move(fd), nullptr});
     else rest.push_back(id);
   }
   if (rest.empty()) return out;

@@ -37,11 +37,6 @@ class FdConnCache {
   static constexpr std::size_t kMaxIdle = 64;
   static constexpr std::size_t kMaxIdlePerAddress = 4;
 
-  static FdConnCache& instance() {
-    static FdConnCache* c = new FdConnCache();  // never destroyed: fetches may run during static destruction
-    return *c;
-  }
-
   // An idle connection to `address`, or an empty fd.
   UniqueFd take(std::string_view address) {
     std::lock_guard lk(mu_);
@@ -85,8 +80,6 @@ class FdConnCache {
   }
 
  private:
-  FdConnCache() = default;
-
   void forget_inherited() {
     const pid_t me = ::getpid();
     if (me == pid_) return;

@@ -60,10 +60,10 @@ class FdService : public std::enable_shared_from_this<FdService> {
   // FdAccess (access()). Throws FdTransferError when the runtime directory
   // is refused (runtime_dir) or the socket cannot be made.
   static std::shared_ptr<FdService> acquire() {
-    auto& st = state();
+    auto& st = fd_service_state();
     std::lock_guard lk(st.mu);
     if (auto s = st.current.lock()) return s;
-    FdAccess a = process_fd_access();
+    FdAccess a = st.access_locked();
     prepare_runtime_dir(a);
     sweep_stale_sockets(a.runtime_dir);
     auto s = std::shared_ptr<FdService>(new FdService(std::move(a)));
@@ -72,7 +72,7 @@ class FdService : public std::enable_shared_from_this<FdService> {
   }
   // The running service, or null (starts nothing).
   static std::shared_ptr<FdService> existing() {
-    auto& st = state();
+    auto& st = fd_service_state();
     std::lock_guard lk(st.mu);
     return st.current.lock();
   }
@@ -81,10 +81,10 @@ class FdService : public std::enable_shared_from_this<FdService> {
   // runtime directory, own uid only). A reader checks fd sources against
   // its runtime directory.
   static FdAccess access() {
-    auto& st = state();
+    auto& st = fd_service_state();
     std::lock_guard lk(st.mu);
     if (auto s = st.current.lock()) return s->access_;
-    return process_fd_access();
+    return st.access_locked();
   }
 
   // Makes `a` the process's FdAccess while the returned handle lives (each
@@ -93,13 +93,11 @@ class FdService : public std::enable_shared_from_this<FdService> {
   // it): one runtime directory and peer policy per process at a time.
   static std::shared_ptr<void> pin(FdAccess a) {
     a.runtime_dir = normalize_runtime_dir(a.runtime_dir);
-    auto& st = state();
+    auto& st = fd_service_state();
     std::lock_guard lk(st.mu);
-    auto& p = pinned_fd_access();
-    std::lock_guard lp(p.mu);  // order: the service's mutex, then this one
     auto running = st.current.lock();
     const FdAccess* other = running && !(running->access_ == a) ? &running->access_
-                            : p.pins && !(p.access == a)        ? &p.access
+                            : st.pins && !(st.pinned == a)      ? &st.pinned
                                                                 : nullptr;
     if (other)
       throw InvalidArgument("this process's fd server already uses runtime directory '" + other->runtime_dir +
@@ -107,10 +105,10 @@ class FdService : public std::enable_shared_from_this<FdService> {
                             "' serving " + describe_policy(a) +
                             ": every registry of a process must use the same runtime_dir, allowed_uids and "
                             "allowed_gids");
-    p.access = std::move(a);
-    ++p.pins;
+    st.pinned = std::move(a);
+    ++st.pins;
     return std::shared_ptr<void>(nullptr, [](void*) {
-      auto& q = pinned_fd_access();
+      auto& q = fd_service_state();
       std::lock_guard l(q.mu);
       --q.pins;
     });
@@ -203,15 +201,6 @@ class FdService : public std::enable_shared_from_this<FdService> {
   explicit FdService(FdAccess a)
       : access_(std::move(a)), server_(server_options(access_)) {
     thread_ = std::thread([this] { loop(); });
-  }
-
-  struct State {
-    std::mutex mu;  // taken before pinned_fd_access().mu, never the other way; no wait under it
-    std::weak_ptr<FdService> current;
-  };
-  static State& state() {
-    static State s;  // process-wide by design
-    return s;
   }
 
   static FdServerOptions server_options(const FdAccess& a) {

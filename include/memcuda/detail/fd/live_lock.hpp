@@ -201,7 +201,7 @@ class LiveLock {
     bool warned = false;
   };
   static State& state() {
-    static State s;  // process-wide by design: one lock per process
+    static State s;  // process-wide: the lock file says the process is alive, so there is one
     return s;
   }
 

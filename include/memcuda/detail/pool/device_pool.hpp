@@ -22,6 +22,7 @@
 #include "memcuda/detail/base/checked.hpp"
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/pool/block_allocator.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/stats.hpp"
 #if MEMCUDA_HAS_CUDA()
@@ -192,7 +193,7 @@ class DevicePool {
       blocks_.add_slab(id, size);
       slabs_.emplace(id, SlabEntry{exported, false, true});
       adopted_.emplace(handle, id);
-      ProcessCache::instance().add_export(tag_, exported);
+      Process::get().cache().add_export(tag_, exported);
     }
     const auto& slab = slabs_.at(id).exported;
     for (std::size_t i = 0; i < ts.size(); ++i) {
@@ -316,7 +317,7 @@ class DevicePool {
     }
     blocks_.add_slab(id, size);
     slabs_.emplace(id, SlabEntry{exported, dedicated});
-    ProcessCache::instance().add_export(tag_, exported);
+    Process::get().cache().add_export(tag_, exported);
     return id;
   }
 

@@ -15,15 +15,14 @@
 #include <utility>
 
 #include "memcuda/detail/backend/backend.hpp"
-#include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/live_lock.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/option_checks.hpp"
 #include "memcuda/detail/store/keys.hpp"
-#include "memcuda/detail/fd/fd_parking.hpp"
 #include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/redis/connection_pool.hpp"
@@ -41,8 +40,11 @@ class Context {
         node(node_id()),
         pool(opts.redis, redis::PoolOptions{opts.client_connections, opts.request_timeout * 2}),
         waits(opts.redis, redis::PoolOptions{opts.waiting_connections, opts.request_timeout * 2}) {
-    FdParking::instance().configure(opts.fd_prefetch, opts.fd_park_window);
-    ProcessCache::instance().set_idle_limit(opts.import_cache);
+    ProcessOptions p;  // the process-wide parts' settings: the last registry made sets them
+    p.fd_prefetch = opts.fd_prefetch;
+    p.fd_park_window = opts.fd_park_window;
+    p.import_cache = opts.import_cache;
+    Process::get().configure(p);
   }
 
   Context(const Context&) = delete;

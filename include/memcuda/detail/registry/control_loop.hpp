@@ -170,7 +170,7 @@ class ControlLoop {
       }
     }
     at.tick = now + period;
-    FdParking::instance().expire();  // fds sent along unasked must not pin memory long
+    Process::get().fds().expire();  // fds sent along unasked must not pin memory long
     if (auto live = LiveLock::existing()) live->tend();  // dead processes' marks go
   }
 
@@ -202,7 +202,7 @@ class ControlLoop {
     conn_.clear_interrupt();
     // Releases queued by destructors land before the session ends (bounded:
     // the garbage collector drops what is left once the session is gone).
-    (void)ReleaseQueue::instance().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
+    (void)Process::get().releases().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
     try {
       if (core_->is_leader()) hand_over();
       core_->lease.release(conn_);

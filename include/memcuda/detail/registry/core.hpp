@@ -18,7 +18,8 @@
 //   Recovery     after Redis lost its data                     recovery.hpp
 //   inbox        messages from the leader to one session       inbox.hpp
 //   ReleaseQueue releases from destructors, sent in batches by one
-//                thread per process                            release_queue.hpp
+//                thread per process (a part of the process
+//                object, detail/process/process.hpp)           release_queue.hpp
 //   Standby     cuda_vmm_fd fds: publishes what this session serves,
 //                holds (unimported) every other allocation's fd when
 //                not the leader, so a takeover adopts in place  standby.hpp
@@ -38,29 +39,8 @@
 // the ReleaseQueue's thread borrows from each registry's pool. A `redis::Connection&`
 // parameter is always the one the calling entry point holds for that call.
 //
-// LOCK ORDER. Every mutex of the registry is a leaf: no code holds one
-// while it takes another, and none is held across a Redis call, a wait on
-// Redis, or a CUDA call, except DevicePool's own mutex (taken inside
-// Allocator with none of ours held; it covers cudaMalloc of a new slab and
-// cudaFree of a trim: Allocator calls its pools outside pools_mu_).
-// ProcessCache opens an import with no lock held (one open per allocation
-// through a shared future; concurrent first opens wait on it). The CUDA
-// event path holds TensorHandle::event_mu_ and, inside it, EventCache::mu_
-// across CUDA event calls (shared_tensor.hpp, ipc_event.hpp).
-//   Context::fatal_mu_, Lease::mu_, Allocator::pools_mu_,
-//   Allocator::owned_mu_, DictHolds::mu_, Migration::mu_
-//   (a second migration round waits on its condition variable, not under
-//   it), ReleaseQueue::mu_ (process-wide), ConnectionPool's own mutex (its free list),
-//   ProcessCache's mutex (its maps and the opens in flight),
-//   Holdings::mu_ (its table; no handle is ever destroyed under it, so a
-//   last copy's release never nests ReleaseQueue::mu_ or itself in it;
-//   the one nesting: the holdings' process-wide directory mutex, then
-//   each table's mu_, to drop a removed name from every registry's table),
-//   Invalidation::mu_ (only for its retry wait), Core::lagging_mu_ (the
-//   standbys a create no longer waits for), Standby::mu_ (its thread
-//   handle and tick wait), FdService's and FdHolds' mutexes (their maps;
-//   an fd is closed after they are released).
-// docs/design.md ("Threads, connections and locks") says the same.
+// LOCK ORDER: docs/design.md, "Lock order", names every mutex of the
+// library, what it guards and the few that nest.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -77,6 +57,7 @@
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/copy_count.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/client/client.hpp"
 #include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
@@ -105,7 +86,7 @@ class Core {
   // The standby thread runs where this registry hosts the control thread
   // (host memfds and cuMem allocations are both shared by fd).
   explicit Core(RegistryOptions o) : ctx(std::move(o)) {
-    (void)ReleaseQueue::instance();
+    (void)Process::get().releases();
     alloc.set_borrowed_free([this](std::uint64_t g) { return borrowed.drop(g); });
     if (ctx.opts.control_thread) {
       standby.start();
@@ -220,20 +201,20 @@ class Core {
   static void release_later(std::shared_ptr<Core> self, std::string name, std::uint64_t gen) noexcept {
     Core& c = *self;
     c.holdings.note(name, gen, -1);
-    ReleaseQueue::instance().push(std::move(self), c.ctx, c.alloc, std::move(name), gen);
+    Process::get().releases().push(std::move(self), c.ctx, c.alloc, std::move(name), gen);
   }
 
   // Waits until the releases this process queued so far are in Redis.
   static void flush(std::chrono::milliseconds timeout) {
     Holdings::end_lingering_everywhere();  // flush() means "released now": no window outlives it
-    if (!ReleaseQueue::instance().flush(timeout))
+    if (!Process::get().releases().flush(timeout))
       throw TimeoutError("queued releases did not reach Redis within " + std::to_string(timeout.count()) + " ms");
   }
   // Before a call that talks to Redis: this process's earlier releases
   // first, sent by this thread when still queued (no hand-off); no
   // exception: the call itself reports an unreachable Redis. Nothing
   // queued: two atomic loads.
-  void see_own_releases() { (void)ReleaseQueue::instance().flush(ctx.opts.request_timeout); }
+  void see_own_releases() { (void)Process::get().releases().flush(ctx.opts.request_timeout); }
 
   GcReport collect_garbage_now() {
     auto c = ctx.pool.acquire();
@@ -285,13 +266,13 @@ class Core {
       }
     }
     alloc.fill_process_stats(s.process);
-    auto& pc = ProcessCache::instance();
+    auto& pc = Process::get().cache();
     s.process.live_imports = pc.live_imports();
     s.process.import_opens = pc.opens();
     s.process.import_hits = pc.hits();
-    s.process.copies = CopyCount::instance().copies();
-    s.process.copied_bytes = CopyCount::instance().bytes();
-    auto& fp = FdParking::instance();
+    s.process.copies = Process::get().copies().copies();
+    s.process.copied_bytes = Process::get().copies().bytes();
+    auto& fp = Process::get().fds();
     s.process.fd_requests = fp.requests();
     s.process.fd_parked = fp.parked();
     s.process.fd_parked_hits = fp.hits();
@@ -351,9 +332,9 @@ class Core {
     }
     try {
       if (auto* f = std::get_if<inbox::Forget>(&msg)) {
-        ProcessCache::instance().forget_owner(f->owner);
+        Process::get().cache().forget_owner(f->owner);
       } else if (auto* u = std::get_if<inbox::Unmap>(&msg)) {
-        for (auto id : u->alloc_ids) ProcessCache::instance().forget_allocation(u->owner, id);
+        for (auto id : u->alloc_ids) Process::get().cache().forget_allocation(u->owner, id);
       } else if (auto* fr = std::get_if<inbox::Free>(&msg)) {
         alloc.free_unlinked(c, fr->generation);
       } else if (auto* m = std::get_if<inbox::Migrate>(&msg)) {

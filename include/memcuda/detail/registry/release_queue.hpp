@@ -53,6 +53,7 @@
 
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/own_allocator.hpp"
 #include "memcuda/detail/store/release_calls.hpp"
@@ -61,10 +62,11 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class ReleaseQueue {
  public:
-  static ReleaseQueue& instance() {
-    static ReleaseQueue q;
-    return q;
-  }
+  // Part of the process object (Process::releases()), made after and
+  // destroyed before all it uses: what the worker may touch while it runs
+  // ~Core (the last release of a core drops it on the thread that sent
+  // it), the process cache and the backends among them (process.hpp).
+  ReleaseQueue() = default;
 
   // Queues one release of `ctx.session`'s reference; `keep` keeps the
   // registry's core (ctx, alloc) alive until it is sent. Never blocks on
@@ -175,22 +177,6 @@ class ReleaseQueue {
     std::uint64_t seq;  // order of push(), from 1
     std::uint64_t dict_id = 0;  // not 0: a state-dict record's reference (name, gen unused)
   };
-
-  // What the worker may use while it runs ~Core (the last release of a
-  // core drops it on the thread that sent it) must outlive the queue:
-  // function-local statics are destroyed in reverse order of construction,
-  // so construct them first. Core's constructor constructs the queue, so
-  // every registry (even a static one) is destroyed before it.
-  ReleaseQueue() {
-    (void)ProcessCache::instance();
-    (void)backend_for(BackendKind::host);
-#if MEMCUDA_HAS_CUDA()
-    try {
-      (void)backend_for(BackendKind::cuda);
-    } catch (...) {
-    }
-#endif
-  }
 
   void run() {
     std::unique_lock lk(mu_);

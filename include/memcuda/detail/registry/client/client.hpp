@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/acquire_outcome.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
 #include "memcuda/detail/registry/client/silent_leader.hpp"
@@ -320,7 +321,7 @@ class Client {
   std::pair<void*, std::shared_ptr<void>> map(const TensorInfo& t) {
     if (!same_node(t.node, ctx_.node))
       throw Unavailable("tensor '" + t.name + "' lives on node " + t.node + ", this is " + ctx_.node);
-    auto [base, keep] = ProcessCache::instance().resolve(t.owner, t.alloc_id, [&] {
+    auto [base, keep] = Process::get().cache().resolve(t.owner, t.alloc_id, [&] {
       try {
         // By the record's kind, whatever this registry allocates with.
         return backend_for(t).open(t);

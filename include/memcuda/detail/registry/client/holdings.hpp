@@ -356,7 +356,7 @@ class Holdings {
     std::vector<Holdings*> tables;
   };
   static Directory& directory() {
-    static Directory d;
+    static Directory d;  // process-wide: a remove drops the name from every registry's table of the process
     return d;
   }
 

@@ -6,6 +6,7 @@
 
 #include "memcuda/config.hpp"
 
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/client/holdings.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -72,7 +73,7 @@ inline void Holdings::on_last_copy(std::shared_ptr<TensorHandle> real, std::uint
     }
     if (!until) drop = std::move(real);
   }
-  if (until) ReleaseQueue::instance().call_at(*until, &Holdings::expire_all);
+  if (until) Process::get().releases().call_at(*until, &Holdings::expire_all);
 }
 
 inline void Holdings::end_lingering_locked(Handles& doomed) {

@@ -18,6 +18,7 @@
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/pool/device_pool.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/placement.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
@@ -39,11 +40,11 @@ inline std::string handle_for_log(const TensorInfo& t) {
 // mapping of it, into its replacement. Throws when this process no longer
 // maps the old memory.
 inline void copy_for_migration(const TensorInfo& from, const TensorInfo& to) {
-  auto [src, keep_src] = ProcessCache::instance().find(from.owner, from.alloc_id);
+  auto [src, keep_src] = Process::get().cache().find(from.owner, from.alloc_id);
   if (!src)
     throw Unavailable("this process does not map the memory of '" + from.name + "' (owner " + from.owner + ")");
   auto [dst, keep_dst] =
-      ProcessCache::instance().resolve(to.owner, to.alloc_id, [&] { return backend_for(to).open(to); });
+      Process::get().cache().resolve(to.owner, to.alloc_id, [&] { return backend_for(to).open(to); });
   int dev = -1;
 #if MEMCUDA_HAS_CUDA()
   if (to.backend == BackendKind::cuda) dev = ordinal_of_uuid(to.device_uuid, to.device);

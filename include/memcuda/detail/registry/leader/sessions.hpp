@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/allocator.hpp"
 #include "memcuda/detail/registry/leader/index_repair.hpp"
@@ -182,7 +183,7 @@ class Sessions {
         ++rep.sessions_pruned;
         // Processes that mapped its memory stop keeping idle mappings of it,
         // so a dead exporter's device memory is released by the driver.
-        ProcessCache::instance().forget_owner(g);
+        Process::get().cache().forget_owner(g);
         for (const auto& l : live)
           if (l != ctx_.session) inbox::send(c, keys, l, inbox::Forget{g});
       }

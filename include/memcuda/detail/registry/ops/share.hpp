@@ -27,6 +27,7 @@
 
 #include "memcuda/detail/backend/borrow.hpp"
 #include "memcuda/detail/backend/borrow_cuda.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/client/client.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/store/reply.hpp"
@@ -100,8 +101,8 @@ inline PreparedShare prepare_share(Core& core, std::string_view name_in, void* p
   // Our own export from here: a get of this name in this process resolves
   // to `ptr` (a process cannot open its own IPC handle). A failure below
   // drops the block: the fd is no longer served, the keep-alive goes.
-  p.block = std::make_shared<ExportedBlock>(BorrowedMemory::instance(), std::move(a));
-  ProcessCache::instance().add_export(session, p.block);
+  p.block = std::make_shared<ExportedBlock>(Process::get().backends().borrowed, std::move(a));
+  Process::get().cache().add_export(session, p.block);
   p.ptr = ptr;
   p.persistent = opts.persistent;
   return p;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "memcuda/detail/backend/record_fd_batch.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/protocol/dict_blob.hpp"
 #include "memcuda/protocol/record_desc.hpp"
@@ -42,7 +43,7 @@ class DictShare {
       return;
     }
     Core& c = *core_;
-    ReleaseQueue::instance().push_dict(std::move(core_), c.ctx, c.alloc, ref_->id);
+    Process::get().releases().push_dict(std::move(core_), c.ctx, c.alloc, ref_->id);
   }
 
  private:
@@ -105,7 +106,7 @@ class DictClient {
     try {
       share = std::make_shared<DictShare>(core_, ref);
     } catch (...) {  // no handle can hold it: give it back now
-      ReleaseQueue::instance().push_dict(core_, ctx_, core_->alloc, ref->id);
+      Process::get().releases().push_dict(core_, ctx_, core_->alloc, ref->id);
       throw;
     }
     // From here the reference is `share`'s: it goes when `share` and every

@@ -15,7 +15,7 @@
 // - when not the leader, fetches the fd of every allocation it does not
 //   hold yet (each kTick, and at once when woken through its wake list
 //   `<ns>:memcuda:standby_wake:<session>`) and keeps it WITHOUT importing
-//   it (FdHolds): holding the fd
+//   it (FdTable): holding the fd
 //   keeps the memory alive, so a standby that becomes the allocator of
 //   record adopts everything in place (can_adopt / adopt, migration.hpp);
 // - closes the fds of allocations that left the Hash.
@@ -32,7 +32,7 @@
 // no standby could fetch within that bound, or made while no standby ran.
 //
 // The thread talks to Redis on its own connection and holds no lock across
-// it. Its state (published_, last versions) is its own; FdHolds and
+// it. Its state (published_, last versions) is its own; FdTable and
 // FdService have their own leaf mutexes.
 #pragma once
 
@@ -56,7 +56,8 @@
 #include <vector>
 
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_holds.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
@@ -132,7 +133,7 @@ class Standby {
     if (!writes.empty()) synced = store::apply_allocations(c, k, writes);
 
     // 2. Close what left the Hash.
-    auto& holds = FdHolds::instance();
+    auto& holds = Process::get().fds();
     for (const auto& key : holds.keys(ctx_.session)) {
       if (all.count(key)) continue;
       holds.drop(ctx_.session, key);
@@ -160,7 +161,7 @@ class Standby {
   // Fetches and holds, without importing, the fd of every allocation in
   // `all` that another session serves and this one does not hold yet.
   void hold_missing(const std::map<std::string, std::string>& all, Pass& p) {
-    auto& holds = FdHolds::instance();
+    auto& holds = Process::get().fds();
     for (const auto& [key, value] : all) {
       if (holds.holds(ctx_.session, key)) continue;
       auto e = store::decode_allocation(value);

@@ -1,38 +1,29 @@
-// FdParking: fds this process received before it asked for them, kept a
-// short while for the open that is likely to follow (docs/fd-transfer.md,
-// "Batches and prefetch").
-//
-// A reader that cannot use pidfd_getfd (another pid namespace, or no
-// ptrace rights) asks an owner's fd server for each allocation it opens.
-// When it asks, the server may send along the fds of the owner's other
-// allocations (fd_wire.hpp), and a batched open (get_many, a state
-// dict) fetches all of its allocations in one request; both park the fds
-// here, keyed by (server address, served id), so that the open of one of
-// them is no round trip.
-//
-// A parked fd keeps its memory allocated (a memfd, a cuMem allocation)
-// even after its owner frees it, so none is kept long: an fd leaves when
-// it is used, when the owner says it freed the allocation or its session
-// ended (drop_allocation, drop_owner: the registry's inbox), and after
-// window() unused (checked on every call here and by the registry's
-// thread each tick). At most kMaxParked are kept (the oldest go first).
-//
-// Process-wide, like the connections (fd_conn_cache.hpp). The lock is a
-// leaf and never held across I/O; fds are closed outside it. A forked child
-// closes what it inherited.
+// FdTable: the allocation fds this process keeps without mapping them, in
+// one table under one leaf lock (Process::fds()), never held across I/O:
+//  * held (hold/drop), by allocation key, counted per holder (a standby's
+//    session, a host mapping): what a takeover adopts (docs/design.md,
+//    "Standby holding"); the fd closes when the last holder lets go;
+//  * parked (park/take), by (server address, served id): fds an owner's
+//    server sent along, kept for the open likely to follow until used, the
+//    owner's notice (drop_allocation, drop_owner), window() or kMaxParked
+//    (docs/fd-transfer.md, "Batches and prefetch"). A forked child closes
+//    the parked fds it inherited.
 #pragma once
 
 #include "memcuda/config.hpp"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <list>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -43,7 +34,7 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-class FdParking {
+class FdTable {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr std::size_t kMaxParked = 256;
@@ -54,21 +45,72 @@ class FdParking {
   static constexpr int kFirstOffer = 8;
   static constexpr std::chrono::milliseconds kDefaultWindow{1500};
 
-  static FdParking& instance() {
-    static FdParking* p = new FdParking();  // never destroyed: fetches may run during static destruction
-    return *p;
+  // --- held fds
+
+  // `holder` (a session id) holds `key` with `fd` (taken). A key already
+  // held keeps its first fd (same memory): the new one is closed.
+  void hold(const std::string& holder, const std::string& key, UniqueFd fd) {
+    UniqueFd doomed;
+    std::lock_guard lk(mu_);
+    auto& e = held_[key];
+    if (!e.fd) e.fd = std::move(fd);
+    else doomed = std::move(fd);
+    e.holders.insert(holder);
   }
+  // `holder` lets go of `key`; the fd closes when no holder is left.
+  void drop(const std::string& holder, const std::string& key) {
+    UniqueFd doomed;
+    std::lock_guard lk(mu_);
+    auto it = held_.find(key);
+    if (it == held_.end()) return;
+    it->second.holders.erase(holder);
+    if (it->second.holders.empty()) {
+      doomed = std::move(it->second.fd);
+      held_.erase(it);
+    }
+  }
+  bool holds(const std::string& holder, const std::string& key) const {
+    std::lock_guard lk(mu_);
+    auto it = held_.find(key);
+    return it != held_.end() && it->second.holders.count(holder);
+  }
+  // Whether any holder of this process holds `key`.
+  bool held(const std::string& key) const {
+    std::lock_guard lk(mu_);
+    return held_.count(key) != 0;
+  }
+  // A close-on-exec duplicate of the held fd (empty when not held, or out
+  // of fds: errno says which).
+  UniqueFd dup(const std::string& key) const {
+    std::lock_guard lk(mu_);
+    auto it = held_.find(key);
+    if (it == held_.end()) {
+      errno = ENOENT;
+      return {};
+    }
+    return it->second.fd.dup();
+  }
+  // The keys `holder` holds.
+  std::set<std::string> keys(const std::string& holder) const {
+    std::lock_guard lk(mu_);
+    std::set<std::string> out;
+    for (const auto& [k, e] : held_)
+      if (e.holders.count(holder)) out.insert(k);
+    return out;
+  }
+
+  // --- parked fds
 
   // Fds an owner may send along with each answer (0: none, and nothing is
   // parked but what a batched open asked for), and how long an unused one
-  // is kept. Process-wide: the last registry made sets them
-  // (TransferOptions::fd_prefetch, fd_park_window).
+  // is kept (ProcessOptions::fd_prefetch, fd_park_window).
   void configure(int offer, std::chrono::milliseconds window) {
     offer_.store(offer < 0 ? 0 : offer > 253 ? 253 : offer);
     window_ms_.store(window.count() < 0 ? 0 : window.count());
     expire();
   }
   int offer() const noexcept { return window_ms_.load() > 0 ? offer_.load() : 0; }
+  std::chrono::milliseconds window() const noexcept { return std::chrono::milliseconds(window_ms_.load()); }
 
   // How many fds to take along from the server at `address` now: sending
   // them costs the owner a dup and the reader an fd install each (about
@@ -89,24 +131,21 @@ class FdParking {
     std::lock_guard lk(mu_);
     level(address).offered = sent;
   }
-  std::chrono::milliseconds window() const noexcept { return std::chrono::milliseconds(window_ms_.load()); }
 
   // The parked fd of `id` at `address`, or an empty one.
   UniqueFd take(std::string_view address, std::uint64_t id) {
     std::vector<UniqueFd> doomed;
     UniqueFd out;
-    {
-      std::lock_guard lk(mu_);
-      expire_locked(Clock::now(), &doomed);
-      for (auto it = parked_.begin(); it != parked_.end(); ++it)
-        if (it->id == id && it->address == address) {
-          out = std::move(it->fd);
-          parked_.erase(it);
-          ++hits_;
-          ++level(address).used;
-          break;
-        }
-    }
+    std::lock_guard lk(mu_);
+    expire_locked(Clock::now(), &doomed);
+    for (auto it = parked_.begin(); it != parked_.end(); ++it)
+      if (it->id == id && it->address == address) {
+        out = std::move(it->fd);
+        parked_.erase(it);
+        ++hits_;
+        ++level(address).used;
+        break;
+      }
     return out;
   }
 
@@ -162,6 +201,10 @@ class FdParking {
   std::uint64_t requests() const noexcept { return requests_.load(std::memory_order_relaxed); }
 
  private:
+  struct Held {
+    UniqueFd fd;
+    std::set<std::string> holders;
+  };
   struct Parked {
     std::string address;
     std::uint64_t id;
@@ -169,14 +212,12 @@ class FdParking {
     UniqueFd fd;
     Clock::time_point at;
   };
-
-  FdParking() = default;
-
   // Per server: the offer it gets next, and how the last one was used.
   struct Level {
     int want = kFirstOffer;
     std::size_t offered = 0, used = 0;
   };
+
   Level& level(std::string_view address) {
     if (levels_.size() > 1024) levels_.clear();  // bounded: a forgotten server starts over
     auto it = levels_.find(std::string(address));
@@ -216,7 +257,8 @@ class FdParking {
     }
   }
 
-  mutable std::mutex mu_;  // leaf
+  mutable std::mutex mu_;  // leaf: each call's `doomed` is declared before its lock, so closes after it
+  std::map<std::string, Held> held_;
   std::list<Parked> parked_;  // oldest first
   std::unordered_map<std::string, Level> levels_;
   std::uint64_t hits_ = 0, dropped_ = 0;
