@@ -17,12 +17,12 @@
 //   open MODE OWNER_PID FD_SOURCE   check the source as a reader does, fetch -> ok socket|pidfd TEXT
 // Batches and prefetch (fd_wire.hpp, fd_table.hpp):
 //   drop ID                    stop serving ID and close it (the owner frees it) -> ok
-//   prefetch N MS              FdTable::configure(N, MS)          -> ok
+//   prefetch N MS              FdTable::configure(N, MS)            -> ok
 //   fetchsock ID ADDR          fetch_fd over the socket (offers parked) -> ok TEXT
 //   many ADDR IDS              fetch_many, IDS "1,2,3"   -> ok ID=TEXT|ID!REASON ...
 //   parked                     -> ok PARKED HITS DROPPED REQUESTS
-//   expire                     FdTable::expire                    -> ok
-//   forget OWNER ALLOC         FdTable::drop_allocation            -> ok
+//   expire                     FdTable::expire                      -> ok
+//   forget OWNER ALLOC         FdTable::drop_allocation             -> ok
 //   memfds                     memfds open in this process           -> ok N
 //   sstats                     -> ok REQUESTS OFFERED (the server's)
 // Failures answer "err REASON message" (REASON: FdErrc name, bad_record, or "error").
@@ -43,11 +43,11 @@
 #include <dirent.h>
 
 #include "memcuda/detail/fd/fd_client.hpp"
-#include "memcuda/detail/fd/fd_table.hpp"
-#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 
 using namespace memcuda::detail;
 

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "memcuda/detail/fd/fd_client.hpp"
+#include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_table.hpp"
 #include "memcuda/detail/process/process.hpp"
-#include "memcuda/detail/fd/fd_server.hpp"
 #include "support/process.hpp"
 #include "support/timing.hpp"
 

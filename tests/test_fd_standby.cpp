@@ -14,10 +14,10 @@
 #include <string>
 
 #include "memcuda/detail/backend/select.hpp"
-#include "memcuda/detail/fd/fd_table.hpp"
-#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_service.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/leader/orphan_scan.hpp"

@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "memcuda/detail/backend/select.hpp"
-#include "memcuda/detail/fd/fd_table.hpp"
-#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/fd/fd_server.hpp"
 #include "memcuda/detail/fd/fd_source.hpp"
+#include "memcuda/detail/fd/fd_table.hpp"
+#include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/leader/lease.hpp"
 #include "memcuda/detail/registry/process/standby.hpp"
