@@ -1,22 +1,11 @@
-// FdService: this process's FdServer and the small thread that serves it
-// (docs/fd-transfer.md, "The fd service"). One per process, shared by every
-// registry and allocation of the process: an allocation's fd is served as
-// long as the allocation lives, which may be longer than the registry that
-// made it (tensors keep their allocation alive).
-//
-// acquire() starts it on first use; it stops (thread joined, socket closed)
-// when the last shared_ptr goes: each vmm registry holds one, and so does
-// each served fd. The thread only answers fd requests (poll + sendmsg, a
-// peer gets io_timeout to ask): it never talks to Redis, so joining it is
-// quick.
-//
-// Address: a socket in the process's runtime directory,
-// "<dir>/fd-<pid>-<pid ns>-<16 hex>.sock" (fd_socket_dir.hpp), so processes
-// in other containers (own pid and network namespaces) that share the
-// directory reach it. The directory and the peer policy (FdAccess) are the
-// process's: every registry of the process uses the same ones, and pins
-// them while it lives (pin()). A start creates or checks the directory and
-// sweeps the sockets of dead servers; a clean stop removes the socket.
+// FdService: this process's FdServer and the small thread that serves it,
+// one per process, shared by every registry and allocation: a fd is served
+// as long as its allocation lives, past the registry that made it
+// (docs/fd-transfer.md, "The fd service", says when it starts and stops
+// and where its socket is). The thread only answers fd requests and never
+// talks to Redis, so joining it is quick. The runtime directory and peer
+// policy (FdAccess) are the process's: every registry pins the same ones
+// while it lives (pin()).
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,38 +1,13 @@
-// Releases from destructors. The last SharedTensor copy of a reference and
-// a DLPack deleter (which may run on a framework's thread) must not wait
-// for Redis: they push the release here and return. What accumulated is
-// sent as one pipeline of release scripts per registry session, by
-//  * the next thread of this process that calls the registry (every call
-//    that talks to Redis, and flush(), first sends what is queued itself:
-//    no hand-off to another thread and back, which cost more than the
-//    round trip), or else
-//  * the queue's own thread, which wakes on a push and leaves the releases
-//    kLinger (0.2 ms) to such a caller before it sends them itself.
-// The same thread ends the reference cache's lingering windows (call_at;
-// RegistryOptions::release_linger): a handle whose window passed is dropped
-// there, and its release is queued and sent as above.
-//
-// Bound: a release is in Redis one round trip after the next call of this
-// process, or at most kLinger plus one round trip after it was queued
-// (plus the batch in flight, if any). No PING first: a socket that broke
-// while idle is re-established before anything is sent (what fails there
-// is retried), and a batch waits out a stalled server for request_timeout
-// on top of the command timeout. While Redis is unreachable, batches wait
-// and are retried every 100 ms; a batch whose pipeline broke midway is not
-// resent (it may have run: sending it again could drop a second
-// reference), and the garbage collector drops those references when the
-// session ends.
-//
-// Visibility: every TensorRegistry call that talks to Redis first sends or
-// waits for the releases this process queued before the call (read your
-// own releases, across the registries of the process); flush() does only
-// that. When nothing is queued this is two atomic loads.
-//
-// Lifetime: a queued release holds its registry's core (what a handle
-// held), so releases of tensors that outlive their TensorRegistry still
-// land; the core goes, on the thread that sent its last release (never a
-// destructor's: a sending caller is a registry call), with no lock held.
-// At process exit the thread makes one last attempt and stops.
+// Releases from destructors (docs/design.md, "Releases", says the bound,
+// the retries and what a caller sees). The last SharedTensor copy of a
+// reference and a DLPack deleter push the release here and return, with no
+// Redis I/O. What accumulated is sent as one pipeline per registry session
+// by the next thread of this process that calls the registry (no hand-off
+// and back), or else by the queue's own thread after kLinger. That thread
+// also ends the reference cache's lingering windows (call_at). A queued
+// release holds its registry's core, so releases of tensors that outlive
+// their TensorRegistry still land; at exit the thread makes one last
+// attempt and stops.
 #pragma once
 
 #include "memcuda/config.hpp"
