@@ -254,8 +254,11 @@ class ModelAb {
     std::mutex mu_;
     std::set<std::string> live_;
   };
+  // Process-wide: a writer may outlive its registry, and tokens name their
+  // session, so one set serves every registry. Never destroyed: writers may
+  // go at exit.
   static Writers& writers() {
-    static Writers* w = new Writers();  // never destroyed: writers may go at exit
+    static Writers* w = new Writers();
     return *w;
   }
 };
