@@ -11,8 +11,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import memcuda
 from conftest import HERE, PKG, gpu_torch
 
