@@ -104,37 +104,9 @@ inline bool is_command_field(std::string_view k) noexcept {
 
 // A create's own fields.
 inline void decode_create_fields(const boost::json::object& o, Command& c) {
-  namespace json = boost::json;
-  std::string_view dt =
-      get_string(require(o, "dtype", "command \"create\""), "dtype");
-  c.dtype = dtype_from_string(dt);
-  if (!c.dtype)
-    fail(ProtocolErrc::unknown_dtype,
-         "field \"dtype\": unknown dtype \"" + memcuda::detail::rules::printable(dt) +
-             "\"; expected one of bool u8 i8 i16 i32 i64 u16 u32 u64 f16 bf16 f32 f64");
-  c.shape = memcuda::detail::rules::shape_from_json(
-      require(o, "shape", "command \"create\""), "field \"shape\"");
-  try {
-    (void)byte_size(*c.dtype, *c.shape);
-  } catch (const ProtocolError& e) {
-    fail(e.errc(), std::string("field \"shape\": ") + e.what());
-  }
-  if (const json::value* v = find(o, "device"))
-    c.device = static_cast<int>(get_int(*v, "device", 0, kMaxDevice));
-  if (const json::value* v = find(o, "device_uuid"))
-    c.device_uuid = get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
-  if (const json::value* v = find(o, "persistent")) {
-    if (!v->is_bool()) wrong_type("persistent", "a boolean", *v);
-    c.persistent = v->get_bool();
-  }
-  if (const json::value* v = find(o, "backend")) {
-    std::string_view b = get_string(*v, "backend");
-    c.backend = backend_from_string(b);
-    if (!c.backend)
-      fail(ProtocolErrc::bad_value, "field \"backend\": \"" +
-                                        memcuda::detail::rules::printable(b) +
-                                        "\" is not a backend; expected \"cuda\" or \"host\"");
-  }
+  const auto field = [](std::string_view f) { return std::string(f); };
+  std::tie(c.dtype, c.shape) = decode_dtype_shape(o, "command \"create\"", field);
+  decode_placement(o, c, field);
 }
 
 // A free of several generations ("generations").
@@ -156,15 +128,7 @@ inline void decode_free_many(const boost::json::object& o, Command& c) {
 inline void decode_create_many(const boost::json::object& o, Command& c) {
   namespace json = boost::json;
   // The defaults of the entries, checked like a create's own fields.
-  if (const json::value* v = find(o, "device"))
-    c.device = static_cast<int>(get_int(*v, "device", 0, kMaxDevice));
-  if (const json::value* v = find(o, "device_uuid"))
-    c.device_uuid = get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
-  if (const json::value* v = find(o, "persistent")) {
-    if (!v->is_bool()) wrong_type("persistent", "a boolean", *v);
-    c.persistent = v->get_bool();
-  }
-  if (const json::value* v = find(o, "backend")) c.backend = get_backend(*v, "backend");
+  decode_placement(o, c, [](std::string_view f) { return std::string(f); });
   const json::value& tv = require(o, "tensors", "command \"create_many\"");
   const json::array* a = tv.if_array();
   if (!a) wrong_type("tensors", "an array", tv);
