@@ -33,8 +33,6 @@ namespace memcuda_c {
 // Records the exception being handled (call only inside a catch block) as
 // this thread's last error and returns its code.
 int status_of_current_exception() noexcept;
-// Records a failure the C layer itself detects (NULL argument, bad enum).
-int fail(int code, const std::string& message) noexcept;
 
 // Runs f (returning void) and converts whatever it throws into a status.
 template <class F>

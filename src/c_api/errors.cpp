@@ -66,8 +66,6 @@ constexpr CodeInfo kCodes[MEMCUDA_ERR_LAST + 1] = {
 
 namespace memcuda_c {
 
-int fail(int code, const std::string& message) noexcept { return record(code, message.c_str()); }
-
 // The C code is the one whose name is the exception's code(); a class the
 // table lacks (IoError, "redis_io") takes its family's root.
 int status_of_current_exception() noexcept {
