@@ -114,6 +114,14 @@ inline std::optional<memcuda::DType> want_dtype(int dtype) {
   return static_cast<memcuda::DType>(dtype);
 }
 
+// A MEMCUDA_BACKEND_* value; nullopt for MEMCUDA_BACKEND_DEFAULT.
+inline std::optional<memcuda::BackendKind> backend_arg(int b, const char* what = "backend") {
+  if (b == MEMCUDA_BACKEND_DEFAULT) return std::nullopt;
+  if (b == MEMCUDA_BACKEND_CUDA) return memcuda::BackendKind::cuda;
+  if (b == MEMCUDA_BACKEND_HOST) return memcuda::BackendKind::host;
+  throw memcuda::InvalidArgument(std::string(what) + " " + std::to_string(b) + " is not a MEMCUDA_BACKEND_* value");
+}
+
 // What memcuda_create and each entry of memcuda_create_many ask for, checked
 // and in C++ terms. opts may be NULL (the registry's defaults).
 inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_t* shape, int ndim,
@@ -130,10 +138,7 @@ inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_
   if (opts) {
     check_struct(opts, "create options");
     if (opts->device >= 0) s.options.device = opts->device;
-    if (opts->backend == MEMCUDA_BACKEND_CUDA) s.options.backend = memcuda::BackendKind::cuda;
-    else if (opts->backend == MEMCUDA_BACKEND_HOST) s.options.backend = memcuda::BackendKind::host;
-    else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
-      throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
+    s.options.backend = backend_arg(opts->backend);
     s.options.persistent = opts->persistent != 0;
   }
   return s;

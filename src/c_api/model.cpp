@@ -21,10 +21,7 @@ int memcuda_publish_version(memcuda_registry* reg, const char* prefix, void* str
                             uint64_t* version) {
   return guarded([&] {
     memcuda::VersionPublishOptions o;
-    if (backend == MEMCUDA_BACKEND_CUDA) o.backend = memcuda::BackendKind::cuda;
-    else if (backend == MEMCUDA_BACKEND_HOST) o.backend = memcuda::BackendKind::host;
-    else if (backend != MEMCUDA_BACKEND_DEFAULT)
-      throw memcuda::InvalidArgument("backend " + std::to_string(backend) + " is not a MEMCUDA_BACKEND_* value");
+    o.backend = memcuda_c::backend_arg(backend);
     o.device = device < 0 ? -1 : device;
     auto v = memcuda::publish_version(memcuda_c::registry(reg), prefix_arg(prefix),
                                       static_cast<memcuda::StreamHandle>(stream), o);

@@ -67,10 +67,7 @@ int memcuda_begin_model_version(memcuda_registry* reg, const char* prefix, const
     memcuda::ModelVersionOptions o;
     if (opts) {
       memcuda_c::check_struct(opts, "model version options");
-      if (opts->backend == MEMCUDA_BACKEND_CUDA) o.backend = memcuda::BackendKind::cuda;
-      else if (opts->backend == MEMCUDA_BACKEND_HOST) o.backend = memcuda::BackendKind::host;
-      else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
-        throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
+      o.backend = memcuda_c::backend_arg(opts->backend);
       o.device = opts->device < 0 ? -1 : opts->device;
       o.max_versions = opts->max_versions;
     }
