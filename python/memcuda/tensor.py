@@ -174,6 +174,18 @@ class Tensor:
             raise
         return out
 
+    @staticmethod
+    def adopt_array(call: Any) -> "list[Tensor]":
+        """``adopt_all`` of the array of handles a C call answers through the
+        (memcuda_tensor***, size_t*) it is given by `call`; frees the array."""
+        arr = ctypes.POINTER(ctypes.c_void_p)()
+        n = ctypes.c_size_t()
+        check(call(ctypes.byref(arr), ctypes.byref(n)))
+        try:
+            return Tensor.adopt_all(arr[:n.value])
+        finally:
+            lib.memcuda_free_tensor_array(arr)
+
     # ---- lifetime --------------------------------------------------------
     def release(self) -> None:
         """Drops this handle's share now (arrays made from it keep theirs).
