@@ -270,6 +270,11 @@ _SIGNATURES = [
     ("memcuda_tensors_to_dlpack_span", c_int, [P(c_void_p), c_size_t, P(P(DLManagedTensor))]),
     ("memcuda_tensor_check_device", c_int, [c_void_p, c_int]),
     ("memcuda_note_copy", c_int, [c_void_p, c_char_p, c_uint64, c_char_p]),
+    ("memcuda_share_dlpack", c_int, [c_void_p, c_char_p, c_void_p, c_void_p, P(c_void_p)]),
+    ("memcuda_share_many_dlpack", c_int, [c_void_p, P(c_char_p), P(c_void_p), c_size_t, c_void_p, P(c_void_p)]),
+    ("memcuda_share_arrow", c_int, [c_void_p, c_char_p, c_void_p, c_void_p, c_void_p, P(c_void_p)]),
+    ("memcuda_share_arrow_array", c_int, [c_void_p, c_char_p, c_void_p, c_void_p, c_void_p, P(c_void_p)]),
+    ("memcuda_stop_callbacks", None, []),
 ]
 
 
