@@ -155,11 +155,6 @@ def test_modes_and_misuse(reg):
     att = mt.attach(Net(), reg, "m6/")
     with pytest.raises(memcuda.InvalidArgument, match="advance"):
         att.advance()
-    if not hasattr(memcuda.Registry, "open_model"):  # A/B versions: tested where they exist
-        with pytest.raises(memcuda.NotSupported, match="open_model"):
-            mt.attach(Net(), reg, "m6/", versions="ab")
-        with pytest.raises(NotImplementedError, match="publish_model"):
-            mt.publish(src, reg, "m6/", mode="ab")
 
 
 def test_detach_gives_the_module_its_own_copy_and_lets_the_registry_go(reg):
