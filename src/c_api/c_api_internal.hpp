@@ -122,14 +122,14 @@ inline std::optional<memcuda::BackendKind> backend_arg(int b, const char* what =
   throw memcuda::InvalidArgument(std::string(what) + " " + std::to_string(b) + " is not a MEMCUDA_BACKEND_* value");
 }
 
-// What memcuda_create and each entry of memcuda_create_many ask for, checked
+// What memcuda_create, each entry of memcuda_create_many and memcuda_share ask for, checked
 // and in C++ terms. opts may be NULL (the registry's defaults).
 inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_t* shape, int ndim,
                                        const memcuda_create_options* opts) {
   memcuda::TensorSpec s;
   s.name = std::string(name_arg(name));
   auto d = want_dtype(dtype);
-  if (!d) throw memcuda::InvalidArgument("create needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
+  if (!d) throw memcuda::InvalidArgument("a dtype is needed (MEMCUDA_DTYPE_ANY is for get)");
   s.dtype = *d;
   if (ndim < 0 || ndim > MEMCUDA_MAX_RANK)
     throw memcuda::InvalidArgument("ndim " + std::to_string(ndim) + " is out of range [0, 8]");
