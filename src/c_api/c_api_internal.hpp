@@ -2,8 +2,11 @@
 // exception into a C status code (errors.cpp). Private to libmemcuda_c.
 #pragma once
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -142,6 +145,29 @@ inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_
     s.options.persistent = opts->persistent != 0;
   }
   return s;
+}
+
+// The handles of a name-ordered map as a malloc'd array (so that
+// memcuda_free_tensor_array is a plain free of one block); every handle is
+// made before any is handed out. Empty: NULL and 0.
+template <class Map>
+void to_array(Map&& taken, memcuda_tensor*** out, size_t* count) {
+  *out = nullptr;
+  *count = 0;
+  if (taken.empty()) return;
+  std::vector<std::unique_ptr<memcuda_tensor>> made;
+  made.reserve(taken.size());
+  for (auto& [name, t] : taken) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));
+  auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
+  if (!arr) throw std::bad_alloc();
+  for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
+  *out = arr;
+  *count = made.size();
+}
+
+inline std::string_view prefix_arg(const char* prefix) {
+  if (!prefix) throw memcuda::InvalidArgument("prefix is NULL");
+  return prefix;
 }
 
 // False once memcuda_stop_callbacks ran: the caller's callbacks are then
