@@ -158,9 +158,8 @@ inline void decode_create_many(const boost::json::object& o, Command& c) {
 inline Command decode_command(std::string_view text) {
   namespace json = boost::json;
   using detail::fail;
-  json::value doc = detail::parse_document(text, "command");
-  const json::object* o = doc.if_object();
-  if (!o) fail(ProtocolErrc::not_object, detail::object_kind_error("command", doc));
+  json::value doc = detail::parse_object(text, "command");
+  const json::object* o = &doc.get_object();
   for (const auto& kv : *o) {
     std::string_view k(kv.key().data(), kv.key().size());
     if (!detail::is_command_field(k))
@@ -240,22 +239,19 @@ inline std::string encode_command(const Command& c) {
   namespace json = boost::json;
   json::object o;
   const std::string_view op = c.op_spelled_delete ? std::string_view("delete") : to_string(c.op);
-  o["op"] = json::string_view(op.data(), op.size());
+  o["op"] = detail::sv(op);
   const bool nameless = c.op == Op::create_many || (c.op == Op::free && !c.generations.empty());
-  if (!nameless || !c.name.empty()) o["name"] = json::string_view(c.name.data(), c.name.size());
+  if (!nameless || !c.name.empty()) o["name"] = detail::sv(c.name);
   if (c.op == Op::create || c.op == Op::create_many) {
-    if (c.op == Op::create && c.dtype)
-      o["dtype"] = json::string_view(to_string(*c.dtype).data(), to_string(*c.dtype).size());
+    if (c.op == Op::create && c.dtype) o["dtype"] = detail::sv(to_string(*c.dtype));
     if (c.op == Op::create && c.shape) {
       json::array a;
       for (std::int64_t d : *c.shape) a.emplace_back(d);
       o["shape"] = std::move(a);
     }
     if (c.device) o["device"] = *c.device;
-    if (c.device_uuid)
-      o["device_uuid"] = json::string_view(c.device_uuid->data(), c.device_uuid->size());
-    if (c.backend)
-      o["backend"] = json::string_view(to_string(*c.backend).data(), to_string(*c.backend).size());
+    if (c.device_uuid) o["device_uuid"] = detail::sv(*c.device_uuid);
+    if (c.backend) o["backend"] = detail::sv(to_string(*c.backend));
     if (c.persistent) o["persistent"] = *c.persistent;
   }
   if (c.op == Op::create_many) {
@@ -265,8 +261,8 @@ inline std::string encode_command(const Command& c) {
   }
   if (c.pid) o["pid"] = *c.pid;
   if (c.pid_ns) o["pidns"] = "pid:[" + std::to_string(*c.pid_ns) + "]";
-  if (c.node) o["node"] = json::string_view(c.node->data(), c.node->size());
-  if (c.holder) o["holder"] = json::string_view(c.holder->data(), c.holder->size());
+  if (c.node) o["node"] = detail::sv(*c.node);
+  if (c.holder) o["holder"] = detail::sv(*c.holder);
   if (c.op != Op::create && c.generation) o["generation"] = *c.generation;
   if (c.op == Op::free && !c.generations.empty()) {
     json::array a;
@@ -274,7 +270,7 @@ inline std::string encode_command(const Command& c) {
     o["generations"] = std::move(a);
   }
   if (c.id) o["id"] = detail::id_to_json(*c.id, c.id_is_number);
-  if (c.reply_to) o["reply_to"] = json::string_view(c.reply_to->data(), c.reply_to->size());
+  if (c.reply_to) o["reply_to"] = detail::sv(*c.reply_to);
   std::string out = json::serialize(o);
   (void)decode_command(out);
   return out;
