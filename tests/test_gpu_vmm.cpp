@@ -356,7 +356,7 @@ TEST_CASE("vmm: a tensor on GPU 1 is imported and read by a kernel of a process 
 // another peer gets access when it asks (check_device): granting a peer
 // costs milliseconds for a large mapping, so no open pays for peers that
 // never read.
-TEST_CASE("vmm: a mapping grants its device and the current one; check_device grants another peer",
+TEST_CASE("vmm: a mapping grants its device and the current one, check_device grants another peer",
           "[gpu][multi-gpu][vmm]") {
   MEMCUDA_REQUIRE_GPUS(2);
   MEMCUDA_REQUIRE_VMM();
