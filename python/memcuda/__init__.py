@@ -14,7 +14,7 @@ from .dtypes import NAMES as DTYPES
 from .errors import (AlreadyExists, AuthError, BudgetExceeded, ConnectionError, CudaError, InternalError,
                      InvalidArgument, Lost, MemcudaError, NotFound, NotLeader, OutOfMemory, ProtocolError,
                      RedisError, ReplyError, StaleHandle, TimeoutError, TypeMismatch, Unavailable, UnknownError)
-from .errors import LayoutMismatch, NotSupported  # Python-side, no C code of their own
+from .errors import LayoutMismatch  # Python-side, no C code of its own
 from .errors import NotZeroCopy, ZeroCopyWarning
 from .model_versions import ModelVersionWriter, PinnedModel
 from .registry import GcReport, Registry, Stats
@@ -35,6 +35,6 @@ __all__ = [
     "MemcudaError", "InvalidArgument", "NotFound", "AlreadyExists", "TypeMismatch", "StaleHandle",
     "BudgetExceeded", "Lost", "NotLeader", "Unavailable", "InternalError", "ProtocolError", "CudaError",
     "RedisError", "ConnectionError", "AuthError", "TimeoutError", "ReplyError", "OutOfMemory", "UnknownError",
-    "LayoutMismatch", "NotSupported", "NotZeroCopy", "ZeroCopyWarning",
+    "LayoutMismatch", "NotZeroCopy", "ZeroCopyWarning",
     "ModelVersionWriter", "PinnedModel",
 ]

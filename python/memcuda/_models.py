@@ -90,14 +90,8 @@ class ModelMethods:
         lib.memcuda_create_options_init(ctypes.byref(co))
         co.backend, co.device = backend_device(backend, device)
         co.persistent = 1 if persistent else 0
-        arr = ctypes.POINTER(ctypes.c_void_p)()
-        n = ctypes.c_size_t()
-        check(lib.memcuda_publish_safetensors(self._handle(), prefix.encode(), os.fsencode(path), ctypes.byref(co),
-                                              int(staging_bytes), ctypes.byref(arr), ctypes.byref(n)))
-        try:
-            tensors = Tensor.adopt_all(arr[:n.value])
-        finally:
-            lib.memcuda_free_tensor_array(arr)
+        tensors = Tensor.adopt_array(lambda arr, n: lib.memcuda_publish_safetensors(
+            self._handle(), prefix.encode(), os.fsencode(path), ctypes.byref(co), int(staging_bytes), arr, n))
         return {t.name[len(prefix):]: t for t in tensors}
 
     def link_state_dict(self, prefix: str, tensors: Iterable[Tensor]) -> bool:

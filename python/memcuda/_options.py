@@ -19,29 +19,22 @@ POOL_KEYWORDS = ("slab_bytes", "host_slab_bytes", "dedicated_threshold", "pack_b
 _upstreams: List[Any] = []
 
 
-def _ms(seconds: Optional[float], what: str) -> int:
+def _ms(seconds: Optional[float], what: str, off: bool = False) -> int:
+    """0 (the default) for None; with `off`, -1 for 0 (off); else whole milliseconds."""
     if seconds is None:
         return 0
-    if seconds <= 0:
-        raise InvalidArgument(f"{what} must be positive seconds, got {seconds!r}")
-    return max(1, int(round(seconds * 1000)))
+    if seconds < 0 or (seconds == 0 and not off):
+        raise InvalidArgument(f"{what} must be {'non-negative' if off else 'positive'} seconds, got {seconds!r}")
+    return -1 if seconds == 0 else max(1, int(round(seconds * 1000)))
 
 
-def _count(n: Optional[int], what: str) -> int:
+def _int(n: Optional[int], what: str, least: int = 0, off: bool = False) -> int:
+    """0 (the default) for None; with `off`, -1 for 0 (none/never)."""
     if n is None:
         return 0
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidArgument(f"{what} must be a positive int, got {n!r}")
-    return n
-
-
-def _ms_or_off(seconds: Optional[float], what: str) -> int:
-    """0 (the default) for None, -1 for 0 (off), else whole milliseconds."""
-    if seconds is None:
-        return 0
-    if seconds < 0:
-        raise InvalidArgument(f"{what} must not be negative seconds, got {seconds!r}")
-    return -1 if seconds == 0 else max(1, int(round(seconds * 1000)))
+    if isinstance(n, bool) or not isinstance(n, int) or n < least:
+        raise InvalidArgument(f"{what} must be an int of at least {least}, got {n!r}")
+    return -1 if off and n == 0 else n
 
 
 def _ids(ids: Optional[Iterable[int]], what: str) -> Optional[Any]:
@@ -88,23 +81,14 @@ def fill(o: Any, *, request_timeout: Optional[float], lease_ttl: Optional[float]
     o.gc_interval_ms = _ms(gc_interval, "gc_interval")
     o.connect_timeout_ms = _ms(connect_timeout, "connect_timeout")
     o.command_timeout_ms = _ms(command_timeout, "command_timeout")
-    o.client_connections = _count(client_connections, "client_connections")
-    o.waiting_connections = _count(waiting_connections, "waiting_connections")
+    o.client_connections = _int(client_connections, "client_connections", 1)
+    o.waiting_connections = _int(waiting_connections, "waiting_connections", 1)
     o.share_references = _SHARING[None if share_references is None else bool(share_references)]
-    o.release_linger_ms = _ms_or_off(release_linger, "release_linger")
+    o.release_linger_ms = _ms(release_linger, "release_linger", off=True)
     if cuda_allocation not in CUDA_ALLOCATIONS:
         raise InvalidArgument(f"cuda_allocation must be 'auto', 'vmm' or 'ipc', got {cuda_allocation!r}")
     o.cuda_allocation = CUDA_ALLOCATIONS[cuda_allocation]
-    o.serve_stall_timeout_ms = _ms_or_off(serve_stall_timeout, "serve_stall_timeout")
-
-
-def _bytes(n: Optional[int], what: str, off: bool = False) -> int:
-    """0 (the default) for None; with `off`, -1 for 0 (none/never)."""
-    if n is None:
-        return 0
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InvalidArgument(f"{what} must be a non-negative int, got {n!r}")
-    return -1 if off and n == 0 else n
+    o.serve_stall_timeout_ms = _ms(serve_stall_timeout, "serve_stall_timeout", off=True)
 
 
 def _upstream(res: Any) -> Any:
@@ -123,9 +107,9 @@ def fill_pool(o: Any, kw: Mapping[str, Any]) -> List[Any]:
     """Sets the struct's pool from the PoolOptions keywords; returns what to keep alive."""
     p = o.pool
     for field in ("slab_bytes", "host_slab_bytes", "dedicated_threshold", "alignment", "budget_bytes"):
-        setattr(p, field, _bytes(kw.get(field), field))
-    p.pack_batches_min_bytes = _bytes(kw.get("pack_batches_min_bytes"), "pack_batches_min_bytes", off=True)
-    p.retain_empty_slabs = _bytes(kw.get("retain_empty_slabs"), "retain_empty_slabs", off=True)
+        setattr(p, field, _int(kw.get(field), field))
+    p.pack_batches_min_bytes = _int(kw.get("pack_batches_min_bytes"), "pack_batches_min_bytes", off=True)
+    p.retain_empty_slabs = _int(kw.get("retain_empty_slabs"), "retain_empty_slabs", off=True)
     p.poison = _POISON[None if kw.get("poison") is None else bool(kw.get("poison"))]
     keep: List[Any] = []
     budgets = kw.get("device_budgets")
@@ -133,7 +117,7 @@ def fill_pool(o: Any, kw: Mapping[str, Any]) -> List[Any]:
         if not isinstance(budgets, Mapping):
             raise InvalidArgument(f"device_budgets must be a dict {{device: bytes}}, got {budgets!r}")
         arr = (DeviceBudgetC * max(1, len(budgets)))(
-            *((_int_device(d), _bytes(b, f"device_budgets[{d!r}]")) for d, b in budgets.items()))
+            *((_int_device(d), _int(b, f"device_budgets[{d!r}]")) for d, b in budgets.items()))
         p.device_budgets, p.device_budgets_count = arr, len(budgets)
         keep.append(arr)
     if kw.get("upstream") is not None:

@@ -1,13 +1,11 @@
-"""The torch side of ``Registry.get_state_dict(prefix, framework="torch")``,
-straight from the C array of handles: no ``Tensor`` object per tensor.
+"""Zero-copy torch views straight from a C array of handles, for
+``Registry.get_state_dict(prefix, framework="torch")`` and
+``tensor.torch_views``: no ``Tensor`` object per tensor.
 
 One ``memcuda_tensors_fields`` call reads every handle's fields; each
 allocation (a packed dict is one) gets one DLPack span export, one import
-and an ``as_strided`` view per tensor; then the handles are released (the
-span exports hold the references). What was per tensor before (a Tensor
-object with a getpid, a ctypes array of handles rebuilt per group, a
-strides loop, a release through ``Tensor.__del__``) was most of the Python
-side of a 291-tensor open (benchmarks/python/bench_open_breakdown.py)."""
+and an ``as_strided`` view per tensor (per-tensor Python work dominates a
+291-tensor open: benchmarks/python/bench_open_breakdown.py)."""
 from __future__ import annotations
 
 import ctypes

@@ -16,6 +16,9 @@ from typing import Any, Optional, Tuple
 
 from ._lib import lib
 from .errors import InvalidArgument, check
+from .tensor import _api, _PyCapsule_New
+from .tensor import _PyCapsule_GetPointer as _PyCapsule_GetPointer_addr
+from .tensor import _PyCapsule_IsValid as _PyCapsule_IsValid_addr
 
 # memcuda_tensor_to_arrow flags (include/memcuda/c/arrow.h)
 FIXED_SIZE_LIST, STRICT_TYPES, OPENED_EVENT = 1, 2, 4
@@ -80,15 +83,9 @@ _to_arrow.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.POINTER(ArrowSchema
 # calls the struct's release callback unless a consumer moved the struct out
 # (and so set release to NULL), then frees it. Destructors run with the GIL
 # held and call the Python C API directly (PYFUNCTYPE), as the DLPack
-# capsule's do (tensor.py).
-_api = ctypes.pythonapi
-_PyCapsule_New = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
-    ("PyCapsule_New", _api))
+# capsule's do (tensor.py, whose functions taking a capsule's address they share).
 _PyCapsule_IsValid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
-_PyCapsule_IsValid_addr = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
 _PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", _api))
-_PyCapsule_GetPointer_addr = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
     ("PyCapsule_GetPointer", _api))
 _calloc = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)(("PyMem_RawCalloc", _api))
 _free = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("PyMem_RawFree", _api))

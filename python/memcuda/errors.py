@@ -174,11 +174,6 @@ class LayoutMismatch(InvalidArgument):
         self.missing, self.unexpected, self.mismatched = list(missing), list(unexpected), list(mismatched)
 
 
-class NotSupported(MemcudaError, NotImplementedError):
-    """A feature this build of the package does not have (the message says
-    which, and what to use instead)."""
-
-
 class ZeroCopyWarning(RuntimeWarning):
     """A copy was made in place of zero copy because the call asked for one
     (``allow_copy=True``); it is counted in ``Registry.stats()`` (``copies``,

@@ -31,14 +31,8 @@ def _is_layout(value: Any) -> bool:
 
 def _adopt(fn: Any, handle: int) -> Dict[str, Tensor]:
     """{relative name: Tensor} of a writer's or pinned model's tensors."""
-    arr = ctypes.POINTER(ctypes.c_void_p)()
-    n = ctypes.c_size_t()
     off = ctypes.c_size_t()
-    check(fn(handle, ctypes.byref(arr), ctypes.byref(n), ctypes.byref(off)))
-    try:
-        tensors = Tensor.adopt_all(arr[:n.value])
-    finally:
-        lib.memcuda_free_tensor_array(arr)
+    tensors = Tensor.adopt_array(lambda arr, n: fn(handle, arr, n, ctypes.byref(off)))
     return {t.name[off.value:]: t for t in tensors}
 
 

@@ -288,13 +288,7 @@ class Registry(ModelMethods):
 
     def _by_name(self, fn: Any, prefix: str) -> Dict[str, Tensor]:
         """{full name: Tensor} of a C call answering a name-ordered array of handles."""
-        arr = ctypes.POINTER(ctypes.c_void_p)()
-        n = ctypes.c_size_t()
-        check(fn(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
-        try:
-            tensors = Tensor.adopt_all(arr[:n.value])
-        finally:
-            lib.memcuda_free_tensor_array(arr)
+        tensors = Tensor.adopt_array(lambda arr, n: fn(self._handle(), prefix.encode(), arr, n))
         return {t.name: t for t in tensors}
 
     def create_many(self, specs: Sequence[Tuple[str, Sequence[int], dtypes.DType]], device: Device = None,

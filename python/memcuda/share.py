@@ -29,28 +29,13 @@ from ._lib import lib
 from .errors import InvalidArgument, check
 from .tensor import Tensor
 
-_P = ctypes.POINTER
-lib.memcuda_share_dlpack.restype = ctypes.c_int
-lib.memcuda_share_dlpack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     _P(ctypes.c_void_p)]
-
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-lib.memcuda_share_many_dlpack.restype = ctypes.c_int
-lib.memcuda_share_many_dlpack.argtypes = [ctypes.c_void_p, _P(ctypes.c_char_p), _P(ctypes.c_void_p), ctypes.c_size_t,
-                                          ctypes.c_void_p, _P(ctypes.c_void_p)]
-lib.memcuda_stop_callbacks.restype = None
-lib.memcuda_stop_callbacks.argtypes = []
 # What is still borrowed at exit is leaked, not released: the registry's
 # threads would otherwise run DLPack deleters and Arrow release callbacks
 # (Python code, the GIL) while the interpreter tears down, and crash it.
 atexit.register(lib.memcuda_stop_callbacks)
-lib.memcuda_share_arrow.restype = ctypes.c_int
-lib.memcuda_share_arrow.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, _P(ctypes.c_void_p)]
-lib.memcuda_share_arrow_array.restype = ctypes.c_int
-lib.memcuda_share_arrow_array.argtypes = lib.memcuda_share_arrow.argtypes
 _capsule_rename = ctypes.pythonapi.PyCapsule_SetName
 _capsule_rename.restype = ctypes.c_int
 _capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -146,17 +131,11 @@ def shareable_empty(shape: Sequence[int], dtype: dtypes.DType = "f32", *, like: 
         os.close(fd)  # the mmap object keeps a dup of it: share() finds that one
     import numpy as np
     raw = np.frombuffer(buf, dtype=np.uint8)
-    name = lib.memcuda_dtype_name(code).decode()
     if like == "numpy":
-        if name == "bf16":
+        if dtypes.NUMPY[code] is None:
             raise InvalidArgument("shareable_empty: NumPy has no bfloat16; use like='torch'")
-        return raw.view(np.dtype(_NUMPY[name])).reshape(dims)
+        return raw.view(np.dtype(dtypes.NUMPY[code])).reshape(dims)
     if like != "torch":
         raise InvalidArgument(f"shareable_empty: like={like!r}, expected 'torch' or 'numpy'")
     import torch
-    return torch.from_numpy(raw).view(getattr(torch, _TORCH[name])).reshape(dims)
-
-
-_NUMPY = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "i16": "int16", "i32": "int32",
-          "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "bool": "bool"}
-_TORCH = dict(_NUMPY, bf16="bfloat16")
+    return torch.from_numpy(raw).view(dtypes.torch_dtype(code)).reshape(dims)

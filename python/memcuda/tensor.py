@@ -174,6 +174,18 @@ class Tensor:
             raise
         return out
 
+    @staticmethod
+    def adopt_array(call: Any) -> "list[Tensor]":
+        """``adopt_all`` of the array of handles a C call answers through the
+        (memcuda_tensor***, size_t*) it is given by `call`; frees the array."""
+        arr = ctypes.POINTER(ctypes.c_void_p)()
+        n = ctypes.c_size_t()
+        check(call(ctypes.byref(arr), ctypes.byref(n)))
+        try:
+            return Tensor.adopt_all(arr[:n.value])
+        finally:
+            lib.memcuda_free_tensor_array(arr)
+
     # ---- lifetime --------------------------------------------------------
     def release(self) -> None:
         """Drops this handle's share now (arrays made from it keep theirs).
@@ -413,49 +425,16 @@ class Tensor:
 def torch_views(tensors: "list[Tensor]") -> "list[Any]":
     """Zero-copy torch tensors of `tensors`, in order, with ONE DLPack import
     per allocation (a packed batch: one for the whole batch) and one
-    ``as_strided`` view per tensor, instead of one export and import each.
-    CUDA ones are ordered on torch's current stream of their device after the
-    publish each record carried (``wait_opened``, one wait per distinct event).
+    ``as_strided`` view per tensor, instead of one export and import each
+    (``_torch_open.torch_views_of_handles``). CUDA ones are ordered on
+    torch's current stream of their device after the publish each record
+    carried (``wait_opened``, one wait per distinct event).
 
     The views of one allocation share one DLPack export that holds a share of
     every one of those tensors: their references are released when the last
     of those views is gone (not each with its own view)."""
-    import torch
-    import torch.utils.dlpack
-    out: "list[Any]" = [None] * len(tensors)
-    groups: "dict[tuple, list[int]]" = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t._backend, t._device, t._base), []).append(i)
-    for (backend, device, _), idx in groups.items():
-        members = [tensors[i] for i in idx]
-        arr = (ctypes.c_void_p * len(members))(*(t._handle() for t in members))
-        if backend == 0 and any(t._has_event for t in members):
-            s = torch.cuda.current_stream(device).cuda_stream
-            check(lib.memcuda_tensors_wait_opened(arr, len(members), s or 1))  # 1: cudaStreamLegacy
-        m = ctypes.POINTER(DLManagedTensor)()
-        check(lib.memcuda_tensors_to_dlpack_span(arr, len(members), ctypes.byref(m)))
-        start = m.contents.dl_tensor.data or 0
-        flat = torch.utils.dlpack.from_dlpack(_capsule_of(m))  # uint8, the span's bytes
-        typed: "dict[int, Any]" = {}
-        for i in idx:
-            t = tensors[i]
-            size = dtypes.ITEMSIZE[t._dtype]
-            off = t._ptr - start
-            if off % size:
-                # Views are cut per dtype from the span's start: a tensor not
-                # a whole number of its elements from there (never, with the
-                # pool's 256-byte alignment) gets an export of its own.
-                out[i] = t.torch(newest=False)
-                continue
-            base = typed.get(t._dtype)
-            if base is None:
-                from ._zero_copy import torch_dtype_or_refuse
-                dt = torch_dtype_or_refuse(t._dtype, t._name)
-                base = flat[:flat.numel() - flat.numel() % size].view(dt)
-                typed[t._dtype] = base
-            strides, acc = [], 1
-            for d in reversed(t._shape):
-                strides.append(acc)
-                acc *= max(d, 1)
-            out[i] = base.as_strided(t._shape, tuple(reversed(strides)), off // size)
-    return out
+    if not tensors:
+        return []
+    from ._torch_open import torch_views_of_handles
+    arr = (ctypes.c_void_p * len(tensors))(*(t._handle() for t in tensors))
+    return torch_views_of_handles(arr, len(tensors))[1]

@@ -26,7 +26,7 @@ import torch
 import torch.nn
 
 from memcuda import dtypes
-from memcuda.errors import AlreadyExists, InvalidArgument, LayoutMismatch, NotFound, NotSupported
+from memcuda.errors import AlreadyExists, InvalidArgument, LayoutMismatch, NotFound
 from memcuda.registry import Registry
 from memcuda.tensor import Stream, Tensor, stream_ptr, torch_views
 
@@ -179,12 +179,6 @@ def _check_mode(value: str, what: str) -> None:
         raise InvalidArgument(f"{what} must be one of {MODES}, got {value!r}")
 
 
-def _need(method: str, what: str) -> None:
-    if not hasattr(Registry, method):
-        raise NotSupported(f"{what} needs Registry.{method} (A/B model versions), which this memcuda does not "
-                           "have; use the in-place mode (the default)")
-
-
 # ---- producer -----------------------------------------------------------------
 def publish(module: torch.nn.Module, registry: Registry, prefix: str, *, stream: Stream = None,
             device: Any = None, backend: Optional[str] = None, replace: bool = False, mode: str = "inplace") -> int:
@@ -207,14 +201,13 @@ def publish(module: torch.nn.Module, registry: Registry, prefix: str, *, stream:
     The module's tensors must be on one device (a version records one
     event). Publish a prefix from one thread at a time (one event per model
     is re-recorded by each publish). mode="ab": a new A/B version through
-    ``Registry.publish_model`` where this memcuda has it."""
+    ``Registry.publish_model``."""
     _check_mode(mode, "mode")
     members = _members(module)
     sd = {m.name: m.get().detach() for m in members}
     if not sd:
         raise InvalidArgument("the module has no parameters or persistent buffers to publish")
     if mode == "ab":
-        _need("publish_model", "publish(mode='ab')")
         extra = {k: v for k, v in (("device", device), ("backend", backend)) if v is not None}
         return registry.publish_model(prefix, sd, stream=stream, **extra)
     if device is None and backend is None and len({(v.device.type, v.device.index) for v in sd.values()}) > 1:
@@ -407,13 +400,12 @@ def attach(module: torch.nn.Module, registry: Registry, prefix: str, *, strict: 
     published version (at most `timeout` seconds to read it). Returns the
     Attachment: ``wait()`` for the next in-place publish, ``detach()``.
 
-    versions="ab": through ``Registry.open_model`` where this memcuda has it
-    (A/B model versions), moved with ``Attachment.advance``."""
+    versions="ab": through ``Registry.open_model`` (A/B model versions),
+    moved with ``Attachment.advance``."""
     _check_mode(versions, "versions")
     members = _members(module)
     mlayout = _module_layout(members)
     if versions == "ab":
-        _need("open_model", "attach(versions='ab')")
         model = registry.open_model(prefix, framework="torch")
         tensors = dict(model.tensors)
         _check_layout(_torch_layout(tensors), mlayout, prefix, strict, "attach", bool_as_uint8=True)

@@ -49,6 +49,34 @@ def namespace() -> str:
     return "py" + uuid.uuid4().hex[:10]
 
 
+PKG = os.path.join(REPO, "python")
+
+
+def gpu_torch():
+    """torch (None where it is missing) and the marks of a test file that
+    needs it on a CUDA device: skipped, with the reason, where the build,
+    torch or a device is missing."""
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - depends on the machine
+        torch, cuda = None, False
+    return torch, [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not memcuda.has_cuda(), reason="libmemcuda_c was built without the CUDA backend"),
+        pytest.mark.skipif(torch is None, reason="torch is not installed"),
+        pytest.mark.skipif(torch is not None and not cuda, reason="torch sees no CUDA device"),
+    ]
+
+
+@pytest.fixture
+def greg(redis_url: str, namespace: str) -> Iterator[memcuda.Registry]:
+    """The allocator of record of this test's namespace, cuda backend."""
+    r = memcuda.Registry(redis_url, namespace, default_backend="cuda", session_ttl=0.6, gc_interval=0.2)
+    yield r
+    r.close()
+
+
 @pytest.fixture
 def reg(redis_url: str, namespace: str) -> Iterator[memcuda.Registry]:
     """The allocator of record of this test's namespace, host backend."""

@@ -15,28 +15,9 @@ import textwrap
 import pytest
 
 import memcuda
-from conftest import REPO, fields
+from conftest import PKG, fields, gpu_torch
 
-try:
-    import torch
-    _cuda = torch.cuda.is_available()
-except ImportError:  # pragma: no cover - depends on the machine
-    torch, _cuda = None, False
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not memcuda.has_cuda(), reason="libmemcuda_c was built without the CUDA backend"),
-    pytest.mark.skipif(torch is None, reason="torch is not installed"),
-    pytest.mark.skipif(torch is not None and not _cuda, reason="torch sees no CUDA device"),
-]
-PKG = os.path.join(REPO, "python")
-
-
-@pytest.fixture
-def greg(redis_url, namespace):
-    r = memcuda.Registry(redis_url, namespace, default_backend="cuda", session_ttl=0.6, gc_interval=0.2)
-    yield r
-    r.close()
+torch, pytestmark = gpu_torch()
 
 
 def test_cpp_creates_torch_reads(greg, worker_factory):
@@ -293,7 +274,7 @@ def test_torch_cuda_tensor_shared_without_copy_read_with_cupy(redis_url, namespa
         assert h.generation > 0
         reader = textwrap.dedent(f"""
             import sys
-            sys.path.insert(0, {os.path.join(REPO, 'python')!r})
+            sys.path.insert(0, {PKG!r})
             try:
                 import cupy
             except ImportError:

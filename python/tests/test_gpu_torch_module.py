@@ -7,36 +7,14 @@ or device (the conventions of test_gpu.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import memcuda
-from conftest import HERE, REPO
+from conftest import HERE, PKG, gpu_torch
 
-try:
-    import torch
-    _cuda = torch.cuda.is_available()
-except ImportError:  # pragma: no cover - depends on the machine
-    torch, _cuda = None, False
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not memcuda.has_cuda(), reason="libmemcuda_c was built without the CUDA backend"),
-    pytest.mark.skipif(torch is None, reason="torch is not installed"),
-    pytest.mark.skipif(torch is not None and not _cuda, reason="torch sees no CUDA device"),
-]
-PKG = os.path.join(REPO, "python")
-
-
-@pytest.fixture
-def greg(redis_url, namespace):
-    r = memcuda.Registry(redis_url, namespace, default_backend="cuda", session_ttl=0.6, gc_interval=0.2)
-    yield r
-    r.close()
+torch, pytestmark = gpu_torch()
 
 
 CONSUMER = textwrap.dedent("""

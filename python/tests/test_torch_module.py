@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,10 +17,9 @@ from torch import nn  # noqa: E402
 
 import memcuda  # noqa: E402
 import memcuda.torch as mt  # noqa: E402
-from conftest import HERE, REPO, wait_for  # noqa: E402
+from conftest import HERE, PKG, wait_for  # noqa: E402
 from torch_nets import Net, digest, scale_  # noqa: E402
 
-PKG = os.path.join(REPO, "python")
 NAMES = ["emb.weight", "lin.weight", "lin.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var",
          "bn.num_batches_tracked", "head.weight", "mask"]
 
@@ -157,11 +155,6 @@ def test_modes_and_misuse(reg):
     att = mt.attach(Net(), reg, "m6/")
     with pytest.raises(memcuda.InvalidArgument, match="advance"):
         att.advance()
-    if not hasattr(memcuda.Registry, "open_model"):  # A/B versions: tested where they exist
-        with pytest.raises(memcuda.NotSupported, match="open_model"):
-            mt.attach(Net(), reg, "m6/", versions="ab")
-        with pytest.raises(NotImplementedError, match="publish_model"):
-            mt.publish(src, reg, "m6/", mode="ab")
 
 
 def test_detach_gives_the_module_its_own_copy_and_lets_the_registry_go(reg):

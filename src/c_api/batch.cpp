@@ -22,24 +22,6 @@ namespace {
 
 using Handles = std::vector<std::unique_ptr<memcuda_tensor>>;
 
-// The handles of a name-ordered map as a malloc'd array (so that
-// memcuda_free_tensor_array is a plain free of one block); every handle is
-// made before any is handed out. Empty: NULL and 0.
-template <class Map>
-void to_array(Map&& taken, memcuda_tensor*** out, size_t* count) {
-  *out = nullptr;
-  *count = 0;
-  if (taken.empty()) return;
-  Handles made;
-  made.reserve(taken.size());
-  for (auto& [name, t] : taken) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));
-  auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
-  if (!arr) throw std::bad_alloc();
-  for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
-  *out = arr;
-  *count = made.size();
-}
-
 }  // namespace
 
 extern "C" {
@@ -69,7 +51,7 @@ int memcuda_get_prefix(memcuda_registry* reg, const char* prefix, memcuda_tensor
     if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
     *out = nullptr;
     *count = 0;
-    to_array(memcuda_c::registry(reg).get_prefix(prefix ? prefix : "").take_all(), out, count);
+    memcuda_c::to_array(memcuda_c::registry(reg).get_prefix(prefix ? prefix : "").take_all(), out, count);
   });
 }
 
@@ -80,7 +62,7 @@ int memcuda_open_state_dict(memcuda_registry* reg, const char* prefix, memcuda_t
     if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
     *out = nullptr;
     *count = 0;
-    to_array(memcuda::open_state_dict(memcuda_c::registry(reg), prefix ? prefix : ""), out, count);
+    memcuda_c::to_array(memcuda::open_state_dict(memcuda_c::registry(reg), prefix ? prefix : ""), out, count);
   });
 }
 
@@ -95,7 +77,7 @@ int memcuda_publish_safetensors(memcuda_registry* reg, const char* prefix, const
     memcuda::PublishOptions po;
     po.create = memcuda_c::create_spec("x", MEMCUDA_DTYPE_U8, nullptr, 0, opts).options;
     if (staging_bytes) po.staging_bytes = staging_bytes;
-    to_array(memcuda::publish_state_dict(memcuda_c::registry(reg), prefix ? prefix : "",
+    memcuda_c::to_array(memcuda::publish_state_dict(memcuda_c::registry(reg), prefix ? prefix : "",
                                          memcuda::safetensors_entries(path), po),
              out, count);
   });

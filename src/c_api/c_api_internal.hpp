@@ -2,8 +2,11 @@
 // exception into a C status code (errors.cpp). Private to libmemcuda_c.
 #pragma once
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,8 +36,6 @@ namespace memcuda_c {
 // Records the exception being handled (call only inside a catch block) as
 // this thread's last error and returns its code.
 int status_of_current_exception() noexcept;
-// Records a failure the C layer itself detects (NULL argument, bad enum).
-int fail(int code, const std::string& message) noexcept;
 
 // Runs f (returning void) and converts whatever it throws into a status.
 template <class F>
@@ -116,14 +117,22 @@ inline std::optional<memcuda::DType> want_dtype(int dtype) {
   return static_cast<memcuda::DType>(dtype);
 }
 
-// What memcuda_create and each entry of memcuda_create_many ask for, checked
+// A MEMCUDA_BACKEND_* value; nullopt for MEMCUDA_BACKEND_DEFAULT.
+inline std::optional<memcuda::BackendKind> backend_arg(int b, const char* what = "backend") {
+  if (b == MEMCUDA_BACKEND_DEFAULT) return std::nullopt;
+  if (b == MEMCUDA_BACKEND_CUDA) return memcuda::BackendKind::cuda;
+  if (b == MEMCUDA_BACKEND_HOST) return memcuda::BackendKind::host;
+  throw memcuda::InvalidArgument(std::string(what) + " " + std::to_string(b) + " is not a MEMCUDA_BACKEND_* value");
+}
+
+// What memcuda_create, each entry of memcuda_create_many and memcuda_share ask for, checked
 // and in C++ terms. opts may be NULL (the registry's defaults).
 inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_t* shape, int ndim,
                                        const memcuda_create_options* opts) {
   memcuda::TensorSpec s;
   s.name = std::string(name_arg(name));
   auto d = want_dtype(dtype);
-  if (!d) throw memcuda::InvalidArgument("create needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
+  if (!d) throw memcuda::InvalidArgument("a dtype is needed (MEMCUDA_DTYPE_ANY is for get)");
   s.dtype = *d;
   if (ndim < 0 || ndim > MEMCUDA_MAX_RANK)
     throw memcuda::InvalidArgument("ndim " + std::to_string(ndim) + " is out of range [0, 8]");
@@ -132,13 +141,33 @@ inline memcuda::TensorSpec create_spec(const char* name, int dtype, const int64_
   if (opts) {
     check_struct(opts, "create options");
     if (opts->device >= 0) s.options.device = opts->device;
-    if (opts->backend == MEMCUDA_BACKEND_CUDA) s.options.backend = memcuda::BackendKind::cuda;
-    else if (opts->backend == MEMCUDA_BACKEND_HOST) s.options.backend = memcuda::BackendKind::host;
-    else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
-      throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
+    s.options.backend = backend_arg(opts->backend);
     s.options.persistent = opts->persistent != 0;
   }
   return s;
+}
+
+// The handles of a name-ordered map as a malloc'd array (so that
+// memcuda_free_tensor_array is a plain free of one block); every handle is
+// made before any is handed out. Empty: NULL and 0.
+template <class Map>
+void to_array(Map&& taken, memcuda_tensor*** out, size_t* count) {
+  *out = nullptr;
+  *count = 0;
+  if (taken.empty()) return;
+  std::vector<std::unique_ptr<memcuda_tensor>> made;
+  made.reserve(taken.size());
+  for (auto& [name, t] : taken) made.push_back(std::make_unique<memcuda_tensor>(std::move(t)));
+  auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
+  if (!arr) throw std::bad_alloc();
+  for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
+  *out = arr;
+  *count = made.size();
+}
+
+inline std::string_view prefix_arg(const char* prefix) {
+  if (!prefix) throw memcuda::InvalidArgument("prefix is NULL");
+  return prefix;
 }
 
 // False once memcuda_stop_callbacks ran: the caller's callbacks are then

@@ -3,6 +3,7 @@
 // needs only the error and dtype headers.
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "memcuda/c/memcuda.h"
 #include "memcuda/config.hpp"
@@ -65,50 +66,18 @@ constexpr CodeInfo kCodes[MEMCUDA_ERR_LAST + 1] = {
 
 namespace memcuda_c {
 
-int fail(int code, const std::string& message) noexcept { return record(code, message.c_str()); }
-
-// Most derived classes first: a catch clause takes the first base that matches.
+// The C code is the one whose name is the exception's code(); a class the
+// table lacks (IoError, "redis_io") takes its family's root.
 int status_of_current_exception() noexcept {
   try {
     throw;
-  } catch (const memcuda::ProtocolError& e) {
-    return record(MEMCUDA_ERR_PROTOCOL, e.what());
-  } catch (const memcuda::InvalidArgument& e) {
-    return record(MEMCUDA_ERR_INVALID_ARGUMENT, e.what());
-  } catch (const memcuda::NotFound& e) {
-    return record(MEMCUDA_ERR_NOT_FOUND, e.what());
-  } catch (const memcuda::AlreadyExists& e) {
-    return record(MEMCUDA_ERR_ALREADY_EXISTS, e.what());
-  } catch (const memcuda::TypeMismatch& e) {
-    return record(MEMCUDA_ERR_TYPE_MISMATCH, e.what());
-  } catch (const memcuda::StaleHandle& e) {
-    return record(MEMCUDA_ERR_STALE_HANDLE, e.what());
-  } catch (const memcuda::BudgetExceeded& e) {
-    return record(MEMCUDA_ERR_BUDGET_EXCEEDED, e.what());
-  } catch (const memcuda::Lost& e) {
-    return record(MEMCUDA_ERR_LOST, e.what());
-  } catch (const memcuda::NotLeader& e) {
-    return record(MEMCUDA_ERR_NOT_LEADER, e.what());
-  } catch (const memcuda::NotZeroCopy& e) {
-    return record(MEMCUDA_ERR_NOT_ZERO_COPY, e.what());
-  } catch (const memcuda::Unavailable& e) {
-    return record(MEMCUDA_ERR_UNAVAILABLE, e.what());
-  } catch (const memcuda::InternalError& e) {
-    return record(MEMCUDA_ERR_INTERNAL, e.what());
-  } catch (const memcuda::CudaError& e) {
-    return record(MEMCUDA_ERR_CUDA, e.what(), e.status());
-  } catch (const memcuda::AuthError& e) {
-    return record(MEMCUDA_ERR_REDIS_AUTH, e.what());
-  } catch (const memcuda::ConnectionError& e) {
-    return record(MEMCUDA_ERR_REDIS_CONNECTION, e.what());
-  } catch (const memcuda::TimeoutError& e) {
-    return record(MEMCUDA_ERR_TIMEOUT, e.what());
-  } catch (const memcuda::ReplyError& e) {
-    return record(MEMCUDA_ERR_REDIS_REPLY, e.what());
-  } catch (const memcuda::RedisError& e) {
-    return record(MEMCUDA_ERR_REDIS, e.what());
   } catch (const memcuda::Error& e) {
-    return record(MEMCUDA_ERR_ERROR, e.what());
+    const std::string_view code = e.code();
+    int c = code.starts_with("redis_") ? MEMCUDA_ERR_REDIS : MEMCUDA_ERR_ERROR;
+    for (int i = MEMCUDA_ERR_ERROR; i <= MEMCUDA_ERR_LAST; ++i)
+      if (code == kCodes[i].name) c = i;
+    const auto* cuda = dynamic_cast<const memcuda::CudaError*>(&e);
+    return record(c, e.what(), cuda ? cuda->status() : 0);
   } catch (const std::bad_alloc&) {
     return record(MEMCUDA_ERR_OUT_OF_MEMORY, "out of host memory");
   } catch (const std::exception& e) {

@@ -6,27 +6,15 @@
 
 using memcuda_c::guarded;
 
-namespace {
-
-std::string_view prefix_arg(const char* prefix) {
-  if (!prefix) throw memcuda::InvalidArgument("prefix is NULL");
-  return prefix;
-}
-
-}  // namespace
-
 extern "C" {
 
 int memcuda_publish_version(memcuda_registry* reg, const char* prefix, void* stream, int backend, int device,
                             uint64_t* version) {
   return guarded([&] {
     memcuda::VersionPublishOptions o;
-    if (backend == MEMCUDA_BACKEND_CUDA) o.backend = memcuda::BackendKind::cuda;
-    else if (backend == MEMCUDA_BACKEND_HOST) o.backend = memcuda::BackendKind::host;
-    else if (backend != MEMCUDA_BACKEND_DEFAULT)
-      throw memcuda::InvalidArgument("backend " + std::to_string(backend) + " is not a MEMCUDA_BACKEND_* value");
+    o.backend = memcuda_c::backend_arg(backend);
     o.device = device < 0 ? -1 : device;
-    auto v = memcuda::publish_version(memcuda_c::registry(reg), prefix_arg(prefix),
+    auto v = memcuda::publish_version(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix),
                                       static_cast<memcuda::StreamHandle>(stream), o);
     if (version) *version = v;
   });
@@ -38,7 +26,7 @@ int memcuda_wait_version(memcuda_registry* reg, const char* prefix, uint64_t aft
     if (!version) throw memcuda::InvalidArgument("version is NULL");
     *version = 0;
     if (timeout_ms < 0) throw memcuda::InvalidArgument("timeout_ms must not be negative");
-    auto v = memcuda::wait_version(memcuda_c::registry(reg), prefix_arg(prefix), after,
+    auto v = memcuda::wait_version(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix), after,
                                    std::chrono::milliseconds(timeout_ms), static_cast<memcuda::StreamHandle>(stream));
     if (v) *version = *v;
   });
@@ -47,7 +35,7 @@ int memcuda_wait_version(memcuda_registry* reg, const char* prefix, uint64_t aft
 int memcuda_current_version(memcuda_registry* reg, const char* prefix, uint64_t* version) {
   return guarded([&] {
     if (!version) throw memcuda::InvalidArgument("version is NULL");
-    *version = memcuda::current_version(memcuda_c::registry(reg), prefix_arg(prefix));
+    *version = memcuda::current_version(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix));
   });
 }
 

@@ -21,29 +21,12 @@ struct memcuda_pinned_model {
 
 namespace {
 
-std::string_view prefix_arg(const char* prefix) {
-  if (!prefix) throw memcuda::InvalidArgument("prefix is NULL");
-  return prefix;
-}
-
-// A StateDict as memcuda_get_prefix's array (sorted by name: a map's order).
+// A StateDict as memcuda_get_prefix's array (sorted by name: a map's order);
+// name_offset: how much of each name is the prefix.
 void dict_to_array(const memcuda::StateDict& d, memcuda_tensor*** out, size_t* count, size_t* name_offset) {
   if (!out || !count) throw memcuda::InvalidArgument("out or count is NULL");
-  *out = nullptr;
-  *count = 0;
-  if (name_offset) *name_offset = 0;
-  if (d.empty()) return;
-  std::vector<std::unique_ptr<memcuda_tensor>> made;
-  made.reserve(d.size());
-  for (const auto& [n, t] : d) made.push_back(std::make_unique<memcuda_tensor>(t));
-  const auto& first = *d.begin();
-  const std::size_t offset = first.second.name().size() - first.first.size();
-  auto* arr = static_cast<memcuda_tensor**>(std::calloc(made.size(), sizeof(memcuda_tensor*)));
-  if (!arr) throw std::bad_alloc();
-  for (size_t i = 0; i < made.size(); ++i) arr[i] = made[i].release();
-  *out = arr;
-  *count = d.size();
-  if (name_offset) *name_offset = offset;
+  if (name_offset) *name_offset = d.empty() ? 0 : d.begin()->second.name().size() - d.begin()->first.size();
+  memcuda_c::to_array(memcuda::StateDict(d), out, count);
 }
 
 }  // namespace
@@ -67,10 +50,7 @@ int memcuda_begin_model_version(memcuda_registry* reg, const char* prefix, const
     memcuda::ModelVersionOptions o;
     if (opts) {
       memcuda_c::check_struct(opts, "model version options");
-      if (opts->backend == MEMCUDA_BACKEND_CUDA) o.backend = memcuda::BackendKind::cuda;
-      else if (opts->backend == MEMCUDA_BACKEND_HOST) o.backend = memcuda::BackendKind::host;
-      else if (opts->backend != MEMCUDA_BACKEND_DEFAULT)
-        throw memcuda::InvalidArgument("backend " + std::to_string(opts->backend) + " is not a MEMCUDA_BACKEND_* value");
+      o.backend = memcuda_c::backend_arg(opts->backend);
       o.device = opts->device < 0 ? -1 : opts->device;
       o.max_versions = opts->max_versions;
     }
@@ -81,7 +61,7 @@ int memcuda_begin_model_version(memcuda_registry* reg, const char* prefix, const
       entries.push_back({s.name, s.dtype, s.shape, nullptr});
     }
     auto w = std::make_unique<memcuda_model_writer>();
-    w->w = memcuda::begin_model_version(memcuda_c::registry(reg), prefix_arg(prefix), entries, o);
+    w->w = memcuda::begin_model_version(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix), entries, o);
     *out = w.release();
   });
 }
@@ -122,7 +102,7 @@ int memcuda_open_model(memcuda_registry* reg, const char* prefix, void* stream, 
   return guarded([&] {
     memcuda_c::out_arg(out);
     auto m = std::make_unique<memcuda_pinned_model>();
-    m->m = memcuda::open_model(memcuda_c::registry(reg), prefix_arg(prefix), static_cast<memcuda::StreamHandle>(stream));
+    m->m = memcuda::open_model(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix), static_cast<memcuda::StreamHandle>(stream));
     *out = m.release();
   });
 }

@@ -92,12 +92,7 @@ void to_pool(const memcuda_pool_options& c, memcuda::PoolOptions& p) {
 }
 
 void to_enums(const memcuda_registry_options* c, memcuda::RegistryOptions& o) {
-  switch (c->default_backend) {
-    case MEMCUDA_BACKEND_DEFAULT: break;
-    case MEMCUDA_BACKEND_CUDA: o.default_backend = memcuda::BackendKind::cuda; break;
-    case MEMCUDA_BACKEND_HOST: o.default_backend = memcuda::BackendKind::host; break;
-    default: bad("default_backend " + std::to_string(c->default_backend) + " is not a MEMCUDA_BACKEND_* value");
-  }
+  if (auto k = memcuda_c::backend_arg(c->default_backend, "default_backend")) o.default_backend = k;
   switch (c->share_references) {
     case MEMCUDA_SHARING_DEFAULT: break;
     case MEMCUDA_SHARING_ON: o.share_references = true; break;

@@ -34,6 +34,19 @@ memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const
   return new memcuda_tensor(std::move(t));
 }
 
+// The C records of `all`, malloc'd so that memcuda_free_infos is a plain
+// free of one block; NULL for none.
+memcuda_tensor_info* info_array(const std::vector<memcuda::TensorInfo>& all) {
+  if (all.empty()) return nullptr;
+  auto* arr = static_cast<memcuda_tensor_info*>(std::calloc(all.size(), sizeof(memcuda_tensor_info)));
+  if (!arr) throw std::bad_alloc();
+  for (size_t i = 0; i < all.size(); ++i) {
+    arr[i].struct_size = sizeof(memcuda_tensor_info);
+    memcuda_c::fill_info(&arr[i], all[i]);
+  }
+  return arr;
+}
+
 // Every field of memcuda_stats from TensorRegistry::stats().
 void fill_stats(memcuda_stats* s, const memcuda::RegistryStats& st) {
   s->leader_present = st.leader.present;
@@ -151,15 +164,7 @@ int memcuda_list(memcuda_registry* reg, const char* pattern, memcuda_tensor_info
     *out = nullptr;
     *count = 0;
     auto all = memcuda_c::registry(reg).list(pattern ? pattern : "*");
-    if (all.empty()) return;
-    // malloc'd so that memcuda_free_infos is a plain free of one block.
-    auto* arr = static_cast<memcuda_tensor_info*>(std::calloc(all.size(), sizeof(memcuda_tensor_info)));
-    if (!arr) throw std::bad_alloc();
-    for (size_t i = 0; i < all.size(); ++i) {
-      arr[i].struct_size = sizeof(memcuda_tensor_info);
-      memcuda_c::fill_info(&arr[i], all[i]);
-    }
-    *out = arr;
+    *out = info_array(all);
     *count = all.size();
   });
 }
@@ -173,16 +178,8 @@ int memcuda_list_page(memcuda_registry* reg, const char* pattern, const char* af
     next[0] = 0;
     auto page = memcuda_c::registry(reg).list_page(pattern ? pattern : "*", after ? after : "", limit);
     if (page.next.size() > MEMCUDA_MAX_NAME_BYTES) throw memcuda::InternalError("a name longer than the maximum");
-    if (!page.tensors.empty()) {
-      auto* arr = static_cast<memcuda_tensor_info*>(std::calloc(page.tensors.size(), sizeof(memcuda_tensor_info)));
-      if (!arr) throw std::bad_alloc();
-      for (size_t i = 0; i < page.tensors.size(); ++i) {
-        arr[i].struct_size = sizeof(memcuda_tensor_info);
-        memcuda_c::fill_info(&arr[i], page.tensors[i]);
-      }
-      *out = arr;
-      *count = page.tensors.size();
-    }
+    *out = info_array(page.tensors);
+    *count = page.tensors.size();
     std::memcpy(next, page.next.c_str(), page.next.size() + 1);
   });
 }
@@ -197,8 +194,6 @@ void memcuda_stats_init(memcuda_stats* s) {
 
 int memcuda_stats_get(memcuda_registry* reg, memcuda_stats* s) {
   return guarded([&] {
-    // A caller built before copies/copied_bytes passes the older size:
-    // fill what it has room for (one struct, written in full here).
     memcuda_c::check_struct(s, "stats");
     auto st = memcuda_c::registry(reg).stats();
     memcuda_stats_init(s);

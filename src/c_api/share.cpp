@@ -16,10 +16,17 @@ namespace {
 // leaked, not run (a language runtime shutting down cannot take them).
 std::atomic<bool> g_callbacks_stopped{false};
 
-std::string items_name(const char* n) { return std::string(memcuda_c::name_arg(n)); }
-
 using memcuda_c::callbacks_allowed;
 
+// Takes a DLManagedTensor over (NULL stays NULL): its deleter runs when the
+// last share goes, unless callbacks were stopped.
+std::shared_ptr<void> dl_owner(DLManagedTensor* m) {
+  if (!m) return nullptr;
+  return std::shared_ptr<void>(m, [](void* p) {
+    auto* t = static_cast<DLManagedTensor*>(p);
+    if (t->deleter && callbacks_allowed()) t->deleter(t);
+  });
+}
 
 // An array of our own in place of the caller's: its release runs the
 // caller's unless callbacks were stopped. Buffers and children stay the
@@ -77,11 +84,8 @@ int memcuda_share(memcuda_registry* reg, const char* name, void* data, int dtype
     auto o = share_options(opts);
     memcuda_c::out_arg(out);
     auto& r = memcuda_c::registry(reg);
-    auto d = memcuda_c::want_dtype(dtype);
-    if (!d) throw memcuda::InvalidArgument("share needs a dtype (MEMCUDA_DTYPE_ANY is for get)");
-    if (ndim < 0) throw memcuda::InvalidArgument("ndim is negative");
-    if (ndim > 0 && !shape) throw memcuda::InvalidArgument("shape is NULL but ndim is " + std::to_string(ndim));
-    auto t = r.share(memcuda_c::name_arg(name), data, *d, memcuda::Shape(shape, shape + ndim), std::move(o));
+    auto s = memcuda_c::create_spec(name, dtype, shape, ndim, nullptr);  // name, dtype and shape checked
+    auto t = r.share(s.name, data, s.dtype, std::move(s.shape), std::move(o));
     *out = new memcuda_tensor(std::move(t));
   });
 }
@@ -89,11 +93,7 @@ int memcuda_share(memcuda_registry* reg, const char* name, void* data, int dtype
 int memcuda_share_dlpack(memcuda_registry* reg, const char* name, struct DLManagedTensor* m,
                          const memcuda_share_options* opts, memcuda_tensor** out) {
   // Taken over first, so that its deleter runs whatever fails.
-  std::shared_ptr<void> owner;
-  if (m) owner = std::shared_ptr<void>(m, [](void* p) {
-    auto* t = static_cast<DLManagedTensor*>(p);
-    if (t->deleter && callbacks_allowed()) t->deleter(t);
-  });
+  std::shared_ptr<void> owner = dl_owner(m);
   return guarded([&] {
     auto o = share_options(opts);
     memcuda_c::out_arg(out);
@@ -110,11 +110,7 @@ int memcuda_share_many_dlpack(memcuda_registry* reg, const char* const* names, s
                               size_t n, const memcuda_share_options* opts, memcuda_tensor** out) {
   // Taken over first, so that every deleter runs whatever fails.
   std::vector<std::shared_ptr<void>> owners(ms ? n : 0);
-  for (std::size_t i = 0; i < owners.size(); ++i)
-    if (ms[i]) owners[i] = std::shared_ptr<void>(ms[i], [](void* p) {
-      auto* t = static_cast<DLManagedTensor*>(p);
-      if (t->deleter && callbacks_allowed()) t->deleter(t);
-    });
+  for (std::size_t i = 0; i < owners.size(); ++i) owners[i] = dl_owner(ms[i]);
   return guarded([&] {
     auto o = share_options(opts);
     if (o.keep_alive) throw memcuda::InvalidArgument("share_many: opts->release must be NULL (each tensor's "
@@ -131,7 +127,7 @@ int memcuda_share_many_dlpack(memcuda_registry* reg, const char* const* names, s
     }
     owners.clear();  // held by the requests now
     auto made = memcuda_c::registry(reg).share_many(std::move(items));
-    for (std::size_t i = 0; i < n; ++i) out[i] = new memcuda_tensor(made.at(items_name(names[i])));
+    for (std::size_t i = 0; i < n; ++i) out[i] = new memcuda_tensor(made.at(names[i]));
   });
 }
 

@@ -33,14 +33,12 @@ inline Failure classify_current_exception() {
     throw;
   } catch (const UsageError& e) {
     return {kUsage, "usage", e.what(), ""};
-  } catch (const AuthError& e) {  // before ConnectionError, its base
+  } catch (const AuthError& e) {  // before IoError, its base
     // Not in --url: a command line is visible to every user in ps.
     return {kAuth, e.code(), e.what(),
             "set the password in the environment: MEMCUDA_REDIS_PASSWORD (and MEMCUDA_REDIS_USER for an ACL "
             "user), which a URL without a password picks up"};
-  } catch (const ConnectionError& e) {
-    return {kUnreachable, e.code(), e.what(), ""};
-  } catch (const TimeoutError& e) {
+  } catch (const IoError& e) {  // ConnectionError, TimeoutError
     return {kUnreachable, e.code(), e.what(), ""};
   } catch (const NotLeader& e) {
     // The message says whether nobody holds the lease or its holder is silent.

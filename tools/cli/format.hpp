@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "memcuda/detail/base/holder_id.hpp"
@@ -178,81 +179,48 @@ T load(const std::byte* p) {
   return v;
 }
 
-// JSON cannot spell NaN or infinity: those become the strings "nan", "inf".
+// Calls f with the element at `p` (itemsize(dtype) bytes, host memory)
+// decoded: a bool, a 64-bit integer, or a float or double (f16 and bf16
+// widened to float).
 template <class F>
-boost::json::value float_json(F v) {
-  if (!std::isfinite(v)) return boost::json::value(float_text(v));
-  return boost::json::value(static_cast<double>(v));
+auto visit_element(DType dtype, const std::byte* p, F&& f) {
+  switch (dtype) {
+    case DType::bool_: return f(load<std::uint8_t>(p) != 0);
+    case DType::u8: return f(std::uint64_t{load<std::uint8_t>(p)});
+    case DType::i8: return f(std::int64_t{load<std::int8_t>(p)});
+    case DType::i16: return f(std::int64_t{load<std::int16_t>(p)});
+    case DType::i32: return f(std::int64_t{load<std::int32_t>(p)});
+    case DType::i64: return f(load<std::int64_t>(p));
+    case DType::u16: return f(std::uint64_t{load<std::uint16_t>(p)});
+    case DType::u32: return f(std::uint64_t{load<std::uint32_t>(p)});
+    case DType::u64: return f(load<std::uint64_t>(p));
+    case DType::f16: return f(half_to_float(load<std::uint16_t>(p)));
+    case DType::bf16: return f(bfloat16_to_float(load<std::uint16_t>(p)));
+    case DType::f32: return f(load<float>(p));
+    case DType::f64: break;
+  }
+  return f(load<double>(p));
 }
 
 }  // namespace detail
 
-// One element at `p` (itemsize(dtype) bytes, host memory) as text.
+// One element at `p` as text.
 inline std::string element_text(DType dtype, const std::byte* p) {
-  using detail::load;
-  switch (dtype) {
-    case DType::bool_:
-      return load<std::uint8_t>(p) ? "true" : "false";
-    case DType::u8:
-      return std::to_string(load<std::uint8_t>(p));
-    case DType::i8:
-      return std::to_string(load<std::int8_t>(p));
-    case DType::i16:
-      return std::to_string(load<std::int16_t>(p));
-    case DType::i32:
-      return std::to_string(load<std::int32_t>(p));
-    case DType::i64:
-      return std::to_string(load<std::int64_t>(p));
-    case DType::u16:
-      return std::to_string(load<std::uint16_t>(p));
-    case DType::u32:
-      return std::to_string(load<std::uint32_t>(p));
-    case DType::u64:
-      return std::to_string(load<std::uint64_t>(p));
-    case DType::f16:
-      return float_text(half_to_float(load<std::uint16_t>(p)));
-    case DType::bf16:
-      return float_text(bfloat16_to_float(load<std::uint16_t>(p)));
-    case DType::f32:
-      return float_text(load<float>(p));
-    case DType::f64:
-      return float_text(load<double>(p));
-  }
-  return "?";
+  return detail::visit_element(dtype, p, [](auto v) -> std::string {
+    if constexpr (std::is_same_v<decltype(v), bool>) return v ? "true" : "false";
+    else if constexpr (std::is_integral_v<decltype(v)>) return std::to_string(v);
+    else return float_text(v);
+  });
 }
 
-// The same element as a JSON value: a boolean, an integer or a number.
+// The same element as a JSON value: a boolean, an integer or a number (JSON
+// cannot spell NaN or infinity: those become the strings "nan", "inf").
 inline boost::json::value element_json(DType dtype, const std::byte* p) {
-  using detail::load;
-  switch (dtype) {
-    case DType::bool_:
-      return boost::json::value(load<std::uint8_t>(p) != 0);
-    case DType::u8:
-      return boost::json::value(static_cast<std::uint64_t>(load<std::uint8_t>(p)));
-    case DType::i8:
-      return boost::json::value(static_cast<std::int64_t>(load<std::int8_t>(p)));
-    case DType::i16:
-      return boost::json::value(static_cast<std::int64_t>(load<std::int16_t>(p)));
-    case DType::i32:
-      return boost::json::value(static_cast<std::int64_t>(load<std::int32_t>(p)));
-    case DType::i64:
-      return boost::json::value(load<std::int64_t>(p));
-    case DType::u16:
-      return boost::json::value(static_cast<std::uint64_t>(load<std::uint16_t>(p)));
-    case DType::u32:
-      return boost::json::value(static_cast<std::uint64_t>(load<std::uint32_t>(p)));
-    case DType::u64:
-      return boost::json::value(load<std::uint64_t>(p));
-    case DType::f16:
-      return detail::float_json(half_to_float(load<std::uint16_t>(p)));
-    case DType::bf16:
-      return detail::float_json(bfloat16_to_float(load<std::uint16_t>(p)));
-    case DType::f32:
-      return detail::float_json(load<float>(p));
-    case DType::f64:
-      return detail::float_json(load<double>(p));
-  }
-  return nullptr;
+  return detail::visit_element(dtype, p, [](auto v) -> boost::json::value {
+    if constexpr (std::is_floating_point_v<decltype(v)>)
+      return std::isfinite(v) ? boost::json::value(static_cast<double>(v)) : boost::json::value(float_text(v));
+    else return boost::json::value(v);
+  });
 }
 
 // "--shape 2,3", "[2,3]", "2x3"; "" or "[]" is a scalar. Validated against

@@ -11,30 +11,17 @@
 
 namespace memcuda::cli::prometheus {
 
-// Label values escape backslash, double quote and line feed; every other
-// byte (UTF-8 included) is taken as is.
-inline std::string escape_label_value(std::string_view v) {
+// Label values (quote = true) escape backslash, double quote and line
+// feed; HELP text escapes backslash and line feed only. Every other byte
+// (UTF-8 included) is taken as is.
+inline std::string escape(std::string_view v, bool quote) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
     if (c == '\\')
       out += "\\\\";
-    else if (c == '"')
+    else if (c == '"' && quote)
       out += "\\\"";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
-
-// HELP text escapes backslash and line feed (not quotes).
-inline std::string escape_help(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\')
-      out += "\\\\";
     else if (c == '\n')
       out += "\\n";
     else
@@ -58,7 +45,7 @@ class Writer {
   void family(std::string_view name, std::string_view type, std::string_view help, const std::vector<Sample>& samples) {
     // Appended piece by piece: `"literal" + std::string` inserts at the
     // front of a temporary, which GCC 12 reports as a false -Wrestrict.
-    out_.append("# HELP ").append(name).append(" ").append(escape_help(help)).append("\n");
+    out_.append("# HELP ").append(name).append(" ").append(escape(help, false)).append("\n");
     out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
     for (const auto& s : samples) {
       out_ += name;
@@ -66,7 +53,7 @@ class Writer {
         out_ += '{';
         for (std::size_t i = 0; i < s.labels.size(); ++i) {
           if (i) out_ += ',';
-          out_.append(s.labels[i].first).append("=\"").append(escape_label_value(s.labels[i].second)).append("\"");
+          out_.append(s.labels[i].first).append("=\"").append(escape(s.labels[i].second, true)).append("\"");
         }
         out_ += '}';
       }

@@ -11,6 +11,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "memcuda/dtype.hpp"
@@ -73,6 +75,34 @@ inline std::optional<BackendKind> get_backend(const boost::json::value& v, const
   return k;
 }
 
+// The placement fields a create, a create_many and each of its entries may
+// give; `field(name)` is the name errors quote.
+template <class T, class FieldName>
+void decode_placement(const boost::json::object& o, T& t, FieldName field) {
+  if (const auto* x = find(o, "device")) t.device = static_cast<int>(get_int(*x, field("device"), 0, kMaxDevice));
+  if (const auto* x = find(o, "device_uuid")) t.device_uuid = get_token(*x, field("device_uuid"), kMaxDeviceUuidBytes);
+  if (const auto* x = find(o, "backend")) t.backend = get_backend(*x, field("backend"));
+  if (const auto* x = find(o, "persistent")) t.persistent = get_bool(*x, field("persistent"));
+}
+
+// A create's dtype and shape (both required), the shape's byte size checked.
+template <class FieldName>
+std::pair<DType, Shape> decode_dtype_shape(const boost::json::object& o, const std::string& at, FieldName field) {
+  std::string_view dt = get_string(require(o, "dtype", at), field("dtype"));
+  auto d = dtype_from_string(dt);
+  if (!d)
+    fail(ProtocolErrc::unknown_dtype, "field \"" + field("dtype") + "\": unknown dtype \"" +
+                                          memcuda::detail::rules::printable(dt) +
+                                          "\"; expected one of bool u8 i8 i16 i32 i64 u16 u32 u64 f16 bf16 f32 f64");
+  Shape shape = memcuda::detail::rules::shape_from_json(require(o, "shape", at), "field \"" + field("shape") + "\"");
+  try {
+    (void)byte_size(*d, shape);
+  } catch (const ProtocolError& err) {
+    fail(err.errc(), "field \"" + field("shape") + "\": " + err.what());
+  }
+  return {*d, std::move(shape)};
+}
+
 inline CreateEntry decode_create_entry(const boost::json::value& v, std::size_t i) {
   namespace json = boost::json;
   const json::object* o = v.if_object();
@@ -85,31 +115,13 @@ inline CreateEntry decode_create_entry(const boost::json::value& v, std::size_t 
                                             "\"; the fields are name, dtype, shape, device, device_uuid, "
                                             "backend, persistent");
   }
+  const auto field = [i](std::string_view f) { return entry_field(i, f); };
   CreateEntry e;
-  std::string_view name = get_string(require(*o, "name", at), entry_field(i, "name"));
-  memcuda::detail::rules::validate_name(name, "field \"" + entry_field(i, "name") + "\"");
+  std::string_view name = get_string(require(*o, "name", at), field("name"));
+  memcuda::detail::rules::validate_name(name, "field \"" + field("name") + "\"");
   e.name = std::string(name);
-  std::string_view dt = get_string(require(*o, "dtype", at), entry_field(i, "dtype"));
-  auto d = dtype_from_string(dt);
-  if (!d)
-    fail(ProtocolErrc::unknown_dtype, "field \"" + entry_field(i, "dtype") + "\": unknown dtype \"" +
-                                          memcuda::detail::rules::printable(dt) + "\"");
-  e.dtype = *d;
-  e.shape = memcuda::detail::rules::shape_from_json(require(*o, "shape", at), "field \"" + entry_field(i, "shape") + "\"");
-  try {
-    (void)byte_size(e.dtype, e.shape);
-  } catch (const ProtocolError& err) {
-    fail(err.errc(), "field \"" + entry_field(i, "shape") + "\": " + err.what());
-  }
-  if (const json::value* x = find(*o, "device"))
-    e.device = static_cast<int>(get_int(*x, entry_field(i, "device"), 0, kMaxDevice));
-  if (const json::value* x = find(*o, "device_uuid"))
-    e.device_uuid = get_token(*x, entry_field(i, "device_uuid"), kMaxDeviceUuidBytes);
-  if (const json::value* x = find(*o, "backend")) e.backend = get_backend(*x, entry_field(i, "backend"));
-  if (const json::value* x = find(*o, "persistent")) {
-    if (!x->is_bool()) wrong_type(entry_field(i, "persistent"), "a boolean", *x);
-    e.persistent = x->get_bool();
-  }
+  std::tie(e.dtype, e.shape) = decode_dtype_shape(*o, at, field);
+  decode_placement(*o, e, field);
   return e;
 }
 

@@ -104,37 +104,9 @@ inline bool is_command_field(std::string_view k) noexcept {
 
 // A create's own fields.
 inline void decode_create_fields(const boost::json::object& o, Command& c) {
-  namespace json = boost::json;
-  std::string_view dt =
-      get_string(require(o, "dtype", "command \"create\""), "dtype");
-  c.dtype = dtype_from_string(dt);
-  if (!c.dtype)
-    fail(ProtocolErrc::unknown_dtype,
-         "field \"dtype\": unknown dtype \"" + memcuda::detail::rules::printable(dt) +
-             "\"; expected one of bool u8 i8 i16 i32 i64 u16 u32 u64 f16 bf16 f32 f64");
-  c.shape = memcuda::detail::rules::shape_from_json(
-      require(o, "shape", "command \"create\""), "field \"shape\"");
-  try {
-    (void)byte_size(*c.dtype, *c.shape);
-  } catch (const ProtocolError& e) {
-    fail(e.errc(), std::string("field \"shape\": ") + e.what());
-  }
-  if (const json::value* v = find(o, "device"))
-    c.device = static_cast<int>(get_int(*v, "device", 0, kMaxDevice));
-  if (const json::value* v = find(o, "device_uuid"))
-    c.device_uuid = get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
-  if (const json::value* v = find(o, "persistent")) {
-    if (!v->is_bool()) wrong_type("persistent", "a boolean", *v);
-    c.persistent = v->get_bool();
-  }
-  if (const json::value* v = find(o, "backend")) {
-    std::string_view b = get_string(*v, "backend");
-    c.backend = backend_from_string(b);
-    if (!c.backend)
-      fail(ProtocolErrc::bad_value, "field \"backend\": \"" +
-                                        memcuda::detail::rules::printable(b) +
-                                        "\" is not a backend; expected \"cuda\" or \"host\"");
-  }
+  const auto field = [](std::string_view f) { return std::string(f); };
+  std::tie(c.dtype, c.shape) = decode_dtype_shape(o, "command \"create\"", field);
+  decode_placement(o, c, field);
 }
 
 // A free of several generations ("generations").
@@ -156,15 +128,7 @@ inline void decode_free_many(const boost::json::object& o, Command& c) {
 inline void decode_create_many(const boost::json::object& o, Command& c) {
   namespace json = boost::json;
   // The defaults of the entries, checked like a create's own fields.
-  if (const json::value* v = find(o, "device"))
-    c.device = static_cast<int>(get_int(*v, "device", 0, kMaxDevice));
-  if (const json::value* v = find(o, "device_uuid"))
-    c.device_uuid = get_token(*v, "device_uuid", kMaxDeviceUuidBytes);
-  if (const json::value* v = find(o, "persistent")) {
-    if (!v->is_bool()) wrong_type("persistent", "a boolean", *v);
-    c.persistent = v->get_bool();
-  }
-  if (const json::value* v = find(o, "backend")) c.backend = get_backend(*v, "backend");
+  decode_placement(o, c, [](std::string_view f) { return std::string(f); });
   const json::value& tv = require(o, "tensors", "command \"create_many\"");
   const json::array* a = tv.if_array();
   if (!a) wrong_type("tensors", "an array", tv);
@@ -194,9 +158,8 @@ inline void decode_create_many(const boost::json::object& o, Command& c) {
 inline Command decode_command(std::string_view text) {
   namespace json = boost::json;
   using detail::fail;
-  json::value doc = detail::parse_document(text, "command");
-  const json::object* o = doc.if_object();
-  if (!o) fail(ProtocolErrc::not_object, detail::object_kind_error("command", doc));
+  json::value doc = detail::parse_object(text, "command");
+  const json::object* o = &doc.get_object();
   for (const auto& kv : *o) {
     std::string_view k(kv.key().data(), kv.key().size());
     if (!detail::is_command_field(k))
@@ -276,22 +239,19 @@ inline std::string encode_command(const Command& c) {
   namespace json = boost::json;
   json::object o;
   const std::string_view op = c.op_spelled_delete ? std::string_view("delete") : to_string(c.op);
-  o["op"] = json::string_view(op.data(), op.size());
+  o["op"] = detail::sv(op);
   const bool nameless = c.op == Op::create_many || (c.op == Op::free && !c.generations.empty());
-  if (!nameless || !c.name.empty()) o["name"] = json::string_view(c.name.data(), c.name.size());
+  if (!nameless || !c.name.empty()) o["name"] = detail::sv(c.name);
   if (c.op == Op::create || c.op == Op::create_many) {
-    if (c.op == Op::create && c.dtype)
-      o["dtype"] = json::string_view(to_string(*c.dtype).data(), to_string(*c.dtype).size());
+    if (c.op == Op::create && c.dtype) o["dtype"] = detail::sv(to_string(*c.dtype));
     if (c.op == Op::create && c.shape) {
       json::array a;
       for (std::int64_t d : *c.shape) a.emplace_back(d);
       o["shape"] = std::move(a);
     }
     if (c.device) o["device"] = *c.device;
-    if (c.device_uuid)
-      o["device_uuid"] = json::string_view(c.device_uuid->data(), c.device_uuid->size());
-    if (c.backend)
-      o["backend"] = json::string_view(to_string(*c.backend).data(), to_string(*c.backend).size());
+    if (c.device_uuid) o["device_uuid"] = detail::sv(*c.device_uuid);
+    if (c.backend) o["backend"] = detail::sv(to_string(*c.backend));
     if (c.persistent) o["persistent"] = *c.persistent;
   }
   if (c.op == Op::create_many) {
@@ -301,8 +261,8 @@ inline std::string encode_command(const Command& c) {
   }
   if (c.pid) o["pid"] = *c.pid;
   if (c.pid_ns) o["pidns"] = "pid:[" + std::to_string(*c.pid_ns) + "]";
-  if (c.node) o["node"] = json::string_view(c.node->data(), c.node->size());
-  if (c.holder) o["holder"] = json::string_view(c.holder->data(), c.holder->size());
+  if (c.node) o["node"] = detail::sv(*c.node);
+  if (c.holder) o["holder"] = detail::sv(*c.holder);
   if (c.op != Op::create && c.generation) o["generation"] = *c.generation;
   if (c.op == Op::free && !c.generations.empty()) {
     json::array a;
@@ -310,7 +270,7 @@ inline std::string encode_command(const Command& c) {
     o["generations"] = std::move(a);
   }
   if (c.id) o["id"] = detail::id_to_json(*c.id, c.id_is_number);
-  if (c.reply_to) o["reply_to"] = json::string_view(c.reply_to->data(), c.reply_to->size());
+  if (c.reply_to) o["reply_to"] = detail::sv(*c.reply_to);
   std::string out = json::serialize(o);
   (void)decode_command(out);
   return out;

@@ -318,17 +318,14 @@ inline const json::value& require(const json::object& o, std::string_view key,
   return *v;
 }
 
-inline std::string object_kind_error(std::string_view what, const json::value& v) {
-  return std::string(what) + ": expected a JSON object at the top level, got " + describe(v);
-}
-
 // Parses `text` (limit bytes at most) and returns its top-level object;
 // not_object when the document is anything else. The returned value owns the
 // object: keep it alive while using the reference.
 inline json::value parse_object(std::string_view text, std::string_view what,
                                 std::size_t limit = kMaxCommandBytes) {
   json::value doc = parse_document(text, what, limit);
-  if (!doc.is_object()) fail(ProtocolErrc::not_object, object_kind_error(what, doc));
+  if (!doc.is_object())
+    fail(ProtocolErrc::not_object, std::string(what) + ": expected a JSON object at the top level, got " + describe(doc));
   return doc;
 }
 

@@ -60,13 +60,10 @@ struct Reply {
 inline Reply decode_reply(std::string_view text) {
   namespace json = boost::json;
   using detail::fail;
-  json::value doc = detail::parse_document(text, "reply", kMaxReplyBytes);
-  const json::object* o = doc.if_object();
-  if (!o) fail(ProtocolErrc::not_object, detail::object_kind_error("reply", doc));
+  json::value doc = detail::parse_object(text, "reply", kMaxReplyBytes);
+  const json::object* o = &doc.get_object();
   Reply r;
-  const json::value& ok = detail::require(*o, "ok", "reply");
-  if (!ok.is_bool()) detail::wrong_type("ok", "a boolean", ok);
-  r.ok = ok.get_bool();
+  r.ok = detail::get_bool(detail::require(*o, "ok", "reply"), "ok");
   if (const json::value* v = detail::find(*o, "id")) r.id = detail::get_id(*v, r.id_is_number);
   if (const json::value* v = detail::find(*o, "op"))
     r.op = std::string(detail::get_string(*v, "op"));
@@ -111,7 +108,7 @@ inline Reply decode_reply(std::string_view text) {
 // (ok == false without error, ok == true with one, a bad numeric id).
 inline std::string encode_reply(const Reply& r) {
   namespace json = boost::json;
-  auto sv = [](const std::string& s) { return json::string_view(s.data(), s.size()); };
+  using detail::sv;
   json::object o;
   if (r.id) o["id"] = detail::id_to_json(*r.id, r.id_is_number);
   o["ok"] = r.ok;
