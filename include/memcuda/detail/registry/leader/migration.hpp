@@ -89,8 +89,9 @@ class Migration {
 
   // Each orphan adopted in place, copied, or given up as lost.
   void settle_orphans(redis::Connection& c, const std::string& token, OrphanScan& scan) {
+    for (auto gen : scan.frees) alloc_.free_unlinked(c, gen);
     std::vector<TensorInfo> denied;  // another user's memory: left for a leader that can open it
-    for (const auto& t : adopt_in_place(c, token, std::move(scan.orphans), scan.migrated, denied)) {
+    for (const auto& t : adopt_in_place(c, token, std::move(scan.orphans), scan.live_used, scan.migrated, denied)) {
       Adopted a = adopt_one(c, token, t);
       if (a == Adopted::migrated) ++scan.migrated;
       if (a == Adopted::lost) ++scan.lost;
@@ -143,9 +144,12 @@ class Migration {
   // adopted); counts the adopted ones into `adopted`.
   // Tensors whose memory belongs to another user (AccessDenied) go to
   // `denied`: neither copied nor marked lost, their memory never touched.
+  // An allocation that records of a live owner use (`live_used`: it adopted
+  // it before and lives on) is that owner's: taken into this pool, its free
+  // space would hand their bytes to new tensors. Its orphans are copied.
   std::vector<TensorInfo> adopt_in_place(redis::Connection& c, const std::string& token,
-                                         std::vector<TensorInfo> orphans, std::uint64_t& adopted,
-                                         std::vector<TensorInfo>& denied) {
+                                         std::vector<TensorInfo> orphans, const std::set<std::string>& live_used,
+                                         std::uint64_t& adopted, std::vector<TensorInfo>& denied) {
     std::vector<TensorInfo> rest;
     std::map<std::pair<BackendKind, std::string>, std::vector<TensorInfo>> groups;
     for (auto& t : orphans) {
@@ -153,6 +157,13 @@ class Migration {
       else rest.push_back(std::move(t));
     }
     for (auto& [key, ts] : groups) {
+      if (live_used.count(vmm_key(key.second))) {
+        log(LogLevel::warn, "allocation " + handle_for_log(ts.front()) + " of dead allocator " + ts.front().owner +
+                                " is also used by a live process's records: not adopted in place; its " +
+                                std::to_string(ts.size()) + " tensor(s) take the copy path");
+        rest.insert(rest.end(), ts.begin(), ts.end());
+        continue;
+      }
       DevicePool* pool = nullptr;
       std::vector<std::optional<PoolBlock>> blocks;
       try {

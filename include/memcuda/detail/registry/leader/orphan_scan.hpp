@@ -56,9 +56,15 @@ inline std::set<std::string> allocation_owners(redis::Connection& c, const Keys&
 struct OrphanScan {
   std::set<std::string> still_used;  // ipc handles of dead owners that records still use
   std::set<std::string> seen;        // the ipc handle of every record scanned
+  // Ipc handles that records of another live owner use (one that adopted
+  // that allocation earlier and lives on): never adopted in place again.
+  std::set<std::string> live_used;
   std::map<std::string, bool> dead;  // owner -> dead
   std::set<std::string> unsettled;   // dead owners with a record left for a later round
   std::vector<TensorInfo> orphans;
+  // Unlinked records of dead owners without references: frees their owner
+  // never ran (the free command may still wait in the lifecycle list).
+  std::vector<std::uint64_t> frees;
   std::uint64_t migrated = 0, lost = 0;
 };
 
@@ -95,7 +101,10 @@ inline void scan_records(Context& ctx, Lease& lease, redis::Connection& c, const
     std::string owner(rs[i][0].str());
     if (owner == ctx.session || !same_node(rs[i][2].str(), ctx.node)) continue;
     if (!scan.dead.count(owner)) scan.dead[owner] = owner_dead(ctx, c, owner, rs[i]);
-    if (!scan.dead[owner]) continue;
+    if (!scan.dead[owner]) {
+      if (!rs[i][4].is_nil()) scan.live_used.insert(vmm_key(rs[i][4].str()));
+      continue;
+    }
     if (rs[i][3].str() != to_string(TensorState::ready)) {
       scan.unsettled.insert(owner);  // not ours to judge: keep its memory
       continue;
@@ -108,6 +117,10 @@ inline void scan_records(Context& ctx, Lease& lease, redis::Connection& c, const
     } catch (const ProtocolError& e) {
       log(LogLevel::warn, std::string("orphan scan: skipping a corrupt record: ") + e.what());
       scan.unsettled.insert(owner);
+      continue;
+    }
+    if (t.refcount <= 0 && rkeys[i] == ctx.keys.removed(t.generation)) {
+      scan.frees.push_back(t.generation);  // nothing to adopt: its block is free wherever its allocation went
       continue;
     }
     if (t.borrowed) {  // its owner's own buffer: lost with it, never adopted or copied
