@@ -352,6 +352,42 @@ TEST_CASE("vmm: a tensor on GPU 1 is imported and read by a kernel of a process 
   REQUIRE(a->ask("remove g1") == "OK");
 }
 
+// A mapping grants its own device and the one current when it is made;
+// another peer gets access when it asks (check_device): granting a peer
+// costs milliseconds for a large mapping, so no open pays for peers that
+// never read.
+TEST_CASE("vmm: a mapping grants its device and the current one, check_device grants another peer",
+          "[gpu][multi-gpu][vmm]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  MEMCUDA_REQUIRE_VMM();
+  int can = 0;
+  REQUIRE(cudaDeviceCanAccessPeer(&can, 1, 0) == cudaSuccess);
+  if (!can) MEMCUDA_SKIP("GPU 1 cannot access GPU 0 as a peer");
+  test::RedisServer srv;
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.default_backend = BackendKind::cuda;
+  o.cuda_allocation = CudaAllocation::vmm;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  TensorRegistry reg(o);
+  auto t = reg.create<float>("grant/t", {1 << 20});
+  REQUIRE(t.device() == 0);
+  const auto access = [&](int dev) {
+    CUmemLocation loc{};
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = dev;
+    unsigned long long flags = 0;
+    REQUIRE(detail::cu_driver().MemGetAccess(&flags, &loc, reinterpret_cast<CUdeviceptr>(t.data())) ==
+            CUDA_SUCCESS);
+    return flags;
+  };
+  CHECK(access(0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  CHECK(access(1) == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  t.check_device(1);
+  CHECK(access(1) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  CHECK_NOTHROW(t.check_device(1));  // again: idempotent
+}
+
 // A graceful stop (the registry destroyed, as at SIGTERM of `memcuda serve`)
 // of the allocator of record with a standby: the standby already holds every
 // fd (the stop waits for it), adopts every allocation in place once the

@@ -90,8 +90,10 @@ class TensorHandle {
 // pointer for the host backend. get() does not look at the caller's current
 // device: the pointer is the same whichever device is current. It is valid
 // on another device only where that device reaches device() as a peer
-// (cudaDeviceCanAccessPeer), and never in host code; check_device(reader)
-// says so before a kernel faults (NotZeroCopy naming both devices).
+// (cudaDeviceCanAccessPeer), and never in host code. Call
+// check_device(reader) before a kernel on another device than the one
+// current at the get reads it: it grants that device access, or throws
+// NotZeroCopy naming both devices before a kernel faults.
 // Nothing is ever copied to make a read work (docs/design.md, "Zero copy or
 // an error"). Writes and reads are not ordered across processes by
 // mem-cuda; synchronise (stream sync, events) before another process reads
@@ -138,12 +140,14 @@ class SharedTensor {
 
   // Throws NotZeroCopy unless code on `reader` (a CUDA ordinal of this
   // process; -1: host code) can use data() in place: same device, or a
-  // peer that reaches it (legacy cuda_ipc: peer access is enabled here);
+  // peer that reaches it (access is granted here: cuda_vmm_fd maps for its
+  // own device and the one current at the open only; cuda_ipc enables peer
+  // access);
   // host memory only from host code. InvalidArgument for a reader that
   // does not exist. It never copies.
   void check_device(int reader) const {
     const auto& i = h().info();
-    detail::check_reach(i.name, i.backend, i.alloc_kind, device(), reader);
+    detail::check_reach(i.name, i.backend, i.alloc_kind, device(), reader, data());
   }
 
   // A SharedTensor<const T> (from get<const T>) is a read-only view: data()

@@ -112,10 +112,14 @@ inline void unmap(CUdeviceptr p, std::uint64_t n, int device) noexcept {
 }
 
 // Maps `h` (n bytes, on `device`) at a fresh address, read-write for the
-// device and every visible device that can access it as a peer (a process
-// on GPU 0 reading a tensor of GPU 1). The handle stays the caller's: the
-// mapping holds its own reference to the memory.
-inline CUdeviceptr map(CUmemGenericAllocationHandle h, std::uint64_t n, int device, const std::string& what) {
+// device and for `current` (the caller's current device, when it is another
+// that can access `device` as a peer: a process on GPU 0 reading a tensor of
+// GPU 1). Other peers get access when they ask (grant_access, from
+// check_device): granting one costs milliseconds for a large mapping, the
+// whole of a fresh open. The handle stays the caller's: the mapping holds
+// its own reference to the memory.
+inline CUdeviceptr map(CUmemGenericAllocationHandle h, std::uint64_t n, int device, int current,
+                       const std::string& what) {
   const auto& d = cu_driver_or_throw();
   CUdeviceptr p = 0;
   if (CUresult r = d.MemAddressReserve(&p, n, granularity(device), 0, 0); r != CUDA_SUCCESS)
@@ -136,22 +140,31 @@ inline CUdeviceptr map(CUmemGenericAllocationHandle h, std::uint64_t n, int devi
     log_cu(d.MemAddressFree(p, n), "cuMemAddressFree");
     throw_cu(r, "cuMemSetAccess", what);
   }
-  // Peers, one at a time: one that refuses must not cost the others.
-  const int count = device_count();
-  for (int i = 0; i < count; ++i) {
-    if (i == device) continue;
-    int can = 0;
-    if (d.DeviceCanAccessPeer(&can, i, device) != CUDA_SUCCESS || !can) continue;
+  // The current device as a peer: one that refuses costs nothing but its
+  // own access (check_device then says why).
+  int can = 0;
+  if (current != device && current >= 0 && d.DeviceCanAccessPeer(&can, current, device) == CUDA_SUCCESS && can) {
     CUmemAccessDesc peer = own;
-    peer.location.id = i;
+    peer.location.id = current;
     log_cu(d.MemSetAccess(p, n, &peer, 1), "cuMemSetAccess (peer device)");
   }
   return p;
 }
 
+// The calling thread's current device (-1 when none can be told).
+inline int current_device() noexcept {
+  int c = -1;
+  if (cudaGetDevice(&c) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return c;
+}
+
 // Imports the fd (not taken: the caller closes it) and maps n bytes of it.
 inline CUdeviceptr import_and_map(int fd, std::uint64_t n, int device, const std::string& what) {
   const auto& d = cu_driver_or_throw();
+  const int current = current_device();
   QuietDevice g(device);
   MEMCUDA_CUDA_TRY(cudaFree(nullptr));  // the device's primary context, current on this thread
   CUmemGenericAllocationHandle h{};
@@ -161,7 +174,7 @@ inline CUdeviceptr import_and_map(int fd, std::uint64_t n, int device, const std
     throw_cu(r, "cuMemImportFromShareableHandle", what);
   CUdeviceptr p = 0;
   try {
-    p = map(h, n, device, what);
+    p = map(h, n, device, current, what);
   } catch (...) {
     log_cu(d.MemRelease(h), "cuMemRelease");
     throw;
@@ -201,6 +214,7 @@ class CudaVmmBackend final : public Backend {
     a.device_uuid = device_uuid(device);
     a.handle = vmm_handle(tag, alloc_id);
     const std::string what = "cuMem allocation " + vmm_key(a.handle) + " on device " + std::to_string(device);
+    const int current = vmm::current_device();
     DeviceGuard g(device);
     MEMCUDA_CUDA_TRY(cudaFree(nullptr));
     a.size = vmm::round_up(bytes, vmm::granularity(device));
@@ -226,7 +240,7 @@ class CudaVmmBackend final : public Backend {
         r != CUDA_SUCCESS)
       throw_cu(r, "cuMemExportToShareableHandle", what);
     UniqueFd fd = UniqueFd::adopt_cloexec(raw);
-    CUdeviceptr p = vmm::map(h, a.size, device, what);
+    CUdeviceptr p = vmm::map(h, a.size, device, current, what);
     try {
       a.served = std::make_shared<ServedFd>(FdService::acquire(), std::move(fd), vmm_key(a.handle), tag);
       a.fd_source = a.served->source_text();

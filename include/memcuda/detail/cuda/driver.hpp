@@ -41,6 +41,8 @@ struct CuDriver {
   decltype(&::cuMemUnmap) MemUnmap = nullptr;
   decltype(&::cuMemSetAccess) MemSetAccess = nullptr;
   decltype(&::cuMemRetainAllocationHandle) MemRetainAllocationHandle = nullptr;
+  decltype(&::cuMemGetAddressRange) MemGetAddressRange = nullptr;
+  decltype(&::cuMemGetAccess) MemGetAccess = nullptr;
   std::string missing;  // the first symbol that did not resolve; "" when all did
   bool ok() const noexcept { return missing.empty(); }
 };
@@ -79,6 +81,8 @@ inline const CuDriver& cu_driver() {
     get("cuMemUnmap", t.MemUnmap);
     get("cuMemSetAccess", t.MemSetAccess);
     get("cuMemRetainAllocationHandle", t.MemRetainAllocationHandle);
+    get("cuMemGetAddressRange", t.MemGetAddressRange);
+    get("cuMemGetAccess", t.MemGetAccess);
     return t;
   }());
   return d;
@@ -139,6 +143,25 @@ inline bool vmm_fd_supported(int device) noexcept {
   if (d.DeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) != CUDA_SUCCESS)
     return false;
   return vmm != 0 && fd != 0;
+}
+
+// Grants `reader` read-write access to the whole cuMem mapping that holds
+// `p`. A mapping grants only the devices that need it when it is made (its
+// own and the one current then): setting access for a peer costs
+// milliseconds for a large mapping, so other peers get it here, when they
+// ask (check_device). Idempotent.
+inline void grant_access(const void* p, int reader) {
+  const auto& d = cu_driver_or_throw();
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (CUresult r = d.MemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(p)); r != CUDA_SUCCESS)
+    throw_cu(r, "cuMemGetAddressRange");
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = reader;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = d.MemSetAccess(base, size, &a, 1); r != CUDA_SUCCESS)
+    throw_cu(r, "cuMemSetAccess", "device " + std::to_string(reader));
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -12,6 +12,7 @@
 #include "memcuda/tensor_info.hpp"
 
 #if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda/driver.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
 #endif
 
@@ -19,12 +20,14 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 // Throws NotZeroCopy, naming both sides and what to do instead, when code
 // on `reader` cannot use the pointer of tensor `name` (on `backend`,
-// `device`) in place. A cuda tensor read from another device that can reach
-// it as a peer is fine: its cuda_vmm_fd mapping grants every such peer
-// access when it is mapped; for a legacy cuda_ipc mapping this enables peer
-// access from `reader` (cudaDeviceEnablePeerAccess; already enabled is fine).
+// `device`, mapped at `data`) in place. A cuda tensor read from another
+// device that can reach it as a peer is fine: this grants `reader` access to
+// a cuda_vmm_fd mapping (grant_access: a mapping grants only its own device
+// and the one current when it was made), and enables peer access from
+// `reader` for a legacy cuda_ipc one (cudaDeviceEnablePeerAccess; already
+// enabled is fine).
 inline void check_reach(const std::string& name, BackendKind backend, std::string_view alloc_kind, int device,
-                        int reader) {
+                        int reader, const void* data) {
   const std::string what = "tensor '" + name + "'";
   if (reader < -1) throw InvalidArgument("reader device " + std::to_string(reader) + ": want a CUDA ordinal or -1 (host)");
   if (backend == BackendKind::host) {
@@ -55,7 +58,9 @@ inline void check_reach(const std::string& name, BackendKind backend, std::strin
                       ") is 0: no P2P path between them): its kernels would fault on the pointer; run them on "
                       "device " + std::to_string(device) + ", or copy the tensor (cudaMemcpyPeer, torch "
                       ".to('cuda:" + std::to_string(reader) + "'))");
-  if (alloc_kind == "cuda_ipc" || alloc_kind.empty()) {  // records before alloc_kind: legacy IPC
+  if (alloc_kind == "cuda_vmm_fd") {
+    if (data) grant_access(data, reader);
+  } else {
     DeviceGuard g(reader);
     cudaError_t st = cudaDeviceEnablePeerAccess(device, 0);
     if (st == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
@@ -63,6 +68,7 @@ inline void check_reach(const std::string& name, BackendKind backend, std::strin
   }
 #else
   (void)alloc_kind;
+  (void)data;
   throw Unavailable(what + " is a cuda tensor: mem-cuda was built without CUDA");
 #endif
 }
