@@ -1,4 +1,4 @@
-// The hot scripts touch only the keys they are given as KEYS (docs/protocol.md,
+// The scripts touch only the keys they are given as KEYS (docs/protocol.md,
 // "Keys a script derives"), so that a namespace can live in one Redis Cluster
 // hash slot. Checked on a real server with MONITOR, which shows each command a
 // script runs ("[0 lua]") right after the EVALSHA that ran it: every key such
@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/detail/store/batch_scripts.hpp"
+#include "memcuda/detail/store/recovery_scripts.hpp"
 #include "memcuda/memcuda.hpp"
 #include "support/redis_server.hpp"
 
@@ -71,6 +73,60 @@ bool eventually(F&& f, std::chrono::milliseconds limit = 10s) {
   return f();
 }
 
+// What the scripts MONITOR showed did until `done` (called at each end
+// marker the watcher sends) holds: the scripts run (SHA), the commands they
+// ran, and each key one of them named outside its EVALSHA's KEYS.
+struct Seen {
+  std::set<std::string> shas;
+  std::size_t commands = 0;
+  std::vector<std::string> outside;
+};
+template <class Done>
+Seen watch(redis::Connection& mon, redis::Connection& admin, Done&& done) {
+  Seen seen;
+  admin.command({"ECHO", "memcuda-script-keys-end"});
+  std::vector<std::string> keys;  // the KEYS of the EVALSHA being run
+  bool in_script = false;
+  const auto give_up = std::chrono::steady_clock::now() + 15s;
+  for (;;) {
+    auto r = mon.receive(5s);
+    const std::string text(r.str());
+    if (text.find("memcuda-script-keys-end") != std::string::npos) {
+      if (done(seen) || std::chrono::steady_clock::now() > give_up) break;
+      std::this_thread::sleep_for(50ms);
+      admin.command({"ECHO", "memcuda-script-keys-end"});
+      continue;
+    }
+    Line l = parse(text);
+    if (l.args.empty()) continue;
+    const std::string cmd = upper(l.args[0]);
+    if (!l.lua) {
+      in_script = cmd == "EVALSHA" || cmd == "EVAL";
+      keys.clear();
+      if (in_script && l.args.size() >= 3) {
+        const std::size_t n = std::stoul(l.args[2]);
+        for (std::size_t i = 0; i < n && 3 + i < l.args.size(); ++i) keys.push_back(l.args[3 + i]);
+        seen.shas.insert(l.args[1]);
+      }
+      continue;
+    }
+    REQUIRE(in_script);
+    ++seen.commands;
+    if (cmd == "PUBLISH" || cmd == "TIME" || l.args.size() < 2) continue;  // a channel, or no key
+    std::vector<std::string> named{l.args[1]};
+    if ((cmd == "RENAME" || cmd == "LMOVE") && l.args.size() >= 3) named.push_back(l.args[2]);
+    for (const auto& k : named)
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) seen.outside.push_back(cmd + " " + k);
+  }
+  return seen;
+}
+
+std::string lines(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& o : v) out += o + "\n";
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("create, get, batch get and release scripts touch only their KEYS", "[redis][registry][scripts]") {
@@ -103,43 +159,39 @@ TEST_CASE("create, get, batch get and release scripts touch only their KEYS", "[
     }
   }
   REQUIRE(eventually([&] { return refcount() == "gone"; }));
-  admin.command({"ECHO", "memcuda-script-keys-end"});
+  const Seen seen = watch(mon, admin, [](const Seen&) { return true; });
+  INFO("scripts run: " << seen.shas.size() << ", commands they ran: " << seen.commands);
+  CHECK(seen.commands > 0);
+  CHECK(seen.shas.size() >= 3);  // create, acquire, acquire many, release (and the lease renewal)
+  INFO("keys touched outside KEYS:\n" << lines(seen.outside));
+  CHECK(seen.outside.empty());
+}
 
-  std::vector<std::string> keys;  // the KEYS of the EVALSHA being run
-  bool in_script = false;
-  std::set<std::string> evals;  // scripts seen, by number of KEYS
-  std::vector<std::string> outside;
-  std::size_t script_commands = 0;
-  for (;;) {
-    auto r = mon.receive(5s);
-    const std::string text(r.str());
-    if (text.find("memcuda-script-keys-end") != std::string::npos) break;
-    Line l = parse(text);
-    if (l.args.empty()) continue;
-    const std::string cmd = upper(l.args[0]);
-    if (!l.lua) {
-      in_script = cmd == "EVALSHA" || cmd == "EVAL";
-      keys.clear();
-      if (in_script && l.args.size() >= 3) {
-        const std::size_t n = std::stoul(l.args[2]);
-        for (std::size_t i = 0; i < n && 3 + i < l.args.size(); ++i) keys.push_back(l.args[3 + i]);
-        evals.insert(l.args[1].substr(0, 8) + "/" + std::to_string(n));
-      }
-      continue;
-    }
-    REQUIRE(in_script);
-    ++script_commands;
-    if (cmd == "PUBLISH" || cmd == "TIME" || l.args.size() < 2) continue;  // a channel, or no key
-    std::vector<std::string> named{l.args[1]};
-    if ((cmd == "RENAME" || cmd == "LMOVE") && l.args.size() >= 3) named.push_back(l.args[2]);
-    for (const auto& k : named)
-      if (std::find(keys.begin(), keys.end(), k) == keys.end()) outside.push_back(cmd + " " + k);
-  }
-  INFO("scripts run (sha prefix/number of KEYS): " << evals.size() << ", commands they ran: " << script_commands);
-  CHECK(script_commands > 0);
-  CHECK(evals.size() >= 3);  // create, acquire, acquire many, release (and the lease renewal)
-  std::string list;
-  for (const auto& o : outside) list += o + "\n";
-  INFO("keys touched outside KEYS:\n" << list);
-  CHECK(outside.empty());
+TEST_CASE("create many and reregister touch only their KEYS", "[redis][registry][scripts]") {
+  test::RedisServer srv;
+  TensorRegistry leader(keys_opts(srv, true));
+  TensorRegistry follower(keys_opts(srv, false));
+  REQUIRE(leader.is_leader());
+  auto admin = srv.connect();
+  auto held = leader.create<float>("k/held", {4});
+  auto g = follower.get<float>("k/held");
+  auto mon = srv.connect();
+  REQUIRE(std::string(mon.command({"MONITOR"}).str()) == "OK");
+
+  auto made = leader.create_many({{"k/m1", DType::f32, {4}, {}}, {"k/m2", DType::u8, {2, 3}, {}}});
+  REQUIRE(made.size() == 2);
+  // The follower's session key gone (as after a long stop): its thread
+  // re-registers the reference it holds.
+  const std::string session_key = "ks:memcuda:session:" + follower.session_id();
+  REQUIRE(admin.command({"DEL", session_key}).integer() == 1);
+
+  using namespace memcuda::detail;
+  const std::string create_many = store::script<lua::kCreateMany>().sha();
+  const std::string reregister = store::script<lua::kReregister>().sha();
+  const Seen seen = watch(mon, admin, [&](const Seen& s) { return s.shas.count(reregister) > 0; });
+  CHECK(seen.shas.count(create_many) == 1);
+  CHECK(seen.shas.count(reregister) == 1);
+  CHECK(admin.command({"HGET", "ks:memcuda:tensor:k/held", "holder:" + follower.session_id()}).str() == "1");
+  INFO("keys touched outside KEYS:\n" << lines(seen.outside));
+  CHECK(seen.outside.empty());
 }

@@ -11,7 +11,7 @@
 #include "memcuda/detail/cuda/state_dict_copy.hpp"
 #include "memcuda/detail/registry/ops/batch_client.hpp"
 #include "memcuda/detail/registry/ops/model_ab.hpp"
-#include "memcuda/detail/registry/ops/selection.hpp"
+#include "memcuda/detail/store/selection.hpp"
 #include "memcuda/model.hpp"
 #include "memcuda/model_ab.hpp"
 #include "memcuda/tensor_registry.hpp"

@@ -1,6 +1,6 @@
 // What every role of a registry shares and never changes after
-// construction: the options, the keys, this session's identity, the loaded
-// scripts and the client connection pools; plus the slot through which the
+// construction: the options, the keys, this session's identity and the
+// client connection pools; plus the slot through which the
 // registry's thread hands an unrecoverable error to the next API call.
 #pragma once
 
@@ -23,7 +23,6 @@
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/option_checks.hpp"
 #include "memcuda/detail/store/keys.hpp"
-#include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/options.hpp"
 #include "memcuda/redis/connection_pool.hpp"
 
@@ -62,8 +61,6 @@ class Context {
   const std::string session;
   const std::string node;
   const std::int64_t started_ms = now_ms();
-  // Script objects are immutable (SHA and source): one set serves every thread.
-  const lua::Scripts scripts;
   // Short client commands borrow from `pool`; calls that block in Redis
   // for long (a reply from the allocator of record, wait(), a holder's
   // copy) borrow from `waits`, so they never starve the short ones.

@@ -24,13 +24,13 @@
 #include <memory>
 #include <mutex>
 #include <stop_token>
-#include <thread>
-
 #include <optional>
+#include <thread>
 
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/registry/leader/succession.hpp"
 #include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/schema_repair.hpp"
 
@@ -469,10 +469,10 @@ class ControlLoop {
       log(LogLevel::warn, "refusing to reply to '" + to + "': a key of the registry itself");
       deliver = false;
     }
-    auto done = core_->ctx.scripts.finish.eval(conn_, {p.processing, deliver ? to : p.processing},
-                                               {p.raw, p.answer, "60000", deliver ? "1" : "0"});
+    auto done = store::finish_command(conn_, p.processing, deliver ? to : std::string(), p.raw, p.answer,
+                                      std::chrono::milliseconds(60000));
     if (MEMCUDA_FAULT("control.after_reply")) throw ConnectionError("fault point control.after_reply");
-    if (done.integer() == 0) log(LogLevel::warn, "could not reply to '" + to + "': not a list");
+    if (done == 0) log(LogLevel::warn, "could not reply to '" + to + "': not a list");
   }
 
   std::shared_ptr<Core> core_;

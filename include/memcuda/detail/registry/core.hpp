@@ -1,7 +1,7 @@
 // The state a TensorRegistry shares with its tensors and its thread, as a
 // composition of one object per role:
 //
-//   Context      options, keys, session id, node, scripts, the client
+//   Context      options, keys, session id, node, the client
 //                connection pools, the fatal-error slot        context.hpp
 //   Lease        the allocator-of-record lease                 lease.hpp
 //   Allocator    pools and owned allocations: create, free,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "memcuda/detail/pool/device_pool.hpp"
+#include "memcuda/detail/store/script_call.hpp"
 #include "memcuda/protocol/command.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/tensor_info.hpp"
@@ -36,7 +37,7 @@ class OwnAllocator {
   virtual std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen,
                                const std::string& holder, const std::string& token, bool all = false) = 0;
   // What a release script's answer means (also for pipelined releases).
-  virtual std::int64_t release_outcome(redis::Connection& c, const redis::Reply& r, const std::string& name,
+  virtual std::int64_t release_outcome(redis::Connection& c, const store::Answer& r, const std::string& name,
                                        std::uint64_t gen, const std::string& holder) = 0;
   // Frees an unlinked tensor whose last reference is gone.
   virtual void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) = 0;

@@ -31,7 +31,7 @@
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/own_allocator.hpp"
-#include "memcuda/detail/store/release_calls.hpp"
+#include "memcuda/detail/store/release_scripts.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -263,17 +263,15 @@ class ReleaseQueue {
     failures_ = 0;
     redis::Connection& c = **lease;
     const Keys& k = ctx.keys;
-    const std::string& sha = ctx.scripts.release.sha();
     const store::ReleaseBatch batch(k, ctx.session);  // the keys every command of the session shares
     std::vector<redis::Command> cmds;
     cmds.reserve(items.size());
-    const std::string& dict_sha = ctx.scripts.dict_release.sha();
     for (const auto& it : items) {
       if (it.dict_id) {
-        cmds.push_back(store::dict_release_cmd(batch, dict_sha, ctx.session, it.dict_id));
+        cmds.push_back(store::dict_release_cmd(batch, ctx.session, it.dict_id));
         continue;
       }
-      cmds.push_back(store::release_cmd(batch, sha, ctx.session, it.name, it.gen));
+      cmds.push_back(store::release_cmd(batch, ctx.session, it.name, it.gen));
     }
     std::vector<std::exception_ptr> errors;
     std::vector<redis::Reply> replies;
@@ -297,27 +295,20 @@ class ReleaseQueue {
           } catch (const ReplyError& e) {
             if (e.prefix() != "NOSCRIPT") throw;
             // Not loaded yet (a fresh Redis): one at a time, which loads it.
-            if (it.dict_id) release_dict(c, ctx, it.dict_id);
+            if (it.dict_id) store::release_dict(c, ctx.keys, std::to_string(it.dict_id), ctx.session, false);
             else it.alloc->release(c, it.name, it.gen, ctx.session, "");
             continue;
           }
         }
         // A dict reference has nothing to free here: the garbage collector
         // drops the pins of a record its last reference deleted.
-        if (!it.dict_id) it.alloc->release_outcome(c, replies[i], it.name, it.gen, ctx.session);
+        if (!it.dict_id)
+          it.alloc->release_outcome(c, store::answer(std::move(replies[i])), it.name, it.gen, ctx.session);
       } catch (const std::exception& e) {
         log(LogLevel::warn, "release of '" + it.name + "': " + e.what());
       }
     }
     return true;
-  }
-
-  static void release_dict(redis::Connection& c, Context& ctx, std::uint64_t id) {
-    const std::string rk = ctx.keys.dict(id);
-    redis::Arg kv[] = {rk};
-    const std::string ids = std::to_string(id);
-    redis::Arg av[] = {ctx.session, "", ctx.keys.prefix(), ids};
-    (void)ctx.scripts.dict_release.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
   }
 
   static constexpr std::size_t kMaxBatch = 512;

@@ -15,7 +15,6 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,8 +71,7 @@ return ARGV[1]
   for (const auto& o : ops) args.emplace_back(o);
   const std::string hk = k.allocations(), vk = k.allocations_version();
   redis::Arg keys[] = {hk, vk};
-  auto r = script.eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
-  return std::string(r.str());
+  return std::string(script.eval(c, keys, args).str());
 }
 
 // Every field of the allocations Hash (HGETALL).

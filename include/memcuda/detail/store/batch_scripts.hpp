@@ -8,12 +8,20 @@
 #include "memcuda/config.hpp"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/generation_fn.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/script_call.hpp"
+#include "memcuda/detail/store/selection.hpp"
+#include "memcuda/protocol/record_desc.hpp"
 
-MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+namespace lua {
 
 // Prepended to the scripts that find a key under a tensor's name:
 // record_generation(key) -> generation, key type. The generation is false
@@ -28,19 +36,66 @@ local function record_generation(k)
 end
 )lua";
 
+// refusal(HMGET of state, dtype, node, generation, refcount, lost marker key,
+// dtype ('' = any), node): why the acquire scripts take no reference; nil: they may.
+inline constexpr char kRefusalFn[] = R"lua(
+local function refusal(f, lkey, dtype, node)
+  if not f[1] then
+    if redis.call('EXISTS', lkey) == 1 then return {'lost', redis.call('HGETALL', lkey)} end
+    return {'notfound'}
+  end
+  if f[1] ~= 'ready' then return {'state', f[1]} end
+  if dtype ~= '' and f[2] ~= dtype then return {'dtype', f[2]} end
+  if not same_node(f[3], node) then return {'node', f[3]} end
+  local n = tonumber(f[5])
+  if not tonumber(f[4]) or (f[5] and (not n or n < 0)) then
+    return {'corrupt', 'generation ' .. tostring(f[4]) .. ', refcount ' .. tostring(f[5])}
+  end
+end
+)lua";
+
+// remove_one(key prefix, names, usage, record key, caller session): unlinks
+// the record's name now (a new create may reuse it) and drops the name's own
+// reference of a persistent tensor; the memory goes with the last holder.
+// -> {'ok', generation, refcount} | {'free', generation} (the caller owns it:
+//    record deleted, free now) | {'queued', generation} (another owner frees
+//    it: the caller sends the free) | {'notfound'} | {'stray', key type}
+inline constexpr char kRemoveFn[] = R"lua(
+local function remove_one(p, names, usage, tkey, caller)
+  if redis.call('EXISTS', tkey) == 0 then return {'notfound'} end
+  local rg, ty = record_generation(tkey)
+  if not rg then return {'stray', ty} end
+  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner', 'dict')
+  unlink_dict(p, f[4])
+  local rkey = p .. 'memcuda:removed:' .. f[1]
+  local pc = tonumber(redis.call('HGET', tkey, 'holder:@name') or '0')
+  if pc > 0 then
+    redis.call('HDEL', tkey, 'holder:@name')
+    redis.call('HINCRBY', tkey, 'refcount', -pc)
+  end
+  count_usage_in(usage, tkey, -1)
+  redis.call('RENAME', tkey, rkey)
+  name_rem(names, f[2])
+  local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
+  if rc > 0 then return {'ok', f[1], rc} end
+  local mf = redis.call('HGET', rkey, 'migrated_from')
+  if mf then
+    for g in string.gmatch(mf, '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
+  end
+  if f[3] == caller then
+    redis.call('DEL', rkey)
+    return {'free', f[1]}
+  end
+  return {'queued', f[1], f[2]}
+end
+)lua";
+
 // Takes one reference of a holder to each of many tensors, atomically. Each
 // name is checked like kAcquire (state, dtype, node); a refused name takes
 // nothing, the others are taken. The names are given, or every linked name
 // starting with a prefix, or matching an anchored Lua pattern (the caller
 // translates a glob and gives its literal prefix: only names under it are
 // read), sorted.
-// KEYS: leader, names index, the holder's reference index, holders index,
-//       then (mode 'names') per name: tensor, lost marker
-// ARGV: holder, node, token ('' = unfenced), key prefix (only for the
-//       record keys of the names a prefix or pattern selects), mode ('names' |
-//       'prefix' | 'pattern'), prefix or pattern, then (mode 'names') per
-//       name: name, dtype ('' = any), or (mode 'pattern') the pattern's
-//       literal prefix
 // -> {'notleader', token} | {{name, status, ...}, ...} where each entry is
 //    {name, 'desc', desc, generation, epoch, refcount, event_handle | nil,
 //    event_version | nil} (the record's desc field, record_desc.hpp, is of a
@@ -53,40 +108,20 @@ end
 // One HMGET of 8 small fields instead of an HGETALL of ~23 per name: the
 // HGETALL and its nested reply were most of a 291-name batch's time in
 // Redis (docs/protocol.md, "The desc field").
-inline constexpr auto kAcquireMany = join(kNodeFn, kIndexFn, R"lua(
+inline constexpr auto kAcquireMany = join(kNodeFn, kIndexFn, kDescMatchesFn, kRefusalFn, R"lua(
 if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[3] then
   return {'notleader', tostring(redis.call('GET', KEYS[1]))}
 end
 local function take(name, tkey, lkey, dtype)
-  local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node', 'desc', 'generation', 'epoch', 'event_handle',
-                      'event_version', 'refcount')
-  if not f[1] then
-    if redis.call('EXISTS', lkey) == 1 then return {name, 'lost', redis.call('HGETALL', lkey)} end
-    return {name, 'notfound'}
-  end
-  if f[1] ~= 'ready' then return {name, 'state', f[1]} end
-  if dtype ~= '' and f[2] ~= dtype then return {name, 'dtype', f[2]} end
-  if not same_node(f[3], ARGV[2]) then return {name, 'node', f[3]} end
-  local n = tonumber(f[9])
-  if not tonumber(f[5]) or (f[9] and (not n or n < 0)) then
-    return {name, 'corrupt', 'generation ' .. tostring(f[5]) .. ', refcount ' .. tostring(f[9])}
-  end
+  local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node', 'generation', 'refcount', 'desc', 'epoch',
+                      'event_handle', 'event_version')
+  local no = refusal(f, lkey, dtype, ARGV[2])
+  if no then return {name, unpack(no)} end
   local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
   -- only the holder's first reference adds its index member (as kAcquire)
-  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[3], KEYS[4], ARGV[1], f[5], name) end
-  -- The desc, when of version M1 and ending with this epoch's and this
-  -- generation's elements ('<len>:' epoch '<len>:' generation): checked
-  -- with string.byte and plain finds, which make no string (the client
-  -- checks both exactly again).
-  local d, g, e = f[4], f[5], f[6]
-  if d and g and e and string.byte(d, 1) == 77 and string.byte(d, 2) == 49 then
-    local gs = #d - #g + 1
-    local es = gs - 1 - #tostring(#g) - #e
-    if es > 3 and string.byte(d, gs - 1) == 58 and string.find(d, g, gs, true) == gs
-       and string.byte(d, es - 1) == 58 and string.find(d, e, es, true) == es then
-      return {name, 'desc', d, g, e, rc, f[7] or false, f[8] or false}
-    end
-  end
+  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[3], KEYS[4], ARGV[1], f[4], name) end
+  -- the desc, when current (the client checks it exactly again)
+  if desc_matches(f[6], f[4], f[7]) then return {name, 'desc', f[6], f[4], f[7], rc, f[8] or false, f[9] or false} end
   return {name, 'ok', redis.call('HGETALL', tkey)}
 end
 local out = {}
@@ -111,11 +146,6 @@ return out
 // when one name is taken, nothing is written. A retried batch (every name
 // already holds its entry's create_id) is answered as a replay. The
 // generations are consecutive.
-// KEYS: names, leader, generation counter, then per entry: tensor, waiters, lost marker
-// ARGV: token, n, then per entry: name, create_id, ready channel, holder,
-//       persistent (0|1), desc body (record_desc.hpp; the script appends
-//       the generation element), field count k, then k field/value pairs;
-//       last, the key prefix (the index and state-dict keys it derives)
 // -> {'ok', gen1, rc1, gen2, rc2, ...} | {'replay', gen1, rc1, ...}
 //    | {'exists', entry index (1-based), generation} | {'stray', entry index,
 //    key type} (its key is not a record of ours; left as it is) | {'notleader', token}
@@ -131,7 +161,7 @@ for i = 1, n do
 end
 local replays = 0
 for i = 1, n do
-  local t = KEYS[1 + 3 * i]
+  local t = KEYS[5 + 3 * i]
   if redis.call('EXISTS', t) == 1 then
     local rg, ty = record_generation(t)
     if not rg then return {'stray', i, ty} end
@@ -146,12 +176,12 @@ end
 if replays > 0 then
   if replays < n then  -- a replay some of whose tensors were removed since
     for i = 1, n do
-      if redis.call('EXISTS', KEYS[1 + 3 * i]) == 0 then return {'exists', i, '0'} end
+      if redis.call('EXISTS', KEYS[5 + 3 * i]) == 0 then return {'exists', i, '0'} end
     end
   end
   local out = {'replay'}
   for i = 1, n do
-    local t = KEYS[1 + 3 * i]
+    local t = KEYS[5 + 3 * i]
     out[#out + 1] = redis.call('HGET', t, 'generation')
     out[#out + 1] = redis.call('HGET', t, 'refcount')
   end
@@ -160,15 +190,15 @@ end
 local base = take_generations(KEYS[3], n)
 -- new names under a linked state dict: the dict no longer says get_prefix's names
 local kp = ARGV[#ARGV]
-if redis.call('SCARD', kp .. 'memcuda:dicts') > 0 then
-  for i = 1, n do unlink_dicts_over(kp, ARGV[at[i]]) end
+if redis.call('SCARD', KEYS[4]) > 0 then
+  for i = 1, n do unlink_dicts_over_in(kp, KEYS[4], ARGV[at[i]]) end
 end
 local out = {'ok'}
 for i = 1, n do
   local a = at[i]
   local gen = string.format('%.0f', base + i - 1)
-  local t = KEYS[1 + 3 * i]
-  redis.call('DEL', KEYS[3 + 3 * i])
+  local t = KEYS[5 + 3 * i]
+  redis.call('DEL', KEYS[7 + 3 * i])
   local k = tonumber(ARGV[a + 6])
   local desc = ARGV[a + 5] .. #gen .. ':' .. gen
   -- the whole record in one HSET (as create: each redis.call costs a
@@ -183,10 +213,10 @@ for i = 1, n do
                'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))
   end
   name_add(KEYS[1], ARGV[a])
-  hold(kp, ARGV[a + 3], gen, ARGV[a])
-  count_usage(kp, t, 1)
+  hold_in(KEYS[5], KEYS[6], ARGV[a + 3], gen, ARGV[a])
+  count_usage_in(KEYS[7], t, 1)
   redis.call('PUBLISH', ARGV[a + 2], gen)
-  wake_waiters(kp, KEYS[2 + 3 * i], gen)
+  wake_waiters(kp, KEYS[6 + 3 * i], gen)
   out[#out + 1] = gen
   out[#out + 1] = rc
 end
@@ -198,41 +228,16 @@ return out
 // last holder). The names are given, or selected like kAcquireMany. What
 // another owner must free goes to the allocator of record as one "free"
 // command of many generations.
-// KEYS: names, lifecycle, then (mode 'names') per name: tensor
-// ARGV: key prefix, caller session, mode, prefix or pattern, then (mode
-//       'names') the names, or (mode 'pattern') the pattern's literal prefix
 // -> {{name, 'ok', generation, refcount} | {name, 'free', generation}
 //     | {name, 'queued', generation} | {name, 'notfound'}
 //     | {name, 'stray', key type} (not a record of ours: left as it is), ...}
-inline constexpr auto kRemoveMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, R"lua(
+inline constexpr auto kRemoveMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, kRemoveFn, R"lua(
 local queued = {}
 local function rm(name, tkey)
-  if redis.call('EXISTS', tkey) == 0 then return {name, 'notfound'} end
-  local rg, ty = record_generation(tkey)
-  if not rg then return {name, 'stray', ty} end
-  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner', 'dict')
-  unlink_dict(ARGV[1], f[4])
-  local rkey = ARGV[1] .. 'memcuda:removed:' .. f[1]
-  local pc = tonumber(redis.call('HGET', tkey, 'holder:@name') or '0')
-  if pc > 0 then
-    redis.call('HDEL', tkey, 'holder:@name')
-    redis.call('HINCRBY', tkey, 'refcount', -pc)
-  end
-  count_usage(ARGV[1], tkey, -1)
-  redis.call('RENAME', tkey, rkey)
-  name_rem(KEYS[1], f[2])
-  local rc = tonumber(redis.call('HGET', rkey, 'refcount'))
-  if rc > 0 then return {name, 'ok', f[1], rc} end
-  local mf = redis.call('HGET', rkey, 'migrated_from')
-  if mf then
-    for g in string.gmatch(mf, '%d+') do redis.call('DEL', ARGV[1] .. 'memcuda:moved:' .. g) end
-  end
-  if f[3] == ARGV[2] then
-    redis.call('DEL', rkey)
-    return {name, 'free', f[1]}
-  end
-  queued[#queued + 1] = f[1]
-  return {name, 'queued', f[1]}
+  local r = remove_one(ARGV[1], KEYS[1], KEYS[3], tkey, ARGV[2])
+  if r[1] == 'queued' then queued[#queued + 1] = r[2] end
+  table.insert(r, 1, name)
+  return r
 end
 local function send_frees()
   -- one command per 1000 generations (a free holds at most 2048)
@@ -243,7 +248,7 @@ local function send_frees()
 end
 local out = {}
 if ARGV[3] == 'names' then
-  for i = 3, #KEYS do out[#out + 1] = rm(ARGV[2 + i], KEYS[i]) end
+  for i = 4, #KEYS do out[#out + 1] = rm(ARGV[1 + i], KEYS[i]) end
   send_frees()
   return out
 end
@@ -256,4 +261,64 @@ send_frees()
 return out
 )lua");
 
-}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
+}  // namespace lua
+
+namespace store {
+
+// kAcquireMany for `holder` ('' token: unfenced; dtype '' = any).
+inline redis::Reply acquire_many(redis::Connection& c, const Keys& k, const Selection& sel, const std::string& holder,
+                                 const std::string& node, const std::string& token, const std::string& dtype) {
+  std::vector<redis::Arg> keys{k.leader(), k.names(), k.refs(holder), k.holders()};
+  std::vector<redis::Arg> args{holder, node, token, k.prefix(), sel.mode, sel.arg};
+  if (sel.mode == "pattern") args.emplace_back(sel.literal);
+  for (const auto& n : sel.names) {
+    keys.emplace_back(k.tensor(n));
+    keys.emplace_back(k.lost(n));
+    args.emplace_back(n);
+    args.emplace_back(dtype);
+  }
+  return eval<lua::kAcquireMany>(c, keys, args);
+}
+
+inline redis::Reply remove_many(redis::Connection& c, const Keys& k, const Selection& sel, const std::string& session) {
+  std::vector<redis::Arg> keys{k.names(), k.lifecycle(), k.usage()};
+  std::vector<redis::Arg> args{k.prefix(), session, sel.mode, sel.arg};
+  if (sel.mode == "pattern") args.emplace_back(sel.literal);
+  for (const auto& n : sel.names) {
+    keys.emplace_back(k.tensor(n));
+    args.emplace_back(n);
+  }
+  return eval<lua::kRemoveMany>(c, keys, args);
+}
+
+// kCreateMany of `records` (each with whether it is persistent), held by `holder`.
+inline Answer create_many(redis::Connection& c, const Keys& k, const std::string& token, const std::string& holder,
+                          const std::vector<std::pair<const TensorInfo*, bool>>& records) {
+  std::vector<redis::Arg> keys{k.names(),       k.leader(),  k.generation(), k.dicts(),
+                               k.refs(holder), k.holders(), k.usage()};
+  std::vector<redis::Arg> args{token, records.size()};
+  for (const auto& [t, persistent] : records) {
+    keys.emplace_back(k.tensor(t->name));
+    keys.emplace_back(k.waiters(t->name));
+    keys.emplace_back(k.lost(t->name));
+    const protocol::Fields fields = protocol::encode_record(*t);
+    std::vector<redis::Arg> fv;
+    for (const auto& [f, v] : fields)
+      if (f != field::generation && f != field::state && f != field::refcount && !is_holder_field(f)) {
+        fv.emplace_back(std::string(f));
+        fv.emplace_back(std::string(v));
+      }
+    // desc: the fields that do not change, in one string a batch get
+    // reads with one HMGET (record_desc.hpp).
+    for (redis::Arg a : {redis::Arg(t->name), redis::Arg(t->create_id), redis::Arg(k.ready_channel(t->name)),
+                         redis::Arg(holder), redis::Arg(persistent ? "1" : "0"),
+                         redis::Arg(protocol::encode_desc_body(fields)), redis::Arg(fv.size() / 2)})
+      args.push_back(std::move(a));
+    for (auto& a : fv) args.push_back(std::move(a));
+  }
+  args.emplace_back(k.prefix());  // last: the key prefix the script derives state-dict keys from
+  return answer(eval<lua::kCreateMany>(c, keys, args));
+}
+
+}  // namespace store
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,17 +1,12 @@
-// The Lua scripts of state-dict records: a model-level reference, so that a
-// consumer opens a whole published state dict with one O(1) script instead
-// of a reference per tensor (docs/protocol.md, "State-dict records";
-// docs/design.md, "One reference per model").
-//
-// A record memcuda:dict:<id> holds a copy of its members' descs (the blob)
-// and pins each member with one reference of the holder "@dict:<id>", so
-// that a consumer's ONE reference on the record keeps all of them alive.
-// memcuda:dictlink:<prefix> names the record while it still says exactly
-// what get_prefix(prefix) would: any change to a member (remove, migration,
-// loss, a published event) or a create under the prefix unlinks it
-// (kUnlinkDictFn), and opens fall back to the per-name batch. An unlinked
-// record goes with its last consumer reference; the garbage collector then
-// drops the "@dict:<id>" pins of a record that no longer exists.
+// The Lua scripts of state-dict records (docs/protocol.md, "State-dict
+// records"; docs/design.md, "One reference per model") and their typed
+// calls. A record memcuda:dict:<id> holds its members' descs (the blob) and
+// pins each with one reference of the holder "@dict:<id>", so that a
+// consumer's ONE reference (one O(1) script) keeps them all alive. The link
+// memcuda:dictlink:<prefix> names it while it says exactly what
+// get_prefix(prefix) would: any change to a member or a create under the
+// prefix unlinks it (kUnlinkDictFn) and opens fall back to the per-name
+// batch. The garbage collector drops the pins of a record that is gone.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -19,12 +14,17 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "memcuda/detail/store/generation_fn.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/keys.hpp"
 #include "memcuda/detail/store/node_fn.hpp"
+#include "memcuda/detail/store/script_call.hpp"
 
-MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+namespace lua {
 
 // Script text joined at compile time. The scripts are constants, never
 // dynamically initialised: a registry may be a static of another
@@ -76,10 +76,9 @@ end
 
 // Lua functions prepended to every script that changes a member or creates
 // a name: unlink_dict(key prefix, id) unlinks one record (id may be nil or
-// false: nothing); unlink_dicts_over(key prefix, name) every linked record
-// whose prefix starts `name` (a new name under a published dict);
-// unlink_dicts_over_in(key prefix, the linked prefixes' set, name) the same
-// with that set's key given. The records and links themselves are derived
+// false: nothing); unlink_dicts_over_in(key prefix, the linked prefixes'
+// set, name) every linked record whose prefix starts `name` (a new name
+// under a published dict). The records and links themselves are derived
 // from the prefix: they are named by data only Redis has.
 inline constexpr char kUnlinkDictFn[] = R"lua(
 local function unlink_dict(p, id)
@@ -109,7 +108,6 @@ local function unlink_dicts_over_in(p, dicts, name)
     if string.sub(name, 1, #pre) == pre then unlink_dict(p, redis.call('GET', p .. 'memcuda:dictlink:' .. pre)) end
   end
 end
-local function unlink_dicts_over(p, name) unlink_dicts_over_in(p, p .. 'memcuda:dicts', name) end
 )lua";
 
 // Links the state dict published under a prefix: its members must be
@@ -117,23 +115,20 @@ local function unlink_dicts_over(p, name) unlink_dicts_over_in(p, p .. 'memcuda:
 // name), of the generation given and with a usable desc; then a new record
 // gets their descs (and the events published so far), each member one pin,
 // and the prefix's link (an older record of the prefix is unlinked).
-// KEYS: link of the prefix, then per member: tensor
-// ARGV: key prefix, prefix, node, generation counter key, names key, then
-//       per member: name, generation
 // -> {'ok', id} | {'changed', name} | {'notpersistent', name} | {'nodesc', name}
 //    | {'mismatch', names under the prefix}
 inline constexpr auto kDictLink = join(kUnlinkDictFn, kIndexFn, kDescMatchesFn, kGenerationFn, R"lua(
 local p, pre = ARGV[1], ARGV[2]
-local n = #KEYS - 1
-local under = redis.call('ZLEXCOUNT', ARGV[5], '[' .. pre, '(' .. pre .. '\255')
+local n = #KEYS - 5
+local under = redis.call('ZLEXCOUNT', KEYS[3], '[' .. pre, '(' .. pre .. '\255')
 if under ~= n then return {'mismatch', under} end
 local parts, olds, seen = {}, {}, {}
 local function put(s) parts[#parts + 1] = #s .. ':' .. s end
 for i = 1, n do
-  local name, gen = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local name, gen = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   if string.sub(name, 1, #pre) ~= pre or seen[name] then return {'mismatch', under} end
   seen[name] = true
-  local f = redis.call('HMGET', KEYS[1 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
+  local f = redis.call('HMGET', KEYS[5 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
                       'holder:@name', 'dict')
   if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end
   if not f[7] then return {'notpersistent', name} end
@@ -144,26 +139,25 @@ for i = 1, n do
 end
 unlink_dict(p, redis.call('GET', KEYS[1]))
 for _, o in ipairs(olds) do unlink_dict(p, o) end
-local id = string.format('%.0f', take_generations(ARGV[4], 1))
+local id = string.format('%.0f', take_generations(KEYS[2], 1))
 local rk = p .. 'memcuda:dict:' .. id
 redis.call('HSET', rk, 'prefix', pre, 'state', 'linked', 'refcount', 0, 'node', ARGV[3], 'count', n,
            'blob', table.concat(parts))
 local pin = 'holder:@dict:' .. id
 for i = 1, n do
-  redis.call('HSET', KEYS[1 + i], 'dict', id)
-  redis.call('HINCRBY', KEYS[1 + i], pin, 1)
-  redis.call('HINCRBY', KEYS[1 + i], 'refcount', 1)
-  hold(p, '@dict:' .. id, ARGV[5 + 2 * i], ARGV[4 + 2 * i])
+  redis.call('HSET', KEYS[5 + i], 'dict', id)
+  redis.call('HINCRBY', KEYS[5 + i], pin, 1)
+  redis.call('HINCRBY', KEYS[5 + i], 'refcount', 1)
+  hold(p, '@dict:' .. id, ARGV[3 + 2 * i], ARGV[2 + 2 * i])
 end
 redis.call('SET', KEYS[1], id)
-redis.call('SADD', p .. 'memcuda:dicts', pre)
-redis.call('SADD', p .. 'memcuda:dict_ids', id)
+redis.call('SADD', KEYS[4], pre)
+redis.call('SADD', KEYS[5], id)
 return {'ok', id}
 )lua");
 
 // Takes one reference of a holder to the record linked at a prefix: O(1),
 // whatever the member count.
-// KEYS: link of the prefix   ARGV: key prefix, holder, node
 // -> {'ok', id, blob} | {'none'} (no linked record, or of another node:
 //    the caller opens per name, which reports what it finds)
 inline constexpr auto kDictAcquire = join(kNodeFn, R"lua(
@@ -180,9 +174,8 @@ return {'ok', id, f[3]}
 // Drops one reference (or, 'all', every reference) of a holder to a
 // record. The last reference to an unlinked record deletes it; the
 // garbage collector then drops its pins on the members.
-// KEYS: record   ARGV: holder, 'all' | '', key prefix, id
 // -> {'ok', refcount} | {'notholder'}
-inline constexpr const char* kDictRelease = R"lua(
+inline constexpr char kDictRelease[] = R"lua(
 local h = 'holder:' .. ARGV[1]
 local c = tonumber(redis.call('HGET', KEYS[1], h) or '0')
 if c <= 0 then return {'notholder'} end
@@ -192,16 +185,15 @@ if c == drop then redis.call('HDEL', KEYS[1], h) else redis.call('HINCRBY', KEYS
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', -drop)
 if rc <= 0 and redis.call('HGET', KEYS[1], 'state') ~= 'linked' then
   redis.call('DEL', KEYS[1])
-  redis.call('SREM', ARGV[3] .. 'memcuda:dict_ids', ARGV[4])
+  redis.call('SREM', KEYS[2], ARGV[3])
 end
 return {'ok', rc}
 )lua";
 
 // Sets a holder's reference count on a record to what it knows it holds
 // (after its session key expired and the garbage collector dropped them).
-// KEYS: record   ARGV: holder, count
 // -> {'ok'} | {'gone'}
-inline constexpr const char* kDictReregister = R"lua(
+inline constexpr char kDictReregister[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
 local h = 'holder:' .. ARGV[1]
 local old = tonumber(redis.call('HGET', KEYS[1], h) or '0')
@@ -211,4 +203,33 @@ redis.call('HINCRBY', KEYS[1], 'refcount', n - old)
 return {'ok'}
 )lua";
 
-}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
+}  // namespace lua
+
+namespace store {
+
+// kDictLink of the state dict `members` (full names, generations) published under `prefix`.
+inline Answer link_dict(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& node,
+                        const std::vector<std::pair<std::string, std::uint64_t>>& members) {
+  std::vector<redis::Arg> keys{k.dict_link(prefix), k.generation(), k.names(), k.dicts(), k.dict_ids()};
+  std::vector<redis::Arg> args{k.prefix(), prefix, node};
+  for (const auto& [name, gen] : members) {
+    keys.emplace_back(k.tensor(name));
+    args.emplace_back(name);
+    args.emplace_back(gen);
+  }
+  return answer(eval<lua::kDictLink>(c, keys, args));
+}
+
+inline Answer acquire_dict(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& holder,
+                           const std::string& node) {
+  return answer(eval<lua::kDictAcquire>(c, {k.dict_link(prefix)}, {k.prefix(), holder, node}));
+}
+
+// kDictReregister: `holder` holds `n` references to record `id` (false: it is gone).
+inline bool reregister_dict(redis::Connection& c, const Keys& k, std::uint64_t id, const std::string& holder,
+                            std::size_t n) {
+  return answer(eval<lua::kDictReregister>(c, {k.dict(id)}, {holder, n})).is("ok");
+}
+
+}  // namespace store
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

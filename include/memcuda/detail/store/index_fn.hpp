@@ -1,22 +1,12 @@
 // Lua functions prepended to the scripts that take, drop or unlink a
-// tensor's references: the indexes that keep every periodic task of the
-// allocator of record proportional to what changed, not to what exists.
-//
-//   memcuda:refs:<holder>  Set of '<generation>:<name>', one member per
-//                          record the holder has references to (a
-//                          generation migrated since is followed through
-//                          its memcuda:moved forward, as a release does)
-//   memcuda:holders        Set of the other holders that have such an index
-//                          (registry sessions are in memcuda:sessions), so
-//                          the garbage collector judges holders, not records
-//   memcuda:usage          Hash of the named tensors' counts and logical
-//                          bytes per backend:device:device_uuid, which
-//                          statistics read instead of every record
-//
-// The name's own reference ('@name', a persistent tensor's) is not indexed:
-// it never dies. An index may name a reference already dropped (a record
-// marked lost, a migrated generation): the collector's release answers
-// 'notfound' or 'notholder' and the member goes.
+// tensor's references: they keep the indexes memcuda:refs:<holder>,
+// memcuda:holders and memcuda:usage (docs/protocol.md, "Redis keys and
+// scripts", says what each holds), so that every periodic task of the
+// allocator of record is proportional to what changed, not to what exists.
+// The name's own reference ('@name') is not indexed: it never dies. An index
+// may name a reference already dropped (a record marked lost, a migrated
+// generation): the collector's release answers 'notfound' or 'notholder'
+// and the member goes.
 //
 // The records are the truth; these keys (and memcuda:names) are derived from
 // them. A write to one of the wrong Redis type (another client's SET over
@@ -36,9 +26,10 @@ local function gen_text(g)
   if type(g) == 'number' then return string.format('%.0f', g) end
   return g
 end
--- The keyed forms take the index keys themselves (the caller passes them
--- as KEYS); the prefix forms derive them from the namespace's key prefix p
--- (docs/protocol.md, "Keys a script derives").
+-- The index keys are the caller's KEYS, but for hold's prefix form: a
+-- state-dict record's pins ('@dict:<id>', an id taken in the script) derive
+-- them from the namespace's key prefix p (docs/protocol.md, "Keys a script
+-- derives").
 local function hold_in(refs, holders, h, g, n)
   if h == '@name' then return end
   redis.pcall('SADD', refs, gen_text(g) .. ':' .. n)
@@ -52,7 +43,6 @@ local function unhold_in(refs, h, g, n)
   if h == '@name' then return end
   redis.pcall('SREM', refs, gen_text(g) .. ':' .. n)
 end
-local function unhold(p, h, g, n) unhold_in(p .. 'memcuda:refs:' .. h, h, g, n) end
 local function count_usage_in(u, key, sign)
   local f = redis.call('HMGET', key, 'backend', 'device', 'device_uuid', 'bytes')
   local b = tonumber(f[4])
@@ -62,7 +52,6 @@ local function count_usage_in(u, key, sign)
   -- never '-0' (a zero-byte tensor): Redis refuses it as an integer
   if b ~= 0 then redis.pcall('HINCRBY', u, 'bytes:' .. d, string.format('%.0f', sign * b)) end
 end
-local function count_usage(p, key, sign) count_usage_in(p .. 'memcuda:usage', key, sign) end
 -- Wakes the wait()ers of a name (pushes g onto each list of its waiters
 -- set, deletes the set). A set of the wrong type (another client's) is
 -- moved aside, as the allocator of record moves a key (key prefix p), and

@@ -1,31 +1,56 @@
-// The Lua scripts of A/B model versions (docs/design.md, "A/B model
-// versions"; docs/protocol.md, "A/B model versions"): a producer stages
-// version N+1 of a model in a second set of tensors under a hidden prefix
+// The Lua scripts of model versions and their typed calls: a plain publish
+// of the next version, and A/B versions (docs/protocol.md, "A/B model
+// versions", lists the ab_* fields of the model record): a producer stages
+// version N+1 in a second set of ordinary non-persistent tensors under a
+// hidden prefix (a producer that dies before its commit leaves nothing)
 // while readers keep N, and ONE script makes N+1 current.
-//
-// The model record (memcuda:model:<prefix>, model_version.hpp) gains the
-// ab_* fields: ab_prefix / ab_version / ab_dict name the current set (its
-// hidden prefix, the version that made it current, its state-dict record),
-// ab_live lists the sets whose memory may still exist ('<version>:<dict
-// id>:<generation of a member>' separated by spaces), ab_staged the set
-// being staged ('<seq> <session>'), ab_seq numbers the staged sets.
-//
-// A staged set is made of ordinary NON-persistent tensors held by the
-// producer alone, so a producer that dies before its commit leaves nothing:
-// the garbage collector drops its references and the tensors go. The commit
-// makes them persistent, links a state-dict record over them (the record
-// pins them, as dict_link does), retires the previous set's names (as
-// remove does: readers holding its record keep its memory until their last
-// release), bumps the version and wakes waiters as publish_version does.
 #pragma once
 
 #include "memcuda/config.hpp"
 
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/base/node.hpp"
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/keys.hpp"
 #include "memcuda/detail/store/node_fn.hpp"
+#include "memcuda/detail/store/script_call.hpp"
 
-MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+namespace lua {
+
+// Publishes a new version of a model (a name prefix): bumps the version,
+// stores the producer's event and identity, wakes every waiter (one push
+// per registered list, like create's waiters). The first publish of a
+// prefix needs a tensor under it (a typo must not make a model appear).
+// Each waiter is pushed what it needs to order itself (version, backend,
+// device, device uuid, node, session, then the event handle, '\n'-separated;
+// the handle last: it is binary), so a woken waiter makes no round trip.
+// -> {'ok', version} | {'notfound'}
+inline constexpr auto kPublishVersion = join(kIndexFn, R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if #names_under(KEYS[3], ARGV[1], 1) == 0 then return {'notfound'} end
+end
+local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'event_handle', ARGV[2], 'backend', ARGV[3], 'device', ARGV[4],
+           'device_uuid', ARGV[5], 'node', ARGV[6], 'session', ARGV[7], 'pid', ARGV[8], 'published_ms', ARGV[9])
+local msg = v .. '\n' .. ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5] .. '\n' .. ARGV[6] .. '\n' .. ARGV[7] ..
+            '\n' .. ARGV[2]
+for _, l in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  redis.call('LPUSH', l, msg)
+  redis.call('PEXPIRE', l, 60000)
+end
+redis.call('DEL', KEYS[2])
+return {'ok', v}
+)lua");
+
 
 // live_sets(p, record fields): the entries of ab_live whose memory may
 // still exist: the current set, a set whose record exists (linked or held
@@ -43,11 +68,11 @@ local function live_sets(p, live, current)
 end
 )lua";
 
-// retire_under(p, names, lifecycle, hidden prefix): every name under the
+// retire_under(p, names, lifecycle, usage, hidden prefix): every name under the
 // prefix goes as kRemove retires it; the memory goes with its last holder
 // (a free is pushed for a record nobody holds). Returns how many went.
 inline constexpr char kRetireUnderFn[] = R"lua(
-local function retire_under(p, names, lifecycle, hp)
+local function retire_under(p, names, lifecycle, usage, hp)
   local n = 0
   for _, name in ipairs(names_under(names, hp)) do
     local key = p .. 'memcuda:tensor:' .. name
@@ -59,7 +84,7 @@ local function retire_under(p, names, lifecycle, hp)
         redis.call('HDEL', key, 'holder:@name')
         redis.call('HINCRBY', key, 'refcount', -pc)
       end
-      count_usage(p, key, -1)
+      count_usage_in(usage, key, -1)
       local rkey = p .. 'memcuda:removed:' .. f[1]
       redis.call('RENAME', key, rkey)
       name_rem(names, name)
@@ -88,8 +113,6 @@ end
 // with Redis's data (the allocator of record republished the tensors): those
 // sets are retired here (their memory goes with their last reader), and the
 // staging number goes on past them so that no hidden name is used twice.
-// KEYS: model record, names, lifecycle
-// ARGV: key prefix, session, max_versions, the model's hidden root ('.memcuda-ab/<n>/<prefix>/v')
 // -> {'ok', next version, seq, names retired} | {'busy', session, seq}
 //    | {'full', live sets, versions being released}
 inline constexpr auto kAbBegin = join(kUnlinkDictFn, kIndexFn, kRetireUnderFn, kLiveSetsFn, R"lua(
@@ -105,7 +128,7 @@ if not f[4] then
     local s = tonumber(string.match(string.sub(name, #ARGV[4] + 1), '^(%d+)/'))
     if s and s > past then past = s end
   end
-  if past > 0 then retired = retire_under(p, KEYS[2], KEYS[3], ARGV[4]) end
+  if past > 0 then retired = retire_under(p, KEYS[2], KEYS[3], KEYS[4], ARGV[4]) end
 end
 local kept = live_sets(p, f[3], f[4])
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'ab_live', table.concat(kept, ' ')) end
@@ -132,8 +155,8 @@ return {'ok', tonumber(f[1] or '0') + 1, seq, retired}
 )lua");
 
 // Gives up a staging (its tensors go with the producer's references).
-// KEYS: model record   ARGV: '<seq> <session>'   -> 1 | 0 (not staged)
-inline constexpr const char* kAbAbort = R"lua(
+// -> 1 | 0 (not staged)
+inline constexpr char kAbAbort[] = R"lua(
 if redis.call('HGET', KEYS[1], 'ab_staged') ~= ARGV[1] then return 0 end
 redis.call('HDEL', KEYS[1], 'ab_staged')
 return 1
@@ -145,18 +168,13 @@ return 1
 // the previous set's names are retired as kRemove does, the version is
 // bumped and waiters are woken as kPublishVersion does. One atomic step:
 // a reader opens the old set or the new one, never neither.
-// KEYS: model record, its waiters set, names, lifecycle, generation counter,
-//       then per member: tensor
-// ARGV: key prefix, '<seq> <session>', hidden prefix, node, event handle,
-//       backend, device, device uuid, session, pid, time ms, then per
-//       member: name, generation
 // -> {'ok', version, dict id} | {'notstaged', staged} | {'mismatch', count}
 //    | {'changed', name} | {'nodesc', name}
 inline constexpr auto kAbCommit = join(kUnlinkDictFn, kIndexFn, kRetireUnderFn, kLiveSetsFn, kDescMatchesFn, kGenerationFn, R"lua(
 local p, hp = ARGV[1], ARGV[3]
 local m = redis.call('HMGET', KEYS[1], 'ab_staged', 'ab_prefix', 'ab_live', 'ab_version')
 if m[1] ~= ARGV[2] then return {'notstaged', tostring(m[1])} end
-local n = #KEYS - 5
+local n = #KEYS - 9
 local under = redis.call('ZLEXCOUNT', KEYS[3], '[' .. hp, '(' .. hp .. '\255')
 if under ~= n or n == 0 then return {'mismatch', under} end
 local parts, seen, named = {}, {}, {}
@@ -165,7 +183,7 @@ for i = 1, n do
   local name, gen = ARGV[10 + 2 * i], ARGV[11 + 2 * i]
   if string.sub(name, 1, #hp) ~= hp or seen[name] then return {'mismatch', under} end
   seen[name] = true
-  local f = redis.call('HMGET', KEYS[5 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
+  local f = redis.call('HMGET', KEYS[9 + i], 'state', 'generation', 'desc', 'epoch', 'event_handle', 'event_version',
                       'holder:@name')
   if f[1] ~= 'ready' or f[2] ~= gen then return {'changed', name} end
   local d, e = f[3], f[4]
@@ -181,19 +199,19 @@ redis.call('HSET', rk, 'prefix', hp, 'state', 'linked', 'refcount', 0, 'node', A
 local pin = 'holder:@dict:' .. id
 for i = 1, n do
   if not named[i] then
-    redis.call('HSET', KEYS[5 + i], 'holder:@name', 1)
-    redis.call('HINCRBY', KEYS[5 + i], 'refcount', 1)
+    redis.call('HSET', KEYS[9 + i], 'holder:@name', 1)
+    redis.call('HINCRBY', KEYS[9 + i], 'refcount', 1)
   end
-  redis.call('HSET', KEYS[5 + i], 'dict', id)
-  redis.call('HINCRBY', KEYS[5 + i], pin, 1)
-  redis.call('HINCRBY', KEYS[5 + i], 'refcount', 1)
+  redis.call('HSET', KEYS[9 + i], 'dict', id)
+  redis.call('HINCRBY', KEYS[9 + i], pin, 1)
+  redis.call('HINCRBY', KEYS[9 + i], 'refcount', 1)
   hold(p, '@dict:' .. id, ARGV[11 + 2 * i], ARGV[10 + 2 * i])
 end
-redis.call('SET', p .. 'memcuda:dictlink:' .. hp, id)
-redis.call('SADD', p .. 'memcuda:dicts', hp)
-redis.call('SADD', p .. 'memcuda:dict_ids', id)
+redis.call('SET', KEYS[6], id)
+redis.call('SADD', KEYS[7], hp)
+redis.call('SADD', KEYS[8], id)
 -- the previous set: its names go now (as kRemove), its memory with its last holder
-if m[2] then retire_under(p, KEYS[3], KEYS[4], m[2]) end
+if m[2] then retire_under(p, KEYS[3], KEYS[4], KEYS[9], m[2]) end
 -- the flip, and the wake (kPublishVersion's)
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 local kept = live_sets(p, m[3], m[4])
@@ -215,7 +233,6 @@ return {'ok', v, id}
 // A reader's open (or advance) of a model's current set: one reference of
 // the holder on its record, in the same atomic step that reads which set
 // is current, so a commit cannot retire it in between.
-// KEYS: model record   ARGV: key prefix, holder, node, pinned dict id ('' none), pinned version ('' none)
 // -> {'none'} (no record) | {'plain', HGETALL} (no A/B set: a model of named tensors)
 //    | {'same'} (the pinned version is current) | {'inplace', HGETALL} (a newer
 //    version of the pinned set) | {'unlinked', HGETALL, hidden prefix, dict id} (open per name)
@@ -238,4 +255,52 @@ redis.call('HINCRBY', rk, 'holder:' .. ARGV[2], 1)
 return {'ok', rec, f[3], d[3], f[2]}
 )lua");
 
-}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
+}  // namespace lua
+
+namespace store {
+
+// kPublishVersion of the model `prefix`: the producer's event ('' on host),
+// backend, device and device uuid order its writes for the readers.
+inline Answer publish_version(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& handle,
+                              std::string_view backend, int device, const std::string& uuid, const std::string& node,
+                              const std::string& session) {
+  return answer(eval<lua::kPublishVersion>(c, {k.model(prefix), k.model_waiters(prefix), k.names()},
+                                           {prefix, handle, backend, device, uuid, node, session,
+                                            static_cast<std::int64_t>(::getpid()), now_ms()}));
+}
+
+inline Answer ab_begin(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& session,
+                       unsigned max_versions, const std::string& hidden_root) {
+  return answer(eval<lua::kAbBegin>(c, {k.model(prefix), k.names(), k.lifecycle(), k.usage()},
+                                    {k.prefix(), session, static_cast<std::int64_t>(max_versions), hidden_root}));
+}
+
+// kAbAbort of the staging `token` ('<seq> <session>').
+inline void ab_abort(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& token) {
+  (void)eval<lua::kAbAbort>(c, {k.model(prefix)}, {token});
+}
+
+// kAbCommit of the set staged by `token` under `hidden`: `members` (full names, generations).
+inline Answer ab_commit(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& token,
+                        const std::string& hidden, const std::string& handle, std::string_view backend, int device,
+                        const std::string& uuid, const std::string& node, const std::string& session,
+                        const std::vector<std::pair<std::string, std::uint64_t>>& members) {
+  std::vector<redis::Arg> keys{k.model(prefix), k.model_waiters(prefix), k.names(), k.lifecycle(), k.generation(),
+                               k.dict_link(hidden), k.dicts(), k.dict_ids(), k.usage()};
+  std::vector<redis::Arg> args{k.prefix(), token, hidden, node, handle, backend, device, uuid, session,
+                               static_cast<std::int64_t>(::getpid()), now_ms()};
+  for (const auto& [name, gen] : members) {
+    keys.emplace_back(k.tensor(name));
+    args.emplace_back(name);
+    args.emplace_back(gen);
+  }
+  return answer(eval<lua::kAbCommit>(c, keys, args));
+}
+
+inline Answer ab_open(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& holder,
+                      const std::string& node, const std::string& pinned_dict, const std::string& pinned_version) {
+  return answer(eval<lua::kAbOpen>(c, {k.model(prefix)}, {k.prefix(), holder, node, pinned_dict, pinned_version}));
+}
+
+}  // namespace store
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -15,7 +15,6 @@
 
 #include "memcuda/config.hpp"
 
-#include <span>
 #include <string>
 #include <vector>
 
@@ -76,13 +75,9 @@ inline std::string id_of(const Keys& k, std::string_view record_key) {
 // moved; logs what it did.
 inline bool move(redis::Connection& c, const Keys& k, const std::string& record_key, const std::string& name,
                  const std::string& seen, const std::string& reason) {
-  const std::string qkey = k.quarantine(record_key), names = k.names(), index = k.quarantined();
-  const std::string id = id_of(k, record_key);
-  const std::string now = std::to_string(now_ms());
-  const std::string usage = k.usage();
-  redis::Arg keys[] = {record_key, names, qkey, index, usage};
-  redis::Arg args[] = {name, id, reason, now, seen};
-  auto r = script().eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
+  const std::string qkey = k.quarantine(record_key);
+  auto r = script().eval(c, {record_key, k.names(), qkey, k.quarantined(), k.usage()},
+                         {name, id_of(k, record_key), reason, now_ms(), seen});
   if (r.str() != "ok") return false;
   log(LogLevel::warn, "quarantined the malformed record " + record_key + " (" + reason + "): its data is kept as " +
                           qkey + "; `memcuda quarantine` lists and clears it");

@@ -70,17 +70,12 @@ inline bool is_holder_field(std::string_view f) { return f.starts_with(field::ho
 inline std::string_view holder_of_field(std::string_view f) {
   return f.starts_with(field::holder_prefix) ? f.substr(field::holder_prefix.size()) : std::string_view();
 }
-inline std::string holder_field(std::string_view holder) { return std::string(field::holder_prefix) + std::string(holder); }
 
 // ---- SCAN of record keys (events and bounded sweeps only) ----
 
 // One SCAN page of the unlinked records: {cursor, [keys]}.
 inline redis::Reply scan_unlinked(redis::Connection& c, const Keys& k, std::string_view cursor, std::size_t count) {
   return c.command({"SCAN", cursor, "MATCH", k.removed_pattern(), "COUNT", count});
-}
-// One SCAN page of the named records: {cursor, [keys]}.
-inline redis::Reply scan_named(redis::Connection& c, const Keys& k, std::string_view cursor, std::size_t count) {
-  return c.command({"SCAN", cursor, "MATCH", k.tensor_pattern(), "COUNT", count});
 }
 
 // ---- tensor records ----

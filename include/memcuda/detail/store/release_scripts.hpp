@@ -1,14 +1,24 @@
 // The Lua scripts that drop references (scripts.hpp says how scripts are
-// written): one holder's reference to one generation, and every reference
-// of a dead holder (the garbage collector).
+// written) and their typed calls: one holder's reference to one generation,
+// also as pipelined commands the release queue sends a batch of in one round
+// trip (detail/registry/release_queue.hpp), every reference of a dead holder
+// (the garbage collector), and a reference to a state-dict record.
 #pragma once
 
 #include "memcuda/config.hpp"
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/script_call.hpp"
 
-MEMCUDA_NAMESPACE_BEGIN namespace detail::lua {
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+namespace lua {
 
 // release_one(p, names, tkey, gen, name, holder, all, caller, refs, usage): drops one
 // reference (all = every reference) of a holder to one generation of a
@@ -77,9 +87,6 @@ end
 
 // Drops one reference of a holder to one generation of a tensor
 // (release_one above).
-// KEYS: tensor, names, lifecycle, leader, the holder's reference index, usage
-// ARGV: generation, holder, key prefix, caller session, token ('' = unfenced),
-//       'all' to drop every reference of the holder, name
 // -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted, free now)
 //    | {'queued', generation} | {'notfound'} | {'notholder'} | {'notleader', t}
 inline constexpr auto kRelease = join(kReleaseFn, R"lua(
@@ -101,11 +108,6 @@ return r
 // handled; the holder leaves memcuda:holders with its last member. What the
 // caller owns comes back to be freed; what another owner has goes to the
 // allocator of record in one "free" command of many generations.
-// KEYS: names, lifecycle, leader, the holder's index, holders set, usage, then
-//       per index member the tensor key of its name (any key for a member
-//       without ':', which is only dropped)
-// ARGV: token ('' = unfenced), holder, key prefix, caller session, then index members
-//       ('<generation>:<name>')
 // -> {'ok', references dropped, tensors unlinked, generation to free, ...}
 //    | {'notleader', t}
 inline constexpr auto kReleaseHolder = join(kReleaseFn, R"lua(
@@ -139,4 +141,59 @@ if redis.call('EXISTS', KEYS[4]) == 0 then redis.pcall('SREM', KEYS[5], ARGV[2])
 return out
 )lua");
 
-}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::lua
+}  // namespace lua
+
+namespace store {
+
+// kRelease of `holder`'s reference (every one with `all`), for `session`.
+inline Answer release(redis::Connection& c, const Keys& k, const std::string& name, std::uint64_t gen,
+                      const std::string& holder, const std::string& session, const std::string& token, bool all) {
+  return answer(eval<lua::kRelease>(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader(), k.refs(holder),
+                                        k.usage()},
+                                    {gen, holder, k.prefix(), session, token, all ? "all" : "", name}));
+}
+
+// kReleaseHolder of the dead `holder`'s index `members` ('<generation>:<name>').
+inline Answer release_holder(redis::Connection& c, const Keys& k, const std::string& holder,
+                             const std::vector<std::string>& members, const std::string& session,
+                             const std::string& token) {
+  std::vector<redis::Arg> keys{k.names(), k.lifecycle(), k.leader(), k.refs(holder), k.holders(), k.usage()};
+  std::vector<redis::Arg> args{token, holder, k.prefix(), session};
+  for (const auto& m : members) {
+    const auto colon = m.find(':');  // the member's record key ("" name for a member without one)
+    keys.emplace_back(k.tensor(colon == std::string::npos ? std::string_view()
+                                                          : std::string_view(m).substr(colon + 1)));
+    args.emplace_back(m);
+  }
+  return answer(eval<lua::kReleaseHolder>(c, keys, args));
+}
+
+// kDictRelease of `holder`'s reference (every one with `all`) to record `id`.
+inline Answer release_dict(redis::Connection& c, const Keys& k, std::string_view id, const std::string& holder,
+                           bool all) {
+  return answer(eval<lua::kDictRelease>(c, {k.dict(id), k.dict_ids()}, {holder, all ? "all" : "", id}));
+}
+
+// The keys every release of one session's batch shares, built once per batch.
+struct ReleaseBatch {
+  ReleaseBatch(const Keys& k, std::string_view session)
+      : keys(k), names(k.names()), lifecycle(k.lifecycle()), leader(k.leader()), refs(k.refs(session)),
+        usage(k.usage()), dict_ids(k.dict_ids()), prefix(k.prefix()) {}
+  const Keys& keys;
+  std::string names, lifecycle, leader, refs, usage, dict_ids, prefix;
+};
+
+// release() and release_dict() of one reference of the batch's `session`, by
+// itself, unfenced, as commands of a pipeline (EVALSHA: NOSCRIPT means not run).
+inline redis::Command release_cmd(const ReleaseBatch& b, const std::string& session, std::string_view name,
+                                  std::uint64_t gen) {
+  return {"EVALSHA", script<lua::kRelease>().sha(), "6", b.keys.tensor(name), b.names, b.lifecycle, b.leader, b.refs,
+          b.usage, std::to_string(gen), session, b.prefix, session, "", "", std::string(name)};
+}
+inline redis::Command dict_release_cmd(const ReleaseBatch& b, const std::string& session, std::uint64_t dict_id) {
+  return {"EVALSHA", script<lua::kDictRelease>().sha(), "2", b.keys.dict(dict_id), b.dict_ids, session, "",
+          std::to_string(dict_id)};
+}
+
+}  // namespace store
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -61,14 +61,13 @@ inline long long move_aside(redis::Connection& c, const Keys& k, const std::stri
                             const std::string& what = {}) {
   const std::string own = k.own_prefix();
   const std::string id = key.starts_with(own) ? key.substr(own.size()) : key;
-  const std::string qkey = k.quarantine(key), index = k.quarantined(), names = k.names(), usage = k.usage();
+  const std::string qkey = k.quarantine(key);
   const std::string reason =
       what.empty() ? "a " + seen + " where the key (a " + std::string(right) + ") belongs" : what;
-  const std::string now = std::to_string(now_ms()), pfx = k.prefix(), count = count_usage ? "1" : "0";
-  redis::Arg keys[] = {key, qkey, index, names, usage};
-  redis::Arg args[] = {seen, id, reason, now, pfx, count};
-  auto r = move_script().eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args));
-  const long long n = r.integer();
+  const long long n = move_script()
+                          .eval(c, {key, qkey, k.quarantined(), k.names(), k.usage()},
+                                {seen, id, reason, now_ms(), k.prefix(), count_usage ? "1" : "0"})
+                          .integer();
   if (n < 0) return n;
   log(LogLevel::warn, "key " + key + " was " + (what.empty() ? "a " + seen + ", not a " + std::string(right) : what) +
                           " (written by another Redis client?): moved aside to " + qkey +

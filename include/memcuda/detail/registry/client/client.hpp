@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,6 +30,7 @@
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/record_pages.hpp"
 #include "memcuda/detail/store/reply.hpp"
@@ -64,18 +64,11 @@ class Client {
       cgen = std::to_string(cached->generation);
       cver = std::to_string(cached->event_version);
     }
-    const auto& k = ctx_.keys;
-    redis::Reply r;
-    {
-      auto c = ctx_.pool.acquire();
-      r = ctx_.scripts.acquire.eval(
-          *c, {k.tensor(name), k.leader(), k.lost(name), k.refs(ctx_.session), k.holders()},
-          {ctx_.session, dtype ? std::string_view(to_string(*dtype)) : std::string_view(), ctx_.node, "", cgen, cver,
-           name});
-    }
+    const auto r = store::acquire(*ctx_.pool.acquire(), ctx_.keys, name, ctx_.session,
+                                  dtype ? to_string(*dtype) : std::string_view(), ctx_.node, "", cgen, cver);
     TensorInfo t;
     Holdings::Record read;
-    if (cached && r[0].str() == "same") {
+    if (cached && r.is("same")) {
       t = *cached;
       t.refcount = reply_int(r[1]);
     } else {
@@ -188,8 +181,8 @@ class Client {
     ::memcuda::validate_name(name);
     const auto& k = ctx_.keys;
     auto c = ctx_.pool.acquire();
-    auto r = ctx_.scripts.remove.eval(*c, {k.tensor(name), k.names(), k.lifecycle()}, {k.prefix(), ctx_.session});
-    const std::string st = script_status(r);
+    auto r = store::remove(*c, k, name, ctx_.session);
+    const std::string& st = r.status;
     if (st == "notfound") throw NotFound("no tensor named '" + std::string(name) + "'");
     if (st == "stray") throw NotFound("no tensor named '" + std::string(name) + "': " + stray_record(k.tensor(name), r[1].str()));
     if (st == "free") alloc_.free_unlinked(*c, reply_u64(r[1]), true);
@@ -211,7 +204,7 @@ class Client {
   // event version. Throws StaleHandle when the name moved on.
   std::uint64_t publish_event(const std::string& name, std::uint64_t gen, const std::string& handle) {
     auto c = ctx_.pool.acquire();
-    auto v = ctx_.scripts.publish.eval(*c, {ctx_.keys.tensor(name)}, {gen, handle, ctx_.keys.prefix()}).integer();
+    auto v = store::publish_event(*c, ctx_.keys, name, gen, handle);
     if (v < 0)
       throw StaleHandle("cannot publish '" + name + "' generation " + std::to_string(gen) +
                         ": the name was removed or re-created");

@@ -7,7 +7,6 @@
 #include "memcuda/config.hpp"
 
 #include <map>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -16,7 +15,9 @@
 #include "memcuda/detail/registry/client/borrowed.hpp"
 #include "memcuda/detail/registry/client/dict_holds.hpp"
 #include "memcuda/detail/registry/own_allocator.hpp"
+#include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/recovery_scripts.hpp"
 #include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -33,17 +34,16 @@ class Recovery {
     std::uint64_t republished = 0;
     // Registry memory this process allocated, and buffers it shares
     // without a copy: both are its own to write back.
-    for (const auto& [t, persistent] : alloc_.owned_records()) republished += republish(c, t, persistent);
+    for (const auto& [t, persistent] : alloc_.owned_records())
+      republished += !store::republish(c, keys, t, persistent).is("present");
     const auto shared = borrowed_.records();
-    for (const auto& [t, persistent] : shared) republished += republish(c, t, persistent);
+    for (const auto& [t, persistent] : shared) republished += !store::republish(c, keys, t, persistent).is("present");
     // as the share script does: migration finds a dead owner's borrowed records through it
     if (!shared.empty()) store::add_owner(c, keys, ctx_.session);
     redeclare_dicts(c);
     bool all = true;
-    for (const auto& [k, n] : holdings_.snapshot()) {
-      auto res = ctx_.scripts.reregister.eval(c, {keys.tensor(k.first)}, {k.second, ctx_.session, n, keys.prefix(), k.first});
-      if (res[0].str() == "absent") all = false;
-    }
+    for (const auto& [k, n] : holdings_.snapshot())
+      if (store::reregister(c, keys, k.first, k.second, ctx_.session, n).is("absent")) all = false;
     if (republished)
       log(LogLevel::warn, "Redis had lost the records of " + std::to_string(republished) +
                               " tensor(s) this process owns: republished them");
@@ -51,26 +51,6 @@ class Recovery {
   }
 
  private:
-  // Writes `t` back unless its record is there; 1 when it was missing.
-  int republish(redis::Connection& c, const TensorInfo& t, bool persistent) {
-    const Keys& keys = ctx_.keys;
-    TensorInfo r = t;
-    r.holders.clear();
-    std::vector<redis::Arg> args{t.generation, keys.prefix(), persistent ? "1" : "0", t.name, now_ms()};
-    const protocol::Fields fields = protocol::encode_record(r);  // args point into it
-    for (const auto& [k, v] : fields) {
-      namespace f = store::field;
-      if (k == f::generation || k == f::state || k == f::refcount || k == f::event_handle || k == f::event_version)
-        continue;
-      args.emplace_back(k);
-      args.emplace_back(v);
-    }
-    const std::string tk = keys.tensor(t.name), nk = keys.names(), gk = keys.generation();
-    redis::Arg kv[] = {tk, nk, gk};
-    auto res = ctx_.scripts.republish.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
-    return res[0].str() != "present" ? 1 : 0;
-  }
-
   // This session's references to state-dict records: set again where the
   // record still exists; where it is gone (Redis lost it, or the garbage
   // collector deleted it with its pins), each becomes one reference per
@@ -81,9 +61,7 @@ class Recovery {
     for (auto& r : dicts_.live())
       if (!r->per_name.load()) by_id[r->id].push_back(std::move(r));
     for (auto& [id, refs] : by_id) {
-      const std::string rk = ctx_.keys.dict(id);
-      auto res = ctx_.scripts.dict_reregister.eval(c, {rk}, {ctx_.session, std::to_string(refs.size())});
-      if (res[0].str() == "ok") continue;
+      if (store::reregister_dict(c, ctx_.keys, id, ctx_.session, refs.size())) continue;
       for (auto& r : refs) {
         for (const auto& [name, gen] : r->members) holdings_.note(name, gen, +1);
         r->per_name.store(true);

@@ -16,8 +16,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
-#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -35,6 +33,8 @@
 #include "memcuda/stats.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/release_scripts.hpp"
+#include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/detail/store/sessions.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -86,15 +86,9 @@ class Allocator final : public OwnAllocator {
     if (parked) t.epoch = epoch;
 
     const bool persistent = cmd.persistent.value_or(false);
-    const auto& k = ctx_.keys;
-    const auto args = create_args(cmd, t, token, persistent);
-    const std::string tkey = k.tensor(cmd.name), nkey = k.names(), lkey = k.leader(), gkey = k.generation(),
-                      wkey = k.waiters(cmd.name), lost_key = k.lost(cmd.name), ukey = k.usage(),
-                      rkey = k.refs(holder_of(cmd)), hkey = k.holders(), dkey = k.dicts();
-    redis::Arg kv[] = {tkey, nkey, lkey, gkey, wkey, lost_key, ukey, rkey, hkey, dkey};
-    redis::Reply r;
+    store::Answer r;
     try {
-      r = ctx_.scripts.create.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
+      r = store::create(c, ctx_.keys, t, cmd.name, holder_of(cmd), token, persistent);
       if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
     } catch (const IoError&) {
       // The script may have run: Redis may hold a ready record pointing at
@@ -106,7 +100,8 @@ class Allocator final : public OwnAllocator {
       park(create_id, Owned{&pool, pb, t, persistent});
       throw;
     }
-    const std::string st = script_status(r);
+    const std::string& st = r.status;
+    const std::string tkey = ctx_.keys.tensor(cmd.name);
     // t is done with once kept: the script's arguments are sent.
     auto keep = [&](std::uint64_t gen) { return keep_created(std::move(t), gen, r, holder_of(cmd), persistent, giveback); };
     if (st == "ok") return after_create(c, keep(reply_u64(r[1])));
@@ -139,7 +134,7 @@ class Allocator final : public OwnAllocator {
   };
 
   // A published create's block (`r`: the script's answer), owned from now on.
-  Created keep_created(TensorInfo t, std::uint64_t gen, const redis::Reply& r, const std::string& holder,
+  Created keep_created(TensorInfo t, std::uint64_t gen, const store::Answer& r, const std::string& holder,
                        bool persistent, Giveback& giveback) {
     t.generation = gen;
     t.refcount = reply_int(r[2]);
@@ -158,37 +153,6 @@ class Allocator final : public OwnAllocator {
     return Created{g, rc, std::move(t), pb};
   }
 
-  // The create script's arguments. The record's fields go straight in:
-  // names as literals, text `t` holds as views (`t` must outlive the
-  // script call), only numbers as owned strings. This runs for every create.
-  std::vector<redis::Arg> create_args(const protocol::Command& cmd, const TensorInfo& t, const std::string& token,
-                                      bool persistent) const {
-    const auto& k = ctx_.keys;
-    std::vector<redis::Arg> args;
-    args.reserve(7 + 2 * 24);
-    args.emplace_back(token);
-    args.emplace_back(cmd.name);
-    args.emplace_back(t.create_id);
-    args.emplace_back(k.ready_channel(cmd.name));
-    args.emplace_back(holder_of(cmd));
-    args.emplace_back(persistent ? "1" : "0");
-    args.emplace_back(k.prefix());
-    protocol::for_each_record_field(t, [&](auto&& f, auto&& v) {
-      namespace rf = protocol::record_field;
-      const std::string_view name(f);
-      // The script sets these itself, atomically with the existence check.
-      if (name == rf::generation || name == rf::state || name == rf::refcount || name.starts_with(rf::holder_prefix))
-        return;
-      // Empty optional text (device_uuid on host, event_handle until a
-      // publish) is left out: a reader decodes an absent field as empty,
-      // and each field costs the script's HSET a listpack search.
-      if ((name == rf::device_uuid || name == rf::event_handle) && std::string_view(v).empty()) return;
-      args.emplace_back(std::forward<decltype(f)>(f));
-      args.emplace_back(std::forward<decltype(v)>(v));
-    });
-    return args;
-  }
-
   // After a refused create or create many whose earlier attempt's reply was
   // lost: when the record under `tkey` is that attempt's (its create_id),
   // the parked block `o` is the record's memory, owned from now on.
@@ -202,27 +166,19 @@ class Allocator final : public OwnAllocator {
     return true;
   }
 
-  // Blocks parked by creates whose reply was lost, and their count (tests).
-  std::size_t parked_count() const {
-    std::lock_guard lk(owned_mu_);
-    return parked_.size();
-  }
-
   // Drops `holder`'s reference (all of them with `all`); returns the
   // remaining refcount. Frees the memory when it was the last and it is
   // ours. `token` is the lease token when the leader acts for a holder.
   std::int64_t release(redis::Connection& c, const std::string& name, std::uint64_t gen, const std::string& holder,
                        const std::string& token, bool all = false) override {
-    const auto& k = ctx_.keys;
-    auto r = ctx_.scripts.release.eval(c, {k.tensor(name), k.names(), k.lifecycle(), k.leader(), k.refs(holder), k.usage()},
-                                       {gen, holder, k.prefix(), ctx_.session, token, all ? "all" : "", name});
-    return release_outcome(c, r, name, gen, holder);
+    return release_outcome(c, store::release(c, ctx_.keys, name, gen, holder, ctx_.session, token, all), name, gen,
+                           holder);
   }
 
   // What a release script's answer means (also for pipelined releases).
-  std::int64_t release_outcome(redis::Connection& c, const redis::Reply& r, const std::string& name,
+  std::int64_t release_outcome(redis::Connection& c, const store::Answer& r, const std::string& name,
                                std::uint64_t gen, const std::string& holder) override {
-    const std::string st = script_status(r);
+    const std::string& st = r.status;
     if (st == "ok") return reply_int(r[1]);
     if (st == "free") {
       free_unlinked(c, reply_u64(r[1]), true);  // the generation it had last (a migration renews it)

@@ -12,11 +12,11 @@
 
 #include <algorithm>
 #include <set>
-#include <span>
 #include <string>
 #include <vector>
 
 #include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/store/batch_scripts.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/detail/store/records.hpp"
@@ -54,8 +54,8 @@ class BatchAllocator {
       pool->zero(blocks);
     }
     const std::string holder = holder_of(cmd);
-    const redis::Reply r = publish(A, c, token, holder, slots);
-    const std::string st = script_status(r);
+    const store::Answer r = publish(A, c, token, holder, slots);
+    const std::string& st = r.status;
     if (st == "ok" || st == "replay") return take_ownership(A, c, r, st == "replay", holder, slots);
     refused(A, c, r, st, slots);
   }
@@ -173,34 +173,12 @@ class BatchAllocator {
   // Runs the create_many script over every slot. When the link fails the
   // script may have run: every block stays out of the pool, parked by its
   // create_id, until a retry learns the outcome.
-  static redis::Reply publish(Allocator& A, redis::Connection& c, const std::string& token,
+  static store::Answer publish(Allocator& A, redis::Connection& c, const std::string& token,
                               const std::string& holder, Slots& slots) {
-    const auto& k = A.ctx_.keys;
-    std::vector<std::string> keys{k.names(), k.leader(), k.generation()};
-    std::vector<std::string> args{token, std::to_string(slots.v.size())};
-    for (const auto& s : slots.v) {
-      const std::string& name = s.info.name;
-      keys.push_back(k.tensor(name));
-      keys.push_back(k.waiters(name));
-      keys.push_back(k.lost(name));
-      protocol::Fields fields = protocol::encode_record(s.info);
-      std::vector<std::string> fv;
-      for (const auto& [f, v] : fields) {
-        namespace rf = store::field;
-        if (f == rf::generation || f == rf::state || f == rf::refcount || store::is_holder_field(f)) continue;
-        fv.push_back(f);
-        fv.push_back(v);
-      }
-      // desc: the fields that do not change, in one string a batch get
-      // reads with one HMGET (record_desc.hpp).
-      args.insert(args.end(), {name, s.info.create_id, k.ready_channel(name), holder, s.persistent ? "1" : "0",
-                               protocol::encode_desc_body(fields), std::to_string(fv.size() / 2)});
-      args.insert(args.end(), std::make_move_iterator(fv.begin()), std::make_move_iterator(fv.end()));
-    }
-    args.push_back(k.prefix());  // last: the key prefix the script derives index keys from
-    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
+    std::vector<std::pair<const TensorInfo*, bool>> records;
+    for (const auto& s : slots.v) records.emplace_back(&s.info, s.persistent);
     try {
-      auto r = A.ctx_.scripts.create_many.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
+      auto r = store::create_many(c, A.ctx_.keys, token, holder, records);
       if (MEMCUDA_FAULT("allocator.create_reply_lost")) throw ConnectionError("fault point allocator.create_reply_lost");
       return r;
     } catch (const IoError&) {
@@ -213,7 +191,7 @@ class BatchAllocator {
   }
 
   // Published (or replayed): each new block becomes an owned allocation.
-  static std::vector<Allocator::Created> take_ownership(Allocator& A, redis::Connection& c, const redis::Reply& r,
+  static std::vector<Allocator::Created> take_ownership(Allocator& A, redis::Connection& c, const store::Answer& r,
                                                         bool replay, const std::string& holder, Slots& slots) {
     std::vector<Allocator::Created> out;
     for (std::size_t i = 0; i < slots.v.size(); ++i) {
@@ -243,7 +221,7 @@ class BatchAllocator {
 
   // Refused: nothing was written by this script. A parked block may
   // still be what a lost attempt published: adopt those, give back the rest.
-  [[noreturn]] static void refused(Allocator& A, redis::Connection& c, const redis::Reply& r, const std::string& st,
+  [[noreturn]] static void refused(Allocator& A, redis::Connection& c, const store::Answer& r, const std::string& st,
                                    Slots& slots) {
     const auto& k = A.ctx_.keys;
     const std::size_t stray = st == "stray" ? static_cast<std::size_t>(reply_int(r[1])) - 1 : slots.v.size();

@@ -64,8 +64,7 @@ class Executor {
       case protocol::Op::get: {
         refuse_session_holder(cmd);
         const std::string holder = holder_of(cmd);
-        auto r = ctx_.scripts.acquire.eval(c, {k.tensor(cmd.name), k.leader(), k.lost(cmd.name), k.refs(holder), k.holders()},
-                                           {holder, "", ctx_.node, token, "", "", cmd.name});
+        auto r = store::acquire(c, k, cmd.name, holder, "", ctx_.node, token);
         auto t = acquired(ctx_, lease_, alloc_, r, cmd.name, std::nullopt, holder_of(cmd));
         rep.generation = t.generation;
         rep.refcount = t.refcount;

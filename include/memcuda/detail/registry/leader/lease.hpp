@@ -35,6 +35,7 @@
 #include "memcuda/detail/registry/leader/owner_uid.hpp"
 #include "memcuda/detail/registry/lease_view.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/sessions.hpp"
@@ -69,9 +70,8 @@ class Lease final : public LeaseView {
   bool campaign(redis::Connection& c) {
     if (!owner_uid_.may_campaign(c)) return false;  // another user's namespace: it could serve none of it
     const auto& k = ctx_.keys;
-    auto r = ctx_.scripts.lease_acquire.eval(c, {k.leader(), k.epoch()}, {ctx_.session, ctx_.opts.lease_ttl.count()});
-    std::string token(r[1].str());
-    if (r[0].integer() != 1) {
+    auto [taken, token] = store::acquire_lease(c, k, ctx_.session, ctx_.opts.lease_ttl);
+    if (!taken) {
       // {0, our own token}: we won it in an earlier campaign whose requeue
       // threw before we marked it held. Ours: finish taking it.
       bool ours;
@@ -99,17 +99,16 @@ class Lease final : public LeaseView {
     store::add_owner(c, k, ctx_.session);
     upgrade_name_index(c, k);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
-    auto n = ctx_.scripts.requeue.eval(c, {k.lifecycle(), k.processing_lists()}, {k.processing(epoch)});
+    const auto n = store::requeue(c, k, epoch);
     leader_.store(true, std::memory_order_release);
     log(LogLevel::info, "became allocator of record, epoch " + std::to_string(epoch) +
-                            (n.integer() ? ", re-queued " + std::to_string(n.integer()) + " command(s)" : ""));
+                            (n ? ", re-queued " + std::to_string(n) + " command(s)" : ""));
     return true;
   }
 
   bool renew(redis::Connection& c) {
     auto [token, epoch] = current();
-    if (ctx_.scripts.lease_renew.eval(c, {ctx_.keys.leader()}, {token, ctx_.opts.lease_ttl.count()}).integer() == 1)
-      return true;
+    if (store::renew_lease(c, ctx_.keys, token, ctx_.opts.lease_ttl)) return true;
     lose("lease expired before renewal");
     return false;
   }
@@ -118,7 +117,7 @@ class Lease final : public LeaseView {
     if (!held()) return;
     auto [token, epoch] = current();
     leader_.store(false, std::memory_order_release);
-    ctx_.scripts.lease_release.eval(c, {ctx_.keys.leader()}, {token});
+    store::release_lease(c, ctx_.keys, token);
     log(LogLevel::info, "released the allocator-of-record lease (epoch " + std::to_string(epoch) + ")");
   }
 
@@ -155,7 +154,7 @@ class Lease final : public LeaseView {
     }
     // Compare-and-delete, the script a holder releases with: a lease taken
     // since (another token) is left alone.
-    if (ctx_.scripts.lease_release.eval(c, {ctx_.keys.leader()}, {token}).integer() == 1)
+    if (store::release_lease(c, ctx_.keys, token))
       log(LogLevel::info, "the allocator of record (lease " + token +
                               (w.pid > 0 ? ", pid " + std::to_string(w.pid) : std::string(", its liveness lock free")) +
                               ") is gone: broke its lease, campaigning now");

@@ -23,7 +23,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +39,7 @@
 #include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/recovery_scripts.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -237,9 +237,9 @@ class Migration {
     n.epoch = epoch;
     n.node = ctx_.node;
     const bool persistent = t.holders.count(std::string(HolderId::kName)) > 0;
-    redis::Reply r;
+    store::Answer r;
     try {
-      r = eval_migrate(ctx_, c, token, t, n);
+      r = store::migrate(c, ctx_.keys, token, t, n);
       if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
     } catch (const IoError&) {
       std::lock_guard lk(mu_);
@@ -247,7 +247,7 @@ class Migration {
       pb.reset();
       throw;
     }
-    const std::string st = script_status(r);
+    const std::string& st = r.status;
     if (st == "ok") {
       // A record names this process now: the allocation is ours to unlink
       // when its last block goes (Allocation::adopted_committed).
@@ -290,9 +290,9 @@ class Migration {
         TensorInfo n = placed_in(t, *pb, ctx_, epoch);
         if (h == session) copy_for_migration(t, n);
         else ask_holder_to_copy(ctx_, ++seq_, h, t, n);
-        redis::Reply r;
+        store::Answer r;
         try {
-          r = eval_migrate(ctx_, c, token, t, n);
+          r = store::migrate(c, ctx_.keys, token, t, n);
           if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
         } catch (const IoError&) {
           // The script may have run: the record may point at this block.
@@ -302,7 +302,7 @@ class Migration {
           pb.reset();
           throw;
         }
-        const std::string st = script_status(r);
+        const std::string& st = r.status;
         if (st == "ok") {
           n.generation = reply_u64(r[1]);
           alloc_.adopt(n, pool, *pb, t.holders.count(std::string(HolderId::kName)) > 0);
@@ -340,7 +340,7 @@ class Migration {
       if (++attempts_[t.generation] < kMigrateAttempts) return Adopted::retry;
       force = true;
     }
-    const std::string st = mark_lost(ctx_, c, token, t, force);
+    const std::string st = store::mark_lost(c, ctx_.keys, token, t, kLostMarkerTtlMs, force).status;
     if (st == "lost") {
       forget_attempts(t.generation);
       log(LogLevel::warn, "'" + t.name + "' (generation " + std::to_string(t.generation) +

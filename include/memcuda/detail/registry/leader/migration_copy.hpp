@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,31 +82,6 @@ inline TensorInfo placed_in(const TensorInfo& t, const PoolBlock& pb, const Cont
   TensorInfo n = t;
   place_in(n, pb, ctx, epoch);
   return n;
-}
-
-// Runs the migrate script: the record of `from` (a dead owner's) gets the
-// placement fields of `to` and a new generation.
-inline redis::Reply eval_migrate(const Context& ctx, redis::Connection& c, const std::string& token,
-                                 const TensorInfo& from, const TensorInfo& to) {
-  std::vector<redis::Arg> args{token, from.generation, from.owner, ctx.keys.prefix()};
-  namespace f = store::field;
-  std::vector<std::pair<std::string_view, std::string>> fv{
-      {f::ipc_handle, to.ipc_handle},       {f::offset, std::to_string(to.offset)},
-      {f::alloc_bytes, std::to_string(to.alloc_bytes)}, {f::alloc_id, std::to_string(to.alloc_id)},
-      {f::owner, to.owner},                 {f::owner_pid, std::to_string(to.owner_pid)},
-      {f::epoch, std::to_string(to.epoch)}, {f::device, std::to_string(to.device)},
-      {f::device_uuid, to.device_uuid},     {f::node, to.node}};
-  if (!to.alloc_kind.empty()) fv.emplace_back(f::alloc_kind, to.alloc_kind);
-  // Also written empty when the old record had one: a copy into legacy IPC
-  // memory must clear the vmm source.
-  if (!to.fd_source.empty() || !from.fd_source.empty()) fv.emplace_back(f::fd_source, to.fd_source);
-  for (const auto& [k, v] : fv) {
-    args.emplace_back(k);
-    args.emplace_back(v);
-  }
-  const std::string tk = ctx.keys.tensor(from.name), lk = ctx.keys.leader(), gk = ctx.keys.generation();
-  redis::Arg kv[] = {tk, lk, gk};
-  return ctx.scripts.migrate.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(args));
 }
 
 // Sends a holder the old and new places of a tensor and waits for it to

@@ -10,7 +10,6 @@
 
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +25,8 @@
 #include "memcuda/detail/store/indexes.hpp"
 #include "memcuda/detail/store/quarantine.hpp"
 #include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/release_scripts.hpp"
+#include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/detail/store/sessions.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/schema_repair.hpp"
@@ -212,18 +213,8 @@ class Sessions {
       std::uint64_t dropped = 0, unlinked = 0;
       for (;;) {
         auto page = index_repair::refs_page(c, keys, h, kHolderPage);
-        std::vector<std::string> ks{keys.names(), keys.lifecycle(), keys.leader(), keys.refs(h), keys.holders(),
-                                    keys.usage()};
-        std::vector<std::string> args{token, h, keys.prefix(), ctx_.session};
-        for (auto& m : page) {
-          // each member's record key (the script touches only its KEYS)
-          const auto colon = m.find(':');
-          ks.push_back(keys.tensor(colon == std::string::npos ? std::string_view() : std::string_view(m).substr(colon + 1)));
-          args.push_back(std::move(m));
-        }
-        std::vector<redis::Arg> kv(ks.begin(), ks.end()), av(args.begin(), args.end());
-        auto r = ctx_.scripts.release_holder.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
-        if (script_status(r) != "ok") lease_fail(r);
+        auto r = store::release_holder(c, keys, h, page, ctx_.session, token);
+        if (!r.is("ok")) lease_fail(r);
         dropped += static_cast<std::uint64_t>(reply_int(r[1]));
         unlinked += static_cast<std::uint64_t>(reply_int(r[2]));
         for (std::size_t i = 3; i < r.size(); ++i) alloc_.free_unlinked(c, reply_u64(r[i]), true);
@@ -238,7 +229,7 @@ class Sessions {
     }
   }
 
-  [[noreturn]] static void lease_fail(const redis::Reply& r) {
+  [[noreturn]] static void lease_fail(const store::Answer& r) {
     throw NotLeader("gc: the lease changed hands (now " + std::string(r.size() > 1 ? r[1].str() : "") + ")");
   }
 
@@ -329,9 +320,8 @@ class Sessions {
     const Keys& keys = ctx_.keys;
     try {
       if (record_key == keys.tensor(name)) {
-        auto r = ctx_.scripts.remove.eval(c, {keys.tensor(name), keys.names(), keys.lifecycle()},
-                                          {keys.prefix(), ctx_.session});
-        if (r[0].str() == "free") alloc_.free_unlinked(c, reply_u64(r[1]), true);
+        auto r = store::remove(c, keys, name, ctx_.session);
+        if (r.is("free")) alloc_.free_unlinked(c, reply_u64(r[1]), true);
       } else {
         alloc_.free_unlinked(c, std::stoull(gen_text));
       }
@@ -407,8 +397,7 @@ class Sessions {
     judge(c, alive);
     for (const auto& [i, h] : refs) {
       if (alive[h]) continue;
-      auto res = ctx_.scripts.dict_release.eval(c, {rks[i]}, {h, "all", keys.prefix(), idv[i]});
-      if (res[0].str() == "ok") {
+      if (store::release_dict(c, keys, idv[i], h, true).is("ok")) {
         ++rep.references_dropped;
         log(LogLevel::info, "gc: dropped the references of dead holder " + h + " to state dict record " + idv[i]);
       }

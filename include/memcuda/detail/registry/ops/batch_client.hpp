@@ -15,7 +15,6 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,9 +23,10 @@
 #include "memcuda/detail/backend/record_fd_batch.hpp"
 #include "memcuda/detail/registry/client/silent_leader.hpp"
 #include "memcuda/detail/registry/core.hpp"
-#include "memcuda/detail/registry/ops/selection.hpp"
+#include "memcuda/detail/store/selection.hpp"
 #include "memcuda/detail/registry/leader/batch_allocator.hpp"
 #include "memcuda/detail/store/reply.hpp"
+#include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
 #include "memcuda/detail/store/lists.hpp"
@@ -42,22 +42,8 @@ class BatchClient {
   // Takes a reference to every selected name in one script; each refused
   // name gets its error (dtype, when given, is checked for every name).
   BatchGetResult get(const Selection& sel, std::optional<DType> dtype) {
-    const auto& k = ctx_.keys;
     const std::string dt = dtype ? std::string(to_string(*dtype)) : std::string();
-    std::vector<std::string> keys{k.leader(), k.names(), k.refs(ctx_.session), k.holders()};
-    std::vector<std::string> args{ctx_.session, ctx_.node, "", k.prefix(), sel.mode, sel.arg};
-    if (sel.mode == "pattern") args.push_back(sel.literal);
-    for (const auto& n : sel.names) {
-      keys.push_back(k.tensor(n));
-      keys.push_back(k.lost(n));
-      args.push_back(n);
-      args.push_back(dt);
-    }
-    redis::Reply r;
-    {
-      auto c = ctx_.pool.acquire();
-      r = eval(ctx_.scripts.acquire_many, *c, keys, args);
-    }
+    const auto r = store::acquire_many(*ctx_.pool.acquire(), ctx_.keys, sel, ctx_.session, ctx_.node, "", dt);
     BatchGetResult out;
     // Records first, then the maps: the fds of the allocations to open are
     // fetched a chunk at a time, one request per owner (record_fd_batch.hpp).
@@ -175,15 +161,8 @@ class BatchClient {
 
   BatchRemoveResult remove_once(const Selection& sel) {
     const auto& k = ctx_.keys;
-    std::vector<std::string> keys{k.names(), k.lifecycle()};
-    std::vector<std::string> args{k.prefix(), ctx_.session, sel.mode, sel.arg};
-    if (sel.mode == "pattern") args.push_back(sel.literal);
-    for (const auto& n : sel.names) {
-      keys.push_back(k.tensor(n));
-      args.push_back(n);
-    }
     auto c = ctx_.pool.acquire();
-    redis::Reply r = eval(ctx_.scripts.remove_many, *c, keys, args);
+    redis::Reply r = store::remove_many(*c, k, sel, ctx_.session);
     BatchRemoveResult out;
     for (std::size_t i = 0; i < r.size(); ++i) {
       redis::ReplyView e = r[i];
@@ -199,12 +178,6 @@ class BatchClient {
       out.removed.push_back(std::move(name));
     }
     return out;
-  }
-
-  static redis::Reply eval(const redis::Script& s, redis::Connection& c, const std::vector<std::string>& keys,
-                           const std::vector<std::string>& args) {
-    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
-    return s.eval(c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
   }
 
   // Decodes the record of a name the acquire script took, straight from the
@@ -250,33 +223,13 @@ class BatchClient {
     return NameError{me ? me->code() : "internal", ex.what(), std::current_exception()};
   }
 
-  // The error of a name the acquire script refused (as acquire_outcome).
+  // The error of a name the acquire script refused (as a get's).
   NameError refusal(redis::ReplyView e, const std::string& name, std::optional<DType> dtype) {
-    const std::string st(e[1].str());
-    if (st == "notfound") return error_of(NotFound("no tensor named '" + name + "'"));
-    if (st == "dtype")
-      return error_of(TypeMismatch("tensor '" + name + "' holds " + std::string(e[2].str()) + ", not " +
-                                   std::string(dtype ? to_string(*dtype) : "?")));
-    if (st == "node")
-      return error_of(
-          Unavailable("tensor '" + name + "' lives on node " + std::string(e[2].str()) + ", this is " + ctx_.node));
-    if (st == "lost") {
-      std::map<std::string, std::string> m;
-      for (auto& [f, v] : fields_from_reply(e[2])) m[f] = v;
-      namespace f = store::field;
-      return error_of(Lost("tensor '" + name + "' (generation " + m[std::string(f::generation)] +
-                           ") was lost: its allocator of record (pid " + m[std::string(f::owner_pid)] + ", session " +
-                           m[std::string(f::owner)] + ", epoch " + m[std::string(f::epoch)] +
-                           ") died and no live process held a copy"));
+    try {
+      store::throw_refused("acquire_many", e[1].str(), e.size() > 2 ? e[2] : e[1], name, dtype, ctx_.node);
+    } catch (const std::exception& ex) {
+      return current_error(ex);
     }
-    if (st == "state") {
-      if (e[2].str() == "lost")
-        return error_of(Lost("tensor '" + name + "' was lost: its allocator of record died and nobody held it"));
-      return error_of(NotFound("tensor '" + name + "' is not ready (state " + std::string(e[2].str()) + ")"));
-    }
-    if (st == "corrupt") return error_of(corrupt_record(name, e[2].str()));
-    return error_of(InternalError("the acquire_many script returned '" + st + "' for '" + name +
-                                  "', a status this version of mem-cuda does not know"));
   }
 
   // Maps a tensor whose reference this process has just taken; gives the

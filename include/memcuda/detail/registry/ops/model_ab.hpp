@@ -27,6 +27,7 @@
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/registry/ops/model_version.hpp"
 #include "memcuda/detail/registry/ops/state_dicts.hpp"
+#include "memcuda/detail/store/model_ab_scripts.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/shared_tensor.hpp"
@@ -79,14 +80,9 @@ class ModelAb {
     auto pause = std::chrono::milliseconds(10);
     bool gave_up = false;
     for (;;) {
-      redis::Reply r;
-      {
-        auto c = ctx.pool.acquire();
-        r = ctx.scripts.ab_begin.eval(*c, {ctx.keys.model(prefix), ctx.keys.names(), ctx.keys.lifecycle()},
-                                      {ctx.keys.prefix(), ctx.session, static_cast<std::int64_t>(max_versions),
-                                       hidden_root(prefix)});
-      }
-      const std::string st = script_status(r);
+      const auto r = store::ab_begin(*ctx.pool.acquire(), ctx.keys, prefix, ctx.session, max_versions,
+                                     hidden_root(prefix));
+      const std::string& st = r.status;
       if (st == "ok") {
         AbStaging s;
         s.version = reply_u64(r[1]);
@@ -141,8 +137,7 @@ class ModelAb {
   static void abort(Core& core, std::string_view prefix, const std::string& token) {
     writers().remove(token);
     auto& ctx = core.ctx;
-    auto c = ctx.pool.acquire();
-    (void)ctx.scripts.ab_abort.eval(*c, {ctx.keys.model(prefix)}, {token});
+    store::ab_abort(*ctx.pool.acquire(), ctx.keys, prefix, token);
   }
 
   // A writer gone without commit or abort (no I/O: the next begin of this
@@ -162,23 +157,9 @@ class ModelAb {
     auto& ctx = core.ctx;
     if (members.empty()) throw InvalidArgument("a model version needs at least one tensor");
     auto [handle, uuid] = ModelVersions::record_event(ctx, prefix, stream, b, device);
-    const auto& k = ctx.keys;
-    std::vector<std::string> keys{k.model(prefix), k.model_waiters(prefix), k.names(), k.lifecycle(), k.generation()};
-    std::vector<std::string> args{k.prefix(),    s.token, s.hidden, ctx.node, handle, std::string(to_string(b)),
-                                  std::to_string(device), uuid, ctx.session, std::to_string(::getpid()),
-                                  std::to_string(now_ms())};
-    for (const auto& [name, gen] : members) {
-      keys.push_back(k.tensor(name));
-      args.push_back(name);
-      args.push_back(std::to_string(gen));
-    }
-    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
-    redis::Reply r;
-    {
-      auto c = ctx.pool.acquire();
-      r = ctx.scripts.ab_commit.eval(*c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
-    }
-    const std::string st = script_status(r);
+    const auto r = store::ab_commit(*ctx.pool.acquire(), ctx.keys, prefix, s.token, s.hidden, handle, to_string(b),
+                                    device, uuid, ctx.node, ctx.session, members);
+    const std::string& st = r.status;
     const std::string what = "commit of model '" + std::string(prefix) + "' version " + std::to_string(s.version);
     if (st == "ok") {
       writers().remove(s.token);
@@ -201,13 +182,9 @@ class ModelAb {
   static AbOpened open(const std::shared_ptr<Core>& core, std::string_view prefix, const std::string& pinned_dict,
                        const std::string& pinned_version) {
     auto& ctx = core->ctx;
-    redis::Reply r;
-    {
-      auto c = ctx.pool.acquire();
-      r = ctx.scripts.ab_open.eval(*c, {ctx.keys.model(prefix)},
-                                   {ctx.keys.prefix(), ctx.session, ctx.node, pinned_dict, pinned_version});
-    }
-    const std::string st = script_status(r);
+    const auto r = store::ab_open(*ctx.pool.acquire(), ctx.keys, prefix, ctx.session, ctx.node, pinned_dict,
+                                  pinned_version);
+    const std::string& st = r.status;
     AbOpened o;
     using K = AbOpened::Kind;
     if (st == "none") return o;

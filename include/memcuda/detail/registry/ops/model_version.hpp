@@ -37,6 +37,7 @@
 #include "memcuda/shape.hpp"
 #include "memcuda/stream.hpp"
 #include "memcuda/detail/store/lists.hpp"
+#include "memcuda/detail/store/model_ab_scripts.hpp"
 #include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -59,15 +60,9 @@ class ModelVersions {
     auto& ctx = core.ctx;
     const BackendKind b = backend.value_or(ctx.default_backend());
     auto [handle, uuid] = record_event(ctx, prefix, stream, b, device);
-    redis::Reply r;
-    {
-      auto c = ctx.pool.acquire();
-      r = ctx.scripts.publish_version.eval(
-          *c, {ctx.keys.model(prefix), ctx.keys.model_waiters(prefix), ctx.keys.names()},
-          {prefix, handle, to_string(b), device, uuid, ctx.node, ctx.session, static_cast<std::int64_t>(::getpid()),
-           now_ms()});
-    }
-    const std::string st = script_status(r);
+    const auto r = store::publish_version(*ctx.pool.acquire(), ctx.keys, prefix, handle, to_string(b), device, uuid,
+                                          ctx.node, ctx.session);
+    const std::string& st = r.status;
     if (st == "notfound")
       throw NotFound("cannot publish a version of model '" + std::string(prefix) +
                      "': no tensor name starts with it");

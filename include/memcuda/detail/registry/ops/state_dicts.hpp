@@ -1,6 +1,6 @@
 // State-dict records: one reference per opened model instead of one per
 // tensor (docs/design.md, "One reference per model"; the scripts and the
-// record's rules are in control/dict_scripts.hpp).
+// record's rules are in store/dict_scripts.hpp).
 //
 // publish_state_dict links a record over a dict it has just published
 // (link()); open_state_dict opens through it (open()): one O(1) script
@@ -24,6 +24,7 @@
 #include "memcuda/detail/backend/record_fd_batch.hpp"
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/protocol/dict_blob.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
@@ -63,19 +64,10 @@ class DictClient {
     std::set<std::string_view> seen;
     for (const auto& [name, gen] : members)
       if (!seen.insert(name).second) throw InvalidArgument("link_state_dict names '" + name + "' twice");
-    const auto& k = ctx_.keys;
-    std::vector<std::string> keys{k.dict_link(prefix)};
-    std::vector<std::string> args{k.prefix(), std::string(prefix), ctx_.node, k.generation(), k.names()};
-    for (const auto& [name, gen] : members) {
-      keys.push_back(k.tensor(name));
-      args.push_back(name);
-      args.push_back(std::to_string(gen));
-    }
-    std::vector<redis::Arg> kv(keys.begin(), keys.end()), av(args.begin(), args.end());
     auto c = ctx_.pool.acquire();
-    auto r = ctx_.scripts.dict_link.eval(*c, std::span<const redis::Arg>(kv), std::span<const redis::Arg>(av));
-    if (r[0].str() == "ok") return true;
-    log(LogLevel::debug, "state dict '" + std::string(prefix) + "' not linked (" + std::string(r[0].str()) +
+    auto r = store::link_dict(*c, ctx_.keys, prefix, ctx_.node, members);
+    if (r.is("ok")) return true;
+    log(LogLevel::debug, "state dict '" + std::string(prefix) + "' not linked (" + r.status +
                              "): it is opened name by name");
     return false;
   }
@@ -85,13 +77,8 @@ class DictClient {
   // another node). Strict: a member that cannot be mapped throws, and the
   // reference goes with the handles already made.
   std::optional<std::map<std::string, SharedTensor<void>>> open(std::string_view prefix) {
-    const auto& k = ctx_.keys;
-    redis::Reply r;
-    {
-      auto c = ctx_.pool.acquire();
-      r = ctx_.scripts.dict_acquire.eval(*c, {k.dict_link(prefix)}, {k.prefix(), ctx_.session, ctx_.node});
-    }
-    if (r[0].str() != "ok") return std::nullopt;
+    const auto r = store::acquire_dict(*ctx_.pool.acquire(), ctx_.keys, prefix, ctx_.session, ctx_.node);
+    if (!r.is("ok")) return std::nullopt;
     return adopt(prefix, r[1].str(), r[2].str());
   }
 
