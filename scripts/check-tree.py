@@ -5,8 +5,10 @@ role") describes, so that it stays true:
   * an include under include/memcuda/ only points down or sideways in the
     layers (never from a lower room into a higher one), and a public header
     never pulls in the registry's internals;
-  * client/, leader/ and process/ of the registry never include each
-    other: they meet through the interfaces of the shared layer;
+  * the registry's job folders include each other only down JOBS (lease/
+    below create/ below gc/ below takeover/), and get/ and those never
+    include each other: they meet through the interfaces of the shared
+    layer;
   * detail/ below ops/ includes no public header but the base types;
   * no source file under include/, src/, tools/ or python/ is over 500
     lines, and no function in them over 80 (C++ by a brace-matching scan of
@@ -47,8 +49,8 @@ RANKS = {
     "backend": 3,
     "pool": 4,
     "store": 4,
-    "registry-shared": 5,  # SHARED below: what the roles share, and the seams they meet through
-    "registry-roles": 6,  # client/, leader/, process/: each includes only its own folder and below
+    "registry-shared": 5,  # SHARED below: what the jobs share, and the seams they meet through
+    "registry-jobs": 6,  # get/ and the leader's jobs in JOBS: among themselves, see JOBS
     "core": 7,
     "top": 8,  # ops/, control_loop.hpp
     "impl": 9,  # impl/*.ipp, implementation.hpp
@@ -56,13 +58,21 @@ RANKS = {
 # What a public header may reach into below it: the leaf helpers only, so
 # that a user's translation unit never parses the registry's internals.
 PUBLIC_MAY_INCLUDE = {"public", "base", "cuda"}
-# The registry's shared layer (detail/registry/*.hpp). The roles (client/,
-# leader/, process/) never include each other: they meet here, in the
-# interfaces one role implements and another calls (lease_view.hpp,
-# own_allocator.hpp), the messages between them (inbox.hpp) and what the
-# process shares (release_queue.hpp); core.hpp is where concrete types meet.
+# The registry's shared layer (detail/registry/*.hpp). The process asking
+# (get/) and the allocator of record's jobs never include each other: they
+# meet here, in the interfaces one side implements and the other calls
+# (lease_view.hpp, own_allocator.hpp), the messages between them (inbox.hpp),
+# what the process shares (release_queue.hpp) and the index repair every job
+# of the leader runs; core.hpp is where concrete types meet.
 SHARED = {"context.hpp", "liveness.hpp", "option_checks.hpp", "inbox.hpp", "release_queue.hpp", "lease_view.hpp",
-          "own_allocator.hpp", "acquire_outcome.hpp"}
+          "own_allocator.hpp", "acquire_outcome.hpp", "index_repair.hpp"}
+# The allocator of record's job folders, lowest first: one includes its own
+# and lower ones only (an Allocator holds the Lease, GC frees through the
+# Allocator, a takeover scans orphans and frees through GC).
+JOBS = {"lease": 0, "create": 1, "gc": 2, "takeover": 3}
+# The process asking (get/: Client, Holdings, Invalidation, Recovery) stands
+# apart from JOBS: neither includes the other.
+APART = {"get"}
 # The public headers detail/ below ops/ may include: value types and the
 # one interface (memory_resource.hpp) the API hands down, none of which
 # includes anything of the registry. The API's own classes (SharedTensor,
@@ -226,15 +236,26 @@ def room(rel: str) -> str:
             if name == "core.hpp":
                 return "core"
             return "top"
-        return {"client": "registry-roles", "leader": "registry-roles", "process": "registry-roles",
-                "ops": "top"}.get(parts[2], "top")
+        return "registry-jobs" if parts[2] in JOBS or parts[2] in APART else "top"  # ops/: the top
     if sub in RANKS:
         return sub
     return "top"
 
 
-def role(rel: str) -> str:
-    return rel.split("/")[2]  # detail/registry/<role>/...
+def job(rel: str) -> str:
+    return rel.split("/")[2]  # detail/registry/<job>/...
+
+
+def job_finding(rel: str, target: str):
+    """Why an include between two job folders breaks their order, or None."""
+    mine, theirs = job(rel), job(target)
+    if mine == theirs:
+        return None
+    if mine in APART or theirs in APART:
+        return f"include/memcuda/{rel} includes {target}: get/ and the leader's jobs meet only through the shared layer"
+    if JOBS[theirs] > JOBS[mine]:
+        return f"include/memcuda/{rel} includes {target}: {theirs}/ is above {mine}/ in JOBS"
+    return None
 
 
 def main() -> int:
@@ -254,8 +275,8 @@ def main() -> int:
                 findings.append(f"include/memcuda/{rel} ({mine}) includes {target} ({theirs}), a higher room")
             elif rel.startswith("detail/") and mine != "top" and "/" not in target and target not in BASE_TYPES:
                 findings.append(f"include/memcuda/{rel} ({mine}) includes the public {target}, not a base type")
-            elif mine == theirs == "registry-roles" and role(rel) != role(target):
-                findings.append(f"include/memcuda/{rel} includes {target}: roles meet only through the shared layer")
+            elif mine == theirs == "registry-jobs" and job_finding(rel, target):
+                findings.append(job_finding(rel, target))
     long_seen = set()
     for top in ("include", "src", "tools", "python"):
         for path in sorted((ROOT / top).rglob("*")):

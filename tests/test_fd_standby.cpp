@@ -1,7 +1,7 @@
 // The host-side pieces of the cuMem backend that need no GPU:
 // the records' fd_source and its text form, the vmm handle, the
 // cuda_allocation option, the process's FdService, and the standby holders'
-// sync through the allocations Hash (detail/registry/process/standby.hpp) against a
+// sync through the allocations Hash (detail/registry/takeover/standby.hpp) against a
 // real redis-server. The fds are memfds: the standby layer does not care
 // what an fd refers to (the GPU suite, tests/test_gpu_vmm.cpp, runs it on
 // cuMem fds).
@@ -19,9 +19,9 @@
 #include "memcuda/detail/fd/fd_table.hpp"
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
-#include "memcuda/detail/registry/leader/orphan_scan.hpp"
-#include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/gc/orphan_scan.hpp"
+#include "memcuda/detail/registry/takeover/standby.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
 #include "support/redis_server.hpp"

@@ -8,7 +8,7 @@
 //   after the answer and prints, per delay, how long the create took and
 //   whether the tensor was adopted;
 // - a process that lacks fds a standby holds leaves a vacant lease to that
-//   standby (leader/succession.hpp): one started right after a graceful
+//   standby (takeover/succession.hpp): one started right after a graceful
 //   stop does not take over and find everything lost.
 // Real processes (memcuda_test_worker, memcuda serve) and a real
 // redis-server.

@@ -161,7 +161,7 @@ TEST_CASE("a standby of another user does not take the lease and loses nothing: 
 // Where the owner key is missing (deleted by hand), a process of another
 // user campaigns too. It holds none of the old user's fds (their fd server
 // refuses it), so it leaves the vacant lease to the same-user standby that
-// holds them all (leader/succession.hpp) instead of taking over and
+// holds them all (takeover/succession.hpp) instead of taking over and
 // finding every tensor lost; that standby adopts everything in place.
 TEST_CASE("without the owner key, a standby of another user leaves the lease to a same-user standby that holds "
           "the fds",

@@ -1,4 +1,4 @@
-// In-process reference sharing (include/memcuda/detail/registry/client/holdings.hpp,
+// In-process reference sharing (include/memcuda/detail/registry/get/holdings.hpp,
 // invalidation.hpp; docs/design.md, "In-process reference sharing"), against
 // a real redis-server and real worker processes: a second get of a held
 // tensor sends nothing to Redis and shares the one reference; refcounts and

@@ -157,7 +157,7 @@ struct SharingOptions {
   // reference in Redis. from_env: MEMCUDA_SHARE_REFERENCES ("0" or "1").
   bool share_references = true;
   // With share_references: how long the process's reference outlives the
-  // last local handle of a get (detail/registry/client/holdings.hpp, "Lingering"). A get of the
+  // last local handle of a get (detail/registry/get/holdings.hpp, "Lingering"). A get of the
   // name within the window takes the handle back with no Redis round trip;
   // when it passes, the release is queued and sent in a batch. Meanwhile
   // Redis still counts the reference (refcount, holders; a remove elsewhere

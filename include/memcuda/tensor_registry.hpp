@@ -23,7 +23,7 @@ MEMCUDA_NAMESPACE_BEGIN
 
 namespace detail {
 class Core;             // detail/registry/core.hpp
-struct Opened;          // detail/registry/client/client.hpp
+struct Opened;          // detail/registry/get/client.hpp
 struct RegistryThread;  // impl/tensor_registry.ipp: the control loop and its thread
 struct RegistryAccess;  // below
 }  // namespace detail

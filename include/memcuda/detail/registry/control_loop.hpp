@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "memcuda/detail/registry/core.hpp"
-#include "memcuda/detail/registry/leader/succession.hpp"
+#include "memcuda/detail/registry/takeover/succession.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"

@@ -1,5 +1,5 @@
 // The state a TensorRegistry shares with its tensors and its thread, as a
-// composition of one object per role:
+// composition of one object per job:
 //
 //   Context      options, keys, session id, node, the client
 //                connection pools, the fatal-error slot        context.hpp
@@ -28,7 +28,7 @@
 //                ControlLoop)                                  invalidation.hpp
 //   ControlLoop  the registry's thread (control_loop.hpp)
 //
-// Seams. The roles never include each other: Client and Standby see the
+// Seams. The jobs meet through views: Client and Standby see the
 // Lease as a LeaseView, Client, Recovery and the ReleaseQueue see the
 // Allocator as an OwnAllocator (lease_view.hpp, own_allocator.hpp). Here,
 // and only here, the concrete Lease and Allocator are handed to them.
@@ -58,20 +58,20 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/base/copy_count.hpp"
 #include "memcuda/detail/process/process.hpp"
-#include "memcuda/detail/registry/client/client.hpp"
-#include "memcuda/detail/registry/client/dict_holds.hpp"
-#include "memcuda/detail/registry/client/holdings.hpp"
-#include "memcuda/detail/registry/client/invalidation.hpp"
-#include "memcuda/detail/registry/client/recovery.hpp"
+#include "memcuda/detail/registry/get/client.hpp"
+#include "memcuda/detail/registry/get/dict_holds.hpp"
+#include "memcuda/detail/registry/get/holdings.hpp"
+#include "memcuda/detail/registry/get/invalidation.hpp"
+#include "memcuda/detail/registry/get/recovery.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
-#include "memcuda/detail/registry/leader/allocator.hpp"
-#include "memcuda/detail/registry/leader/executor.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
-#include "memcuda/detail/registry/leader/migration.hpp"
-#include "memcuda/detail/registry/leader/sessions.hpp"
-#include "memcuda/detail/registry/client/borrowed.hpp"
-#include "memcuda/detail/registry/process/standby.hpp"
+#include "memcuda/detail/registry/create/allocator.hpp"
+#include "memcuda/detail/registry/create/executor.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/takeover/migration.hpp"
+#include "memcuda/detail/registry/gc/sessions.hpp"
+#include "memcuda/detail/registry/get/borrowed.hpp"
+#include "memcuda/detail/registry/takeover/standby.hpp"
 #include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/detail/store/lease.hpp"
 #include "memcuda/detail/store/lists.hpp"

@@ -3,7 +3,7 @@
 // thing they may do to it, note that a script found it taken over. A
 // client uses it to decide between allocating here and asking the leader,
 // a standby to know whether to hold fds. Only the leader's Lease
-// (leader/lease.hpp) campaigns, renews and releases.
+// (lease/lease.hpp) campaigns, renews and releases.
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -2,7 +2,7 @@
 // process holds the lease creates and frees directly (Client), a release
 // that dropped the last reference hands memory this process owns back to
 // its pool (Client, ReleaseQueue), and Recovery republishes what this
-// process owns. The leader's Allocator (leader/allocator.hpp) implements
+// process owns. The leader's Allocator (create/allocator.hpp) implements
 // it; Core hands it out. Each call runs on the connection its caller holds.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The allocations Hash of standby holding (docs/design.md, "Standby
-// holding"; detail/registry/process/standby.hpp): every cuda_vmm_fd
+// holding"; detail/registry/takeover/standby.hpp): every cuda_vmm_fd
 // allocation's fd source, one Hash per namespace (field: the allocation key
 // "vmm:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
 // with a version token renewed by every change (one script: the change and

@@ -12,7 +12,7 @@
 // them. A write to one of the wrong Redis type (another client's SET over
 // it) is skipped (redis.pcall: no extra call on the hot path), never the
 // script's failure half way: the allocator of record moves such a key aside
-// and rebuilds it (detail/registry/leader/index_repair.hpp).
+// and rebuilds it (detail/registry/index_repair.hpp).
 #pragma once
 
 #include "memcuda/config.hpp"

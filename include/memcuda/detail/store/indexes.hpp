@@ -2,7 +2,7 @@
 // what each holds): a holder's reference index memcuda:refs:<holder>, the
 // holders index memcuda:holders and the state-dict ids memcuda:dict_ids.
 // The scripts keep them in step with the records; the allocator of record's
-// sweep and repair (detail/registry/leader/) write what they lack. Each
+// sweep and repair (detail/registry/gc/, index_repair.hpp) write what they lack. Each
 // function sends exactly the commands its name says; the *_cmd forms build
 // one for a caller's pipeline.
 #pragma once

@@ -21,10 +21,10 @@
 
 #include "memcuda/batch.hpp"
 #include "memcuda/detail/backend/record_fd_batch.hpp"
-#include "memcuda/detail/registry/client/silent_leader.hpp"
+#include "memcuda/detail/registry/get/silent_leader.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/store/selection.hpp"
-#include "memcuda/detail/registry/leader/batch_allocator.hpp"
+#include "memcuda/detail/registry/create/batch_allocator.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/protocol/record_desc.hpp"

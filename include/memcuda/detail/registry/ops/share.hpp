@@ -6,12 +6,12 @@
 // allocation base plus the tensor's offset (backend/borrow_cuda.hpp). The
 // share script publishes it unfenced (this process owns the memory, not the
 // allocator of record). The registry keeps the buffer's keep-alive
-// (client/borrowed.hpp) until the record's last reference goes: the
+// (get/borrowed.hpp) until the record's last reference goes: the
 // owner's own release gets `free` back from the release script; another
 // process's release pushes a free command, which the allocator of record
 // forwards to this session's inbox (Allocator::free_unlinked). A dead
 // owner's borrowed records are marked lost by the next migration round
-// (leader/give_up.hpp).
+// (gc/give_up.hpp).
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -28,7 +28,7 @@
 #include "memcuda/detail/backend/borrow.hpp"
 #include "memcuda/detail/backend/borrow_cuda.hpp"
 #include "memcuda/detail/process/process.hpp"
-#include "memcuda/detail/registry/client/client.hpp"
+#include "memcuda/detail/registry/get/client.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/share_scripts.hpp"

@@ -19,7 +19,7 @@
 
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/sessions.hpp"
+#include "memcuda/detail/registry/gc/sessions.hpp"
 #include "memcuda/detail/store/allocations.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {

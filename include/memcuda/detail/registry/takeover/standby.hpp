@@ -21,7 +21,7 @@
 // - closes the fds of allocations that left the Hash.
 // A dead owner's fields are deleted by the leader's migration round once
 // every record of that owner is settled (forget_allocations_of,
-// leader/orphan_scan.hpp), which is what lets standbys close them: memory
+// gc/orphan_scan.hpp), which is what lets standbys close them: memory
 // is freed once, after the last reference and the last fd.
 //
 // No window (docs/design.md, "What is lost when"): a create that made a new

@@ -12,7 +12,7 @@
 
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
 #include "memcuda/detail/store/recovery_scripts.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {

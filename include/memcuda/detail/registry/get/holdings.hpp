@@ -62,8 +62,8 @@
 #include <utility>
 #include <vector>
 
-#include "memcuda/detail/registry/client/holdings_entry.hpp"
-#include "memcuda/detail/registry/client/invalidation_log.hpp"
+#include "memcuda/detail/registry/get/holdings_entry.hpp"
+#include "memcuda/detail/registry/get/invalidation_log.hpp"
 #include "memcuda/detail/registry/release_queue.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
@@ -480,4 +480,4 @@ class Holdings {
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
 
-#include "memcuda/detail/registry/client/holdings_linger.hpp"
+#include "memcuda/detail/registry/get/holdings_linger.hpp"

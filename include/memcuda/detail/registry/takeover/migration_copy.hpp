@@ -19,7 +19,7 @@
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/placement.hpp"
+#include "memcuda/detail/registry/create/placement.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"

@@ -36,7 +36,7 @@
 
 #include "memcuda/detail/base/fault.hpp"
 #include "memcuda/detail/base/log.hpp"
-#include "memcuda/detail/registry/client/holdings.hpp"
+#include "memcuda/detail/registry/get/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/redis/connection.hpp"
 

@@ -7,7 +7,7 @@
 #include "memcuda/config.hpp"
 
 #include "memcuda/detail/process/process.hpp"
-#include "memcuda/detail/registry/client/holdings.hpp"
+#include "memcuda/detail/registry/get/holdings.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 

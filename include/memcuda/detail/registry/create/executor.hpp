@@ -10,10 +10,10 @@
 
 #include "memcuda/detail/registry/acquire_outcome.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/allocator.hpp"
-#include "memcuda/detail/registry/leader/batch_allocator.hpp"
-#include "memcuda/detail/registry/leader/index_repair.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
+#include "memcuda/detail/registry/create/allocator.hpp"
+#include "memcuda/detail/registry/create/batch_allocator.hpp"
+#include "memcuda/detail/registry/index_repair.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
 #include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {

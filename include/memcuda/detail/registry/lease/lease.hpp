@@ -31,8 +31,8 @@
 
 #include "memcuda/detail/base/node.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/index_repair.hpp"
-#include "memcuda/detail/registry/leader/owner_uid.hpp"
+#include "memcuda/detail/registry/index_repair.hpp"
+#include "memcuda/detail/registry/lease/owner_uid.hpp"
 #include "memcuda/detail/registry/lease_view.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/store/lease.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "memcuda/detail/registry/leader/allocator.hpp"
+#include "memcuda/detail/registry/create/allocator.hpp"
 #include "memcuda/detail/store/batch_scripts.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/protocol/record_desc.hpp"

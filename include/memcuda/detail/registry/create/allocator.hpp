@@ -23,8 +23,8 @@
 #include "memcuda/detail/backend/select.hpp"
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
-#include "memcuda/detail/registry/leader/placement.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/create/placement.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/registry/own_allocator.hpp"
@@ -48,7 +48,7 @@ class Allocator final : public OwnAllocator {
   Allocator(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
   // Runs after a create published, before it returns (Core::secure_new_allocations); set before threads start.
   void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
-  // Drops the keep-alive of a buffer this process shared (client/borrowed.hpp); set before threads start.
+  // Drops the keep-alive of a buffer this process shared (get/borrowed.hpp); set before threads start.
   void set_borrowed_free(std::function<bool(std::uint64_t)> f) { borrowed_free_ = std::move(f); }
 
   // An allocation this process owns as (ex-)allocator of record.

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "memcuda/detail/registry/client/holdings.hpp"
+#include "memcuda/detail/registry/get/holdings.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/client/borrowed.hpp"
-#include "memcuda/detail/registry/client/dict_holds.hpp"
+#include "memcuda/detail/registry/get/borrowed.hpp"
+#include "memcuda/detail/registry/get/dict_holds.hpp"
 #include "memcuda/detail/registry/own_allocator.hpp"
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/records.hpp"

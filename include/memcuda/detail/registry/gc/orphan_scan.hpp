@@ -15,9 +15,9 @@
 
 #include "memcuda/detail/fd/fd_source.hpp"
 #include "memcuda/detail/registry/context.hpp"
-#include "memcuda/detail/registry/leader/give_up.hpp"
-#include "memcuda/detail/registry/leader/lease.hpp"
-#include "memcuda/detail/registry/leader/sessions.hpp"
+#include "memcuda/detail/registry/gc/give_up.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/gc/sessions.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/store/allocations.hpp"
 #include "memcuda/detail/store/records.hpp"
