@@ -180,7 +180,7 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_
 // Redis); see detail/registry/ops/shared_get.hpp.
 std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want,
                                                                  const GetOptions& opts) {
-  core_ref();  // get_shared checks the fatal slot, and waits for own releases on a miss
+  core_ref();  // get_shared waits for own releases on a miss
   return detail::get_shared(core_, name, want, opts).handle;
 }
 
@@ -209,7 +209,6 @@ void TensorRegistry::wait_for_event(const TensorInfo& info, StreamHandle stream)
 
 detail::Core& TensorRegistry::core() {
   auto& c = core_ref();
-  c.ctx.check_fatal();
   c.see_own_releases();
   return c;
 }

@@ -52,11 +52,6 @@ class StateDictCopier {
 #endif
   }
 
-  // The largest piece a reader is asked for.
-  std::size_t piece_bytes() const noexcept { return half_; }
-  // Pinned host memory this copier allocated (0 until a reader fills a device tensor).
-  std::size_t staging_allocated() const noexcept { return staging_ ? 2 * half_ : 0; }
-
   // Fills `t` from `read`, piece by piece.
   void copy_from(const CopyTarget& t, const ReadPiece& read) {
     const std::uint64_t n = t.bytes;

@@ -1,7 +1,6 @@
 // What every role of a registry shares and never changes after
 // construction: the options, the keys, this session's identity and the
-// client connection pools; plus the slot through which the
-// registry's thread hands an unrecoverable error to the next API call.
+// client connection pools.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -89,22 +88,9 @@ class Context {
     return cuda_usable() ? BackendKind::cuda : BackendKind::host;
   }
 
-  // ---- error hand-off from the registry's thread ----
-  void set_fatal(std::exception_ptr e) {
-    std::lock_guard lk(fatal_mu_);
-    if (!fatal_) fatal_ = e;
-  }
-  void check_fatal() {
-    std::lock_guard lk(fatal_mu_);
-    if (fatal_) std::rethrow_exception(std::exchange(fatal_, nullptr));
-  }
-
  private:
   mutable std::once_flag cuda_once_;
   mutable CudaAllocation cuda_kind_ = CudaAllocation::ipc;
-
-  std::mutex fatal_mu_;  // leaf
-  std::exception_ptr fatal_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -2,7 +2,7 @@
 // composition of one object per job:
 //
 //   Context      options, keys, session id, node, the client
-//                connection pools, the fatal-error slot        context.hpp
+//                connection pools                              context.hpp
 //   Lease        the allocator-of-record lease                 lease.hpp
 //   Allocator    pools and owned allocations: create, free,
 //                release, trim, pool statistics                allocator.hpp

@@ -1,50 +1,14 @@
-// What one registry holds, by name, in one table behind one lock:
-//
-//   references  (generation -> count) this process holds in Redis, kept so
-//               they can be registered again after Redis lost its data
-//               (recovery.hpp);
-//   record      the record last read for the name, so that the acquire
-//               script can answer "same" (refcount only) instead of the
-//               whole Hash when the generation and event version match (a
-//               record never changes after creation but for those);
-//   share       the handle a get of the name shares (in-process reference
-//               sharing): a second get() returns the handle already held,
-//               with no Redis round trip and no second Redis reference.
-//
-// A get takes the lock twice when it goes to Redis (find: the shared
-// handle, the record and the invalidation token at once; took: the
-// reference and the record just read) and once more to share the result.
-//
-// Sharing. The table holds weak references (it never keeps a tensor
-// alive) and serves a share only while the invalidation connection
-// (invalidation.hpp) is subscribed ("live"). Invalidation has one path: a
-// message that a name stopped meaning its generation (remove, migration,
-// loss), this process's own remove, or a flush (connection dropped, Redis
-// lost its data) drops the share and the record together; the references
-// stay (they are Redis's, given back by releases). docs/design.md,
-// "In-process reference sharing", says how stale a share can be.
-//
-// Lingering (RegistryOptions::release_linger > 0): the handles a share
-// hands out are copies of a wrapper whose deleter gives the real handle
-// back to the table instead of dropping it; the real handle (and so the
-// process's Redis reference) then lingers for the window, and a get within
-// it takes it back with no round trip. When the window passes, the release
-// queue's thread drops it (expire_all): its release is queued and sent in a
-// batch as any other. Whatever drops a share drops its lingering handle
-// too, and flush() of any registry ends every window of the process first
-// (end_lingering_everywhere), so "release, flush, read the refcount" still
-// reads the baseline.
-//
-// Races with a get that goes to Redis are closed with a token: find()
-// returns the sequence number of the last invalidation event (0 while not
-// live); insert() keeps the new handle only if no event since that token
-// concerned its name or generation (invalidation_log.hpp).
+// What one registry holds, by name, in one table behind one lock: the
+// references it holds in Redis (registered again after Redis lost its data,
+// recovery.hpp), the record last read (so the acquire script can answer
+// "same" instead of the whole Hash), and the handle a second get() shares,
+// held weakly and served only while the invalidation connection is live.
+// docs/design.md, "In-process reference sharing", says how invalidation,
+// the insert token and lingering releases work.
 //
 // Thread safety: any thread. mu_ is held for map operations only (never
-// across Redis, never while a handle is destroyed: handles dropped out of
-// the table are destroyed after it is released). The one nesting: the
-// process-wide Directory::mu is taken before a table's mu_
-// (forget_name_everywhere, expire_all), never the reverse.
+// across Redis, never while a handle is destroyed). The one nesting: the
+// process-wide Directory::mu is taken before a table's mu_, never the reverse.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -261,14 +225,8 @@ class Holdings {
 
   // ---- invalidation: one path for shares and records ---------------------
 
-  // The name stopped meaning its generation (this process removed it).
-  void forget_name(std::string_view name) {
-    Handles doomed;
-    std::lock_guard lk(mu_);
-    forget_name_locked(name, doomed);
-  }
-
-  // forget_name() in every table of the process with this table's prefix.
+  // The name stopped meaning its generation (this process removed it): in
+  // every table of the process with this table's prefix.
   void forget_name_everywhere(std::string_view name) {
     Handles doomed;  // declared before the locks: destroyed after them
     auto& d = directory();

@@ -48,15 +48,13 @@ inline std::shared_ptr<TensorHandle> remember(Core& c, std::shared_ptr<TensorHan
   return c.holdings.insert(i.name, i.generation, i.dtype, std::move(h), token);
 }
 
-// The body of TensorRegistry::get. Like every call it first rethrows the
-// registry thread's fatal error; only a call that goes to Redis waits for
+// The body of TensorRegistry::get. Only a call that goes to Redis waits for
 // this process's queued releases (a shared get talks to nobody). One look
 // in the holdings table gives the shared handle, or the token and the
 // record the acquire goes to Redis with.
 inline SharedGet get_shared(const std::shared_ptr<Core>& core, std::string_view name, std::optional<DType> want,
                             const GetOptions& o) {
   Core& c = *core;
-  c.ctx.check_fatal();
   const bool share = c.ctx.opts.share_references;
   auto found = c.holdings.find(name, want, share && !o.fresh);
   if (found.handle) return {std::move(found.handle), true};
