@@ -1,46 +1,12 @@
 // The state a TensorRegistry shares with its tensors and its thread, as a
-// composition of one object per job:
+// composition of one object per job (docs/design.md, "The code, by role",
+// draws it). Here, and only here, the concrete Lease and Allocator are
+// handed to the jobs; the others see them as a LeaseView and an
+// OwnAllocator (lease_view.hpp, own_allocator.hpp).
 //
-//   Context      options, keys, session id, node, the client
-//                connection pools                              context.hpp
-//   Lease        the allocator-of-record lease                 lease.hpp
-//   Allocator    pools and owned allocations: create, free,
-//                release, trim, pool statistics                allocator.hpp
-//   Holdings     what this registry holds, by name: references
-//                taken (for recovery), the record last read,
-//                the handle a second get() shares (no Redis
-//                round trip)                                   holdings.hpp
-//   DictHolds    its references to state-dict records          dict_holds.hpp
-//   Client       get, create, remove, info, list, wait         client.hpp
-//   Executor     a lifecycle command, as the allocator of record executor.hpp
-//   Sessions     heartbeat value, garbage collection           sessions.hpp
-//   Migration    a dead allocator of record's tensors          migration.hpp
-//   Recovery     after Redis lost its data                     recovery.hpp
-//   inbox        messages from the leader to one session       inbox.hpp
-//   ReleaseQueue releases from destructors, sent in batches by one
-//                thread per process (a part of the process
-//                object, detail/process/process.hpp)           release_queue.hpp
-//   Standby     cuda_vmm_fd fds: publishes what this session serves,
-//                holds (unimported) every other allocation's fd when
-//                not the leader, so a takeover adopts in place  standby.hpp
-//   Invalidation the connection that keeps Holdings correct
-//                (client tracking; its thread runs beside the
-//                ControlLoop)                                  invalidation.hpp
-//   ControlLoop  the registry's thread (control_loop.hpp)
-//
-// Seams. The jobs meet through views: Client and Standby see the
-// Lease as a LeaseView, Client, Recovery and the ReleaseQueue see the
-// Allocator as an OwnAllocator (lease_view.hpp, own_allocator.hpp). Here,
-// and only here, the concrete Lease and Allocator are handed to them.
-//
-// Connections. Client calls borrow a connection from Context::pool (short
-// commands) or Context::waits (a call that waits in Redis) for their own
-// duration; the registry's thread and its heartbeat thread each own one;
-// the ReleaseQueue's thread borrows from each registry's pool. A `redis::Connection&`
-// parameter is always the one the calling entry point holds for that call.
-//
-// LOCK ORDER: docs/design.md, "Lock order", names every mutex of the
-// library, what it guards and the few that nest.
+// A `redis::Connection&` parameter is always the one the calling entry
+// point holds for that call (borrowed from Context::pool or
+// Context::waits). LOCK ORDER: docs/design.md, "Lock order".
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,35 +1,9 @@
-// Standby holders (docs/design.md, "Standby holding").
-//
-// Every allocation shared by fd (cuda_vmm_fd, host_memfd) has its fd source
-// published in one Hash per namespace, `<ns>:memcuda:allocations` (field:
-// the allocation key, "vmm:<creator session>:<alloc id>" or
-// "host:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
-// with `<ns>:memcuda:allocations_version`, a token renewed by every change
-// (one script: the change and the token are atomic; both keys are deleted
-// when the Hash goes empty).
-// Every registry that hosts the control thread runs a Standby thread that
-// - publishes the fds this session serves (its own allocations, and those
-//   it adopted once their records name it) and deletes what it stopped
-//   serving: whichever process owns an allocation keeps its field right,
-//   leader or not (an ex-leader still frees what it owns);
-// - when not the leader, fetches the fd of every allocation it does not
-//   hold yet (each kTick, and at once when woken through its wake list
-//   `<ns>:memcuda:standby_wake:<session>`) and keeps it WITHOUT importing
-//   it (FdTable): holding the fd
-//   keeps the memory alive, so a standby that becomes the allocator of
-//   record adopts everything in place (can_adopt / adopt, migration.hpp);
-// - closes the fds of allocations that left the Hash.
-// A dead owner's fields are deleted by the leader's migration round once
-// every record of that owner is settled (forget_allocations_of,
-// gc/orphan_scan.hpp), which is what lets standbys close them: memory
-// is freed once, after the last reference and the last fd.
-//
-// No window (docs/design.md, "What is lost when"): a create that made a new
-// allocation is answered only once every live standby holds its fd
-// (Core::secure_new_allocations publishes it, wakes the standbys and waits
-// for their markers, a few ms; at most 1 s, then it answers and logs a
-// warning). What can still die with its allocator of record: an allocation
-// no standby could fetch within that bound, or made while no standby ran.
+// Standby holders (docs/design.md, "The fd server and standby holding",
+// says what is published where and why): every registry that hosts the
+// control thread runs a Standby thread that publishes the fds this session
+// serves, and when not the leader fetches and keeps, WITHOUT importing, the
+// fd of every other allocation, so that a standby that becomes the
+// allocator of record adopts everything in place (migration.hpp).
 //
 // The thread talks to Redis on its own connection and holds no lock across
 // it. Its state (published_, last versions) is its own; FdTable and
