@@ -1,22 +1,10 @@
-// fetch: obtain another process's fd for an allocation (docs/fd-transfer.md).
-//
-// Two paths. The default one asks the owner's FdServer over a unix socket and
-// receives the fd by SCM_RIGHTS: it needs no privilege, so it works in
-// Docker's default seccomp profile and under Yama ptrace_scope=1. The fast
-// path, pidfd_open + pidfd_getfd (Linux >= 5.6), copies the fd straight out
-// of the owner without waking its thread, but needs ptrace rights over the
-// owner (PTRACE_MODE_ATTACH_REALCREDS); where they are missing it fails with
-// EPERM/EACCES (or ENOSYS under seccomp / old kernels), and it needs the
-// owner in this pid namespace: an owner whose socket name says another
-// (fd_socket_dir.hpp) is asked over the socket only. The first such
-// failure turns the fast path off for the rest of the process, so each fetch
-// does not pay a failing syscall.
-//
-// Before either, an fd parked for this allocation is taken (fd_table.hpp:
-// sent along with an earlier answer, or fetched by a batched open). Over
-// the socket, one request asks for one id or many (fetch_many) and may
-// take some of the owner's other fds along, which are parked; the
-// connection is kept for the next request to that owner (fd_conn_cache.hpp).
+// fetch: obtain another process's fd for an allocation (docs/fd-transfer.md
+// says when each path is taken and why). Parked fds first (fd_table.hpp),
+// then pidfd_getfd where this process may ptrace the owner in its pid
+// namespace (the first refusal turns it off for the process), else the
+// owner's FdServer over its unix socket (SCM_RIGHTS), one id or many
+// (fetch_many), with the connection kept for the next request
+// (fd_conn_cache.hpp).
 #pragma once
 
 #include "memcuda/config.hpp"

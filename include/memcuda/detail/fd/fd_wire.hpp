@@ -1,24 +1,8 @@
-// The bytes of the fd-transfer protocol (docs/fd-transfer.md, "Bytes on
-// the wire") and the socket plumbing shared by fd_server.hpp and
-// fd_client.hpp. One request asks for the fds of one or more allocation
-// ids; one reply answers each id on its own, carries every fd, and, when
-// the client asks for them, fds of the owner's other allocations sent
-// along (prefetch). A single fetch is a request for one id.
-//
-// Transport: AF_UNIX, SOCK_SEQPACKET. The kernel keeps message boundaries, so
-// one request is one message, a short read cannot split it, and a message
-// larger than our buffer is reported (MSG_TRUNC) instead of running into the
-// next one: strict parsing needs no framing of our own. SCM_RIGHTS carries
-// at most 253 fds per message (the kernel's SCM_MAX_FD), so a request asks
-// for at most kMaxBatch ids, offers included; callers split larger sets.
-//
-// Addresses: "@name" is a Linux abstract socket, anything else a filesystem
-// path. The fd service uses a path in the process's runtime directory
-// (fd_socket_dir.hpp): a file is reached from other network and pid
-// namespaces (containers sharing the directory), and its mode and
-// directory follow the peer policy. An abstract name is reached only within
-// one network namespace and has no permissions; tests use one. Either way
-// the server checks SO_PEERCRED on every connection.
+// The bytes of the fd-transfer protocol and the socket plumbing shared by
+// fd_server.hpp and fd_client.hpp: AF_UNIX, SOCK_SEQPACKET (one message a
+// request, no framing of our own), "@name" an abstract socket, anything
+// else a path. docs/fd-transfer.md, "Bytes on the wire", says why, and why a
+// request asks for at most kMaxBatch ids (SCM_MAX_FD).
 #pragma once
 
 #include "memcuda/config.hpp"

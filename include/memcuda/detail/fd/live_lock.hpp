@@ -1,31 +1,8 @@
-// Liveness that does not depend on pids (docs/design.md, "Liveness"). Every
-// process with a registry holds a POSIX record lock on a file of its runtime
-// directory,
-//
-//   <runtime dir>/live-<pid>-<pid ns>-<16 hex>.lock
-//
-// and names it in its session value ("live": "<dir dev>:<dir ino>/<name>").
-// The kernel drops the lock when the process ends, however it ends, so any
-// process that shares the directory (another pid namespace, another
-// container) proves the death with F_GETLK: the file is there and nobody
-// locks it. The directory's device and inode say that a judge looks at the
-// same directory (a bind mount keeps both), not one of the same name.
-//
-// Why POSIX record locks: a forked child does not inherit them (flock and
-// OFD locks it would), so a child that outlives its parent does not keep
-// the parent alive. Their catch: a process that closes any fd of the file
-// drops its lock, so a judge never opens its own process's file (the name
-// carries the pid and pid namespace).
-//
-// The file is made under a temporary name, locked, then renamed into
-// place: under its final name it is locked from the start. A process that
-// starts sweeps the directory: an unlocked "*.lock" becomes "*.dead" (a
-// judge that finds the ".lock" gone but the ".dead" there still has its
-// proof, stamped with the time of the rename), ".dead" files go kDeadKeep
-// after that stamp, unlocked temporaries after a minute. A process's control
-// thread sweeps again every kSweepEvery (tend), so that marks do not pile up
-// where processes die and none starts. A file that is simply missing proves nothing: someone removing
-// files by hand must not make live processes look dead.
+// Liveness that does not depend on pids: every process with a registry
+// holds a POSIX record lock on <runtime dir>/live-<pid>-<pid ns>-<16 hex>.lock
+// and names it in its session value; any process that shares the directory
+// proves its death with F_GETLK. docs/design.md, "Liveness", says why
+// record locks, why the rename, and how the sweep keeps ".dead" marks.
 #pragma once
 
 #include "memcuda/config.hpp"

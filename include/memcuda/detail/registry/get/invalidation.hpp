@@ -1,26 +1,13 @@
 // The holdings table's invalidation connection: one Redis connection per
-// registry, with client tracking in broadcast mode redirected to itself and
-// SUBSCRIBEd to __redis__:invalidate (RESP2; works with Redis >= 6 and any
-// hiredis, Debian 12's 0.14 included).
-//
-// What it tracks, and why: a name stops meaning the generation a process
-// holds only through writes to keys that nothing else writes:
-//   memcuda:removed:<gen>   remove (and every unlink of a held record)
-//                           renames the tensor's Hash there;
-//   memcuda:moved:<gen>     a migration forwards the old generation;
-//   memcuda:lost:<name>     a record given up leaves this marker;
-// and a FLUSHALL/FLUSHDB, which Redis reports as a null message. So the
-// connection tracks these three prefixes (BCAST PREFIX ...), never the
-// tensor's Hash itself: that one changes on every get and release of any
-// process (refcount, holders), and tracking it would invalidate a name on
-// every other process's get. (A removed record's Hash keeps changing on its
-// releases too: those messages name a generation this process no longer
-// caches, and cost one map lookup.)
+// registry, with client tracking in broadcast mode redirected to itself
+// over the memcuda:removed:, memcuda:moved: and memcuda:lost: prefixes, and
+// SUBSCRIBEd to __redis__:invalidate (RESP2). docs/design.md, "In-process
+// reference sharing", says why these keys and not the tensor's Hash.
 //
 // Liveness: shares are served only between a confirmed SUBSCRIBE and the
-// first error on this connection (Holdings::set_live). A break (Redis
-// restart, CLIENT KILL, network) flushes the table; until the connection is
-// back (retried every kRetry), every get goes to Redis.
+// first error on this connection (Holdings::set_live). A break flushes the
+// table; until the connection is back (retried every kRetry), every get
+// goes to Redis.
 #pragma once
 
 #include "memcuda/config.hpp"
