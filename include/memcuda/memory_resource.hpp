@@ -2,8 +2,7 @@
 //
 // Shaped like RMM's device_memory_resource: callers use the public,
 // non-virtual allocate()/deallocate(), implementations override the private
-// do_allocate()/do_deallocate(). The non-virtual layer is where checks or
-// statistics common to every resource can go later without touching them.
+// do_allocate()/do_deallocate().
 //
 // The rule every implementation must keep: memory it returns must be
 // exportable with cudaIpcGetMemHandle, because the pool exports each slab once

@@ -50,10 +50,8 @@ struct RegistryAccess;  // below
 //
 // Releases: destroying the last copy of a SharedTensor (or a DLPack
 // deleter) does no Redis I/O on the caller's thread; the release is queued
-// and sent, batched, by the next registry call of this process (which
-// sends what is queued before its own request, so it sees it) or else by
-// the release thread within 0.2 ms plus one round trip (see flush() and
-// detail/registry/release_queue.hpp). Releases of tensors that outlive the
+// and sent, batched, by the next registry call of this process or the
+// release thread (see flush()). Releases of tensors that outlive the
 // registry still land.
 //
 // Reference sharing: a get() of a name this registry already holds shares
@@ -61,11 +59,8 @@ struct RegistryAccess;  // below
 // asks Redis; docs/design.md, "In-process reference sharing").
 //
 // A moved-from TensorRegistry throws InvalidArgument from every member.
-//
-// Compile structure: this header declares the API; the templates below are
-// inline, everything else is defined once per program in the implementation
-// unit (memcuda/implementation.hpp, included by exactly one translation
-// unit; CMake: memcuda_add_implementation(<target>)). See the README.
+// Everything but the templates below is defined in the implementation unit
+// (memcuda/implementation.hpp).
 class TensorRegistry {
  public:
   // With RegistryOptions::from_env(): the defaults and the MEMCUDA_*
