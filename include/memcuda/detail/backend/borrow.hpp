@@ -1,20 +1,13 @@
 // Borrowed memory: a buffer this process already has (a framework's tensor)
 // shared by name without a copy (TensorRegistry::share; docs/design.md,
-// "Borrowed tensors"). This file finds out how other processes can open a
-// host buffer and makes the Allocation that stands for it; the registry
-// side (the record, the keep-alive, the release route) is
-// registry/ops/share.hpp.
+// "Borrowed tensors", says what can be shared and why). This file finds out
+// how other processes can open a host buffer and makes the Allocation that
+// stands for it; the registry side (the record, the keep-alive, the release
+// route) is registry/ops/share.hpp.
 //
-// Host memory can be shared only when it lies in a MAP_SHARED mapping of a
-// memfd: readers map the same file (host_memfd, fd served by this
-// process's fd server, exactly as a pool allocation's). The fd is found
-// without privileges among this process's open fds (/proc/self/fd, matched
-// by device and inode to the mapping /proc/self/maps names);
-// /proc/self/map_files would find a closed one but needs CAP_SYS_ADMIN, so
-// it is only tried last. The memfd is sealed against resizing (readers
-// refuse a file that is not: a shrink would SIGBUS them), which a file in
-// /dev/shm or on disk cannot be. Plain malloc'd (anonymous) memory has no
-// file another process could map: it is refused with NotShareable.
+// Host memory can be shared only when it lies in a sealed MAP_SHARED
+// mapping of a memfd; its fd is found among this process's open fds
+// (/proc/self/map_files, which needs CAP_SYS_ADMIN, only last).
 #pragma once
 
 #include "memcuda/config.hpp"

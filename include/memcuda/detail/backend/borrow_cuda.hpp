@@ -1,21 +1,10 @@
-// Borrowed device memory (TensorRegistry::share of a device pointer): a
-// cudaMalloc allocation, whoever made it (a framework's caching allocator
-// included), is exported with legacy CUDA IPC as it is. The handle of an
-// interior pointer is the allocation's (opening it returns the base), so the
-// record names the allocation base (cuMemGetAddressRange) and the tensor's
-// offset in it; readers open it with cudaIpcOpenMemHandle whatever kind
-// their registry allocates (docs/design.md, "Borrowed tensors"). The handle
-// dies with this process: a new open after its exit fails, mappings already
-// open keep reading (the driver's rule).
-//
-// cuMem memory (PyTorch's expandable segments) has no legacy IPC handle; it
-// goes as a cuda_vmm_fd instead, when its allocation was made exportable
-// as a POSIX fd (PyTorch's are, for its own IPC): the fd of the physical
-// allocation holding the tensor (cuMemRetainAllocationHandle, exported), its
-// mapped range (cuMemGetAddressRange) and the tensor's offset in it, served
-// by this process's fd server like a pool allocation's. A tensor that spans
-// two physical allocations (an expandable segment maps in pages) cannot be
-// one mapping: NotShareable.
+// Borrowed device memory (TensorRegistry::share of a device pointer;
+// docs/design.md, "Borrowed tensors"): a cudaMalloc allocation, whoever made
+// it, goes with legacy CUDA IPC as it is (the record names the allocation
+// base and the tensor's offset in it); cuMem memory made exportable as a
+// POSIX fd goes as a cuda_vmm_fd served by this process's fd server. A
+// tensor that spans two physical allocations cannot be one mapping:
+// NotShareable.
 #pragma once
 
 #include "memcuda/config.hpp"

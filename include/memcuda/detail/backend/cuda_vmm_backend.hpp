@@ -1,20 +1,8 @@
 // CUDA backend on cuMem (virtual memory management), alloc_kind
-// "cuda_vmm_fd" (docs/design.md, "Allocation kinds").
-//
-// allocate: cuMemCreate (pinned device memory, requestedHandleTypes = POSIX
-// fd, size rounded to the allocation granularity), exported ONCE as an fd
-// (cuMemExportToShareableHandle: 660-685 us measured, so never per open),
-// mapped here (cuMemAddressReserve / cuMemMap / cuMemSetAccess, read-write
-// for the device and every peer that can reach it), and the fd served by
-// this process's FdService. The record's ipc_handle is a unique key
-// ("vmm:<session>:<alloc id>", vmm_handle()), its fd_source says where the
-// fd is had.
-//
-// open: the fd is fetched from the owner (pidfd_getfd where permitted, else
-// its unix socket with SCM_RIGHTS; a standby's own held fd first), imported,
-// closed, mapped; the size is checked by the map itself (cuMemMap of more
-// than the allocation holds fails), which is also what guards a reused fd
-// number of an anon inode (fd_client.hpp).
+// "cuda_vmm_fd": allocate is cuMemCreate, exported ONCE as an fd
+// (660-685 us measured, so never per open), mapped here and served by this
+// process's FdService; open fetches the fd (record_fd.hpp), imports, closes
+// and maps it. docs/design.md, "Allocation kinds", has the table.
 //
 // Facts it relies on (measured on H200 hosts): the
 // memory lives while any process holds the fd or a mapping, even after its

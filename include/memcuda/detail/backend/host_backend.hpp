@@ -2,22 +2,12 @@
 // the CUDA backend's protocol, so the whole control plane runs where there
 // is no GPU. alloc_kind "host_memfd" (docs/design.md, "Allocation kinds").
 //
-// allocate: memfd_create (unnamed: nothing in /dev/shm), its pages
-// committed (posix_fallocate: a full memory cgroup is a clear error here,
-// not a SIGBUS at a later write), sealed against shrinking and growing,
-// mapped, and the fd served by this process's FdService, exactly as a
-// cuMem allocation's: the record's ipc_handle is a unique key
-// ("host:<session>:<alloc id>", it names the memory for good, adoptions
-// included), its fd_source says where the fd is had.
-//
-// open: the fd comes from record_fd() (a standby's held fd, else fetched
-// from the owner and checked to be the file it published); its size and
-// seals are checked, then it is mapped. The mapping keeps the fd, held in
-// FdTable: a process that maps an allocation can adopt it when its
-// allocator of record dies, as a standby can.
-//
-// The memory goes with the last fd or mapping of it, whoever holds them:
-// a SIGKILL of anyone leaves nothing behind.
+// allocate: an unnamed memfd, its pages committed (posix_fallocate: a full
+// memory cgroup is a clear error here, not a SIGBUS at a later write),
+// sealed against resizing, mapped, and the fd served as a cuMem one. open:
+// the fd from record_fd(), its size and seals checked, then mapped; the
+// mapping keeps the fd in FdTable, so a process that maps an allocation can
+// adopt it as a standby can.
 #pragma once
 
 #include "memcuda/config.hpp"
