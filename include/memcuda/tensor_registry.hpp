@@ -198,19 +198,13 @@ class TensorRegistry {
   // TimeoutError when Redis did not take them in time (they stay queued).
   void flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
-  // Rethrows an error the registry's thread could not recover from (e.g.
-  // credentials no longer accepted after a Redis restart); every other call
-  // does this too. No-op when all is well.
+  // Sends this process's queued releases, as every call that talks to Redis
+  // does first. The registry's thread never throws at a caller: it logs and
+  // retries (refused credentials included).
   void check();
 
-  // ---- batch operations: one Redis round trip per batch (all in
-  // detail/registry/ops/batch_client.hpp; docs/protocol.md, "Batch operations") ----
-  // get_many and get_all follow the one contract of C's memcuda_get_many and
-  // Python's Registry.get_many (docs/protocol.md, "The get_many contract"):
-  // a malformed name throws InvalidArgument before anything is taken; no
-  // names: an empty result and no Redis I/O; a name given twice takes one
-  // reference; the references are taken atomically in one script.
-  //
+  // ---- batch operations: one Redis round trip per batch (docs/protocol.md,
+  // "Batch operations"; get_many and get_all: "The get_many contract") ----
   // Per name: a refused name (NotFound, TypeMismatch with `dtype`, Lost,
   // ...) is in .errors and took nothing; the others are in .tensors.
   BatchGetResult get_many(const std::vector<std::string>& names, std::optional<DType> dtype = {});
@@ -233,8 +227,6 @@ class TensorRegistry {
   // remove_all() says that.
   BatchRemoveResult remove_prefix(std::string_view prefix);
   BatchRemoveResult remove_all();
-  // (No release_many: dropping handles together, e.g. clearing a container
-  // of them, queues their releases, sent as one pipeline.)
 
   // True while this registry holds the allocator-of-record lease (no I/O).
   bool is_leader() const;
@@ -253,8 +245,7 @@ class TensorRegistry {
   // get(name, stream): makes `stream` wait for the producer's last publish.
   static void wait_for_event(const TensorInfo& info, StreamHandle stream);
 
-  // The core, for a call that may talk to Redis: rethrows an error the
-  // registry's thread could not recover from, then waits for the releases
+  // The core, for a call that may talk to Redis: waits for the releases
   // this process queued before the call (so the call sees them).
   detail::Core& core();
   detail::Core& core_ref() const;
@@ -272,7 +263,7 @@ namespace detail {
 // here; only the implementation unit uses what these return.
 struct RegistryAccess {
   // The core for a call that talks to Redis: like the registry's own calls,
-  // rethrows an error of its thread and sends this process's queued releases first.
+  // it sends this process's queued releases first.
   static Core& core(TensorRegistry& r) { return r.core(); }
   // The same, shared: for what outlives the call (handles).
   static std::shared_ptr<Core> shared_core(TensorRegistry& r) {
