@@ -2,16 +2,9 @@
 // and command timeouts, AUTH/SELECT, reconnect with bounded backoff,
 // pipelining, blocking commands and interrupt().
 //
-// The rest of the Redis layer, one role per file (all of it still reachable
-// through this header, as before the split):
-//   connect.hpp          how a Connection connects, authenticates, reconnects
-//   options.hpp          Options and the URL syntax that fills them
-//   args.hpp             Arg, Command and the RESP encoding
-//   reply.hpp            Reply, ReplyView
-//   errors.hpp           classify(): failures -> the memcuda::Error tree
-//   sha1.hpp             the SHA-1 that names a script
-//   script.hpp           Script (EVALSHA with a NOSCRIPT fallback)
-//   connection_pool.hpp  ConnectionPool, for callers on many threads
+// The rest of the Redis layer is one role per file beside this one (how it
+// connects, options and URLs, arguments, replies, error classification,
+// scripts, the pool).
 //
 // Thread safety: a Connection is used by one thread at a time, except for
 // interrupt(), which any thread may call. Threads that share Redis access

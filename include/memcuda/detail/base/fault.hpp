@@ -11,17 +11,7 @@
 // load: the points are compiled into every build, so the code a test
 // exercises is the code users run.
 //
-// The points (grep MEMCUDA_FAULT for the current list):
-//   executor.execute       the leader's execute of a lifecycle command throws
-//                          ConnectionError before it runs (Redis dropped the link)
-//   executor.after_execute execute ran, then the link dropped before the reply
-//   control.after_reply    the leader replied to a command and took it off its
-//                          processing list, then the link dropped (or, with
-//                          =die, the leader died) before it went on
-//   script.unknown_status  the next script status the registry checks reads
-//                          as a status it does not know
-//   control.stall          the leader's control loop sleeps 3 x serve_stall_timeout
-//                          (at least 1 s) in one pass, as a call stuck in the driver
+// The points: grep MEMCUDA_FAULT; each call site says what it makes fail.
 #pragma once
 
 #include "memcuda/config.hpp"
