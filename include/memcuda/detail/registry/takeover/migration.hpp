@@ -237,16 +237,7 @@ class Migration {
     n.epoch = epoch;
     n.node = ctx_.node;
     const bool persistent = t.holders.count(std::string(HolderId::kName)) > 0;
-    store::Answer r;
-    try {
-      r = store::migrate(c, ctx_.keys, token, t, n);
-      if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
-    } catch (const IoError&) {
-      std::lock_guard lk(mu_);
-      parked_.push_back({&pool, *pb, n, persistent, true});
-      pb.reset();
-      throw;
-    }
+    const store::Answer r = migrate_or_park(c, token, t, n, pool, pb, true);
     const std::string& st = r.status;
     if (st == "ok") {
       // A record names this process now: the allocation is ours to unlink
@@ -272,6 +263,23 @@ class Migration {
     lease_.fail_status("migrate", st, "adopting '" + t.name + "'");
   }
 
+  // The migrate script moving record `t` to `n` (block `pb`). When its
+  // reply is lost the script may have run and the record may point at the
+  // block: it is parked (pb reset) for the next round to adopt or free.
+  store::Answer migrate_or_park(redis::Connection& c, const std::string& token, const TensorInfo& t,
+                                const TensorInfo& n, DevicePool& pool, std::optional<PoolBlock>& pb, bool adopted) {
+    try {
+      auto r = store::migrate(c, ctx_.keys, token, t, n);
+      if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
+      return r;
+    } catch (const IoError&) {
+      std::lock_guard lk(mu_);
+      parked_.push_back({&pool, *pb, n, t.holders.count(std::string(HolderId::kName)) > 0, adopted});
+      pb.reset();
+      throw;
+    }
+  }
+
   Adopted adopt_one(redis::Connection& c, const std::string& token, const TensorInfo& t) {
     const std::string& session = ctx_.session;
     const std::vector<std::string> live = live_copiers(ctx_, c, t);
@@ -290,18 +298,7 @@ class Migration {
         TensorInfo n = placed_in(t, *pb, ctx_, epoch);
         if (h == session) copy_for_migration(t, n);
         else ask_holder_to_copy(ctx_, ++seq_, h, t, n);
-        store::Answer r;
-        try {
-          r = store::migrate(c, ctx_.keys, token, t, n);
-          if (MEMCUDA_FAULT("migration.reply_lost")) throw ConnectionError("fault point migration.reply_lost");
-        } catch (const IoError&) {
-          // The script may have run: the record may point at this block.
-          // Keep it parked; the next round adopts or frees it.
-          std::lock_guard lk(mu_);
-          parked_.push_back({pool, *pb, n, t.holders.count(std::string(HolderId::kName)) > 0, false});
-          pb.reset();
-          throw;
-        }
+        const store::Answer r = migrate_or_park(c, token, t, n, *pool, pb, false);
         const std::string& st = r.status;
         if (st == "ok") {
           n.generation = reply_u64(r[1]);
