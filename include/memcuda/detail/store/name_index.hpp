@@ -1,7 +1,6 @@
 // The index of linked names (memcuda:names, a sorted set whose scores are
 // all 0): listings and prefix selections read it a page at a time, in name
-// order, and a glob reads only the names under its literal prefix. Also the
-// one-time conversion of the index of an older version (a plain Set).
+// order, and a glob reads only the names under its literal prefix.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -14,7 +13,6 @@
 
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/redis/connection.hpp"
-#include "memcuda/redis/script.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -75,35 +73,5 @@ local function recount_usage(names, usage, p)
   return n
 end
 )lua";
-
-// Brings the keys of an older version up to this one's, atomically: an
-// index that is a Set becomes the sorted set (its members that have a
-// record), and the usage counters are counted from the records when there
-// are names but no counters. Nothing to do (the usual case) costs two
-// reads. The allocator of record runs it when it takes the lease, and when
-// its index check finds a Set (index_repair.hpp).
-// KEYS: names index, usage Hash   ARGV: key prefix
-inline void upgrade_name_index(redis::Connection& c, const Keys& k) {
-  static const redis::Script s{std::string(kRecountUsageFn) + R"lua(
-if redis.call('TYPE', KEYS[1])['ok'] == 'set' then
-  local m = redis.call('SMEMBERS', KEYS[1])
-  redis.call('DEL', KEYS[1])
-  local args = {}
-  for i = 1, #m do
-    if redis.call('EXISTS', ARGV[1] .. 'memcuda:tensor:' .. m[i]) == 1 then
-      args[#args + 1] = 0
-      args[#args + 1] = m[i]
-    end
-    if #args >= 2000 or (i == #m and #args > 0) then
-      redis.call('ZADD', KEYS[1], unpack(args))
-      args = {}
-    end
-  end
-end
-if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('ZCARD', KEYS[1]) == 0 then return 0 end
-return recount_usage(KEYS[1], KEYS[2], ARGV[1])
-)lua"};
-  s.eval(c, {k.names(), k.usage()}, {k.prefix()});
-}
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -332,10 +332,6 @@ inline std::size_t check(redis::Connection& c, const Keys& k, const std::vector<
         !is_number(r[keys.size() + i].str()))
       what = "'" + std::string(r[keys.size() + i].str().substr(0, 40)) + "', not a number";
     if (type.empty() || type == "none" || (type == f.spec->type && what.empty())) continue;
-    if (f.spec->fix == Fix::names && type == "set") {  // an older version's index
-      upgrade_name_index(c, k);
-      continue;
-    }
     if (move_aside(c, k, f.key, type, f.spec->type, std::string(f.spec->rebuilt), f.spec->fix == Fix::usage, what) < 0)
       continue;
     ++moved;

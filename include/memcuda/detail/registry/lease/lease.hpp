@@ -36,7 +36,6 @@
 #include "memcuda/detail/registry/lease_view.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/store/lease.hpp"
-#include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/detail/store/sessions.hpp"
 
@@ -92,12 +91,10 @@ class Lease final : public LeaseView {
     }
     owner_uid_.claim(c);
     // Before it allocates: an index key another client wrote with the wrong
-    // type is moved aside and rebuilt (index_repair.hpp), the orphan scan
-    // learns from memcuda:owners whom to watch (migration.hpp), and an older
-    // version's name index becomes the sorted set every script now reads.
+    // type is moved aside and rebuilt (index_repair.hpp), and the orphan
+    // scan learns from memcuda:owners whom to watch (migration.hpp).
     index_repair::check(c, ctx_, token, true);
     store::add_owner(c, k, ctx_.session);
-    upgrade_name_index(c, k);
     if (MEMCUDA_FAULT("lease.requeue")) throw ConnectionError("fault point lease.requeue");
     const auto n = store::requeue(c, k, epoch);
     leader_.store(true, std::memory_order_release);
