@@ -4,19 +4,12 @@
 // check, so peers in other pid or network namespaces (containers sharing
 // the runtime directory) are served like any other.
 //
-// The owner (the fd service's thread) drives it: it calls
-// serve_once(timeout) in its loop. The server has no thread of its own, so it starts and stops
-// with the owner's thread. wake() and stop() end a waiting serve_once() from
-// any thread.
-//
-// A connection carries requests one at a time, each answered at once. A
-// new peer gets at most io_timeout to send its first, so a stuck peer
-// delays the owner's thread by that much at worst; nothing here waits on
-// the network or on another machine. A peer that was served may keep its
-// connection for its next fetch (fd_conn_cache.hpp): the server keeps up to
-// kMaxKept of them in its poll set, dropping the least recently used, so a
-// reader in another pid namespace, which cannot use pidfd_getfd, pays a
-// connect per owner instead of per allocation.
+// The owner (the fd service's thread) calls serve_once(timeout) in its
+// loop; the server has no thread of its own. wake() and stop() end a
+// waiting serve_once() from any thread. A new peer gets at most io_timeout
+// to send its first request, so a stuck peer delays the owner's thread by
+// that much at worst. Served connections are kept for their next request
+// (up to kMaxKept; docs/fd-transfer.md, "Bytes on the wire").
 #pragma once
 
 #include "memcuda/config.hpp"

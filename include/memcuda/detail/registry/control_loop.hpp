@@ -1,17 +1,10 @@
 // The thread every registry runs. It keeps the registry's session alive;
 // when the registry may be allocator of record it also campaigns for the
 // lease every ttl/3 (followers) or renews it, collects garbage and serves
-// `tensor_lifecycle` (the leader), taking each command with
-// BLMOVE into its own processing list, so a command taken by a leader that
-// dies before finishing is queued again by the next leader (kRequeue).
-// A command this leader took but could not finish because the link to
-// Redis failed is never left there until an election: it stays the
-// thread's pending command, and the next pass finishes it first (a create
-// is executed again, which its create_id makes a replay; other commands
-// are answered with an error, since running them twice could take or drop
-// a second reference). A command whose BLMOVE ran but whose reply was lost
-// is not pending: after any failed pass, the leader moves what is left in
-// its processing list back onto the lifecycle list before taking new work.
+// `tensor_lifecycle` (the leader). docs/design.md, "The lifecycle list",
+// says how no command is lost or run twice: BLMOVE into its own processing
+// list, a pending command finished first, the list requeued after a failed
+// pass.
 #pragma once
 
 #include "memcuda/config.hpp"
