@@ -1,13 +1,7 @@
 // Inbox messages: what the allocator of record LPUSHes on one registry's List
 // `memcuda:inbox:<session>` for that registry's control thread, and the
 // answer a holder sends back to a migrate request (docs/protocol.md, "Inbox
-// messages").
-//
-//   {"op":"forget","owner":S}                  stop keeping idle mappings of dead session S
-//   {"op":"unmap","owner":S,"alloc_ids":[..]}  S returned these slabs: close idle mappings
-//   {"op":"free","generation":G}               free memory this ex-leader still owns
-//   {"op":"migrate","id":n,"reply_to":..,...}  copy a dead exporter's tensor, then answer
-//   answer: {"id":n,"ok":true} | {"id":n,"ok":false,"error":"..."}
+// messages": forget, unmap, free, migrate).
 //
 // Any Redis client can push onto an inbox, so decode_inbox is as strict as
 // decode_command: every rejection is a ProtocolError with a specific

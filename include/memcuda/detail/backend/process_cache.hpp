@@ -9,12 +9,9 @@
 // after a free can never be mistaken for a live mapping.
 //
 // A mapping stays open while any tensor of this process uses it, and the
-// most recently used idle ones (RegistryOptions::import_cache, default 16;
-// 0 closes at once; the last registry made sets it) are kept open too, so
-// a get/release loop does not pay an IPC open (60-170 us) every time. The cost: memory the allocator of record
-// has returned stays allocated until this process drops the mapping, so
-// the allocator of record tells every process when it returns a slab
-// ("unmap" in the inbox) and when an exporter's session ends ("forget").
+// most recently used idle ones too (RegistryOptions::import_cache), until
+// the inbox says their memory was returned ("unmap") or their exporter's
+// session ended ("forget"): docs/design.md, "Fewer opens".
 #pragma once
 
 #include "memcuda/config.hpp"

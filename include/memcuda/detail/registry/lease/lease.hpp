@@ -5,16 +5,10 @@
 // a stale view. Campaigning, renewing and releasing run only on the
 // registry's own threads, each on its own connection (passed in).
 //
-// A lease ends by expiry (up to lease_ttl after the holder's last renewal)
-// or sooner when its death is proven: a follower whose campaign fails notes
-// how the holder's death can be proven here (liveness.hpp, death_watch: its
-// pid in this pid namespace, else its liveness lock in a shared runtime
-// directory), checks it every kWatchPeriod (no Redis), and when it is
-// proven (process_ended: ESRCH or a zombie not yet reaped; or its lock
-// free) deletes the lease if it still holds exactly that token, then
-// campaigns at once. A live pid or a held lock proves nothing: then expiry
-// decides, as it does for a holder on another node, in a directory not
-// shared, or stopped.
+// A lease ends by expiry, or sooner when a follower whose campaign failed
+// proves the holder dead (liveness.hpp, death_watch; checked every
+// kWatchPeriod, no Redis): it then deletes the lease if it still holds
+// exactly that token and campaigns at once (docs/design.md, "Liveness").
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,18 +1,10 @@
 // Model versions: a trainer overwrites a published model's tensors in place
 // and publishes a new version of the model (a name prefix) with ONE event;
 // consumers that hold the tensors already wait for the version and order
-// their stream on that event, without re-opening anything.
-//
-// The record is a Hash, <ns>:memcuda:model:<prefix> (docs/protocol.md):
-// version, the producer's interprocess event handle ('' on the host
-// backend), backend, device, device_uuid, node, session, pid, published_ms.
-// The publish script bumps the version and pushes it, with the fields a
-// consumer needs to order itself (event handle, device, node), to every
-// registered waiter's private list (the mechanism of Client::wait), so
-// waiters block in Redis (BLPOP on a connection of the waiting pool) instead
-// of polling, and a woken waiter orders its stream with no further round
-// trip. The event is opened once per producer and process (EventCache), not
-// per version: every publish re-records the same event.
+// their stream on that event, without re-opening anything (docs/design.md,
+// "In-place model updates"; the record: docs/protocol.md). Waiters block in
+// Redis on a private list the publish script pushes to, as Client::wait's;
+// the event is opened once per producer and process (EventCache).
 #pragma once
 
 #include "memcuda/config.hpp"

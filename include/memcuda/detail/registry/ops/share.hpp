@@ -1,17 +1,9 @@
 // TensorRegistry::share: a buffer this process already has, registered by
-// name without a copy (docs/design.md, "Borrowed tensors"). The record says
-// `borrowed`, names this session as its owner and says how others open it:
-// host memory as a host_memfd served by this process's fd server
-// (backend/borrow.hpp), device memory with legacy CUDA IPC on the
-// allocation base plus the tensor's offset (backend/borrow_cuda.hpp). The
-// share script publishes it unfenced (this process owns the memory, not the
-// allocator of record). The registry keeps the buffer's keep-alive
-// (get/borrowed.hpp) until the record's last reference goes: the
-// owner's own release gets `free` back from the release script; another
-// process's release pushes a free command, which the allocator of record
-// forwards to this session's inbox (Allocator::free_unlinked). A dead
-// owner's borrowed records are marked lost by the next migration round
-// (gc/give_up.hpp).
+// name without a copy (docs/design.md, "Borrowed tensors", says how others
+// open it and how the last release reaches this process). The share script
+// publishes it unfenced (this process owns the memory, not the allocator
+// of record); the registry keeps the buffer's keep-alive (get/borrowed.hpp)
+// until the record's last reference goes.
 #pragma once
 
 #include "memcuda/config.hpp"
