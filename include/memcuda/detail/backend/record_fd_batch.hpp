@@ -1,15 +1,8 @@
 // A batched open's fds (get_many, a state dict; docs/fd-transfer.md,
-// "Batches and prefetch"): before their allocations are opened one by one,
-// the fds of those an owner would serve over its socket are fetched in one
-// request per owner and parked (FdTable), so that each open
-// (record_fd() -> fetch()) takes its fd without a round trip.
-//
-// Only what the socket would serve anyway: allocations not mapped in this
-// process, not held by its standby, whose source checks out (the owner's
-// fd server in this runtime directory, check_fd_source), and whose owner
-// the pidfd_getfd fast path cannot reach (another pid namespace, or the
-// fast path refused in this process); that path takes fds without waking
-// the owner and stays as it is. Any failure here is left to the open,
+// "Batches and prefetch", says which): before their allocations are opened
+// one by one, the fds an owner would serve over its socket anyway are
+// fetched in one request per owner and parked (FdTable), so that each open
+// takes its fd without a round trip. Any failure here is left to the open,
 // which reports it for its own tensor.
 #pragma once
 

@@ -1,16 +1,8 @@
-// Who may take this process's fds, and where its fd server's socket lives
-// (docs/fd-transfer.md, "Runtime directory and peer policy").
-//
-// FdAccess is the policy: the runtime directory (a filesystem directory, so
-// that containers with their own network and pid namespaces reach the socket
-// through a shared volume) and the peers served besides the server's own
-// uid and root: allowed uids, and allowed gids (a peer's effective gid, as
-// SO_PEERCRED reports it). The directory's and the sockets' modes follow it:
-//   own uid only      directory 0700, socket 0600
-//   allowed gids      directory 2770, group = the first allowed gid, socket 0660
-//   allowed uids only directory 1777 (sticky, as /tmp), socket 0666; the
-//                     SO_PEERCRED check is then the only gate, which is why
-//                     a group is the better way to share across users.
+// Who may take this process's fds, and where its fd server's socket lives:
+// FdAccess is the policy, the runtime directory and the peers served besides
+// the server's own uid and root (allowed uids, allowed gids). The modes of
+// the directory and the sockets follow it (docs/fd-transfer.md, "Runtime
+// directory and peer policy", has the table).
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,11 +1,7 @@
 // FdConnCache: the connections to other processes' fd servers that this
-// process keeps for its next fetch from the same owner.
-//
-// A reader in another pid namespace (another container) cannot take an fd
-// with pidfd_getfd and asks the owner's server for each allocation; without
-// this cache every allocation cost a socket, a connect and an accept on top
-// of the request itself. Owners keep served connections open
-// (fd_server.hpp), so one connection per owner serves a whole model.
+// process keeps for its next fetch from the same owner, so that a reader
+// that cannot use pidfd_getfd pays a connect per owner, not per allocation
+// (docs/fd-transfer.md, "Bytes on the wire").
 //
 // Process-wide by nature (an fd server serves the process, not a registry).
 // A connection is taken out while in use, so one request runs on it at a

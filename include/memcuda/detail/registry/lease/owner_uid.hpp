@@ -1,13 +1,9 @@
-// The user a namespace's allocators of record run as. Its memory is this
-// user's alone: host shm objects are created 0600 and an fd server hands
-// fds to its own uid only. A process of another user that took the lease
-// could open none of it (every dead owner's tensor would look lost to it)
-// and the tensors it made could not be opened by the others. So the key
-// `<ns>:memcuda:owner_uid` holds the effective uid of the last process that
-// won the lease, and a candidate of another effective uid does not
-// campaign (it logs why, once). The key outlives its tensors; an operator
-// who wants to hand a namespace to another user deletes it once no process
-// of the old user runs (docs/operations.md).
+// The user a namespace's allocators of record run as: its memory is this
+// user's alone, so a process of another user that took the lease could
+// open none of it. `<ns>:memcuda:owner_uid` holds the effective uid of the
+// last process that won the lease, and a candidate of another effective
+// uid does not campaign (it logs why, once). docs/operations.md says how to
+// hand a namespace to another user.
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,14 +1,9 @@
-// Who campaigns first for a vacant lease (docs/design.md, "Standby holding").
-//
-// A new allocator of record adopts a gone owner's fd-shared memory
-// (host_memfd, cuda_vmm_fd) only from the fds it holds itself: a process
-// that holds none of them (one just started, or one whose standby thread
-// could not fetch them) would find that memory lost, while a standby
-// beside it holds all of it. So a process whose own progress marker is not
-// the allocations Hash's version lets a live standby whose marker is take
-// the vacant lease first, for at most a bound (that standby may be stuck:
-// then this one campaigns after all). Without the Hash (nothing shared by
-// fd) or with no such standby, everyone campaigns as before.
+// Who campaigns first for a vacant lease (docs/design.md, "The fd server
+// and standby holding"): a new allocator of record adopts fd-shared memory
+// only from the fds it holds itself, so a process whose progress marker is
+// not the allocations Hash's version lets a live standby whose marker is
+// take the vacant lease first, for at most a bound (that standby may be
+// stuck).
 #pragma once
 
 #include "memcuda/config.hpp"
