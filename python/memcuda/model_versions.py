@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 from . import dtypes
 from ._lib import ModelVersionOptionsC, TensorSpecC, lib
 from .errors import InvalidArgument, check
+from ._scoped import Scoped
 from ._place import backend_device, copy_into, device_of, normalized
 from .tensor import Stream, Tensor, stream_ptr, torch_views
 
@@ -44,10 +45,12 @@ def _as(framework: Optional[str], tensors: Dict[str, Tensor]) -> Dict[str, Any]:
     return dict(tensors)
 
 
-class ModelVersionWriter:
+class ModelVersionWriter(Scoped):
     """A version being staged: ``tensors`` are writable and invisible to
     readers until ``commit``. A context manager: leaving it by an exception
     aborts; leaving it normally without commit aborts too."""
+
+    _end = "abort"
 
     def __init__(self, prefix: str, handle: int) -> None:
         self.prefix = prefix
@@ -95,19 +98,13 @@ class ModelVersionWriter:
                 lib.memcuda_model_writer_free(self._h)
                 self._h = None
 
-    def __enter__(self) -> "ModelVersionWriter":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.abort()
-
     def __del__(self) -> None:
         h, self._h = getattr(self, "_h", None), None
         if h is not None:
             lib.memcuda_model_writer_free(h)  # no network I/O: the next begin gives the staging up
 
 
-class PinnedModel:
+class PinnedModel(Scoped):
     """A reader's model: ``tensors`` of the version it opened, kept until
     ``advance`` moves to a newer one or ``close``. A context manager."""
 
@@ -163,12 +160,6 @@ class PinnedModel:
                 t.release()
             self._raw, self.tensors = {}, {}
             lib.memcuda_pinned_model_free(h)
-
-    def __enter__(self) -> "PinnedModel":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __del__(self) -> None:
         h, self._h = getattr(self, "_h", None), None

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from . import _options, dtypes
 from ._lib import CreateOptions, GcReportC, RegistryOptions, StatsC, TensorSpecC, lib
 from ._models import ModelMethods
+from ._scoped import Scoped
 from ._place import Device, backend_device, copy_into, device_of, normalized
 from .errors import InvalidArgument, MemcudaError, NotFound, TypeMismatch, check
 from .tensor import Stream, Tensor, TensorInfo, new_info_c, stream_ptr
@@ -53,7 +54,7 @@ class GcReport:
     tensors_lost: int
 
 
-class Registry(ModelMethods):
+class Registry(ModelMethods, Scoped):
     """A connection to the tensor registry in Redis, with the same options as C++.
 
     Args:
@@ -172,12 +173,6 @@ class Registry(ModelMethods):
             h, self._h = self._h, None
         if h is not None and self._pid == os.getpid():
             lib.memcuda_registry_close(h)
-
-    def __enter__(self) -> "Registry":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __del__(self) -> None:
         try:

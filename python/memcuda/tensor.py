@@ -9,6 +9,7 @@ from typing import Any, Optional, Tuple
 
 from . import dtypes
 from ._lib import DLManagedTensor, TensorFieldsC, TensorInfoC, lib
+from ._scoped import Scoped
 from .errors import InvalidArgument, MemcudaError, check
 
 BACKENDS = ("cuda", "host")
@@ -119,7 +120,7 @@ def _capsule_of(out: Any) -> Any:
         raise
 
 
-class Tensor:
+class Tensor(Scoped):
     """An open handle to a named tensor: this process holds one reference to it
     in the registry while the handle, or any array made from it (torch, NumPy,
     CuPy through DLPack or the array interfaces), is alive.
@@ -131,6 +132,7 @@ class Tensor:
 
     __slots__ = ("_h", "_pid", "_name", "_dtype", "_shape", "_backend", "_device", "_gen", "_ptr", "_bytes",
                  "_base", "_has_event", "__weakref__")
+    _end = "release"
 
     def __init__(self, handle: int, fields: Optional[TensorFieldsC] = None) -> None:
         """Owns `handle` (a memcuda_tensor*). `fields`: its memcuda_tensor_fields
@@ -201,12 +203,6 @@ class Tensor:
             self.release()
         except Exception:
             pass
-
-    def __enter__(self) -> "Tensor":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
 
     def _handle(self) -> int:
         if self._h is None:

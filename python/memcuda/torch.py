@@ -28,6 +28,7 @@ import torch.nn
 from memcuda import dtypes
 from memcuda.errors import AlreadyExists, InvalidArgument, LayoutMismatch, NotFound
 from memcuda.registry import Registry
+from memcuda._scoped import Scoped
 from memcuda.tensor import Stream, Tensor, stream_ptr, torch_views
 
 __all__ = ["publish", "attach", "Attachment"]
@@ -277,13 +278,15 @@ def _publish_in_place(registry: Registry, prefix: str, held: Dict[str, Tensor], 
 
 
 # ---- consumer -----------------------------------------------------------------
-class Attachment:
+class Attachment(Scoped):
     """What ``attach`` returns: keeps the registry tensors that the module's
     parameters and buffers view alive (their references go when this object,
     the module's tensors and every other view of them are gone, or at
     ``detach``), and waits for the producer's next version.
 
     Safe from any thread; ``wait`` blocks only its caller."""
+
+    _end = "detach"
 
     def __init__(self, module: torch.nn.Module, registry: Registry, prefix: str, tensors: Dict[str, torch.Tensor],
                  version: int, device: int, model: Any = None) -> None:
@@ -365,12 +368,6 @@ class Attachment:
         private = {m.name: m.get().detach().clone() for m in members if m.name in tensors}
         _bind(self.module, private, members)
         del tensors, model
-
-    def __enter__(self) -> "Attachment":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.detach()
 
     def __repr__(self) -> str:
         state = f"{len(self._tensors)} tensors" if self._tensors is not None else "detached"
