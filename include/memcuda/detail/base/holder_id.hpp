@@ -1,17 +1,9 @@
-// Who holds a reference to a tensor: the one grammar of holder ids, used by
-// the registry, the garbage collector, the migration and the CLI.
-//
-//   "<pid>-<16 hex>"  a registry session (TensorRegistry); alive while its
-//                     session key exists in Redis
-//   "pid:<n>"         a JSON client that named its pid; alive while that
-//                     process of the allocator of record's pid namespace runs
-//   "pid:<n>@<ns>"    one that also named its pid namespace (the inode of
-//                     "pidns"); judged by the pid only from that namespace,
-//                     kept (alive) where the pid would name another process
-//   "@name"           the name itself holds a persistent tensor
-//   "anonymous"       a JSON client that named neither (e.g. redis-cli)
-//   anything else     a free-form holder a JSON client chose; never collected
-// The Lua scripts know only "@name" (scripts.hpp), which they write.
+// Who holds a reference to a tensor: the one grammar of holder ids
+// ("<pid>-<16 hex>" a registry session, "pid:<n>" and "pid:<n>@<ns>" JSON
+// clients, "@name", "anonymous", anything else free-form; docs/protocol.md,
+// "Holders", says how each is judged alive), used by the registry, the
+// garbage collector, the migration and the CLI. The Lua scripts know only
+// "@name" (scripts.hpp), which they write.
 #pragma once
 
 #include "memcuda/config.hpp"

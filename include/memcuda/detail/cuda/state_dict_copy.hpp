@@ -1,13 +1,8 @@
 // The data copies of publish_state_dict: memcpy into host tensors;
-// cudaMemcpyAsync (cudaMemcpyDefault: device-to-device or host-to-device,
-// whatever the source is) into device tensors, all on one stream, with one
-// synchronisation at the end instead of one per tensor.
-//
-// A reader (StateDictEntry::read) fills host tensors in place, and device
-// tensors through a pinned staging buffer of PublishOptions::staging_bytes
-// in two halves: the reader fills one while the other's copy runs. That
-// buffer is all the host memory a publish from a reader takes, whatever the
-// model's size.
+// cudaMemcpyAsync into device tensors, all on one stream, with one
+// synchronisation at the end instead of one per tensor. A reader fills
+// device tensors through a pinned staging buffer in two halves
+// (docs/design.md, "The code, by role", the state dict).
 #pragma once
 
 #include "memcuda/config.hpp"

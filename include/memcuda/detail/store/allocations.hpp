@@ -1,10 +1,7 @@
-// The allocations Hash of standby holding (docs/design.md, "Standby
-// holding"; detail/registry/takeover/standby.hpp): every cuda_vmm_fd
-// allocation's fd source, one Hash per namespace (field: the allocation key
-// "vmm:<creator session>:<alloc id>", value: "<owner session> <fd_source>"),
-// with a version token renewed by every change (one script: the change and
-// the token are atomic; both keys are deleted when the Hash goes empty),
-// and each standby's progress marker (the version it last synced).
+// The allocations Hash of standby holding (docs/design.md, "The fd server
+// and standby holding", says what it holds; takeover/standby.hpp): every
+// fd-shared allocation's fd source, its version token (renewed by every
+// change, in the same script) and each standby's progress marker.
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,12 +1,10 @@
-// Malformed records, moved aside. A key of the wrong Redis type under a
-// listed name (`SET <ns>memcuda:tensor:X str`), or a record Hash whose
-// fields do not parse, would otherwise fail every pass that reads it (GC,
-// migration, listings) and every create of its name. The allocator of
-// record's GC moves such a key, unchanged, to `quarantine:<id>` (Keys::
-// quarantine), unlinks the name and notes why in the `quarantined` Hash;
-// `memcuda quarantine` lists and clears them. Memory a corrupt record
-// pointed at is not freed by the move: only its owner could tell what it
-// was, and a leak beats freeing memory someone may use.
+// Malformed records, moved aside: a key of the wrong Redis type under a
+// listed name, or a record Hash whose fields do not parse, would otherwise
+// fail every pass that reads it. The allocator of record's GC moves such a
+// key, unchanged, to `quarantine:<id>`, unlinks the name and notes why in
+// the `quarantined` Hash (docs/operations.md, "Quarantined records"). Memory
+// a corrupt record pointed at is not freed: only its owner could tell what
+// it was, and a leak beats freeing memory someone may use.
 //
 // The move is one script that re-checks what the caller saw (the key's
 // type, or the Hash's generation field), so a record rewritten meanwhile

@@ -1,14 +1,7 @@
-// The repair of the fixed keys of the schema (schema.hpp says which and
-// how each is rebuilt). Another Redis client writing one of them with
-// another type (`SET memcuda:dicts oops`), or a counter with a value that
-// does not parse, would fail every command that reads it. The allocator of
-// record, when it takes the lease and at each garbage collection round,
-// reads every fixed key's TYPE in one pipeline; each of the wrong type is
-// moved aside as quarantine.hpp moves a record (to `memcuda:quarantine:
-// <suffix>`, noted in memcuda:quarantined, listed and cleared by `memcuda
-// quarantine`), a warning names it, and it is rebuilt from what the
-// registry still knows. A command that failed on such a key (the executor)
-// and a campaign that did run the repair and try once more.
+// The repair of the fixed keys of the schema (schema.hpp says which, when
+// they are checked and how each is rebuilt): each of the wrong type is
+// moved aside as quarantine.hpp moves a record, a warning names it, and it
+// is rebuilt from what the registry still knows.
 #pragma once
 
 #include "memcuda/config.hpp"
