@@ -33,28 +33,6 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 namespace vmm {
 
-// Makes `device` current (and its primary context live) for a scope;
-// noexcept variant for cleanup.
-class QuietDevice {
- public:
-  explicit QuietDevice(int device) noexcept {
-    if (cudaGetDevice(&prev_) != cudaSuccess) {
-      cudaGetLastError();
-      prev_ = -1;
-    }
-    if (prev_ != device && device >= 0) MEMCUDA_CUDA_LOG(cudaSetDevice(device));
-    else prev_ = -1;
-  }
-  ~QuietDevice() {
-    if (prev_ >= 0) MEMCUDA_CUDA_LOG(cudaSetDevice(prev_));
-  }
-  QuietDevice(const QuietDevice&) = delete;
-  QuietDevice& operator=(const QuietDevice&) = delete;
-
- private:
-  int prev_ = -1;
-};
-
 inline CUmemAllocationProp prop_for(int device) {
   CUmemAllocationProp p{};
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -96,7 +74,7 @@ inline void unmap(CUdeviceptr p, std::uint64_t n, int device) noexcept {
   if (!p) return;
   const auto& d = cu_driver();
   if (!d.ok()) return;
-  QuietDevice g(device);
+  DeviceGuard g(device, std::nothrow);
   log_cu(d.MemUnmap(p, n), "cuMemUnmap");
   log_cu(d.MemAddressFree(p, n), "cuMemAddressFree");
 }
@@ -155,7 +133,7 @@ inline int current_device() noexcept {
 inline CUdeviceptr import_and_map(int fd, std::uint64_t n, int device, const std::string& what) {
   const auto& d = cu_driver_or_throw();
   const int current = current_device();
-  QuietDevice g(device);
+  DeviceGuard g(device, std::nothrow);
   MEMCUDA_CUDA_TRY(cudaFree(nullptr));  // the device's primary context, current on this thread
   CUmemGenericAllocationHandle h{};
   void* os_handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));

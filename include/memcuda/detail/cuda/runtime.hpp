@@ -38,6 +38,7 @@ inline bool process_exiting() noexcept { return process_exit_started.load(std::m
 #include <array>
 #include <cstdio>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <source_location>
 #include <string>
@@ -104,6 +105,15 @@ class DeviceGuard {
   explicit DeviceGuard(int device) {
     MEMCUDA_CUDA_TRY(cudaGetDevice(&prev_));
     if (prev_ != device) MEMCUDA_CUDA_TRY(cudaSetDevice(device));
+    else prev_ = -1;
+  }
+  // For cleanup: logs instead of throwing; a negative `device` changes nothing.
+  DeviceGuard(int device, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      cudaGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != device && device >= 0) MEMCUDA_CUDA_LOG(cudaSetDevice(device));
     else prev_ = -1;
   }
   ~DeviceGuard() {
