@@ -87,14 +87,10 @@ class Core {
   bool is_leader() const noexcept { return lease.held(); }
 
   // After a create of the allocator of record, before it is answered: when
-  // this process serves fds the standbys may not hold yet (a new slab or
-  // dedicated allocation; FdService's version moved since the last time),
-  // publishes them now, wakes every standby and waits, at most
-  // kSecureWait, until each one's progress marker names the allocations
-  // Hash's version (but for a standby that let an earlier create time out
-  // and has not caught up since: waited_standbys), so that a kill -9 right after the answer loses nothing
-  // (docs/design.md, "What is lost when"). A create carved from an
-  // allocation the standbys hold already costs one comparison.
+  // FdService's version moved (a new allocation), publishes it, wakes the
+  // standbys and waits, at most kSecureWait, until each one holds its fd,
+  // so that a kill -9 right after the answer loses nothing (docs/design.md,
+  // "The fd server and standby holding").
   void secure_new_allocations(redis::Connection& c) {
     auto svc = FdService::existing();
     if (!svc) return;
@@ -135,9 +131,8 @@ class Core {
 
  private:
   // The live standbys a create waits for: not one that let an earlier
-  // create time out and has not caught up since (stuck, or refused by an
-  // owner's policy), so that one such standby costs one wait, not one per
-  // create. It is waited for again once its marker names the current version.
+  // create time out and has not caught up since, so that one such standby
+  // costs one wait, not one per create.
   std::vector<std::string> waited_standbys(redis::Connection& c) {
     auto ids = sessions.standby_sessions(c);
     std::set<std::string> lagging;
@@ -273,10 +268,8 @@ class Core {
     return out;
   }
 
-  // Executes one inbox message (the registry's thread).
   // A leader's inbox, without waiting: messages sent before it led, or by
-  // an ex-leader that has not seen its lease go yet (a free of memory this
-  // process owns, forwarded to its owner), would wait there forever.
+  // an ex-leader that has not seen its lease go yet, would wait there forever.
   void drain_inbox(redis::Connection& c) {
     for (int i = 0; i < 64; ++i) {
       auto r = store::inbox_take(c, ctx.keys, ctx.session);

@@ -1,12 +1,8 @@
-// The Lua scripts of state-dict records (docs/protocol.md, "State-dict
-// records"; docs/design.md, "One reference per model") and their typed
-// calls. A record memcuda:dict:<id> holds its members' descs (the blob) and
-// pins each with one reference of the holder "@dict:<id>", so that a
-// consumer's ONE reference (one O(1) script) keeps them all alive. The link
-// memcuda:dictlink:<prefix> names it while it says exactly what
-// get_prefix(prefix) would: any change to a member or a create under the
-// prefix unlinks it (kUnlinkDictFn) and opens fall back to the per-name
-// batch. The garbage collector drops the pins of a record that is gone.
+// The Lua scripts of state-dict records and their typed calls: a record
+// pins its members so that a consumer's ONE reference keeps them all alive,
+// and its link names it while it says exactly what get_prefix(prefix)
+// would (docs/protocol.md, "State-dict records"; docs/design.md, "One
+// reference per model").
 #pragma once
 
 #include "memcuda/config.hpp"
