@@ -12,11 +12,9 @@
 //     seen = *v;  // work enqueued on my_stream now reads version *v (or newer)
 //   }
 //
-// All three calls are safe from any thread. Declarations only (the umbrella
-// memcuda/memcuda.hpp includes them): the bodies are in impl/model.ipp and
-// detail/registry/ops/model_version.hpp, compiled once per program by
-// memcuda/implementation.hpp; the Redis record is in docs/protocol.md
-// ("Model versions"), the design in docs/design.md ("In-place model updates").
+// All three calls are safe from any thread. The Redis record is in
+// docs/protocol.md ("Model versions"), the design in docs/design.md
+// ("In-place model updates").
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -19,9 +19,8 @@
 // BudgetExceeded (docs/design.md, "A/B model versions", says how much
 // memory that bounds). An older version no reader holds counts until its
 // memory is freed: begin waits for that (up to request_timeout) rather than
-// fail. Every call is safe from any thread; destructors do
-// no network I/O. Declarations only: the bodies are in impl/model_ab.ipp and
-// detail/registry/ops/model_ab.hpp; the record is in docs/protocol.md.
+// fail. Every call is safe from any thread; destructors do no network I/O.
+// The record is in docs/protocol.md.
 #pragma once
 
 #include "memcuda/config.hpp"

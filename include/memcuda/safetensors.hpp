@@ -8,9 +8,6 @@
 //   o.create.persistent = true;
 //   o.staging_bytes = 64 << 20;
 //   auto sd = memcuda::publish_state_dict(reg, "llama/", entries, o);
-//
-// Declarations only; the body is in impl/safetensors.ipp, compiled once per
-// program by memcuda/implementation.hpp.
 #pragma once
 
 #include "memcuda/config.hpp"

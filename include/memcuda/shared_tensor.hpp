@@ -28,11 +28,8 @@ class ExportedEvent;  // detail/cuda/ipc_event.hpp (CUDA)
 // the destructor queues the release of the reference (no Redis round trip
 // on the caller's thread: the registry's release thread sends it, see
 // detail/registry/release_queue.hpp) and never throws.
-//
-// The members that talk to Redis or CUDA are only declared here and defined
-// in the implementation unit (memcuda/impl/shared_tensor.ipp, included by
-// memcuda/implementation.hpp), so that this header does not pull in the
-// registry's internals (docs/design.md, "Compile cost").
+// The members that talk to Redis or CUDA are defined in the implementation
+// unit, so that this header does not pull in the registry's internals.
 class TensorHandle {
  public:
   TensorHandle(std::shared_ptr<Core> core, TensorInfo info, void* data, std::shared_ptr<void> keep);

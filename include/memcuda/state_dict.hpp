@@ -7,9 +7,6 @@
 //   auto published = memcuda::publish_state_dict(reg, "llama/", sd);
 //   ...                                            // in a consumer process:
 //   auto model = memcuda::open_state_dict(reg, "llama/");   // model["layer0.weight"]
-//
-// Declarations only, like tensor_registry.hpp: the bodies are in
-// impl/state_dict.ipp, compiled once per program by memcuda/implementation.hpp.
 #pragma once
 
 #include "memcuda/config.hpp"
