@@ -10,7 +10,8 @@
 //
 // memcuda/memcuda.hpp only declares the API, so a translation unit that
 // includes it parses none of the internals (docs/design.md, "Compile cost");
-// their definitions, in memcuda/impl/*.ipp, are compiled here once. They are
+// their definitions, in memcuda/impl/*.ipp (each a part of this unit), are
+// compiled here once. They are
 // deliberately NOT inline, so that no implementation unit, two of them, or
 // one built in the other configuration (CUDA on/off) is a link error naming
 // a mem-cuda symbol: README.md, "Troubleshooting", shows the messages.

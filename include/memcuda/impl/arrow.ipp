@@ -1,5 +1,4 @@
-// Implementation unit part: what the Arrow export (memcuda/arrow.hpp) asks
-// the registry. Non-inline, like the other impl/*.ipp definitions.
+// What the Arrow export (memcuda/arrow.hpp) asks the registry.
 #pragma once
 
 #include <string>

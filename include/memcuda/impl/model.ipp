@@ -1,6 +1,4 @@
-// Implementation unit part: the model-version calls declared in
-// memcuda/model.hpp. Included once per program through
-// memcuda/implementation.hpp; non-inline on purpose (see there).
+// The model-version calls of memcuda/model.hpp.
 #pragma once
 
 #include "memcuda/detail/registry/ops/model_version.hpp"

@@ -1,6 +1,4 @@
-// Implementation unit part: the A/B model versions declared in
-// memcuda/model_ab.hpp. Included once per program through
-// memcuda/implementation.hpp; non-inline on purpose (see there).
+// The A/B model versions of memcuda/model_ab.hpp.
 #pragma once
 
 #include <mutex>

@@ -1,7 +1,6 @@
-// Implementation unit part: RegistryOptions::from_env (memcuda/options.hpp),
-// the one place that turns the MEMCUDA_* variables into registry options
-// (the process-wide ones: ProcessOptions::from_env).
-// Included once per program through memcuda/implementation.hpp.
+// RegistryOptions::from_env (memcuda/options.hpp), the one place that turns
+// the MEMCUDA_* variables into registry options (the process-wide ones:
+// ProcessOptions::from_env).
 #pragma once
 
 #include <charconv>

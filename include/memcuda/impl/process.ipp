@@ -1,4 +1,4 @@
-// Implementation unit part: the process object (detail/process/process.hpp).
+// The process object (detail/process/process.hpp).
 #pragma once
 
 #include "memcuda/detail/backend/borrow.hpp"

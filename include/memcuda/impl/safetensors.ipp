@@ -1,5 +1,4 @@
-// Implementation unit part: safetensors_entries (memcuda/safetensors.hpp).
-// Included once per program through memcuda/implementation.hpp.
+// safetensors_entries (memcuda/safetensors.hpp).
 #pragma once
 
 #include <fcntl.h>

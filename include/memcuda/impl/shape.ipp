@@ -1,7 +1,5 @@
-// Implementation unit part: shape_from_string (declared in memcuda/shape.hpp).
-// Included once per program through memcuda/implementation.hpp; the only
-// part of shape.hpp that needs Boost.JSON's parser, kept out of the header
-// so that including the API does not parse Boost.JSON.
+// shape_from_string (memcuda/shape.hpp): the only part of shape.hpp that
+// needs Boost.JSON's parser, kept out of the header.
 #pragma once
 
 #include <boost/json/parse.hpp>

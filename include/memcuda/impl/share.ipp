@@ -1,6 +1,4 @@
-// Implementation unit part: TensorRegistry::share (borrowed buffers,
-// detail/registry/ops/share.hpp). Included once per program through
-// memcuda/implementation.hpp.
+// TensorRegistry::share (borrowed buffers, detail/registry/ops/share.hpp).
 #pragma once
 
 #include "memcuda/detail/registry/core.hpp"

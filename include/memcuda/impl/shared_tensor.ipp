@@ -1,8 +1,4 @@
-// Implementation unit part: the out-of-line members of detail::TensorHandle
-// (declared in memcuda/shared_tensor.hpp). Included once per program through
-// memcuda/implementation.hpp. Non-inline on purpose: a program that never
-// includes the implementation unit fails to link naming these members, and
-// one that includes it twice fails with "multiple definition".
+// The out-of-line members of detail::TensorHandle (memcuda/shared_tensor.hpp).
 #pragma once
 
 #include <mutex>

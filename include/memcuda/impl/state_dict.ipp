@@ -1,6 +1,4 @@
-// Implementation unit part: the state-dict calls declared in
-// memcuda/state_dict.hpp. Included once per program through
-// memcuda/implementation.hpp; non-inline on purpose (see there).
+// The state-dict calls of memcuda/state_dict.hpp.
 #pragma once
 
 #include <string>

@@ -1,6 +1,4 @@
-// Implementation unit part: the out-of-line members of TensorRegistry
-// (declared in memcuda/tensor_registry.hpp). Included once per program
-// through memcuda/implementation.hpp; non-inline on purpose (see there).
+// The out-of-line members of TensorRegistry (memcuda/tensor_registry.hpp).
 #pragma once
 
 #include <memory>
