@@ -64,12 +64,9 @@ struct PoolOptions {
   // (0: half the slab size), so one huge tensor never pins a slab's neighbours.
   std::uint64_t dedicated_threshold = 0;
   // A create_many whose tensors on one device add up to at least this many
-  // bytes (two tensors or more) is placed in one allocation of its own,
-  // sized to the batch, instead of across slabs and dedicated allocations:
-  // a consumer then maps the whole batch with one IPC open (a 7B model's
-  // 291 tensors: one open instead of 55). When that allocation cannot be
-  // had (budget, device full) the batch is placed tensor by tensor as
-  // before. 0: never pack.
+  // bytes (two tensors or more) is placed in one allocation sized to it, so
+  // a consumer maps the whole batch with one open (docs/design.md, "Fewer
+  // opens"); when that cannot be had, tensor by tensor. 0: never pack.
   std::uint64_t pack_batches_min_bytes = std::uint64_t{64} << 20;
   // Every block is aligned to this (a power of two, at least 256).
   std::uint64_t alignment = 256;
@@ -157,13 +154,10 @@ struct SharingOptions {
   // reference in Redis. from_env: MEMCUDA_SHARE_REFERENCES ("0" or "1").
   bool share_references = true;
   // With share_references: how long the process's reference outlives the
-  // last local handle of a get (detail/registry/get/holdings.hpp, "Lingering"). A get of the
-  // name within the window takes the handle back with no Redis round trip;
-  // when it passes, the release is queued and sent in a batch. Meanwhile
-  // Redis still counts the reference (refcount, holders; a remove elsewhere
-  // ends the window at its invalidation message); flush() ends every window
-  // of the process before it sends. 0: the release is queued at once; at
-  // most 60 s. from_env: MEMCUDA_RELEASE_LINGER_MS (an integer, 0..60000).
+  // last local handle of a get, so that a get of the name within the window
+  // takes it back with no Redis round trip (docs/design.md, "Lingering
+  // releases"; Redis still counts the reference meanwhile). 0: the release
+  // is queued at once; at most 60 s. from_env: MEMCUDA_RELEASE_LINGER_MS.
   std::chrono::microseconds release_linger{0};
 };
 
@@ -198,13 +192,10 @@ struct AllocationOptions {
 // process's: every registry of a process must give the same values (another
 // one throws InvalidArgument while the first lives).
 struct TransferOptions {
-  // The directory of this process's fd server socket. Readers accept an fd
-  // source only when it is a socket in their own runtime directory, so
-  // processes that share memory (containers included: share it as a volume,
-  // mounted at one path) use one directory. Empty: /tmp/memcuda-<euid> (the
-  // constructor fills it in). An absolute path of at most 63 bytes; created
-  // (its parent must exist) with the policy's mode; a symlink or a directory
-  // of a uid the policy does not allow is refused. from_env:
+  // The directory of this process's fd server socket: processes that share
+  // memory (containers included: share it as a volume, mounted at one path)
+  // use one directory. Empty: /tmp/memcuda-<euid>. An absolute path of at
+  // most 63 bytes (docs/fd-transfer.md says what is refused). from_env:
   // MEMCUDA_RUNTIME_DIR.
   std::string runtime_dir;
   // Peers served besides this process's uid and root: by uid, and by
@@ -214,13 +205,10 @@ struct TransferOptions {
   // MEMCUDA_ALLOWED_UIDS, MEMCUDA_ALLOWED_GIDS ("1000,1001").
   std::vector<std::uint32_t> allowed_uids;
   std::vector<std::uint32_t> allowed_gids;
-  // Prefetch over the fd socket (docs/fd-transfer.md, "Batches and
-  // prefetch"): when this process asks an owner's fd server for an fd (an
-  // owner in another pid namespace, or pidfd_getfd refused), the server
-  // sends along fds of its other allocations, parked for the opens that
-  // follow: 8 at first, twice as many while they are used, up to this
-  // (servers cap at 64); 0: none. from_env:
-  // MEMCUDA_FD_PREFETCH. Process-wide: the last registry made sets it.
+  // Prefetch over the fd socket: how many fds of an owner's other
+  // allocations its server may send along with an answer, at most (servers
+  // cap at 64; docs/fd-transfer.md, "Batches and prefetch"); 0: none.
+  // from_env: MEMCUDA_FD_PREFETCH. Process-wide: the last registry made sets it.
   int fd_prefetch = 64;
   // How long a parked fd waits for its open. It keeps its memory allocated
   // meanwhile (also after the owner frees it, until the owner's notice
@@ -262,7 +250,7 @@ struct CreateOptions {
   std::optional<BackendKind> backend;   // unset: registry default
   // A persistent tensor is also held by its name: it outlives every handle
   // and is freed only after remove() and the last release. Without it, the
-  // tensor is freed when its last holder releases (the seed's refcounting).
+  // tensor is freed when its last holder releases.
   bool persistent = false;
 };
 
