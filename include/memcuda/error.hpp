@@ -267,17 +267,11 @@ struct WireErrorDetail {
 
 // Re-throws an error received on the wire (code + message + detail) as
 // exactly the class whose code() it is, so that a command sent to the
-// allocator of record fails like a local one and a catch clause for any
-// class of this file sees it:
-//  - "protocol_error" -> ProtocolError with detail.errc; without it (an older
-//    sender), with the ProtocolErrc the message starts with ("bad_dim: ...",
-//    what make_error_reply writes), else bad_value. A leading "<errc>: " is
-//    taken off the message, so what() reads as it did where it was thrown.
-//  - "cuda_error" -> CudaError with detail's status and API (-1 and "remote"
-//    when absent); its where() is this call, the remote location is lost.
-//  - every other code of this file -> its class; another "redis_..." code
-//    (a Redis error class newer than this process) -> RedisError, anything
-//    else -> plain Error.
+// allocator of record fails like a local one (docs/protocol.md, "The error
+// object"). A leading "<errc>: " (what make_error_reply writes) is taken off
+// a protocol_error's message, so what() reads as it did where it was thrown;
+// a CudaError's where() is this call. An unknown "redis_..." code is a
+// RedisError, any other unknown code a plain Error.
 [[noreturn]] inline void throw_for_code(std::string_view code, const std::string& msg,
                                         const WireErrorDetail& detail = {}) {
   if (code == "protocol_error") {

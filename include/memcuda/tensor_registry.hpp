@@ -92,11 +92,9 @@ class TensorRegistry {
   // Registers `data` (bytes of dtype x shape this process already has: host
   // memory in a MAP_SHARED memfd mapping, or cudaMalloc device memory) under
   // `name`, WITHOUT a copy, and returns this process's handle (refcount 1,
-  // as create). The record says `borrowed`: the memory is this process's,
-  // and lives only as long as this process keeps it. opts.keep_alive is kept
-  // until the last reference anywhere goes (or the process exits); after
-  // this process dies, other processes' next get() raises Lost. Copy into
-  // registry memory (create) instead when readers must outlive the owner
+  // as create). The memory lives only as long as this process keeps it:
+  // opts.keep_alive is kept until the last reference anywhere goes; after
+  // this process dies, other processes' next get() raises Lost
   // (docs/design.md, "Borrowed tensors"; DLPack form: memcuda/share.hpp).
   // Throws InvalidArgument (null pointer, no bytes, name, shape, no control
   // thread), NotShareable (memory that cannot be shared without a copy:
