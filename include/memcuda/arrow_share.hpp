@@ -1,18 +1,10 @@
 // Arrow C Device Data Interface import: an ArrowDeviceArray (or a CPU
 // ArrowArray) this process already has, registered by name without a copy
-// under the rules of TensorRegistry::share (docs/interop.md, "Import";
-// docs/design.md, "Borrowed tensors"). The array's data buffer becomes a
-// borrowed tensor: the registry takes the array over and calls its release
-// callback when the last reference anywhere goes, when the share fails, or
-// when this process's registry ends.
-//
-// What imports: a flat primitive array ("e f g c s i l C S I L"; shape
-// [length]) or a fixed-size list "+w:<n>" of one ("[length, n]"), without
-// nulls and without a dictionary. The schema metadata memcuda.dtype and
-// memcuda.shape, which memcuda's own export writes, restore bool, bf16 and
-// the tensor's shape, so an export shared again round-trips. Device memory
-// (ARROW_DEVICE_CUDA) must be cudaMalloc or fd-exportable cuMem memory; host memory
-// (ARROW_DEVICE_CPU) a MAP_SHARED memfd mapping, as for share().
+// under the rules of TensorRegistry::share (docs/interop.md, "Importing",
+// says what imports; docs/design.md, "Borrowed tensors"). The array's data
+// buffer becomes a borrowed tensor: the registry takes the array over and
+// calls its release callback when the last reference anywhere goes, when
+// the share fails, or when this process's registry ends.
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,16 +1,8 @@
 // Pool statistics: the JSON array the allocator of record SETs (PX 3 x lease
 // ttl) under `memcuda:pool_stats` at every lease renewal, one object per pool,
-// so that every process can report them (docs/protocol.md, "Redis keys and
-// scripts"):
-//
-//   [{"backend":"cuda","device":0,"device_uuid":"GPU-...","in_use":1048576,
-//     "reserved":2097152,"peak_in_use":1048576,"budget":0,"slabs":1,
-//     "allocations":3,"frees":2,"largest_free":1048576,"adopted_bytes":4096}]
-//
-// adopted_bytes and copied_bytes are optional: written only when not 0.
-//
-// Any client can write the key, so decode_pool_stats is strict like
-// decode_command; fields of an entry it does not know are ignored.
+// so that every process can report them (docs/protocol.md, "Pool
+// statistics"). Any client can write the key, so decode_pool_stats is
+// strict like decode_command; fields of an entry it does not know are ignored.
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -2,11 +2,9 @@
 // by generation: each entry is the ExportedBlock that stands for the
 // owner's buffer and carries its keep-alive. An entry goes when the last
 // reference of its record goes (the free the release route brings here:
-// the owner's own release gets `free` back; anyone else's release pushes a
-// free command the allocator of record forwards to this session's inbox),
-// or with the registry. The block itself goes with the last local handle.
-// The entry keeps the record as shared, so that the owner writes it back
-// after Redis lost its data (Recovery), as it does its registry memory.
+// docs/design.md, "Borrowed tensors") or with the registry. The entry keeps
+// the record as shared, so that the owner writes it back after Redis lost
+// its data (Recovery), as it does its registry memory.
 #pragma once
 
 #include "memcuda/config.hpp"
