@@ -1,14 +1,9 @@
 // The "desc" field of a tensor Hash (docs/protocol.md, "The desc field"):
 // one compact, versioned string holding every field of the record that does
 // not change while the record lives, so that a batch get reads a record with
-// one HMGET of 8 small fields instead of an HGETALL of ~23 (the Redis side of
-// a 291-tensor get_many was dominated by HGETALL and its nested reply).
-//
-// It is a redundant cache: the individual fields stay the truth, any Redis
-// client reads them, and a reader uses desc only when it names the record's
-// current epoch and generation (a record republished under a new generation
-// by migration keeps a desc of the old one only if a script forgot to
-// delete it; the comparison makes that harmless).
+// one HMGET of 8 small fields instead of an HGETALL of ~23. It is a
+// redundant cache: the individual fields stay the truth, and a reader uses
+// desc only when it names the record's current epoch and generation.
 //
 // A desc is decoded by RecordReader (record.hpp), the decoder of every
 // record, with decode_record's rules and messages.

@@ -1,23 +1,9 @@
 // The session value: what each registry's control thread writes (SET ... PX
 // session_ttl) under `memcuda:session:<session>` to say that its process is
-// alive (docs/protocol.md, "Redis keys and scripts"):
-//
-//   {"pid":123,"node":"host/1a2b3c4d","started":1732350000000,"allocator_capable":true,
-//    "pidns":"pid:[4026531836]","live":"64769:1234567/live-123-4026531836-0123456789abcdef.lock"}
-//
-// "pidns" (optional; older writers leave it out) names the process's pid
-// namespace, so that a process of the same node can tell whether `pid` means
-// the same process to it: only then may a follower judge the allocator of
-// record dead by its pid (lease.hpp) instead of waiting for its lease to expire.
-//
-// "live" (optional) names the lock file the process holds in its runtime
-// directory ("<dir device>:<dir inode>/<file>", fd/live_lock.hpp): a process
-// sharing that directory, in any pid namespace, proves the death by the
-// lock's absence.
-//
-// Expiry of the key means the process is gone; the value tells tools and the
-// leader who it was. Any client can write the key, so decode_session is
-// strict like decode_command; fields it does not know are ignored.
+// alive (docs/protocol.md, "The session value", has its fields, "pidns" and
+// "live" included). Expiry of the key means the process is gone. Any client
+// can write the key, so decode_session is strict like decode_command;
+// fields it does not know are ignored.
 #pragma once
 
 #include "memcuda/config.hpp"
