@@ -1,10 +1,7 @@
-// Free-range bookkeeping for the slab pool of the allocator of record.
-//
-// The pool suballocates tensors out of large slabs (one cudaMalloc or one POSIX
-// shm segment each, exported once over IPC) and publishes a tensor as
-// (slab id, offset). BlockAllocator is the pure bookkeeping half of that: which
-// byte ranges of which slabs are free. It makes no CUDA calls, touches no
-// memory and does no I/O, so it is exact and testable without a GPU.
+// Free-range bookkeeping for the slab pool of the allocator of record, which
+// publishes a tensor as (slab id, offset): which byte ranges of which slabs
+// are free. It makes no CUDA calls, touches no memory and does no I/O, so it
+// is exact and testable without a GPU.
 //
 // Layout: every slab is tiled by an ordered map offset -> Range, each range
 // either live (one allocated block) or free, with no two free ranges adjacent

@@ -3,8 +3,7 @@
 // good: the check that guards every stale handle compares it, so none may
 // ever repeat. The counter memcuda:generation is only a hint for that:
 // another Redis client can set it back or to garbage. So a new generation
-// is never below the clock in microseconds (on a fresh Redis it starts
-// there, as before), and a counter that is not a number fails the script,
+// is never below the clock in microseconds, and a counter that is not a number fails the script,
 // before it writes, with what to do; the allocator of record moves such a
 // counter aside and raises a new one past every record's generation
 // (schema_repair.hpp), then runs the command again.

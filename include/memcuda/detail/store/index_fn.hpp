@@ -3,10 +3,6 @@
 // memcuda:holders and memcuda:usage (docs/protocol.md, "Redis keys and
 // scripts", says what each holds), so that every periodic task of the
 // allocator of record is proportional to what changed, not to what exists.
-// The name's own reference ('@name') is not indexed: it never dies. An index
-// may name a reference already dropped (a record marked lost, a migrated
-// generation): the collector's release answers 'notfound' or 'notholder'
-// and the member goes.
 //
 // The records are the truth; these keys (and memcuda:names) are derived from
 // them. A write to one of the wrong Redis type (another client's SET over
