@@ -4,9 +4,6 @@
 // <cuda.h> for the types only. Resolved once per process; a driver that
 // lacks a symbol makes vmm unusable (auto falls back to legacy IPC), never
 // a link or load error.
-//
-// Errors become memcuda's CudaError carrying the CUresult as its status and
-// the driver's name for it in the message.
 #pragma once
 
 #include "memcuda/config.hpp"

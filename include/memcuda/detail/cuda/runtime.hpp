@@ -2,8 +2,7 @@
 // device identity by UUID. Compiles to nothing useful without the toolkit;
 // callers guard with MEMCUDA_HAS_CUDA().
 //
-// Error tiers (as RMM's RMM_CUDA_TRY / RMM_ASSERT_CUDA_SUCCESS_SAFE_SHUTDOWN
-// and CCCL's throwing and logging checks):
+// Error tiers:
 //   MEMCUDA_CUDA_TRY(call)  throws CudaError: for every path that may throw.
 //   MEMCUDA_CUDA_LOG(call)  noexcept, logs a warning and goes on: for
 //                           destructors and other cleanup. It is silent when

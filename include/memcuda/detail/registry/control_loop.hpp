@@ -246,13 +246,11 @@ class ControlLoop {
     return limit.count() > 0 && std::chrono::steady_clock::now() - last_pass_.load() > limit;
   }
 
-  // A graceful stop of the allocator of record. With a standby (another
-  // live session that may lead), what this process allocated is handed
-  // over: host memfds and cuMem allocations stay alive in the fds the
-  // standbys hold (standby.hpp), and host fds are served on until this
-  // process exits (Allocation::retained); the standby adopts
-  // them in place once this session is gone, as after a crash, so nothing
-  // is lost. Without one, the tensors go with this process, and it says so.
+  // A graceful stop of the allocator of record. With a standby, what this
+  // process allocated stays alive in the fds the standbys hold (host fds are
+  // also served on until exit: Allocation::retained), and the standby adopts
+  // it in place, as after a crash. Without one, the tensors go with this
+  // process, and it says so.
   void hand_over() {
     auto& c = conn_;
     const auto owned = core_->alloc.owned_summary();

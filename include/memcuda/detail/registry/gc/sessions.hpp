@@ -144,16 +144,13 @@ class Sessions {
     return n;
   }
 
-  // Drops every reference held by a dead session (its key expired, or it
-  // names a process of this node that is gone: session_proves_death) or a
-  // dead JSON client ("pid:<n>", a process of this node), frees what that
-  // releases, and prunes the session index. The work is proportional to
-  // what changed: the holders are judged (memcuda:holders), a dead one's
-  // references are read from its own index (memcuda:refs:<holder>), and a
-  // bounded slice of the records is swept per round for what no index
-  // names (sweep()). Safe from any process (the scripts are atomic); the
-  // allocator of record runs it every gc_interval with its lease token, so
-  // a deposed leader cannot act on stale views.
+  // Drops every reference held by a dead session or a dead JSON client,
+  // frees what that releases, and prunes the session index. The work is
+  // proportional to what changed: the holders are judged (memcuda:holders),
+  // a dead one's references are read from its own index, and a bounded
+  // slice of the records is swept per round for what no index names
+  // (sweep()). Safe from any process (the scripts are atomic); the
+  // allocator of record runs it every gc_interval with its lease token.
   GcReport collect(redis::Connection& c, const std::string& token) {
     GcReport rep;
     const Keys& keys = ctx_.keys;
