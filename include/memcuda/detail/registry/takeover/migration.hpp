@@ -1,15 +1,9 @@
 // A dead allocator of record's tensors (run by the leader, once the lease
-// is ours). Two ways to save them, tried in this order:
-// - adoption in place: memory shared by fd (host memfds, cuMem) outlives
-//   its exporter in the fds standbys hold; this leader maps it, takes it
-//   into its pool and republishes each record pointing at the same memory
-//   (new owner, new generation): no byte copied, holders' mappings kept.
-// - copy: the dead exporter's handle cannot be opened anew (legacy CUDA
-//   IPC), but mappings that live holders already have still read its
-//   memory: a live holder copies the tensor into memory this leader
-//   allocates and the record is republished under a new generation; with
-//   no live holder the tensor is marked lost.
-// Then the dead owner's unused allocations are freed (docs/design.md, "What is lost when").
+// is ours), saved by adoption in place where the backend can take the
+// memory over (fds the standbys hold: no byte copied, holders' mappings
+// kept), else copied by a live holder into memory this leader allocates,
+// else marked lost; then the dead owner's unused allocations are freed.
+// docs/design.md, "When the allocator of record dies", has each step.
 #pragma once
 
 #include "memcuda/config.hpp"
