@@ -1,13 +1,11 @@
 // Releases from destructors (docs/design.md, "Releases", says the bound,
 // the retries and what a caller sees). The last SharedTensor copy of a
 // reference and a DLPack deleter push the release here and return, with no
-// Redis I/O. What accumulated is sent as one pipeline per registry session
-// by the next thread of this process that calls the registry (no hand-off
-// and back), or else by the queue's own thread after kLinger. That thread
-// also ends the reference cache's lingering windows (call_at). A queued
-// release holds its registry's core, so releases of tensors that outlive
-// their TensorRegistry still land; at exit the thread makes one last
-// attempt and stops.
+// Redis I/O; what accumulated is sent as one pipeline per registry session
+// by the next thread of this process that calls the registry, or else by
+// the queue's own thread after kLinger. That thread also ends the reference
+// cache's lingering windows (call_at). A queued release holds its
+// registry's core, so releases of tensors that outlive their registry land.
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -1,13 +1,8 @@
 // State-dict records: one reference per opened model instead of one per
 // tensor (docs/design.md, "One reference per model"; the scripts and the
-// record's rules are in store/dict_scripts.hpp).
-//
-// publish_state_dict links a record over a dict it has just published
-// (link()); open_state_dict opens through it (open()): one O(1) script
-// returns every member's desc, this process maps them and makes handles
-// that share ONE reference, released when the last of them goes. Where no
-// record is linked (never published as a dict, or changed since) open()
-// answers nullopt and the caller opens per name.
+// record's rules are in store/dict_scripts.hpp). publish_state_dict links a
+// record over what it published (link()); open_state_dict opens through it
+// (open()), or, where none is linked, gets nullopt and opens per name.
 #pragma once
 
 #include "memcuda/config.hpp"
