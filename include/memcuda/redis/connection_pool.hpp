@@ -1,16 +1,9 @@
 // A pool of redis::Connection for callers on many threads, so that one
 // caller's slow or blocking command (BLPOP, a script, a reconnect) never
-// makes another queue behind it.
-//
-// Locking rule: the pool's one mutex guards only its free list and its
-// count of open connections. It is never held while a connection talks to
-// Redis: connections are made, used and closed with the mutex released, and
-// a caller that finds every connection leased waits on a condition variable
-// (which releases the mutex) until one comes back or wait_timeout passes.
-//
-// Lifetime: the free list lives in state shared between the pool and its
-// leases, so a Lease that outlives its pool still returns (or closes) its
-// connection safely; the connections die with the last of them.
+// makes another queue behind it. Its one mutex guards only the free list
+// and the count of open connections, never a connection talking to Redis;
+// the free list lives in state shared with the leases, so a Lease may
+// outlive its pool (docs/design.md, "The connection pool and its locking rule").
 #pragma once
 
 #include "memcuda/config.hpp"

@@ -21,10 +21,9 @@
 // they are rightly one implementation.
 //
 // Copies do not share a mutex: two claiming at the same instant may both
-// pass once; the check runs at every TensorRegistry constructor, so the
-// overwritten one fails at its next. The variable is set at most once per
-// process life of a copy, which keeps setenv's race with another thread's
-// getenv to the first registry's construction.
+// pass once; the overwritten one fails at its next TensorRegistry. A copy
+// sets the variable at most once, so setenv can race another thread's
+// getenv only at the first registry's construction.
 #pragma once
 
 #include <sys/auxv.h>
