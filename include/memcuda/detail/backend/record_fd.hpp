@@ -1,13 +1,9 @@
 // The fd of a record's allocation, for the kinds whose memory is shared by
-// file descriptor (cuda_vmm_fd, host_memfd; docs/fd-transfer.md): one way
-// to obtain it, shared by their open() and adopt().
-//
-// A standby of this process may hold it already (FdTable); else it is
-// fetched from where the record says (fd_source), once that names the
-// registry's own fd server of the record's owner (check_fd_source). The fd
-// obtained must be the file the source published ((st_dev, st_ino)):
-// a server that answers an id with another file is refused, as is a forged
-// source, before anything is mapped.
+// file descriptor (cuda_vmm_fd, host_memfd): one way to obtain it, shared
+// by their open() and adopt(). A standby's held fd first, else fetched from
+// the record's fd_source once that names its owner's fd server; the fd must
+// be the file the source published, before anything is mapped
+// (docs/fd-transfer.md).
 #pragma once
 
 #include "memcuda/config.hpp"

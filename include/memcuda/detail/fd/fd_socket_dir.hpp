@@ -1,13 +1,7 @@
-// The fd servers' sockets in the runtime directory (docs/fd-transfer.md,
-// "Runtime directory and peer policy"): their names, how a reader checks an
-// address, and the sweep of sockets whose server died.
-//
-//   <runtime dir>/fd-<pid>-<pid ns>-<16 hex>.sock
-//
-// pid: the server's pid in its own pid namespace; pid ns: the inode of that
-// namespace (/proc/self/ns/pid), so a reader can tell whether the pid means
-// the same process to it (the pidfd fast path addresses the owner by pid);
-// 16 hex: random, so names never repeat across containers or restarts.
+// The fd servers' sockets in the runtime directory: their names
+// (<runtime dir>/fd-<pid>-<pid ns>-<16 hex>.sock), how a reader checks an
+// address, and the sweep of sockets whose server died (docs/fd-transfer.md,
+// "Runtime directory and peer policy", says why the names are so).
 #pragma once
 
 #include "memcuda/config.hpp"
