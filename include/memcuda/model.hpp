@@ -45,11 +45,9 @@ struct VersionPublishOptions {
 // every waiter (one script, atomic). Returns the new version (1, 2, ...).
 // Throws NotFound when the model has no version yet and no tensor name
 // starts with `prefix`; the prefix follows the tensor-name rules
-// (ProtocolError bad_name). The event is per (model, device) in this
-// process and is re-recorded by every publish: a consumer that orders
-// itself after version N while the producer already published N+1 waits for
-// N+1's writes (stricter, never weaker). Publish a model from one thread at
-// a time: two concurrent publishers would race on that one event.
+// (ProtocolError bad_name). The event is per (model, device) and re-recorded
+// by every publish (stricter, never weaker: docs/design.md, "In-place model
+// updates"), so publish a model from one thread at a time.
 std::uint64_t publish_version(TensorRegistry& reg, std::string_view prefix, StreamHandle producer_stream = nullptr,
                               const VersionPublishOptions& opts = {});
 

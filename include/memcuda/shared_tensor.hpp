@@ -137,11 +137,8 @@ class SharedTensor {
 
   // Throws NotZeroCopy unless code on `reader` (a CUDA ordinal of this
   // process; -1: host code) can use data() in place: same device, or a
-  // peer that reaches it (access is granted here: cuda_vmm_fd maps for its
-  // own device and the one current at the open only; cuda_ipc enables peer
-  // access);
-  // host memory only from host code. InvalidArgument for a reader that
-  // does not exist. It never copies.
+  // peer that reaches it (access is granted here); host memory only from
+  // host code. InvalidArgument for a reader that does not exist. It never copies.
   void check_device(int reader) const {
     const auto& i = h().info();
     detail::check_reach(i.name, i.backend, i.alloc_kind, device(), reader, data());

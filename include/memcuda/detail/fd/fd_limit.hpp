@@ -1,11 +1,8 @@
 // The per-process fd limit: raised once, and running out reported as such.
-//
-// The cuMem backend's standby holders keep one fd per live allocation, so a registry of
-// a few thousand tensors passes the common soft limit of 1024. The hard limit
-// is usually far higher (systemd and Docker default to 524288 or more), so the
-// soft limit is raised toward it once per process. mem-cuda polls with poll(),
-// never select(), so fds above FD_SETSIZE are fine for us; a user's own
-// select() code is not affected unless it opens that many fds itself.
+// Standby holders keep one fd per live allocation, so a registry of a few
+// thousand tensors passes the common soft limit of 1024; the soft limit is
+// raised toward the hard one once per process. mem-cuda polls with poll(),
+// never select(), so fds above FD_SETSIZE are fine for us.
 #pragma once
 
 #include "memcuda/config.hpp"
