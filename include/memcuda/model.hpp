@@ -55,11 +55,8 @@ std::uint64_t publish_version(TensorRegistry& reg, std::string_view prefix, Stre
 // (without polling: the publish pushes the version and the producer's event
 // to this waiter, so a woken waiter makes no further round trip), then
 // makes `consumer_stream` wait on the producer's event (cudaStreamWaitEvent,
-// no host synchronisation; the event is opened once per producer and
-// process, not per version) and returns the version: the one that woke it,
-// which a later publish may already have passed (the event is then at least
-// as new: ordering is never weaker). Cost after the publish: the publish's
-// one script, Redis's reply to the blocked BLPOP, one cudaStreamWaitEvent. Returns std::nullopt when
+// no host synchronisation) and returns the version that woke it (a later
+// publish may have passed it: ordering is never weaker). Returns std::nullopt when
 // `timeout` passes first (a timeout is an expected outcome of a wait, as
 // for TensorRegistry::wait). Throws NotFound when the model has no version
 // and no tensor under the prefix, Unavailable when the version was
