@@ -76,12 +76,7 @@ class HostBackend final : public Backend {
 
   Allocation allocate(std::uint64_t bytes, int /*device*/, std::uint64_t alloc_id, const std::string& tag,
                       DeviceMemoryResource* /*upstream*/ = nullptr) override {
-    Allocation a;
-    a.alloc_id = alloc_id;
-    a.kind = BackendKind::host;
-    a.alloc_kind = std::string(alloc_kind::host_memfd);
-    a.size = bytes == 0 ? 1 : bytes;
-    a.handle = host_handle(tag, alloc_id);
+    Allocation a = blank(alloc_id, host_handle(tag, alloc_id), bytes == 0 ? 1 : bytes);
     // The name shows in /proc/<pid>/fd and maps only ("/memfd:memcuda...").
     const std::string label = "memcuda." + tag + "." + std::to_string(alloc_id);
     UniqueFd fd(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -98,16 +93,7 @@ class HostBackend final : public Backend {
     if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) throw_errno("sealing " + a.handle);
     void* p = ::mmap(nullptr, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) throw_errno("mmap of " + std::to_string(a.size) + " bytes");
-    try {
-      a.served = std::make_shared<ServedFd>(FdService::acquire(), std::move(fd), a.handle, tag);
-      a.fd_source = a.served->source_text();
-    } catch (...) {
-      ::munmap(p, a.size);
-      throw;
-    }
-    a.base = p;
-    a.retained = std::make_shared<std::atomic<bool>>(false);
-    return a;
+    return serve_mapped(std::move(a), std::move(fd), p, tag);
   }
 
   // Unmaps and stops serving the fd. The memory goes when no process holds
@@ -154,29 +140,40 @@ class HostBackend final : public Backend {
     if (!fd)
       throw Lost(what + ": this process holds no fd of it (no standby fetched it and no mapping of this process "
                         "has it)");
+    Allocation a = blank(alloc_id, t.ipc_handle, t.alloc_bytes);
+    a.adopted_committed = std::make_shared<std::atomic<bool>>(false);
+    void* p = map_fd(fd.get(), a.size, what);
+    return serve_mapped(std::move(a), std::move(fd), p, std::string());
+  }
+
+  void copy(void* dst, const void* src, std::uint64_t n, int /*device*/) override { std::memcpy(dst, src, n); }
+
+ private:
+  static Allocation blank(std::uint64_t alloc_id, std::string handle, std::uint64_t size) {
     Allocation a;
     a.alloc_id = alloc_id;
     a.kind = BackendKind::host;
     a.alloc_kind = std::string(alloc_kind::host_memfd);
-    a.handle = t.ipc_handle;
-    a.size = t.alloc_bytes;
-    void* p = map_fd(fd.get(), a.size, what);
+    a.handle = std::move(handle);
+    a.size = size;
+    return a;
+  }
+
+  // `a`, mapped at `p` from `fd`, which this process serves from now on
+  // (unmapped again when serving fails).
+  static Allocation serve_mapped(Allocation a, UniqueFd fd, void* p, const std::string& tag) {
     try {
-      a.served = std::make_shared<ServedFd>(FdService::acquire(), std::move(fd), a.handle, std::string());
+      a.served = std::make_shared<ServedFd>(FdService::acquire(), std::move(fd), a.handle, tag);
       a.fd_source = a.served->source_text();
     } catch (...) {
       ::munmap(p, a.size);
       throw;
     }
     a.base = p;
-    a.adopted_committed = std::make_shared<std::atomic<bool>>(false);
     a.retained = std::make_shared<std::atomic<bool>>(false);
     return a;
   }
 
-  void copy(void* dst, const void* src, std::uint64_t n, int /*device*/) override { std::memcpy(dst, src, n); }
-
- private:
   // Keeps `s` served until static destruction (process exit). Noexcept: a
   // failure only ends the serving early (the standby still holds the fd).
   static void serve_until_exit(const std::shared_ptr<ServedFd>& s) noexcept {
