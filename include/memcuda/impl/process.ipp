@@ -19,7 +19,9 @@ struct Process::Parts {  // destroyed bottom up (process.hpp says why)
   FdConnCache conns;
   OpenFiles open_files;
   CopyCount copies;
+#if MEMCUDA_HAS_CUDA()
   EventCache events;
+#endif
   ProcessCache cache;
   ReleaseQueue releases;
 };
@@ -41,7 +43,9 @@ FdTable& Process::fds() noexcept { return parts_->fds; }
 FdConnCache& Process::conns() noexcept { return parts_->conns; }
 OpenFiles& Process::open_files() noexcept { return parts_->open_files; }
 CopyCount& Process::copies() noexcept { return parts_->copies; }
+#if MEMCUDA_HAS_CUDA()
 EventCache& Process::events() noexcept { return parts_->events; }
+#endif
 ProcessCache& Process::cache() noexcept { return parts_->cache; }
 ReleaseQueue& Process::releases() noexcept { return parts_->releases; }
 

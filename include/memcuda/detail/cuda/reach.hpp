@@ -59,6 +59,7 @@ inline void check_reach(const std::string& name, BackendKind backend, std::strin
                       "device " + std::to_string(device) + ", or copy the tensor (cudaMemcpyPeer, torch "
                       ".to('cuda:" + std::to_string(reader) + "'))");
   if (alloc_kind == "cuda_vmm_fd") {
+    DeviceGuard g(device);  // the driver calls need a current context
     if (data) grant_access(data, reader);
   } else {
     DeviceGuard g(reader);

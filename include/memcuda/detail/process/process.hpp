@@ -38,7 +38,9 @@ class Process {
   FdConnCache& conns() noexcept;
   OpenFiles& open_files() noexcept;
   CopyCount& copies() noexcept;
-  EventCache& events() noexcept;
+#if MEMCUDA_HAS_CUDA()
+  EventCache& events() noexcept;  // the interprocess events (CUDA builds only)
+#endif
   ProcessCache& cache() noexcept;
   ReleaseQueue& releases() noexcept;
 
