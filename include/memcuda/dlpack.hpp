@@ -50,15 +50,18 @@ struct DLPackContext {
 }  // namespace detail
 
 // A DLManagedTensor viewing the tensor's memory (kDLCUDA with this
-// process's device ordinal, or kDLCPU for the host backend), contiguous
-// row-major. It holds one share of the handle's reference: the tensor stays
+// process's device ordinal, or kDLCPU for the host backend), with the
+// view's shape and element strides (row-major for a whole tensor). `data` is
+// the view's first element and byte_offset 0: torch's importer ignores
+// byte_offset, so a base pointer plus an offset would read the wrong bytes.
+// It holds one share of the handle's reference: the tensor stays
 // registered and mapped until the consumer calls the deleter (exactly
 // once, from any thread). Ownership of the returned pointer passes to the
 // caller (or the framework it is handed to).
 template <class T>
 DLManagedTensor* to_dlpack(const SharedTensor<T>& t) {
   auto ctx = std::make_unique<detail::DLPackContext>();
-  ctx->tensor = SharedTensor<void>(t.handle());
+  ctx->tensor = t;
   if (!ctx->tensor) throw InvalidArgument("to_dlpack of an empty SharedTensor");
   ctx->shape = t.shape();
   ctx->strides = t.strides();

@@ -96,4 +96,22 @@ bool link_state_dict(TensorRegistry& reg, std::string_view prefix, const std::ve
 // names are exactly get_prefix's.
 StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix);
 
+// Which tensors of a dict a tensor-parallel rank opens as its shard.
+struct ShardRule {
+  std::string pattern;  // fnmatch(3) glob on the name relative to the prefix, get_matching's rule
+  int dim = 0;          // the dimension split across ranks; -1: opened whole
+};
+struct ShardRules {
+  unsigned rank = 0, world = 1;
+  std::vector<ShardRule> rules;  // the first matching rule wins; names none matches are opened whole
+  bool allow_unused = false;     // false: a rule that matched no name is InvalidArgument (a typo)
+};
+
+// open_state_dict, then each matching tensor narrowed to SliceSpec::tp(dim,
+// rank, world): zero-copy views sharing the open's reference, so a rank's
+// shard of a linked dict is still one O(1) script and one reference.
+// InvalidArgument (nothing held) for an unused rule or a dimension that does
+// not split evenly.
+StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix, const ShardRules& shards);
+
 MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -1,6 +1,8 @@
 // The state-dict calls of memcuda/state_dict.hpp.
 #pragma once
 
+#include <fnmatch.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +72,28 @@ StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix) {
   auto taken = std::move(all).take_all();
   StateDict out;
   for (auto& [n, t] : taken) out.emplace(n.substr(prefix.size()), std::move(t));
+  return out;
+}
+
+StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix, const ShardRules& shards) {
+  if (shards.world == 0 || shards.rank >= shards.world)
+    throw InvalidArgument("shard rules for '" + std::string(prefix) + "': rank " + std::to_string(shards.rank) +
+                          " of world " + std::to_string(shards.world) + " (want world > 0 and rank < world)");
+  StateDict out = open_state_dict(reg, prefix);
+  std::vector<bool> used(shards.rules.size(), false);
+  for (auto& [name, t] : out) {
+    for (std::size_t i = 0; i < shards.rules.size(); ++i) {
+      const auto& r = shards.rules[i];
+      if (::fnmatch(r.pattern.c_str(), name.c_str(), 0) != 0) continue;
+      used[i] = true;
+      if (r.dim >= 0) t = t.slice(SliceSpec::tp(r.dim, shards.rank, shards.world));
+      break;
+    }
+  }
+  for (std::size_t i = 0; i < used.size(); ++i)
+    if (!used[i] && !shards.allow_unused)
+      throw InvalidArgument("shard rule '" + shards.rules[i].pattern + "' matches no tensor under '" +
+                            std::string(prefix) + "' (a typo? ShardRules::allow_unused accepts it)");
   return out;
 }
 
