@@ -243,6 +243,20 @@ def test_packed_state_dict_views_on_cuda(greg):
         greg.remove("g.pk/" + k)
 
 
+def test_tp_shards_on_cuda_equal_torch_slicing(greg):
+    src = torch.arange(64 * 96, dtype=torch.float32, device="cuda").reshape(64, 96)
+    greg.put("g.tp", src, persistent=True)
+    torch.cuda.synchronize()
+    for dim in (0, 1):
+        for rank in range(4):
+            v = greg.get_shard("g.tp", dim, rank, 4).torch()
+            assert v.is_cuda and v.stride() == (96, 1)
+            assert torch.equal(v, src.chunk(4, dim)[rank])
+    greg.put_state_dict("g.sd/", {"qkv.weight": src}, persistent=True)
+    sd = greg.get_state_dict("g.sd/", "torch", shard=memcuda.Shard(3, 4, {"*.weight": 1}))
+    assert torch.equal(sd["qkv.weight"], src[:, 72:])
+
+
 def test_cupy_reads_the_same_tensor(greg):
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     src = torch.arange(100, dtype=torch.float32, device="cuda")
