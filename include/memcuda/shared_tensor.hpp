@@ -215,11 +215,11 @@ class SharedTensor {
   // Drops this copy's share; the process's reference goes with the last copy.
   void release() noexcept { h_.reset(); }
 
-  // Bounds-checked copies between host memory and the tensor, starting at
-  // element `offset`; of a view that is not contiguous, the whole view only
-  // (offset 0, size() elements, one 2D copy; host memory dense). Synchronous: the bytes are in place (visible to other
-  // processes) when the call returns; on cuda they are ordered on the legacy
-  // default stream. Throws InvalidArgument when the range does not fit.
+  // Bounds-checked copies between host memory and the tensor (or view), from
+  // element `offset`; a strided view is copied whole (offset 0, size()
+  // elements, dense in host memory: one 2D copy). Synchronous: the bytes are in
+  // place (visible to other processes) on return; on cuda ordered on the
+  // legacy default stream. InvalidArgument when the range does not fit.
   // Not available on SharedTensor<const T>: a read-only view cannot write.
   void copy_from_host(std::span<const value_type> src, std::uint64_t offset = 0) const
     requires(!std::is_const_v<T>)
