@@ -32,8 +32,9 @@ RegistryOptions cuda_opts(const test::RedisServer& srv, bool control) {
 
 // The sum of a 2D view as a kernel reads it through its pointer and strides.
 double kernel_sum(const SharedTensor<const float>& v) {
-  double* d = nullptr;
-  REQUIRE(cudaMalloc(&d, sizeof(double)) == cudaSuccess);
+  void* p = nullptr;
+  REQUIRE(cudaMalloc(&p, sizeof(double)) == cudaSuccess);
+  auto* d = static_cast<double*>(p);
   REQUIRE(memcuda_test_sum_strided(v.data(), v.shape()[0], v.shape()[1], v.strides()[0], d, nullptr) == cudaSuccess);
   double h = 0;
   REQUIRE(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess);
