@@ -61,7 +61,7 @@ struct DLPackContext {
 template <class T>
 DLManagedTensor* to_dlpack(const SharedTensor<T>& t) {
   auto ctx = std::make_unique<detail::DLPackContext>();
-  ctx->tensor = t;
+  ctx->tensor = SharedTensor<void>(t.handle(), t.view());  // any T, const void included
   if (!ctx->tensor) throw InvalidArgument("to_dlpack of an empty SharedTensor");
   ctx->shape = t.shape();
   ctx->strides = t.strides();

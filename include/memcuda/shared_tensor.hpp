@@ -173,6 +173,15 @@ class SharedTensor {
                                 detail::slice_view(i.name, base, itemsize(i.dtype), spec)));
   }
   const std::shared_ptr<const detail::View>& view() const noexcept { return v_; }
+  // This handle (and its view) as SharedTensor<U>: TypeMismatch unless U is
+  // the stored dtype. How an untyped handle (a state dict's) is typed again.
+  template <class U>
+  SharedTensor<U> as() const {
+    if (h_ && dtype() != dtype_of<U>)
+      throw TypeMismatch("'" + name() + "' is " + std::string(to_string(dtype())) + ", not " +
+                         std::string(to_string(dtype_of<U>)));
+    return SharedTensor<U>(h_, v_);
+  }
   // The view as rows for one 2D copy; InvalidArgument where it is not one.
   detail::Rows rows() const {
     const auto& i = h().info();
@@ -213,7 +222,10 @@ class SharedTensor {
   void wait_published(StreamHandle stream) const { h().wait_published(stream); }
 
   // Drops this copy's share; the process's reference goes with the last copy.
-  void release() noexcept { h_.reset(); }
+  void release() noexcept {
+    h_.reset();
+    v_.reset();
+  }
 
   // Bounds-checked copies between host memory and the tensor (or view), from
   // element `offset`; a strided view is copied whole (offset 0, size()
@@ -269,7 +281,8 @@ class SharedTensor {
 // A dense copy of tensor or view `t` in a new LocalTensor (opts: the
 // reader's device, or host memory): one 2D copy of the view's rows at the
 // tensor's pitch, ordered on opts.stream, waited for when either side is
-// host memory. InvalidArgument for a view that is not one 2D copy.
+// host memory. InvalidArgument for a view that is not one 2D copy. T is an
+// element type: type an untyped handle with as<U>() first.
 template <class T>
 LocalTensor<std::remove_cv_t<T>> copy_slice(const SharedTensor<T>& t, LocalOptions opts = {}) {
   const auto r = t.rows();

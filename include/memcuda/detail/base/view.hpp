@@ -57,7 +57,11 @@ inline Rows rows_of(const std::string& name, const View& v, std::size_t itemsize
   }
   const auto is = static_cast<std::uint64_t>(itemsize);
   if (k == 0) return {is, is, 1};
-  if (k <= 2 && st[k - 1] == 1) {
+  if (st[k - 1] != 1) {  // the innermost dimension narrowed to one element: rows of one element
+    n[k] = 1;
+    st[k++] = 1;
+  }
+  if (k <= 2) {
     const std::uint64_t width = static_cast<std::uint64_t>(n[k - 1]) * is;
     if (k == 1) return {width, width, 1};
     return {width, static_cast<std::uint64_t>(st[0]) * is, static_cast<std::uint64_t>(n[0])};
