@@ -11,6 +11,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -98,8 +99,9 @@ StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix);
 
 // Which tensors of a dict a tensor-parallel rank opens as its shard.
 struct ShardRule {
+  static constexpr int whole = INT_MIN;  // dim: opened whole
   std::string pattern;  // fnmatch(3) glob on the name relative to the prefix, get_matching's rule
-  int dim = 0;          // the dimension split across ranks; -1: opened whole
+  int dim = 0;          // the dimension split across ranks; negative counts from the end (-1: the last)
 };
 struct ShardRules {
   unsigned rank = 0, world = 1;
@@ -110,8 +112,8 @@ struct ShardRules {
 // open_state_dict, then each matching tensor narrowed to SliceSpec::tp(dim,
 // rank, world): zero-copy views sharing the open's reference, so a rank's
 // shard of a linked dict is still one O(1) script and one reference.
-// InvalidArgument (nothing held) for an unused rule or a dimension that does
-// not split evenly.
+// InvalidArgument (nothing held) for an unused or shadowed rule, a dimension
+// out of range or one that does not split evenly.
 StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix, const ShardRules& shards);
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

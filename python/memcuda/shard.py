@@ -5,6 +5,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Mapping, Optional
 
+from .errors import InvalidArgument
+
+WHOLE = -2**31  # MEMCUDA_SHARD_WHOLE
+
 
 class ShardRuleC(ctypes.Structure):
     """memcuda_shard_rule."""
@@ -14,18 +18,22 @@ class ShardRuleC(ctypes.Structure):
 class Shard:
     """Rank `rank` of `world`: each tensor whose name (relative to the prefix)
     matches a glob of `rules` (fnmatch, in dict order, the first match wins)
-    is opened as its shard along that dimension, a zero-copy view; a dimension
-    of None or -1 opens it whole, as are names no rule matches. A rule that
-    matches nothing raises InvalidArgument (a typo) unless allow_unused."""
+    is opened as its shard along that dimension, a zero-copy view; a negative
+    dimension counts from the end (-1: the last, as in numpy), None opens it
+    whole, as are names no rule matches. A rule that matches nothing, or only
+    names an earlier rule took, raises InvalidArgument unless allow_unused."""
 
     def __init__(self, rank: int, world: int, rules: Mapping[str, Optional[int]], allow_unused: bool = False) -> None:
         self.rank, self.world, self.allow_unused = rank, world, allow_unused
         self.rules = dict(rules)
+        for pattern, dim in self.rules.items():
+            if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or not WHOLE < dim < 2**31):
+                raise InvalidArgument(f"Shard rule {pattern!r}: dimension {dim!r} is not an int or None")
 
     def c_rules(self) -> Any:
         arr = (ShardRuleC * max(len(self.rules), 1))()
         for i, (pattern, dim) in enumerate(self.rules.items()):
-            arr[i] = ShardRuleC(pattern.encode(), -1 if dim is None else dim)
+            arr[i] = ShardRuleC(pattern.encode(), WHOLE if dim is None else dim)
         return arr
 
     def open(self, lib: Any, reg: Any, prefix: str, arr: Any, n: Any) -> int:

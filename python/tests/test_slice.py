@@ -93,3 +93,34 @@ def test_state_dict_shard_torch(reg):
     reg.put_state_dict("tl/", {"a.weight": torch.arange(24, dtype=torch.float32).reshape(4, 6)}, persistent=True)
     sd = reg.get_state_dict("tl/", "torch", shard=memcuda.Shard(2, 3, {"*.weight": 1}))
     assert torch.equal(sd["a.weight"], torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, 4:])
+
+
+def test_single_column_shard_copies(reg):
+    src = np.arange(48, dtype=np.float32).reshape(8, 6)
+    _put(reg, "s.c")
+    for r in range(6):
+        col = reg.get_shard("s.c", 1, r, 6)
+        np.testing.assert_array_equal(np.frombuffer(col.tobytes(), np.float32), src[:, r])
+
+
+def test_empty_view_at_the_end(reg):
+    _put(reg, "s.e", (4, 6))
+    v = reg.get_slice("s.e", 0, 4, 0)
+    assert v.shape == (0, 6) and v.tobytes() == b""
+    assert np.asarray(v).shape == (0, 6)
+
+
+def test_shard_dims_count_from_the_end(reg):
+    reg.put_state_dict("neg/", {"o.weight": np.arange(32, dtype=np.float32).reshape(4, 8),
+                                "norm": np.ones(4, np.float32)}, persistent=True)
+    src = np.arange(32, dtype=np.float32).reshape(4, 8)
+    sd = reg.get_state_dict("neg/", "numpy", shard=memcuda.Shard(1, 2, {"*.weight": -1}))
+    np.testing.assert_array_equal(sd["o.weight"], src[:, 4:])  # -1: the last dimension, as in numpy
+    sd = reg.get_state_dict("neg/", "numpy", shard=memcuda.Shard(1, 2, {"*.weight": -2}))
+    np.testing.assert_array_equal(sd["o.weight"], src[2:])
+    sd = reg.get_state_dict("neg/", "numpy", shard=memcuda.Shard(1, 2, {"*.weight": None}))
+    np.testing.assert_array_equal(sd["o.weight"], src)  # None: whole
+    with pytest.raises(memcuda.InvalidArgument, match=r"'norm'.*dimension -2|dimension -2.*'neg/norm'"):
+        reg.get_state_dict("neg/", shard=memcuda.Shard(0, 2, {"norm": -2}))
+    with pytest.raises(memcuda.InvalidArgument, match="int or None"):
+        memcuda.Shard(0, 2, {"norm": 1.5})

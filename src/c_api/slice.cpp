@@ -32,6 +32,8 @@ int memcuda_tensor_slice_tp(const memcuda_tensor* t, int dim, unsigned rank, uns
 
 const int64_t* memcuda_tensor_strides(const memcuda_tensor* t) { return t && t->t ? t->strides.data() : nullptr; }
 
+static_assert(MEMCUDA_SHARD_WHOLE == memcuda::ShardRule::whole);
+
 int memcuda_open_state_dict_sharded(memcuda_registry* reg, const char* prefix, unsigned rank, unsigned world,
                                     const memcuda_shard_rule* rules, size_t n_rules, int allow_unused,
                                     memcuda_tensor*** out, size_t* count) {

@@ -6,6 +6,8 @@
 #ifndef MEMCUDA_C_SLICE_H
 #define MEMCUDA_C_SLICE_H
 
+#include <limits.h>
+
 #include "memcuda/c/common.h"
 
 #ifdef __cplusplus
@@ -27,7 +29,10 @@ MEMCUDA_C_EXPORT int memcuda_tensor_slice_tp(const memcuda_tensor* t, int dim, u
 MEMCUDA_C_EXPORT const int64_t* memcuda_tensor_strides(const memcuda_tensor* t);
 
 /* A shard rule: tensors whose name relative to the prefix matches the
- * fnmatch(3) `pattern` are split along `dim` (-1: opened whole). */
+ * fnmatch(3) `pattern` are split along `dim`; a negative dim counts from the
+ * end (-1: the last), MEMCUDA_SHARD_WHOLE opens them whole. An array
+ * element, so frozen: a new field comes as a new struct and function. */
+#define MEMCUDA_SHARD_WHOLE INT_MIN
 typedef struct memcuda_shard_rule {
   const char* pattern;
   int dim;
@@ -35,8 +40,9 @@ typedef struct memcuda_shard_rule {
 
 /* memcuda_open_state_dict, then each tensor the first matching rule names
  * narrowed to rank's shard (memcuda_tensor_slice_tp); unmatched tensors are
- * whole. A rule that matched nothing is INVALID_ARGUMENT unless
- * allow_unused. A linked dict is still one script and one reference. */
+ * whole. A rule that matched nothing, or only names an earlier rule took, is
+ * INVALID_ARGUMENT unless allow_unused; so is a dim out of range for a
+ * tensor it takes. A linked dict is still one script and one reference. */
 MEMCUDA_C_EXPORT int memcuda_open_state_dict_sharded(memcuda_registry* reg, const char* prefix, unsigned rank,
                                                      unsigned world, const memcuda_shard_rule* rules, size_t n_rules,
                                                      int allow_unused, memcuda_tensor*** out, size_t* count);
