@@ -597,6 +597,12 @@ static void test_slices(memcuda_registry* r) {
   for (i = 0; i < 4; ++i) ok &= got[2 * i] == (float)(6 * i + 4) && got[2 * i + 1] == (float)(6 * i + 5);
   CHECK(ok);
   CHECK(memcuda_tensor_copy_to_host(cols, got, 8, 8) == MEMCUDA_ERR_INVALID_ARGUMENT); /* strided: whole only */
+  memcuda_tensor_release(cols);
+  cols = NULL;
+  CHECK_OK(memcuda_tensor_slice(t, 1, 4, 1, &cols)); /* one column: rows of one element */
+  if (!cols) return;
+  CHECK_OK(memcuda_tensor_copy_to_host(cols, got, 16, 0));
+  CHECK(got[0] == 4.0f && got[1] == 10.0f && got[2] == 16.0f && got[3] == 22.0f);
   CHECK(memcuda_tensor_slice_tp(t, 1, 0, 4, &bad) == MEMCUDA_ERR_INVALID_ARGUMENT);
   CHECK(bad == NULL && strstr(memcuda_last_error_message(), "not divisible by world 4") != NULL);
   CHECK(memcuda_tensor_slice(t, 2, 0, -1, &bad) == MEMCUDA_ERR_INVALID_ARGUMENT);
@@ -609,10 +615,35 @@ static void test_slices(memcuda_registry* r) {
   CHECK_OK(memcuda_open_state_dict_sharded(r, "c.sl/", 2, 3, &rule, 1, 0, &arr, &n));
   CHECK(n == 1);
   if (n == 1) {
+    memcuda_tensor_fields f;
     CHECK(memcuda_tensor_shape(arr[0])[1] == 2 && (float*)memcuda_tensor_data(arr[0]) == p + 4);
+    CHECK_OK(memcuda_tensors_fields((const memcuda_tensor* const*)arr, 1, &f, sizeof f));
+    CHECK((char*)f.alloc_base + f.offset == (char*)f.data); /* offset is the view's */
+    CHECK(f.offset + f.bytes <= f.alloc_bytes);
     memcuda_tensor_release(arr[0]);
   }
   memcuda_free_tensor_array(arr);
+  rule.dim = -1; /* the last dimension, as in numpy */
+  CHECK_OK(memcuda_open_state_dict_sharded(r, "c.sl/", 1, 2, &rule, 1, 0, &arr, &n));
+  if (n == 1) {
+    CHECK(memcuda_tensor_shape(arr[0])[1] == 3 && (float*)memcuda_tensor_data(arr[0]) == p + 3);
+    memcuda_tensor_release(arr[0]);
+  }
+  memcuda_free_tensor_array(arr);
+  rule.dim = MEMCUDA_SHARD_WHOLE;
+  CHECK_OK(memcuda_open_state_dict_sharded(r, "c.sl/", 1, 2, &rule, 1, 0, &arr, &n));
+  if (n == 1) {
+    CHECK(memcuda_tensor_shape(arr[0])[1] == 6 && (float*)memcuda_tensor_data(arr[0]) == p);
+    memcuda_tensor_release(arr[0]);
+  }
+  memcuda_free_tensor_array(arr);
+  rule.dim = -3;
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 0, 2, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(n == 0 && arr == NULL);
+  rule.dim = 1;
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 0, 0, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 3, 3, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(n == 0 && arr == NULL);
   rule.pattern = "nothing*";
   CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 0, 3, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
   CHECK(n == 0 && arr == NULL);

@@ -20,7 +20,7 @@ import os
 from typing import Optional
 
 _LIBNAME = "libmemcuda_c.so"
-ABI_VERSION = 1  # MEMCUDA_C_ABI_VERSION this package was written against
+ABI_VERSION = 2  # MEMCUDA_C_ABI_VERSION this package was written against
 
 c_int, c_int64, c_uint64, c_uint32, c_size_t = (ctypes.c_int, ctypes.c_int64, ctypes.c_uint64,
                                                  ctypes.c_uint32, ctypes.c_size_t)

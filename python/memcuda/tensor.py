@@ -317,10 +317,12 @@ class Tensor(Scoped):
     # ---- copies ----------------------------------------------------------
     def copy_from_host(self, address: int, nbytes: int, offset: int = 0) -> None:
         """Copies `nbytes` from host memory at `address` into the tensor at byte
-        `offset`; synchronous, bounds-checked, either backend."""
+        `offset`; synchronous, bounds-checked, either backend. A strided slice
+        is copied whole only (offset 0, `nbytes` its nbytes, host memory dense)."""
         check(lib.memcuda_tensor_copy_from_host(self._handle(), address, nbytes, offset))
 
     def copy_to_host(self, address: int, nbytes: int, offset: int = 0) -> None:
+        """copy_from_host's reverse, with its rules."""
         check(lib.memcuda_tensor_copy_to_host(self._handle(), address, nbytes, offset))
 
     def tobytes(self) -> bytes:

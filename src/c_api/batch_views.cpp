@@ -64,7 +64,7 @@ int memcuda_tensors_fields(const memcuda_tensor* const* ts, size_t count, memcud
       f.bytes = t.bytes();
       f.generation = info.generation;
       f.alloc_base = reinterpret_cast<void*>(base_of(t));
-      f.offset = info.offset;
+      f.offset = info.offset + t.byte_offset();  // data - alloc_base, a view's too
       f.alloc_bytes = info.alloc_bytes;
       f.has_event = info.event_handle.empty() ? 0 : 1;
     }

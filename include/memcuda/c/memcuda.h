@@ -297,7 +297,8 @@ MEMCUDA_C_EXPORT int memcuda_tensor_wait_opened(const memcuda_tensor* t, void* s
 /* Synchronous, bounds-checked byte copies between host memory and the
  * tensor (either backend), starting at byte `offset` of the tensor. A slice
  * that is not contiguous is copied whole (offset 0, all its bytes, host
- * memory dense), as one 2D copy. */
+ * memory dense), as one 2D copy; one sliced in two dimensions that do not
+ * merge is not one 2D copy: INVALID_ARGUMENT. */
 MEMCUDA_C_EXPORT int memcuda_tensor_copy_from_host(const memcuda_tensor* t, const void* src, uint64_t bytes,
                                                    uint64_t offset);
 MEMCUDA_C_EXPORT int memcuda_tensor_copy_to_host(const memcuda_tensor* t, void* dst, uint64_t bytes,
@@ -329,7 +330,7 @@ typedef struct memcuda_tensor_fields {
   uint64_t generation;
   void* alloc_base;      /* start of the mapped allocation holding the tensor: equal
                             values (and device) mean one allocation, e.g. a packed batch */
-  uint64_t offset;       /* data - alloc_base, in bytes */
+  uint64_t offset;       /* data - alloc_base, in bytes (a view's data: its first element) */
   uint64_t alloc_bytes;  /* size of that allocation */
   int has_event;         /* the record carried a published event (memcuda_tensor_wait_opened orders on it) */
   const int64_t* strides; /* ndim strides in elements, as memcuda_tensor_strides */
@@ -343,8 +344,9 @@ MEMCUDA_C_EXPORT int memcuda_tensors_fields(const memcuda_tensor* const* ts, siz
 /* memcuda_tensor_wait_opened for each of ts[0..count), one wait per
  * distinct event (a batch published with one event orders `stream` once). */
 MEMCUDA_C_EXPORT int memcuda_tensors_wait_opened(const memcuda_tensor* const* ts, size_t count, void* stream);
-/* One DLPack tensor (1-D, uint8) viewing the bytes from the lowest data
- * pointer of ts[0..count) to the end of the highest tensor, which must all
+/* One DLPack tensor (1-D, uint8) viewing the bytes from the lowest tensor
+ * start of ts[0..count) (a view's data lies past its tensor's start) to the
+ * end of the highest tensor, which must all
  * lie in one allocation of one device (same alloc_base: INVALID_ARGUMENT
  * otherwise). It holds a share of every one of them until its deleter runs:
  * views a framework cuts from it keep the whole batch's references alive
