@@ -66,7 +66,7 @@ DLManagedTensor* to_dlpack(const SharedTensor<T>& t) {
   ctx->shape = t.shape();
   ctx->strides = t.strides();
   DLTensor& d = ctx->managed.dl_tensor;
-  d.data = t.data();
+  d.data = ctx->tensor.data();  // void*: DLPack has no const
   d.device.device_type = t.backend() == BackendKind::cuda ? kDLCUDA : kDLCPU;
   d.device.device_id = t.backend() == BackendKind::cuda ? t.device() : 0;
   d.ndim = static_cast<int>(ctx->shape.size());
