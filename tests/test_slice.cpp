@@ -86,7 +86,63 @@ TEST_CASE("slice: a tp view of every rank shares the reference and reads its row
     for (std::int64_t i = 0; i < 8; ++i)
       for (std::int64_t j = 0; j < 2; ++j) CHECK(got[i * 2 + j] == static_cast<float>(i * 6 + r * 2 + j));
   }
-  CHECK(w.leader.info("m/w").refcount == 2);  // no view took a reference
+  // No view takes a reference, and a view alone keeps the reader's.
+  auto a = t.slice(SliceSpec::tp(0, 0, 2));
+  auto b = a.slice({.dim = 1, .start = 1});
+  w.reader.flush();
+  CHECK(w.leader.info("m/w").refcount == 2);
+  t = {};
+  w.reader.flush();
+  CHECK(w.leader.info("m/w").refcount == 2);
+  CHECK(read(b)[0] == 1.0f);
+  a.release();  // a released view is empty, like a released handle
+  CHECK_THROWS_AS(a.shape(), InvalidArgument);
+  CHECK(a.byte_offset() == 0);
+  b = {};
+  w.reader.flush();
+  CHECK(w.leader.info("m/w").refcount == 1);
+}
+
+TEST_CASE("slice: a view narrowed to one column is rows of one element", "[redis][slice]") {
+  World w;
+  auto t = iota(w.leader, "col", {8, 6});
+  auto c = t.slice({.dim = 1, .start = 4, .length = 1});
+  CHECK(c.rows().width == 4);
+  CHECK(c.rows().pitch == 24);
+  CHECK(c.rows().height == 8);
+  CHECK(read(c) == std::vector<float>{4, 10, 16, 22, 28, 34, 40, 46});
+  auto local = copy_slice(c, LocalOptions{.backend = BackendKind::host});
+  CHECK(std::vector<float>(local.data(), local.data() + 8) == read(c));
+  // The inner two dimensions merge, then the unit one is rows of one element.
+  auto cube = iota(w.leader, "col3", {4, 6, 5}).slice({.dim = 2, .start = 2, .length = 1});
+  CHECK(cube.rows().height == 24);
+  CHECK(cube.rows().pitch == 20);
+  auto got = read(cube);
+  REQUIRE(got.size() == 24);
+  for (std::size_t i = 0; i < 24; ++i) CHECK(got[i] == static_cast<float>(i * 5 + 2));
+  // Writes land in the column only.
+  c.copy_from_host(std::vector<float>(8, -1.0f));
+  auto all = read(t);
+  for (std::size_t i = 0; i < 48; ++i) CHECK(all[i] == (i % 6 == 4 ? -1.0f : static_cast<float>(i)));
+}
+
+TEST_CASE("slice: an empty view at the end copies and exports nothing", "[redis][slice][dlpack]") {
+  World w;
+  auto t = iota(w.leader, "e", {4, 6});
+  auto v = t.slice({.dim = 0, .start = 4, .length = 0});
+  CHECK(v.size() == 0);
+  CHECK(v.bytes() == 0);
+  std::vector<float> none;
+  v.copy_to_host(none);
+  v.copy_from_host(none);
+  CHECK(copy_slice(v, LocalOptions{.backend = BackendKind::host}).shape() == Shape{0, 6});
+  DLManagedTensor* m = to_dlpack(v);
+  CHECK(m->dl_tensor.shape[0] == 0);
+  CHECK(m->dl_tensor.shape[1] == 6);
+  m->deleter(m);
+  auto cols = t.slice({.dim = 1, .start = 6, .length = 0});
+  CHECK(cols.shape() == Shape{4, 0});
+  cols.copy_to_host(none);
 }
 
 TEST_CASE("slice: slices compose, strides kept and offsets added", "[redis][slice]") {
@@ -112,10 +168,21 @@ TEST_CASE("slice: slices compose, strides kept and offsets added", "[redis][slic
   auto whole = w.reader.get<float>("c").slice({.dim = 0});
   CHECK(whole.contiguous());
   CHECK(read(whole) == read(w.reader.get<float>("c")));
-  // Untyped handles keep the view.
+  // Untyped handles keep the view; as<U>() types one again, dtype checked.
   SharedTensor<void> u = v;
   CHECK(u.shape() == v.shape());
   CHECK(u.data() == static_cast<void*>(v.data()));
+  auto back = u.as<const float>();
+  CHECK(back.shape() == v.shape());
+  CHECK(back.data() == v.data());
+  CHECK_THROWS_WITH(u.as<std::int32_t>(), Contains("'c'") && Contains("f32"));
+  CHECK_FALSE(SharedTensor<void>{}.as<float>());
+  // So do read-only untyped handles, through DLPack too.
+  SharedTensor<const void> ro = v;
+  DLManagedTensor* m = to_dlpack(ro);
+  CHECK(m->dl_tensor.data == static_cast<void*>(v.data()));
+  CHECK(m->dl_tensor.strides[0] == 30);
+  m->deleter(m);
 }
 
 TEST_CASE("slice: writes and copies of a view touch its elements only", "[redis][slice]") {
@@ -221,7 +288,7 @@ std::int64_t record_refcount(redis::Connection& c, const std::string& prefix) {
 
 }  // namespace
 
-TEST_CASE("shard rules: first match wins, -1 and unmatched names whole, unused rules refused", "[redis][slice][state_dict]") {
+TEST_CASE("shard rules: first match wins, whole and unmatched names whole, unused rules refused", "[redis][slice][state_dict]") {
   World w;
   redis::Connection c{w.srv.options()};
   std::vector<float> src(64);
@@ -236,7 +303,7 @@ TEST_CASE("shard rules: first match wins, -1 and unmatched names whole, unused r
                      po)
       .clear();
   w.leader.flush();
-  ShardRules rules{.rank = 1, .world = 2, .rules = {{"*.qkv.weight", 0}, {"*.norm.weight", -1}, {"*.weight", 1}}};
+  ShardRules rules{.rank = 1, .world = 2, .rules = {{"*.qkv.weight", 0}, {"*.norm.weight", ShardRule::whole}, {"*.weight", 1}}};
   {
     auto sd = open_state_dict(w.reader, "llm/", rules);
     REQUIRE(sd.size() == 4);
@@ -244,9 +311,9 @@ TEST_CASE("shard rules: first match wins, -1 and unmatched names whole, unused r
     CHECK(sd.at("l0.qkv.weight").byte_offset() == 16 * 4);
     CHECK(sd.at("l0.o_proj.weight").shape() == Shape{4, 4});  // "*.weight": dim 1
     CHECK(sd.at("l0.o_proj.weight").strides() == Shape{8, 1});
-    CHECK(sd.at("l0.norm.weight").shape() == Shape{4});  // -1: whole
+    CHECK(sd.at("l0.norm.weight").shape() == Shape{4});  // ShardRule::whole
     CHECK(sd.at("l0.bias").shape() == Shape{8});         // no rule: whole
-    auto o = read(SharedTensor<float>(sd.at("l0.o_proj.weight").handle(), sd.at("l0.o_proj.weight").view()));
+    auto o = read(sd.at("l0.o_proj.weight").as<float>());
     CHECK(o == std::vector<float>{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
     // One script, one reference: the dict record's, not one per tensor or view.
     CHECK(record_refcount(c, "llm/") == 1);
@@ -263,4 +330,21 @@ TEST_CASE("shard rules: first match wins, -1 and unmatched names whole, unused r
   CHECK_THROWS_WITH(open_state_dict(w.reader, "llm/", {.rank = 0, .world = 3, .rules = {{"*.bias", 0}}}),
                     Contains("dimension 0 of 'llm/l0.bias' is 8, not divisible by world 3"));
   CHECK_THROWS_WITH(open_state_dict(w.reader, "llm/", {.rank = 2, .world = 2, .rules = {}}), Contains("rank 2 of world 2"));
+  // Negative dimensions count from the end, as in numpy and torch.
+  {
+    auto last = open_state_dict(w.reader, "llm/",
+                                {.rank = 1, .world = 2, .rules = {{"*.o_proj.weight", -1}, {"*.qkv.weight", -2}}});
+    CHECK(last.at("l0.o_proj.weight").shape() == Shape{4, 4});
+    CHECK(last.at("l0.o_proj.weight").byte_offset() == 4 * 4);
+    CHECK(last.at("l0.qkv.weight").shape() == Shape{4, 4});
+    CHECK(last.at("l0.qkv.weight").byte_offset() == 16 * 4);
+  }
+  CHECK_THROWS_WITH(open_state_dict(w.reader, "llm/", {.rank = 0, .world = 2, .rules = {{"*.norm.weight", -2}}}),
+                    Contains("'*.norm.weight'") && Contains("dimension -2") && Contains("'llm/l0.norm.weight'"));
+  // A rule every match of which an earlier rule took is named as shadowed, not as a typo.
+  CHECK_THROWS_WITH(open_state_dict(w.reader, "llm/", {.rank = 0, .world = 2, .rules = {{"*.weight", ShardRule::whole},
+                                                                                         {"*.qkv.weight", 0}}}),
+                    Contains("'*.qkv.weight'") && Contains("taken by an earlier rule '*.weight'"));
+  w.reader.flush();
+  CHECK(record_refcount(c, "llm/") == 0);  // nothing kept
 }
