@@ -82,4 +82,59 @@ TEST_CASE("cuda: tp views of ranks 0-3 are read in place by a kernel, and copy_s
   }
 }
 
+namespace {
+
+// A tensor's or view's elements on the host.
+template <class T>
+std::vector<float> dump(const SharedTensor<T>& t) {
+  std::vector<float> v(t.size());
+  t.copy_to_host(v);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: a strided view's writes, its copies to and from host memory, and a single column", "[gpu][slice]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry leader(cuda_opts(srv, true));
+  TensorRegistry reader(cuda_opts(srv, false));
+  CreateOptions keep;
+  keep.persistent = true;
+  const std::int64_t R = 8, C = 96;
+  std::vector<float> src(R * C);
+  std::iota(src.begin(), src.end(), 0.0f);
+  leader.create<float>("gpu/s", {R, C}, keep).copy_from_host(src);
+  auto t = reader.get<float>("gpu/s");
+  // H2D into a strided view (cudaMemcpy2DAsync with dpitch = the pitch): columns 24..47 only.
+  t.slice(SliceSpec::tp(1, 1, 4)).copy_from_host(std::vector<float>(R * 24, -1.0f));
+  auto all = dump(t);
+  for (std::int64_t i = 0; i < R * C; ++i) CHECK(all[i] == (i % C >= 24 && i % C < 48 ? -1.0f : src[i]));
+  // A single column: rows of one element, device to device and device to host.
+  auto col = t.slice({.dim = 1, .start = 5, .length = 1});
+  std::vector<float> want(R);
+  for (std::int64_t i = 0; i < R; ++i) want[i] = src[i * C + 5];
+  CHECK(dump(col) == want);
+  LocalOptions lo;
+  lo.device = t.device();
+  auto on_device = copy_slice(col, lo);
+  REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+  std::vector<float> got(R);
+  REQUIRE(cudaMemcpy(got.data(), on_device.data(), R * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(got == want);
+  auto on_host = copy_slice(t.slice(SliceSpec::tp(1, 1, 4)), LocalOptions{.backend = BackendKind::host});
+  CHECK(std::vector<float>(on_host.data(), on_host.data() + R * 24) == std::vector<float>(R * 24, -1.0f));
+  // A host tensor's view copied to the device.
+  CreateOptions host = keep;
+  host.backend = BackendKind::host;
+  leader.create<float>("gpu/h", {R, C}, host).copy_from_host(src);
+  auto hv = reader.get<float>("gpu/h").slice(SliceSpec::tp(1, 3, 4));
+  auto up = copy_slice(hv, lo);
+  REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+  std::vector<float> back(R * 24);
+  REQUIRE(cudaMemcpy(back.data(), up.data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(back == dump(hv));
+  CHECK(back[0] == 72.0f);
+}
+
 #endif
