@@ -565,6 +565,93 @@ static void test_state_dict_record(memcuda_registry* r) {
   CHECK_OK(memcuda_remove(r, "c.sd/c"));
 }
 
+/* Slices: views sharing the handle's reference, their strides and data, a
+ * strided view's whole copy, tp shards, and a state dict opened as a shard. */
+static void test_slices(memcuda_registry* r) {
+  int64_t shape[2] = {4, 6};
+  memcuda_tensor* t = NULL;
+  memcuda_tensor* cols = NULL;
+  memcuda_tensor* rows = NULL;
+  memcuda_tensor* bad = NULL;
+  memcuda_tensor** arr = NULL;
+  memcuda_shard_rule rule;
+  float* p;
+  float got[8];
+  size_t n = 0, i;
+  int ok = 1;
+  CHECK_OK(memcuda_create(r, "c.sl/w", MEMCUDA_DTYPE_F32, shape, 2, NULL, &t));
+  if (!t) return;
+  p = (float*)memcuda_tensor_data(t);
+  for (i = 0; i < 24; ++i) p[i] = (float)i;
+  CHECK(memcuda_tensor_strides(t)[0] == 6 && memcuda_tensor_strides(t)[1] == 1);
+  CHECK_OK(memcuda_tensor_slice(t, 1, 4, -1, &cols)); /* columns 4..5 */
+  CHECK_OK(memcuda_tensor_slice_tp(t, 0, 1, 2, &rows)); /* rows 2..3 */
+  if (!cols || !rows) return;
+  CHECK(memcuda_tensor_shape(cols)[0] == 4 && memcuda_tensor_shape(cols)[1] == 2);
+  CHECK(memcuda_tensor_strides(cols)[0] == 6 && memcuda_tensor_strides(cols)[1] == 1);
+  CHECK(memcuda_tensor_bytes(cols) == 32);
+  CHECK((float*)memcuda_tensor_data(cols) == p + 4);
+  CHECK((float*)memcuda_tensor_data(rows) == p + 12);
+  CHECK(refcount_of(r, "c.sl/w") == 1); /* views take no reference */
+  CHECK_OK(memcuda_tensor_copy_to_host(cols, got, sizeof got, 0));
+  for (i = 0; i < 4; ++i) ok &= got[2 * i] == (float)(6 * i + 4) && got[2 * i + 1] == (float)(6 * i + 5);
+  CHECK(ok);
+  CHECK(memcuda_tensor_copy_to_host(cols, got, 8, 8) == MEMCUDA_ERR_INVALID_ARGUMENT); /* strided: whole only */
+  memcuda_tensor_release(cols);
+  cols = NULL;
+  CHECK_OK(memcuda_tensor_slice(t, 1, 4, 1, &cols)); /* one column: rows of one element */
+  if (!cols) return;
+  CHECK_OK(memcuda_tensor_copy_to_host(cols, got, 16, 0));
+  CHECK(got[0] == 4.0f && got[1] == 10.0f && got[2] == 16.0f && got[3] == 22.0f);
+  CHECK(memcuda_tensor_slice_tp(t, 1, 0, 4, &bad) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(bad == NULL && strstr(memcuda_last_error_message(), "not divisible by world 4") != NULL);
+  CHECK(memcuda_tensor_slice(t, 2, 0, -1, &bad) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_tensor_slice(t, 0, 3, 2, &bad) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  memcuda_tensor_release(cols);
+  memcuda_tensor_release(rows);
+
+  rule.pattern = "*";
+  rule.dim = 1;
+  CHECK_OK(memcuda_open_state_dict_sharded(r, "c.sl/", 2, 3, &rule, 1, 0, &arr, &n));
+  CHECK(n == 1);
+  if (n == 1) {
+    memcuda_tensor_fields f;
+    CHECK(memcuda_tensor_shape(arr[0])[1] == 2 && (float*)memcuda_tensor_data(arr[0]) == p + 4);
+    CHECK_OK(memcuda_tensors_fields((const memcuda_tensor* const*)arr, 1, &f, sizeof f));
+    CHECK((char*)f.alloc_base + f.offset == (char*)f.data); /* offset is the view's */
+    CHECK(f.offset + f.bytes <= f.alloc_bytes);
+    memcuda_tensor_release(arr[0]);
+  }
+  memcuda_free_tensor_array(arr);
+  rule.dim = -1; /* the last dimension, as in numpy */
+  CHECK_OK(memcuda_open_state_dict_sharded(r, "c.sl/", 1, 2, &rule, 1, 0, &arr, &n));
+  if (n == 1) {
+    CHECK(memcuda_tensor_shape(arr[0])[1] == 3 && (float*)memcuda_tensor_data(arr[0]) == p + 3);
+    memcuda_tensor_release(arr[0]);
+  }
+  memcuda_free_tensor_array(arr);
+  rule.dim = MEMCUDA_SHARD_WHOLE;
+  CHECK_OK(memcuda_open_state_dict_sharded(r, "c.sl/", 1, 2, &rule, 1, 0, &arr, &n));
+  if (n == 1) {
+    CHECK(memcuda_tensor_shape(arr[0])[1] == 6 && (float*)memcuda_tensor_data(arr[0]) == p);
+    memcuda_tensor_release(arr[0]);
+  }
+  memcuda_free_tensor_array(arr);
+  rule.dim = -3;
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 0, 2, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(n == 0 && arr == NULL);
+  rule.dim = 1;
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 0, 0, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 3, 3, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(n == 0 && arr == NULL);
+  rule.pattern = "nothing*";
+  CHECK(memcuda_open_state_dict_sharded(r, "c.sl/", 0, 3, &rule, 1, 0, &arr, &n) == MEMCUDA_ERR_INVALID_ARGUMENT);
+  CHECK(n == 0 && arr == NULL);
+  memcuda_tensor_release(t);
+  CHECK_OK(memcuda_flush(r, -1));
+  CHECK(refcount_of(r, "c.sl/w") == -1); /* every view released: freed */
+}
+
 int main(void) {
   memcuda_registry* leader;
   memcuda_registry* client;
@@ -584,6 +671,7 @@ int main(void) {
   test_dlpack(leader);
   test_batch_views(leader);
   test_state_dict_record(leader);
+  test_slices(leader);
   memcuda_registry_close(client);
   memcuda_registry_close(leader);
   memcuda_registry_close(NULL);

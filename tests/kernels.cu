@@ -40,3 +40,21 @@ extern "C" cudaError_t memcuda_test_sum(const float* p, std::size_t n, double* o
   sum_kernel<<<64, 256, 0, s>>>(p, n, out);
   return cudaGetLastError();
 }
+
+namespace {
+__global__ void sum_strided_kernel(const float* p, std::size_t rows, std::size_t cols, std::size_t pitch, double* out) {
+  double s = 0;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * cols; i += std::size_t(gridDim.x) * blockDim.x)
+    s += p[(i / cols) * pitch + i % cols];
+  atomicAdd(out, s);
+}
+}  // namespace
+
+// Sums a view of `rows` x `cols` floats whose rows are `pitch` elements apart, into *out (device memory), on `s`.
+extern "C" cudaError_t memcuda_test_sum_strided(const float* p, std::size_t rows, std::size_t cols, std::size_t pitch,
+                                                double* out, cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(double), s);
+  if (e != cudaSuccess) return e;
+  sum_strided_kernel<<<64, 256, 0, s>>>(p, rows, cols, pitch, out);
+  return cudaGetLastError();
+}

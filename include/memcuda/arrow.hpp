@@ -340,8 +340,10 @@ void export_arrow(const SharedTensor<T>& t, ArrowSchema* out_schema, ArrowDevice
   if (!out_schema) throw InvalidArgument("export_arrow: out_schema is null");
   out_schema->release = nullptr;
   if (out_array) out_array->array.release = nullptr;
-  const SharedTensor<void> v(t.handle());
+  const SharedTensor<void> v(t.handle(), t.view());  // any T, const void included
   if (!v) throw InvalidArgument("export_arrow of an empty SharedTensor");
+  if (!v.contiguous())
+    throw InvalidArgument("export_arrow of a strided view of '" + v.name() + "': an Arrow array is dense");
   detail::export_arrow_schema(v, opts, out_schema);
   if (!out_array) return;
   try {

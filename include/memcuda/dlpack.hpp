@@ -50,20 +50,23 @@ struct DLPackContext {
 }  // namespace detail
 
 // A DLManagedTensor viewing the tensor's memory (kDLCUDA with this
-// process's device ordinal, or kDLCPU for the host backend), contiguous
-// row-major. It holds one share of the handle's reference: the tensor stays
+// process's device ordinal, or kDLCPU for the host backend), with the
+// view's shape and element strides (row-major for a whole tensor). `data` is
+// the view's first element and byte_offset 0: torch's importer ignores
+// byte_offset, so a base pointer plus an offset would read the wrong bytes.
+// It holds one share of the handle's reference: the tensor stays
 // registered and mapped until the consumer calls the deleter (exactly
 // once, from any thread). Ownership of the returned pointer passes to the
 // caller (or the framework it is handed to).
 template <class T>
 DLManagedTensor* to_dlpack(const SharedTensor<T>& t) {
   auto ctx = std::make_unique<detail::DLPackContext>();
-  ctx->tensor = SharedTensor<void>(t.handle());
+  ctx->tensor = SharedTensor<void>(t.handle(), t.view());  // any T, const void included
   if (!ctx->tensor) throw InvalidArgument("to_dlpack of an empty SharedTensor");
   ctx->shape = t.shape();
   ctx->strides = t.strides();
   DLTensor& d = ctx->managed.dl_tensor;
-  d.data = t.data();
+  d.data = ctx->tensor.data();  // void*: DLPack has no const
   d.device.device_type = t.backend() == BackendKind::cuda ? kDLCUDA : kDLCPU;
   d.device.device_id = t.backend() == BackendKind::cuda ? t.device() : 0;
   d.ndim = static_cast<int>(ctx->shape.size());

@@ -22,6 +22,7 @@
 #include "memcuda/shape.hpp"
 #include "memcuda/share_options.hpp"
 #include "memcuda/shared_tensor.hpp"
+#include "memcuda/slice.hpp"
 #include "memcuda/state_dict.hpp"
 #include "memcuda/stats.hpp"
 #include "memcuda/stream.hpp"

@@ -10,10 +10,12 @@
 #include <string>
 #include <type_traits>
 
+#include "memcuda/detail/cuda/copy_rows.hpp"
 #include "memcuda/detail/cuda/reach.hpp"
 #include "memcuda/dtype.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/local_tensor.hpp"
+#include "memcuda/slice.hpp"
 #include "memcuda/tensor_info.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN
@@ -96,6 +98,9 @@ class TensorHandle {
 // mem-cuda; synchronise (stream sync, events) before another process reads
 // what you wrote.
 //
+// A handle may be a view (slice()): shape(), strides(), data(), bytes() and
+// size() are then the view's, info() still the whole record's.
+//
 // T must match the stored dtype (TypeMismatch otherwise); SharedTensor<void>
 // accepts any dtype and exposes untyped bytes.
 template <class T>
@@ -108,28 +113,34 @@ class SharedTensor {
   using value_type = std::conditional_t<std::is_void_v<T>, std::byte, std::remove_cv_t<T>>;
 
   SharedTensor() noexcept = default;
-  explicit SharedTensor(std::shared_ptr<detail::TensorHandle> h) noexcept : h_(std::move(h)) {}
+  explicit SharedTensor(std::shared_ptr<detail::TensorHandle> h, std::shared_ptr<const detail::View> v = {}) noexcept
+      : h_(std::move(h)), v_(std::move(v)) {}
 
-  // Untyped handle from a typed one (shares the reference).
+  // Untyped handle from a typed one (shares the reference and the view).
   template <class U>
     requires(std::is_void_v<T> && !std::is_void_v<U>)
-  SharedTensor(const SharedTensor<U>& o) noexcept : h_(o.handle()) {}  // NOLINT
+  SharedTensor(const SharedTensor<U>& o) noexcept : h_(o.handle()), v_(o.view()) {}  // NOLINT
 
   explicit operator bool() const noexcept { return static_cast<bool>(h_); }
   bool empty() const noexcept { return !h_; }
 
   const std::string& name() const { return h().info().name; }
   DType dtype() const { return h().info().dtype; }
-  const Shape& shape() const { return h().info().shape; }
-  // Row-major strides in elements (tensors are contiguous).
-  Shape strides() const { return h().info().strides(); }
+  const Shape& shape() const { return v_ ? v_->shape : h().info().shape; }
+  // Strides in elements: row-major for a whole tensor, the tensor's for a view.
+  Shape strides() const { return v_ ? v_->strides : h().info().strides(); }
+  // Bytes from the tensor's first element to the view's (0: a whole tensor).
+  std::uint64_t byte_offset() const noexcept { return v_ ? v_->offset : 0; }
+  // Whether the elements are dense in row-major order (a slice of dimension 0 is).
+  bool contiguous() const { return !v_ || detail::dense(*v_); }
   std::size_t rank() const { return shape().size(); }
   BackendKind backend() const { return h().info().backend; }
   // This process's CUDA ordinal of the tensor's device; -1 for host.
   int device() const { return h().local_device(); }
   const std::string& device_uuid() const { return h().info().device_uuid; }
-  std::uint64_t bytes() const { return h().info().bytes; }
-  std::uint64_t size() const { return h().info().elements(); }
+  // The view's elements and their bytes (not counting the gaps between its rows).
+  std::uint64_t bytes() const { return v_ ? size() * itemsize(dtype()) : h().info().bytes; }
+  std::uint64_t size() const { return v_ ? element_count(v_->shape) : h().info().elements(); }
   // Unique per tensor ever created under this name or any other.
   std::uint64_t generation() const { return h().info().generation; }
   // The record as it was when this handle was opened.
@@ -146,7 +157,36 @@ class SharedTensor {
 
   // A SharedTensor<const T> (from get<const T>) is a read-only view: data()
   // returns const T* and copy_from_host does not exist for it.
-  T* data() const noexcept { return h_ ? static_cast<T*>(h_->data()) : nullptr; }
+  // A view's first element.
+  T* data() const noexcept {
+    return h_ ? static_cast<T*>(static_cast<void*>(static_cast<char*>(h_->data()) + byte_offset())) : nullptr;
+  }
+
+  // Elements [start, start + length) of dimension spec.dim of this tensor or
+  // view: a view sharing this handle's reference (no Redis call, no copy).
+  // Slices compose. InvalidArgument naming the tensor, its shape and the
+  // dimension for a range that does not fit (SliceSpec::tp: an uneven split).
+  SharedTensor slice(const SliceSpec& spec) const {
+    const auto& i = h().info();
+    auto base = v_ ? *v_ : detail::View{i.shape, i.strides(), 0};
+    return SharedTensor(h_, std::make_shared<const detail::View>(
+                                detail::slice_view(i.name, base, itemsize(i.dtype), spec)));
+  }
+  const std::shared_ptr<const detail::View>& view() const noexcept { return v_; }
+  // This handle (and its view) as SharedTensor<U>: TypeMismatch unless U is
+  // the stored dtype. How an untyped handle (a state dict's) is typed again.
+  template <class U>
+  SharedTensor<U> as() const {
+    if (h_ && dtype() != dtype_of<U>)
+      throw TypeMismatch("'" + name() + "' is " + std::string(to_string(dtype())) + ", not " +
+                         std::string(to_string(dtype_of<U>)));
+    return SharedTensor<U>(h_, v_);
+  }
+  // The view as rows for one 2D copy; InvalidArgument where it is not one.
+  detail::Rows rows() const {
+    const auto& i = h().info();
+    return v_ ? detail::rows_of(i.name, *v_, itemsize(i.dtype)) : detail::Rows{i.bytes, i.bytes, 1};
+  }
 
   // False once the name was removed (or removed and created again), or its
   // tensor was moved to a new allocator of record after the old one died:
@@ -182,22 +222,26 @@ class SharedTensor {
   void wait_published(StreamHandle stream) const { h().wait_published(stream); }
 
   // Drops this copy's share; the process's reference goes with the last copy.
-  void release() noexcept { h_.reset(); }
+  void release() noexcept {
+    h_.reset();
+    v_.reset();
+  }
 
-  // Bounds-checked copies between host memory and the tensor, starting at
-  // element `offset`. Synchronous: the bytes are in place (visible to other
-  // processes) when the call returns; on cuda they are ordered on the legacy
-  // default stream. Throws InvalidArgument when the range does not fit.
+  // Bounds-checked copies between host memory and the tensor (or view), from
+  // element `offset`; a strided view is copied whole (offset 0, size()
+  // elements, dense in host memory: one 2D copy). Synchronous: the bytes are in
+  // place (visible to other processes) on return; on cuda ordered on the
+  // legacy default stream. InvalidArgument when the range does not fit.
   // Not available on SharedTensor<const T>: a read-only view cannot write.
   void copy_from_host(std::span<const value_type> src, std::uint64_t offset = 0) const
     requires(!std::is_const_v<T>)
   {
-    auto [dst, n] = range(offset, src.size());
-    copy(dst, src.data(), n, true);
+    auto [dst, r] = range(offset, src.size());
+    copy(dst, src.data(), r, true);
   }
   void copy_to_host(std::span<value_type> dst, std::uint64_t offset = 0) const {
-    auto [src, n] = range(offset, dst.size());
-    copy(src, dst.data(), n, false);
+    auto [src, r] = range(offset, dst.size());
+    copy(src, dst.data(), r, false);
   }
 
   std::shared_ptr<detail::TensorHandle> handle() const noexcept { return h_; }
@@ -208,38 +252,45 @@ class SharedTensor {
     return *h_;
   }
 
-  std::pair<char*, std::uint64_t> range(std::uint64_t offset, std::size_t count) const {
-    const auto& info = h().info();
+  std::pair<char*, detail::Rows> range(std::uint64_t offset, std::size_t count) const {
     const std::uint64_t unit = sizeof(value_type);
-    const std::uint64_t total = info.bytes / unit;
+    const std::uint64_t total = bytes() / unit;
     if (offset > total || count > total - offset)
       throw InvalidArgument("copy of " + std::to_string(count) + " element(s) at offset " + std::to_string(offset) +
-                            " is out of range for '" + info.name + "' (" + std::to_string(total) + " element(s))");
-    return {static_cast<char*>(h_->data()) + offset * unit, count * unit};
+                            " is out of range for '" + name() + "' (" + std::to_string(total) + " element(s))");
+    auto r = rows();
+    if (r.height > 1 && (offset != 0 || count != total))
+      throw InvalidArgument("copy of " + std::to_string(count) + " element(s) at offset " + std::to_string(offset) +
+                            " of a strided view of '" + name() + "': such a view is copied whole (" +
+                            std::to_string(total) + " element(s))");
+    if (r.height <= 1) r = {count * unit, count * unit, count ? 1u : 0u};
+    return {static_cast<char*>(h_->data()) + byte_offset() + offset * unit, r};
   }
 
-  void copy(char* tensor_ptr, const void* host, std::uint64_t n, bool to_tensor) const {
-    if (n == 0) return;
-    if (backend() == BackendKind::host) {
-      if (to_tensor) std::memcpy(tensor_ptr, host, n);
-      else std::memcpy(const_cast<void*>(host), tensor_ptr, n);
-      return;
-    }
-#if MEMCUDA_HAS_CUDA()
-    detail::DeviceGuard g(device());
-    // cudaMemcpy from pageable memory may return before the DMA has landed;
-    // another process must see the bytes once we return, so wait for it.
-    if (to_tensor)
-      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(tensor_ptr, host, n, cudaMemcpyHostToDevice, cudaStreamLegacy));
-    else
-      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(const_cast<void*>(host), tensor_ptr, n, cudaMemcpyDeviceToHost, cudaStreamLegacy));
-    MEMCUDA_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
-#else
-    throw Unavailable("cuda backend not built");
-#endif
+  // Synchronous: another process must see the bytes once we return.
+  void copy(char* tensor_ptr, const void* host, const detail::Rows& r, bool to_tensor) const {
+    const bool on_host = backend() == BackendKind::host;
+    if (to_tensor) detail::copy_rows(tensor_ptr, r.pitch, host, r.width, r, on_host, device(), nullptr, true);
+    else detail::copy_rows(const_cast<void*>(host), r.width, tensor_ptr, r.pitch, r, on_host, device(), nullptr, true);
   }
 
   std::shared_ptr<detail::TensorHandle> h_;
+  std::shared_ptr<const detail::View> v_;  // null: the whole tensor
 };
+
+// A dense copy of tensor or view `t` in a new LocalTensor (opts: the
+// reader's device, or host memory): one 2D copy of the view's rows at the
+// tensor's pitch, ordered on opts.stream, waited for when either side is
+// host memory. InvalidArgument for a view that is not one 2D copy. T is an
+// element type: type an untyped handle with as<U>() first.
+template <class T>
+LocalTensor<std::remove_cv_t<T>> copy_slice(const SharedTensor<T>& t, LocalOptions opts = {}) {
+  const auto r = t.rows();
+  LocalTensor<std::remove_cv_t<T>> out(t.shape(), opts);
+  const bool host = opts.backend == BackendKind::host;
+  detail::copy_rows(out.data(), r.width, t.data(), r.pitch, r, host && t.backend() == BackendKind::host,
+                    host ? t.device() : opts.device, opts.stream, host || t.backend() == BackendKind::host);
+  return out;
+}
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

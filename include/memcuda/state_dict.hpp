@@ -11,6 +11,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -95,5 +96,24 @@ bool link_state_dict(TensorRegistry& reg, std::string_view prefix, const std::ve
 // them goes; otherwise one reference per tensor (get_prefix). Either way the
 // names are exactly get_prefix's.
 StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix);
+
+// Which tensors of a dict a tensor-parallel rank opens as its shard.
+struct ShardRule {
+  static constexpr int whole = INT_MIN;  // dim: opened whole
+  std::string pattern;  // fnmatch(3) glob on the name relative to the prefix, get_matching's rule
+  int dim = 0;          // the dimension split across ranks; negative counts from the end (-1: the last)
+};
+struct ShardRules {
+  unsigned rank = 0, world = 1;
+  std::vector<ShardRule> rules;  // the first matching rule wins; names none matches are opened whole
+  bool allow_unused = false;     // false: a rule that matched no name is InvalidArgument (a typo)
+};
+
+// open_state_dict, then each matching tensor narrowed to SliceSpec::tp(dim,
+// rank, world): zero-copy views sharing the open's reference, so a rank's
+// shard of a linked dict is still one O(1) script and one reference.
+// InvalidArgument (nothing held) for an unused or shadowed rule, a dimension
+// out of range or one that does not split evenly.
+StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix, const ShardRules& shards);
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -127,6 +127,13 @@ class TensorRegistry {
     return SharedTensor<T>(get_handle(name, want, opts));
   }
 
+  // get() and SharedTensor::slice(spec): a view of one dimension's range
+  // (SliceSpec::tp: a tensor-parallel shard), sharing the get's reference.
+  template <class T>
+  SharedTensor<T> get_slice(std::string_view name, const SliceSpec& spec, GetOptions opts = {}) {
+    return get<T>(name, opts).slice(spec);
+  }
+
   // get() for stream-ordered consumers: additionally makes `stream` wait
   // for the producer's last publish() (cudaStreamWaitEvent on its
   // interprocess event; no host synchronisation). Work enqueued on `stream`

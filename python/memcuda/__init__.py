@@ -19,6 +19,7 @@ from .errors import NotZeroCopy, ZeroCopyWarning
 from .model_versions import ModelVersionWriter, PinnedModel
 from .registry import GcReport, Registry, Stats
 from .share import shareable_empty
+from .shard import Shard
 from .tensor import Tensor, TensorInfo
 
 __version__: str = _lib.memcuda_version_string().decode()
@@ -31,7 +32,7 @@ def has_cuda() -> bool:
 
 
 __all__ = [
-    "Registry", "Tensor", "shareable_empty", "TensorInfo", "Stats", "GcReport", "DTYPES", "has_cuda", "library_path",
+    "Registry", "Tensor", "Shard", "shareable_empty", "TensorInfo", "Stats", "GcReport", "DTYPES", "has_cuda", "library_path",
     "MemcudaError", "InvalidArgument", "NotFound", "AlreadyExists", "TypeMismatch", "StaleHandle",
     "BudgetExceeded", "Lost", "NotLeader", "Unavailable", "InternalError", "ProtocolError", "CudaError",
     "RedisError", "ConnectionError", "AuthError", "TimeoutError", "ReplyError", "OutOfMemory", "UnknownError",

@@ -20,11 +20,11 @@ import os
 from typing import Optional
 
 _LIBNAME = "libmemcuda_c.so"
-ABI_VERSION = 1  # MEMCUDA_C_ABI_VERSION this package was written against
+ABI_VERSION = 2  # MEMCUDA_C_ABI_VERSION this package was written against
 
 c_int, c_int64, c_uint64, c_uint32, c_size_t = (ctypes.c_int, ctypes.c_int64, ctypes.c_uint64,
                                                  ctypes.c_uint32, ctypes.c_size_t)
-c_char_p, c_void_p = ctypes.c_char_p, ctypes.c_void_p
+c_char_p, c_void_p, c_uint = ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint
 P = ctypes.POINTER
 
 MAX_RANK = 8
@@ -163,6 +163,7 @@ class TensorFieldsC(ctypes.Structure):
         ("offset", c_uint64),
         ("alloc_bytes", c_uint64),
         ("has_event", c_int),
+        ("strides", P(c_int64)),
     ]
 
 
@@ -222,6 +223,10 @@ _SIGNATURES = [
     ("memcuda_get_prefix", c_int, [c_void_p, c_char_p, P(P(c_void_p)), P(c_size_t)]),
     ("memcuda_free_tensor_array", None, [P(c_void_p)]),
     ("memcuda_open_state_dict", c_int, [c_void_p, c_char_p, P(P(c_void_p)), P(c_size_t)]),
+    ("memcuda_open_state_dict_sharded", c_int, [c_void_p, c_char_p, c_uint, c_uint, c_void_p, c_size_t, c_int,
+                                                P(P(c_void_p)), P(c_size_t)]),
+    ("memcuda_tensor_slice", c_int, [c_void_p, c_int, c_int64, c_int64, P(c_void_p)]),
+    ("memcuda_tensor_slice_tp", c_int, [c_void_p, c_int, c_uint, c_uint, P(c_void_p)]),
     ("memcuda_publish_safetensors", c_int, [c_void_p, c_char_p, c_char_p, c_void_p, c_size_t, P(P(c_void_p)),
                                             P(c_size_t)]),
     ("memcuda_link_state_dict", c_int, [c_void_p, c_char_p, P(c_void_p), c_size_t, P(c_int)]),

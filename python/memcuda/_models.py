@@ -168,7 +168,7 @@ class ModelMethods:
         return model_versions.open_model(self, prefix, framework, stream)
 
     def get_state_dict(self, prefix: str, framework: Optional[str] = None, *,
-                       allow_copy: bool = False) -> Dict[str, Any]:
+                       allow_copy: bool = False, shard: Any = None) -> Dict[str, Any]:
         """Opens every tensor named ``prefix*`` in one Redis round trip
         (``get_prefix``'s names); keys without the prefix. Where the dict was
         put with ``put_state_dict(..., persistent=True)`` (and is unchanged
@@ -186,7 +186,11 @@ class ModelMethods:
         With "torch", the tensors of one allocation (a packed dict is one) are
         views of ONE DLPack import (``_torch_open``, as ``tensor.torch_views``): they hold the
         references of all of them together, released when the last of those
-        views is gone."""
+        views is gone.
+
+        shard: a ``memcuda.Shard(rank, world, rules)``: the tensors its rules
+        match come as rank's shard, zero-copy views of the same open (still
+        one script and one reference for a linked dict)."""
         if framework not in (None, "torch", "numpy"):
             raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
         if framework == "torch":
@@ -196,14 +200,20 @@ class ModelMethods:
             from ._torch_open import release_handles, torch_views_of_handles
             arr = ctypes.POINTER(ctypes.c_void_p)()
             n = ctypes.c_size_t()
-            check(lib.memcuda_open_state_dict(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
+            if shard is None:
+                check(lib.memcuda_open_state_dict(self._handle(), prefix.encode(), ctypes.byref(arr), ctypes.byref(n)))
+            else:
+                check(shard.open(lib, self._handle(), prefix, ctypes.byref(arr), ctypes.byref(n)))
             try:
                 names, views = torch_views_of_handles(arr, n.value) if n.value else ([], [])
             finally:
                 release_handles(arr, n.value)
             cut = len(prefix)
             return {name[cut:]: v for name, v in zip(names, views)}
-        got = self._by_name(lib.memcuda_open_state_dict, prefix)
+        if shard is None:
+            got = self._by_name(lib.memcuda_open_state_dict, prefix)
+        else:
+            got = self._by_name(lambda reg, p, arr, n: shard.open(lib, reg, prefix, arr, n), prefix)
         out: Dict[str, Any] = {}
         for name, t in got.items():
             out[name[len(prefix):]] = t if framework is None else t.numpy(allow_copy=allow_copy)

@@ -9,7 +9,6 @@ and an ``as_strided`` view per tensor (per-tensor Python work dominates a
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any, List, Tuple
 
 from . import dtypes
@@ -19,16 +18,6 @@ from .errors import check
 from .tensor import Tensor, _capsule_of
 
 _FIELDS_SIZE = ctypes.sizeof(TensorFieldsC)
-
-
-@functools.lru_cache(maxsize=4096)
-def _strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    """Row-major element strides of a shape (a model repeats a few shapes)."""
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= max(d, 1)
-    return tuple(reversed(out))
 
 
 def torch_views_of_handles(arr: Any, n: int) -> Tuple[List[str], List[Any]]:
@@ -43,12 +32,12 @@ def torch_views_of_handles(arr: Any, n: int) -> Tuple[List[str], List[Any]]:
     fields = (TensorFieldsC * n)()
     check(lib.memcuda_tensors_fields(arr, n, fields, _FIELDS_SIZE))
     names: List[str] = [""] * n
-    facts = []  # (dtype, shape, data) per tensor
+    facts = []  # (dtype, shape, strides, data) per tensor: a shard's view has its tensor's strides
     groups: "dict[tuple, list[int]]" = {}
     waits = set()  # CUDA devices whose current stream waits for a record's event
     for i, f in enumerate(fields):
         names[i] = f.name.decode()
-        facts.append((f.dtype, tuple(f.shape[:f.ndim]), f.data or 0))
+        facts.append((f.dtype, tuple(f.shape[:f.ndim]), tuple(f.strides[:f.ndim]), f.data or 0))
         groups.setdefault((f.backend, f.device, f.alloc_base or 0), []).append(i)
         if f.has_event and f.backend == 0:
             waits.add(f.device)
@@ -67,7 +56,7 @@ def torch_views_of_handles(arr: Any, n: int) -> Tuple[List[str], List[Any]]:
         flat = torch.utils.dlpack.from_dlpack(_capsule_of(m))  # uint8, the span's bytes
         typed: "dict[int, Any]" = {}
         for i in idx:
-            code, shape, data = facts[i]
+            code, shape, strides, data = facts[i]
             size = dtypes.ITEMSIZE[code]
             off = data - start
             base = typed.get(code)
@@ -82,7 +71,7 @@ def torch_views_of_handles(arr: Any, n: int) -> Tuple[List[str], List[Any]]:
                 check(lib.memcuda_tensor_retain(arr[i], ctypes.byref(h)))
                 out[i] = Tensor(h.value).torch(newest=False)
                 continue
-            out[i] = base.as_strided(shape, _strides(shape), off // size)
+            out[i] = base.as_strided(shape, strides, off // size)
     return names, out
 
 

@@ -258,6 +258,18 @@ class Registry(ModelMethods, Scoped):
                                             ctypes.byref(h)))
         return Tensor(h.value)
 
+    def get_slice(self, name: str, dim: int, start: int, length: Optional[int] = None) -> Tensor:
+        """``get(name).slice(dim, start, length)``: a zero-copy view of one
+        dimension's range, holding the get's reference."""
+        with self.get(name) as t:
+            return t.slice(dim, start, length)
+
+    def get_shard(self, name: str, dim: int, rank: int, world: int) -> Tensor:
+        """Tensor-parallel shard `rank` of `world` of tensor `name` along `dim`
+        (``get(name).shard(dim, rank, world)``)."""
+        with self.get(name) as t:
+            return t.shard(dim, rank, world)
+
     def get_many(self, names: Iterable[str]) -> List[Tensor]:
         """Opens several tensors (any dtype) in one Redis round trip, in the
         order given (a name given twice: two handles of one reference; no

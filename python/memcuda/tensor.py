@@ -130,8 +130,8 @@ class Tensor(Scoped):
     writable) view the shared memory itself.
     """
 
-    __slots__ = ("_h", "_pid", "_name", "_dtype", "_shape", "_backend", "_device", "_gen", "_ptr", "_bytes",
-                 "_base", "_has_event", "__weakref__")
+    __slots__ = ("_h", "_pid", "_name", "_dtype", "_shape", "_strides", "_backend", "_device", "_gen", "_ptr",
+                 "_bytes", "_base", "_has_event", "__weakref__")
     _end = "release"
 
     def __init__(self, handle: int, fields: Optional[TensorFieldsC] = None) -> None:
@@ -147,6 +147,7 @@ class Tensor(Scoped):
         self._name = f.name.decode()
         self._dtype = f.dtype
         self._shape = tuple(f.shape[:f.ndim])
+        self._strides = tuple(f.strides[:f.ndim])
         self._backend = f.backend
         self._device = f.device
         self._gen = f.generation
@@ -227,11 +228,32 @@ class Tensor(Scoped):
         return self._shape
 
     @property
+    def strides(self) -> Tuple[int, ...]:
+        """Strides in elements: row-major for a whole tensor, the tensor's for a slice."""
+        return self._strides
+
+    @property
     def ndim(self) -> int:
         return len(self._shape)
 
+    def slice(self, dim: int, start: int, length: Optional[int] = None) -> "Tensor":
+        """Elements [start, start + length) of dimension `dim` (None: to the
+        end): a view sharing this handle's reference (no Redis call, no copy).
+        InvalidArgument for a range that does not fit."""
+        h = ctypes.c_void_p()
+        check(lib.memcuda_tensor_slice(self._handle(), dim, start, -1 if length is None else length, ctypes.byref(h)))
+        return Tensor(h.value)
+
+    def shard(self, dim: int, rank: int, world: int) -> "Tensor":
+        """Tensor-parallel shard `rank` of `world` along `dim` (n/world elements
+        of it; InvalidArgument where the dimension does not divide evenly)."""
+        h = ctypes.c_void_p()
+        check(lib.memcuda_tensor_slice_tp(self._handle(), dim, rank, world, ctypes.byref(h)))
+        return Tensor(h.value)
+
     @property
     def nbytes(self) -> int:
+        """The bytes of the tensor's (a slice's) elements."""
         return self._bytes
 
     @property
@@ -295,10 +317,12 @@ class Tensor(Scoped):
     # ---- copies ----------------------------------------------------------
     def copy_from_host(self, address: int, nbytes: int, offset: int = 0) -> None:
         """Copies `nbytes` from host memory at `address` into the tensor at byte
-        `offset`; synchronous, bounds-checked, either backend."""
+        `offset`; synchronous, bounds-checked, either backend. A strided slice
+        is copied whole only (offset 0, `nbytes` its nbytes, host memory dense)."""
         check(lib.memcuda_tensor_copy_from_host(self._handle(), address, nbytes, offset))
 
     def copy_to_host(self, address: int, nbytes: int, offset: int = 0) -> None:
+        """copy_from_host's reverse, with its rules."""
         check(lib.memcuda_tensor_copy_to_host(self._handle(), address, nbytes, offset))
 
     def tobytes(self) -> bytes:
@@ -356,8 +380,10 @@ class Tensor(Scoped):
         if ts is None:
             raise AttributeError(f"{self.dtype} has no array-interface type string; use DLPack "
                                  "(torch.from_dlpack) for bf16")
-        return {"shape": self._shape, "typestr": ts, "data": (self.data_ptr, False), "strides": None,
-                "version": 3}
+        size = dtypes.ITEMSIZE[self._dtype]
+        dense = _row_major(self._shape) == self._strides
+        return {"shape": self._shape, "typestr": ts, "data": (self.data_ptr, False),
+                "strides": None if dense else tuple(s * size for s in self._strides), "version": 3}
 
     @property
     def __array_interface__(self) -> dict:
@@ -416,6 +442,14 @@ class Tensor(Scoped):
         s = torch.cuda.current_stream(self._device).cuda_stream
         self.wait_opened(s or 1)  # 1: cudaStreamLegacy, torch's default stream
         return torch.utils.dlpack.from_dlpack(self.__dlpack__(stream=-1))
+
+
+def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
 
 
 def torch_views(tensors: "list[Tensor]") -> "list[Any]":

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import memcuda
@@ -243,6 +244,32 @@ def test_packed_state_dict_views_on_cuda(greg):
         greg.remove("g.pk/" + k)
 
 
+def test_tp_shards_on_cuda_equal_torch_slicing(greg):
+    src = torch.arange(64 * 96, dtype=torch.float32, device="cuda").reshape(64, 96)
+    greg.put("g.tp", src, persistent=True)
+    torch.cuda.synchronize()
+    for dim in (0, 1):
+        for rank in range(4):
+            v = greg.get_shard("g.tp", dim, rank, 4).torch()
+            assert v.is_cuda and v.stride() == (96, 1)
+            assert torch.equal(v, src.chunk(4, dim)[rank])
+    greg.put_state_dict("g.sd/", {"qkv.weight": src}, persistent=True)
+    sd = greg.get_state_dict("g.sd/", "torch", shard=memcuda.Shard(3, 4, {"*.weight": 1}))
+    assert torch.equal(sd["qkv.weight"], src[:, 72:])
+    # A dict not packed (one allocation per tensor): each view cut from its own import.
+    greg.put("g.np/a.weight", src, persistent=True)
+    greg.put("g.np/b.weight", src + 1, persistent=True)
+    torch.cuda.synchronize()
+    sd = greg.get_state_dict("g.np/", "torch", shard=memcuda.Shard(1, 4, {"*.weight": -1}))
+    assert torch.equal(sd["a.weight"], src[:, 24:48]) and torch.equal(sd["b.weight"], src[:, 24:48] + 1)
+    # Host copies of a CUDA shard: one 2D copy, a single column too.
+    with pytest.warns(memcuda.ZeroCopyWarning):
+        host = greg.get_shard("g.tp", 1, 1, 4).numpy(allow_copy=True)
+    assert (host == src[:, 24:48].cpu().numpy()).all()
+    col = np.frombuffer(greg.get_shard("g.tp", 1, 5, 96).tobytes(), np.float32)
+    assert (col == src[:, 5].cpu().numpy()).all()
+
+
 def test_cupy_reads_the_same_tensor(greg):
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     src = torch.arange(100, dtype=torch.float32, device="cuda")
@@ -252,6 +279,12 @@ def test_cupy_reads_the_same_tensor(greg):
     b = cupy.asarray(greg.get("g.cp"))  # __cuda_array_interface__
     assert int(a.data.ptr) == t.data_ptr == int(b.data.ptr)
     assert float(a.sum()) == 4950.0 and float(b.sum()) == 4950.0
+    grid = torch.arange(64 * 96, dtype=torch.float32, device="cuda").reshape(64, 96)
+    greg.put("g.cp2", grid, persistent=True)
+    torch.cuda.synchronize()
+    c = cupy.asarray(greg.get_shard("g.cp2", 1, 1, 4))  # byte strides in __cuda_array_interface__
+    assert c.strides == (96 * 4, 4)
+    assert bool((c == cupy.from_dlpack(grid[:, 24:48].contiguous())).all())
 
 
 @pytest.mark.gpu

@@ -27,9 +27,12 @@ struct SpanContext {
   DLManagedTensor managed{};
 };
 
-std::uintptr_t base_of(const memcuda::SharedTensor<void>& t) {
-  return reinterpret_cast<std::uintptr_t>(t.data()) - t.info().offset;
+// The tensor's first byte (a view's data() is past it by byte_offset()).
+std::uintptr_t start_of(const memcuda::SharedTensor<void>& t) {
+  return reinterpret_cast<std::uintptr_t>(t.data()) - t.byte_offset();
 }
+
+std::uintptr_t base_of(const memcuda::SharedTensor<void>& t) { return start_of(t) - t.info().offset; }
 
 }  // namespace
 
@@ -45,7 +48,7 @@ int memcuda_tensors_fields(const memcuda_tensor* const* ts, size_t count, memcud
                                      " bytes (header and library differ)");
     for (size_t i = 0; i < count; ++i) (void)memcuda_c::tensor(ts[i]);  // every handle valid before any is read
     for (size_t i = 0; i < count; ++i) {
-      const auto& t = ts[i]->t;
+      const auto& t = ts[i]->t;  // a view: its data, shape, strides and bytes
       const auto& info = t.info();
       memcuda_tensor_fields& f = out[i];
       f = memcuda_tensor_fields{};
@@ -53,14 +56,15 @@ int memcuda_tensors_fields(const memcuda_tensor* const* ts, size_t count, memcud
       f.name = info.name.c_str();
       f.data = t.data();
       f.dtype = static_cast<int>(info.dtype);
-      f.ndim = static_cast<int>(info.shape.size());
-      f.shape = info.shape.data();
+      f.ndim = static_cast<int>(t.rank());
+      f.shape = t.shape().data();
+      f.strides = ts[i]->strides.data();
       f.backend = info.backend == memcuda::BackendKind::cuda ? MEMCUDA_BACKEND_CUDA : MEMCUDA_BACKEND_HOST;
       f.device = t.device();
-      f.bytes = info.bytes;
+      f.bytes = t.bytes();
       f.generation = info.generation;
       f.alloc_base = reinterpret_cast<void*>(base_of(t));
-      f.offset = info.offset;
+      f.offset = info.offset + t.byte_offset();  // data - alloc_base, a view's too
       f.alloc_bytes = info.alloc_bytes;
       f.has_event = info.event_handle.empty() ? 0 : 1;
     }
@@ -105,9 +109,9 @@ int memcuda_tensors_to_dlpack_span(const memcuda_tensor* const* ts, size_t count
       if (base_of(t) != base_of(first) || t.backend() != first.backend() || t.device() != first.device())
         throw memcuda::InvalidArgument("tensors '" + first.name() + "' and '" + t.name() +
                                        "' are not in one allocation: a span covers one allocation");
-      const auto p = reinterpret_cast<std::uintptr_t>(t.data());
+      const auto p = start_of(t);  // whole tensors: a view's rows lie within its tensor
       lo = std::min(lo, p);
-      hi = std::max(hi, p + t.bytes());
+      hi = std::max(hi, p + t.info().bytes);
     }
     ctx->length = static_cast<std::int64_t>(hi - lo);
     DLTensor& d = ctx->managed.dl_tensor;

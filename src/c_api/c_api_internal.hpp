@@ -27,8 +27,9 @@ struct memcuda_registry {
 // One share of a reference. Copies of `t` (memcuda_tensor_retain, DLPack
 // exports) share the process's reference; it goes with the last of them.
 struct memcuda_tensor {
-  explicit memcuda_tensor(memcuda::SharedTensor<void> s) : t(std::move(s)) {}
+  explicit memcuda_tensor(memcuda::SharedTensor<void> s) : t(std::move(s)), strides(t ? t.strides() : memcuda::Shape{}) {}
   memcuda::SharedTensor<void> t;
+  memcuda::Shape strides;  // what memcuda_tensor_strides points into
 };
 
 namespace memcuda_c {

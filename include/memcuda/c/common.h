@@ -20,7 +20,7 @@ extern "C" {
 
 /* Incremented when a function's meaning or a struct's layout changes
  * incompatibly; new functions do not change it. */
-#define MEMCUDA_C_ABI_VERSION 1
+#define MEMCUDA_C_ABI_VERSION 2 /* 2: memcuda_tensor_fields.strides */
 
 /* ---- status codes: one per class of include/memcuda/error.hpp ---------- */
 #define MEMCUDA_OK 0

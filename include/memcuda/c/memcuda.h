@@ -30,6 +30,7 @@
 #include "memcuda/c/memcuda_publish.h"
 #include "memcuda/c/memcuda_share.h"
 #include "memcuda/c/model_ab.h"
+#include "memcuda/c/slice.h"
 #include "memcuda/c/zero_copy.h"
 
 #ifdef __cplusplus
@@ -265,7 +266,8 @@ MEMCUDA_C_EXPORT const char* memcuda_tensor_name(const memcuda_tensor* t);
 MEMCUDA_C_EXPORT int memcuda_tensor_dtype(const memcuda_tensor* t);
 MEMCUDA_C_EXPORT int memcuda_tensor_ndim(const memcuda_tensor* t);
 /* ndim dimensions, outermost first; valid while the handle lives. Tensors
- * are contiguous, row-major. */
+ * are contiguous, row-major; a slice (memcuda/c/slice.h) answers its view's
+ * shape, data and bytes, its strides memcuda_tensor_strides. */
 MEMCUDA_C_EXPORT const int64_t* memcuda_tensor_shape(const memcuda_tensor* t);
 MEMCUDA_C_EXPORT uint64_t memcuda_tensor_bytes(const memcuda_tensor* t);
 MEMCUDA_C_EXPORT int memcuda_tensor_backend(const memcuda_tensor* t);
@@ -293,7 +295,10 @@ MEMCUDA_C_EXPORT int memcuda_tensor_wait_published(const memcuda_tensor* t, void
 MEMCUDA_C_EXPORT int memcuda_tensor_wait_opened(const memcuda_tensor* t, void* stream);
 
 /* Synchronous, bounds-checked byte copies between host memory and the
- * tensor (either backend), starting at byte `offset` of the tensor. */
+ * tensor (either backend), starting at byte `offset` of the tensor. A slice
+ * that is not contiguous is copied whole (offset 0, all its bytes, host
+ * memory dense), as one 2D copy; one sliced in two dimensions that do not
+ * merge is not one 2D copy: INVALID_ARGUMENT. */
 MEMCUDA_C_EXPORT int memcuda_tensor_copy_from_host(const memcuda_tensor* t, const void* src, uint64_t bytes,
                                                    uint64_t offset);
 MEMCUDA_C_EXPORT int memcuda_tensor_copy_to_host(const memcuda_tensor* t, void* dst, uint64_t bytes,
@@ -325,9 +330,10 @@ typedef struct memcuda_tensor_fields {
   uint64_t generation;
   void* alloc_base;      /* start of the mapped allocation holding the tensor: equal
                             values (and device) mean one allocation, e.g. a packed batch */
-  uint64_t offset;       /* data - alloc_base, in bytes */
+  uint64_t offset;       /* data - alloc_base, in bytes (a view's data: its first element) */
   uint64_t alloc_bytes;  /* size of that allocation */
   int has_event;         /* the record carried a published event (memcuda_tensor_wait_opened orders on it) */
+  const int64_t* strides; /* ndim strides in elements, as memcuda_tensor_strides */
 } memcuda_tensor_fields;
 
 /* Fills out[0..count) with the fields of ts[0..count). fields_size:
@@ -338,8 +344,9 @@ MEMCUDA_C_EXPORT int memcuda_tensors_fields(const memcuda_tensor* const* ts, siz
 /* memcuda_tensor_wait_opened for each of ts[0..count), one wait per
  * distinct event (a batch published with one event orders `stream` once). */
 MEMCUDA_C_EXPORT int memcuda_tensors_wait_opened(const memcuda_tensor* const* ts, size_t count, void* stream);
-/* One DLPack tensor (1-D, uint8) viewing the bytes from the lowest data
- * pointer of ts[0..count) to the end of the highest tensor, which must all
+/* One DLPack tensor (1-D, uint8) viewing the bytes from the lowest tensor
+ * start of ts[0..count) (a view's data lies past its tensor's start) to the
+ * end of the highest tensor, which must all
  * lie in one allocation of one device (same alloc_base: INVALID_ARGUMENT
  * otherwise). It holds a share of every one of them until its deleter runs:
  * views a framework cuts from it keep the whole batch's references alive

@@ -1,6 +1,8 @@
 // The state-dict calls of memcuda/state_dict.hpp.
 #pragma once
 
+#include <fnmatch.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +72,43 @@ StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix) {
   auto taken = std::move(all).take_all();
   StateDict out;
   for (auto& [n, t] : taken) out.emplace(n.substr(prefix.size()), std::move(t));
+  return out;
+}
+
+StateDict open_state_dict(TensorRegistry& reg, std::string_view prefix, const ShardRules& shards) {
+  if (shards.world == 0 || shards.rank >= shards.world)
+    throw InvalidArgument("shard rules for '" + std::string(prefix) + "': rank " + std::to_string(shards.rank) +
+                          " of world " + std::to_string(shards.world) + " (want world > 0 and rank < world)");
+  StateDict out = open_state_dict(reg, prefix);
+  const auto& rules = shards.rules;
+  // matched: the rule matches some name; winner: the earlier rule that took one of them.
+  std::vector<bool> matched(rules.size(), false), won(rules.size(), false);
+  std::vector<std::size_t> winner(rules.size(), 0);
+  for (auto& [name, t] : out) {
+    std::size_t w = rules.size();
+    for (std::size_t i = 0; i < rules.size(); ++i) {
+      if (::fnmatch(rules[i].pattern.c_str(), name.c_str(), 0) != 0) continue;
+      matched[i] = true;
+      if (w == rules.size()) w = i;
+      else winner[i] = w;
+    }
+    if (w == rules.size()) continue;
+    won[w] = true;
+    if (rules[w].dim == ShardRule::whole) continue;
+    const int rank = static_cast<int>(t.rank());
+    const int dim = rules[w].dim < 0 ? rules[w].dim + rank : rules[w].dim;
+    if (dim < 0)
+      throw InvalidArgument("shard rule '" + rules[w].pattern + "': dimension " + std::to_string(rules[w].dim) +
+                            " is out of range for '" + t.name() + "' (rank " + std::to_string(rank) + ")");
+    t = t.slice(SliceSpec::tp(dim, shards.rank, shards.world));
+  }
+  for (std::size_t i = 0; i < rules.size() && !shards.allow_unused; ++i) {
+    if (won[i]) continue;
+    const std::string why = matched[i] ? "is shadowed: every tensor it matches is taken by an earlier rule '" +
+                                             rules[winner[i]].pattern + "'"
+                                       : "matches no tensor under '" + std::string(prefix) + "' (a typo?)";
+    throw InvalidArgument("shard rule '" + rules[i].pattern + "' " + why + " (ShardRules::allow_unused accepts it)");
+  }
   return out;
 }
 

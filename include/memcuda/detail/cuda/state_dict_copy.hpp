@@ -25,7 +25,10 @@ using ReadPiece = std::function<void(std::uint64_t offset, void* dst, std::size_
 struct CopyTarget {
   template <class Tensor>
   CopyTarget(const Tensor& t)  // NOLINT(google-explicit-constructor): call sites pass the tensor
-      : data(t.data()), bytes(t.bytes()), backend(t.backend()), device(t.device()) {}
+      : data(t.data()), bytes(t.bytes()), backend(t.backend()), device(t.device()) {
+    // Written as one dense run: a strided view's gaps are not its own.
+    if (!t.contiguous()) throw InvalidArgument("copy target '" + t.name() + "' is a strided view");
+  }
   void* data;
   std::uint64_t bytes;
   BackendKind backend;
