@@ -3,7 +3,7 @@
 // pipelining, blocking commands and interrupt().
 //
 // The rest of the Redis layer is one role per file beside this one (how it
-// connects, options and URLs, arguments, replies, error classification,
+// connects, through Redis Sentinel too, options and URLs, arguments, replies, error classification,
 // scripts, the pool).
 //
 // Thread safety: a Connection is used by one thread at a time, except for
@@ -185,6 +185,8 @@ class Connection {
       out.push_back(std::move(rep));
     }
     in_flight_ = false;
+    for (const auto& r : out)  // a demoted primary: the next command asks the sentinels again
+      if (primary_lost(r)) drop();
     if (first) std::rethrow_exception(first);
     return out;
   }
@@ -294,18 +296,26 @@ class Connection {
     std::string buf;
     detail::append_resp(buf, args);
     const std::string what = command_name(args.front().view());
-    ensure_connected(what);
-    if (!block) return finish(exchange(buf, what), what);
-    set_timeout(blocking_timeout(*block), what);
-    Reply rep = exchange(buf, what);  // on failure the socket is gone, timeout and all
-    // Restore before looking at the reply, so an error reply leaves the
-    // command timeout in force; a failure here must not lose a good reply.
-    if (redisSetTimeout(ctx_.get(), detail::to_timeval(opts_.command_timeout)) == REDIS_OK)
-      timeout_ = opts_.command_timeout;
-    else
-      drop();
-    return finish(std::move(rep), what);
+    const auto until = std::chrono::steady_clock::now() + opts_.reconnect_timeout;
+    for (;;) {
+      ensure_connected(what);
+      if (!block) {
+        Reply rep = exchange(buf, what);
+        if (!follow_failover(rep, until)) return finish(std::move(rep), what);
+        continue;
+      }
+      set_timeout(blocking_timeout(*block), what);
+      Reply rep = exchange(buf, what);  // on failure the socket is gone, timeout and all
+      // Restore before looking at the reply, so an error reply leaves the
+      // command timeout in force; a failure here must not lose a good reply.
+      if (redisSetTimeout(ctx_.get(), detail::to_timeval(opts_.command_timeout)) == REDIS_OK)
+        timeout_ = opts_.command_timeout;
+      else
+        drop();
+      if (!follow_failover(rep, until)) return finish(std::move(rep), what);
+    }
   }
+
 
   Reply exchange(std::string_view buf, const std::string& what) {
     in_flight_ = true;
@@ -450,6 +460,11 @@ class Connection {
   void connect_with_backoff();
   std::string gave_up(std::chrono::steady_clock::time_point start) const;
   void connect_once(std::chrono::milliseconds timeout);
+  void connect_to(const Options& at, std::chrono::milliseconds timeout);
+  // Following a failover: sentinel.hpp.
+  void connect_via_sentinels(std::chrono::milliseconds timeout);
+  bool primary_lost(const Reply& rep) const;
+  bool follow_failover(const Reply& rep, std::chrono::steady_clock::time_point until);
   std::string read_password_file();
   Reply handshake(std::initializer_list<Arg> args);
 
