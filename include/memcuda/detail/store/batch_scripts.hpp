@@ -317,7 +317,9 @@ inline Answer create_many(redis::Connection& c, const Keys& k, const std::string
     for (auto& a : fv) args.push_back(std::move(a));
   }
   args.emplace_back(k.prefix());  // last: the key prefix the script derives state-dict keys from
-  return answer(eval<lua::kCreateMany>(c, keys, args));
+  Answer a = answer(eval<lua::kCreateMany>(c, keys, args));
+  replicate(c);
+  return a;
 }
 
 }  // namespace store
