@@ -450,7 +450,7 @@ class Connection {
       drop();
       fail_interrupted(what);
     }
-    if (!socket_dead()) return;
+    if (!socket_dead() && !primary_moved()) return;
     drop();
     connect_with_backoff();
     ++reconnects_;
@@ -464,6 +464,7 @@ class Connection {
   // Following a failover: sentinel.hpp.
   void connect_via_sentinels(std::chrono::milliseconds timeout);
   bool primary_lost(const Reply& rep) const;
+  bool primary_moved() const noexcept;
   bool follow_failover(const Reply& rep, std::chrono::steady_clock::time_point until);
   std::string read_password_file();
   Reply handshake(std::initializer_list<Arg> args);
@@ -472,6 +473,7 @@ class Connection {
   detail::ContextPtr ctx_;
   std::unique_ptr<detail::InterruptState> intr_;
   std::uint64_t reconnects_ = 0;
+  std::uint64_t primary_changes_ = 0;     // through sentinels: primary changes heard of before this connect
   std::chrono::milliseconds timeout_{0};  // socket timeout now in force (for messages)
   bool in_flight_ = false;                // sent, reply not read yet
 };
