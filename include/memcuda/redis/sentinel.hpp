@@ -203,29 +203,35 @@ inline bool Connection::follow_failover(const Reply& rep, std::chrono::steady_cl
 // writes until the sentinels reconfigure it, up to some 10 s after they
 // named its successor, and what it takes then is lost: when the answer
 // changes, every connection of the process made before leaves its server
-// before its next command (Connection::primary_moved). Nothing for a
-// server URL. One thread at a time.
+// before its next command (Connection::primary_moved). A poll tries one
+// sentinel, within kTimeout, so that a sentinel out of reach does not hold
+// the heartbeat up; a failed one hands over to the next for the next poll.
+// Nothing for a server URL. One thread at a time.
 class SentinelWatch {
  public:
-  explicit SentinelWatch(Options o) : opts_(std::move(o)) {}
+  static constexpr std::chrono::milliseconds kTimeout{250};
+
+  explicit SentinelWatch(Options o) : opts_(std::move(o)) {
+    opts_.connect_timeout = std::min(opts_.connect_timeout, kTimeout);
+    if (opts_.command_timeout.count() == 0 || opts_.command_timeout > kTimeout) opts_.command_timeout = kTimeout;
+  }
 
   void poll() noexcept {
-    for (std::size_t i = 0; i < opts_.sentinels.size(); ++i) {
-      try {
-        std::string why;
-        if (!conn_) {
-          conn_.emplace(detail::sentinel_options(opts_, opts_.sentinels[next_], opts_.connect_timeout));
-          if (!detail::offer_credentials(*conn_, opts_, detail::password_now(opts_), why)) throw ConnectionError(why);
-        }
-        if (auto p = detail::primary_of(*conn_, opts_, why)) {
-          detail::note_primary(opts_, p->first + ":" + std::to_string(p->second));
-          return;
-        }
-      } catch (const std::exception&) {
+    if (opts_.sentinels.empty()) return;
+    try {
+      std::string why;
+      if (!conn_) {
+        conn_.emplace(detail::sentinel_options(opts_, opts_.sentinels[next_], opts_.connect_timeout));
+        if (!detail::offer_credentials(*conn_, opts_, detail::password_now(opts_), why)) throw ConnectionError(why);
       }
-      conn_.reset();
-      next_ = (next_ + 1) % opts_.sentinels.size();
+      if (auto p = detail::primary_of(*conn_, opts_, why)) {
+        detail::note_primary(opts_, p->first + ":" + std::to_string(p->second));
+        return;
+      }
+    } catch (const std::exception&) {
     }
+    conn_.reset();
+    next_ = (next_ + 1) % opts_.sentinels.size();
   }
 
  private:
