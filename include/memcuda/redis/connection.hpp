@@ -3,8 +3,8 @@
 // pipelining, blocking commands and interrupt().
 //
 // The rest of the Redis layer is one role per file beside this one (how it
-// connects, through Redis Sentinel too, options and URLs, arguments, replies, error classification,
-// scripts, the pool).
+// connects, through Redis Sentinel too, options and URLs, arguments,
+// replies, error classification, scripts, the pool).
 //
 // Thread safety: a Connection is used by one thread at a time, except for
 // interrupt(), which any thread may call. Threads that share Redis access
@@ -315,7 +315,6 @@ class Connection {
       if (!follow_failover(rep, until)) return finish(std::move(rep), what);
     }
   }
-
 
   Reply exchange(std::string_view buf, const std::string& what) {
     in_flight_ = true;

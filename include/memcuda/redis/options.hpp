@@ -48,7 +48,7 @@ inline constexpr int kMaxDb = 65535;
 
 struct Options;
 namespace detail {
-std::string describe_sentinels(const Options& o);  // sentinel_url.hpp
+inline std::string describe_sentinels(const Options& o);  // sentinel_url.hpp
 }
 
 struct Options {
@@ -122,8 +122,7 @@ struct Options {
         bad("a sentinel's address is empty or out of range");
     if (!sentinels.empty() && service.empty()) bad("sentinels given without a service name");
     if (replica_wait.count() < 0) bad("replica_wait must not be negative (zero: off)");
-    if (!sentinels.empty()) {
-    } else if (transport == Transport::unix_socket) {
+    if (sentinels.empty() && transport == Transport::unix_socket) {
       if (path.empty()) bad("empty unix socket path");
       if (path.size() > kMaxUnixPath)
         bad("unix socket path is " + std::to_string(path.size()) + " bytes, longer than the " +
@@ -345,7 +344,7 @@ inline HostPort parse_host_port(std::string_view url, std::string_view hostport)
   return {host, port, has_port};
 }
 
-Options parse_sentinel_url(std::string_view url, std::string_view rest, bool unix_socket);  // sentinel_url.hpp
+inline Options parse_sentinel_url(std::string_view url, std::string_view rest, bool unix_socket);  // sentinel_url.hpp
 
 }  // namespace detail
 
