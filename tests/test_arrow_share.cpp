@@ -30,7 +30,7 @@ namespace {
 // A producer's array over `data`: a primitive array of `format`, or with
 // list_n > 0 a fixed-size list "+w:<list_n>" of one. Its release callbacks
 // count into `released` (the array's) so a test sees whether and when the
-// registry let go.
+// registry let go. An array never released leaks its counter's reference.
 struct Foreign {
   ArrowSchema schema{}, child_schema{};
   ArrowArray array{}, child{};
@@ -46,11 +46,15 @@ struct Foreign {
     schema.name = "col";
     schema.release = [](ArrowSchema* s) { s->release = nullptr; };
     array.length = length;
+    // The callback owns a reference to the counter: the registry may release
+    // the array on its release thread after this Foreign is gone.
     array.release = [](ArrowArray* a) {
-      static_cast<std::atomic<int>*>(a->private_data)->fetch_add(1);
+      auto* counter = static_cast<std::shared_ptr<std::atomic<int>>*>(a->private_data);
+      (*counter)->fetch_add(1);
+      delete counter;
       a->release = nullptr;
     };
-    array.private_data = released.get();
+    array.private_data = new std::shared_ptr<std::atomic<int>>(released);
     if (list_n == 0) {
       bufs[1] = data;
       array.n_buffers = 2;
