@@ -397,3 +397,27 @@ TEST_CASE("sentinel URLs name the sentinels, the service and the credentials", "
     CHECK_THROWS_WITH(o.validate(), Catch::Contains("sentinel's address"));
   }
 }
+
+TEST_CASE("cluster URLs name the seed nodes and the credentials", "[url][cluster]") {
+  auto o = parse_url("REDIS+CLUSTER://app:p%40ss@n1:7000,n2,[::1]:7002");
+  REQUIRE(o.cluster.size() == 3);
+  CHECK(o.cluster[0].host == "n1");
+  CHECK(o.cluster[0].port == 7000);
+  CHECK(o.cluster[1].port == 6379);
+  CHECK(o.cluster[2].host == "::1");
+  CHECK(o.user == "app");
+  CHECK(o.password == "p@ss");
+  CHECK(o.sentinels.empty());
+  CHECK_NOTHROW(o.validate());
+  CHECK(o.describe() == "redis+cluster://app@n1:7000,n2:6379,[::1]:7002");
+  CHECK(parse_url("redis+cluster://h:1").describe() == "redis+cluster://h:1");
+  CHECK_THAT(parse_error("redis+cluster://"), Catch::Contains("no cluster node address"));
+  CHECK_THAT(parse_error("redis+cluster://h1,,h2"), Catch::Contains("empty cluster node address"));
+  CHECK_THAT(parse_error("redis+cluster://h1:70000"), Catch::Contains("out of range"));
+  CHECK_THAT(parse_error("redis+cluster://h1/2"), Catch::Contains("database 0 only"));
+  CHECK_THAT(parse_error("redis+cluster://h1?db=2"), Catch::Contains("database 0 only"));
+  CHECK_THAT(parse_error("redis+cluster://:hunter2@h1/"), !Catch::Contains("hunter2"));
+  Options bad = o;
+  bad.db = 1;
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("neither sentinels nor databases"));
+}
