@@ -70,6 +70,7 @@ inline std::string Connection::gave_up(std::chrono::steady_clock::time_point sta
 }
 
 inline void Connection::connect_once(std::chrono::milliseconds timeout) {
+  if (!opts_.cluster.empty()) return connect_via_cluster(timeout);  // cluster.hpp
   if (opts_.sentinels.empty()) return connect_to(opts_, timeout);
   connect_via_sentinels(timeout);  // sentinel.hpp
 }
@@ -140,3 +141,4 @@ inline Reply Connection::handshake(std::initializer_list<Arg> args) {
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis
 
 #include "memcuda/redis/sentinel.hpp"  // IWYU pragma: export
+#include "memcuda/redis/cluster.hpp"   // IWYU pragma: export

@@ -190,11 +190,7 @@ inline bool Connection::primary_lost(const Reply& rep) const {
 inline bool Connection::follow_failover(const Reply& rep, std::chrono::steady_clock::time_point until) {
   if (!primary_lost(rep)) return false;
   drop();
-  if (std::chrono::steady_clock::now() >= until) return false;
-  std::unique_lock lk(intr_->m);  // a backoff that interrupt() ends; the next connect then fails
-  intr_->cv.wait_for(lk, std::max(opts_.reconnect_backoff, std::chrono::milliseconds(1)),
-                     [&] { return intr_->pending; });
-  return true;
+  return std::chrono::steady_clock::now() < until && backoff(opts_.reconnect_backoff);
 }
 
 // Asks a sentinel (the first that answers, kept while it does) for the
