@@ -84,6 +84,8 @@ inline void Connection::connect_via_cluster(std::chrono::milliseconds timeout) {
       return connect_to(detail::node_options(opts_, cluster_node_), timeout);
     } catch (const AuthError&) {
       throw;
+    } catch (const detail::Interrupted&) {
+      throw;
     } catch (const RedisError& e) {
       answers += "; " + cluster_node_ + " (named by MOVED) " + e.what();
       cluster_node_.clear();
