@@ -335,3 +335,89 @@ TEST_CASE("URL errors never echo control bytes or a mistyped password", "[url]")
     }
   }
 }
+
+TEST_CASE("sentinel URLs name the sentinels, the service and the credentials", "[url][sentinel]") {
+  SECTION("several sentinels, default port, IPv6, db") {
+    auto o = parse_url("redis+sentinel://s1:26380,s2,[::1]:26381/mymaster?db=2");
+    REQUIRE(o.sentinels.size() == 3);
+    CHECK(o.sentinels[0].host == "s1");
+    CHECK(o.sentinels[0].port == 26380);
+    CHECK(o.sentinels[1].host == "s2");
+    CHECK(o.sentinels[1].port == 26379);
+    CHECK(o.sentinels[2].host == "::1");
+    CHECK(o.sentinels[2].port == 26381);
+    CHECK(o.service == "mymaster");
+    CHECK(o.db == 2);
+    CHECK_NOTHROW(o.validate());
+    CHECK(o.describe() == "redis+sentinel://s1:26380,s2:26379,[::1]:26381/mymaster?db=2");
+    CHECK(parse_url(o.describe()).describe() == o.describe());
+  }
+  SECTION("credentials, %-escaped, never in describe()") {
+    auto o = parse_url("REDIS+SENTINEL://app:p%40ss@127.0.0.1:1/svc");
+    CHECK(o.user == "app");
+    CHECK(o.password == "p@ss");
+    CHECK(o.service == "svc");
+    CHECK(o.describe() == "redis+sentinel://app@127.0.0.1:1/svc");
+  }
+  SECTION("a sentinel on a unix socket") {
+    auto o = parse_url("redis+sentinel+unix://:pw@/run/redis/sentinel.sock/svc-1?db=3");
+    REQUIRE(o.sentinels.size() == 1);
+    CHECK(o.sentinels[0].path == "/run/redis/sentinel.sock");
+    CHECK(o.service == "svc-1");
+    CHECK(o.password == "pw");
+    CHECK(o.db == 3);
+    CHECK_NOTHROW(o.validate());
+    CHECK(o.describe() == "redis+sentinel+unix:///run/redis/sentinel.sock/svc-1?db=3");
+  }
+  SECTION("MEMCUDA_REDIS_URL takes it, with the password of the environment") {
+    EnvGuard g(redis::kUrlEnv, "redis+sentinel://h1,h2/svc");
+    EnvGuard p(redis::kPasswordEnv, "envpw");
+    auto o = redis::options_from_env();
+    CHECK(o.sentinels.size() == 2);
+    CHECK(o.password == "envpw");
+  }
+  SECTION("malformed ones say what is wrong") {
+    CHECK_THAT(parse_error("redis+sentinel://h:1"), Catch::Contains("missing service name"));
+    CHECK_THAT(parse_error("redis+sentinel://h:1/"), Catch::Contains("missing service name"));
+    CHECK_THAT(parse_error("redis+sentinel:///svc"), Catch::Contains("no sentinel address"));
+    CHECK_THAT(parse_error("redis+sentinel://h1,,h2/svc"), Catch::Contains("empty sentinel address"));
+    CHECK_THAT(parse_error("redis+sentinel://h1:0/svc"), Catch::Contains("out of range"));
+    CHECK_THAT(parse_error("redis+sentinel://h1:/svc"), Catch::Contains("empty port"));
+    CHECK_THAT(parse_error("redis+sentinel://h1/s*v"), Catch::Contains("bad character in the service name"));
+    CHECK_THAT(parse_error("redis+sentinel://h1/svc?timeout=1"), Catch::Contains("unknown query parameter"));
+    CHECK_THAT(parse_error("redis+sentinel+unix://relative.sock/svc"), Catch::Contains("absolute"));
+    CHECK_THAT(parse_error("redis+sentinel://:hunter2@h1/"), !Catch::Contains("hunter2"));
+  }
+  SECTION("validate() wants a service and sane sentinels") {
+    Options o;
+    o.sentinels.push_back({.host = "h", .port = 26379, .path = {}});
+    CHECK_THROWS_WITH(o.validate(), Catch::Contains("without a service"));
+    o.service = "svc";
+    o.sentinels.push_back({.host = "", .port = 26379, .path = {}});
+    CHECK_THROWS_WITH(o.validate(), Catch::Contains("sentinel's address"));
+  }
+}
+
+TEST_CASE("cluster URLs name the seed nodes and the credentials", "[url][cluster]") {
+  auto o = parse_url("REDIS+CLUSTER://app:p%40ss@n1:7000,n2,[::1]:7002");
+  REQUIRE(o.cluster.size() == 3);
+  CHECK(o.cluster[0].host == "n1");
+  CHECK(o.cluster[0].port == 7000);
+  CHECK(o.cluster[1].port == 6379);
+  CHECK(o.cluster[2].host == "::1");
+  CHECK(o.user == "app");
+  CHECK(o.password == "p@ss");
+  CHECK(o.sentinels.empty());
+  CHECK_NOTHROW(o.validate());
+  CHECK(o.describe() == "redis+cluster://app@n1:7000,n2:6379,[::1]:7002");
+  CHECK(parse_url("redis+cluster://h:1").describe() == "redis+cluster://h:1");
+  CHECK_THAT(parse_error("redis+cluster://"), Catch::Contains("no cluster node address"));
+  CHECK_THAT(parse_error("redis+cluster://h1,,h2"), Catch::Contains("empty cluster node address"));
+  CHECK_THAT(parse_error("redis+cluster://h1:70000"), Catch::Contains("out of range"));
+  CHECK_THAT(parse_error("redis+cluster://h1/2"), Catch::Contains("database 0 only"));
+  CHECK_THAT(parse_error("redis+cluster://h1?db=2"), Catch::Contains("database 0 only"));
+  CHECK_THAT(parse_error("redis+cluster://:hunter2@h1/"), !Catch::Contains("hunter2"));
+  Options bad = o;
+  bad.db = 1;
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("neither sentinels nor databases"));
+}

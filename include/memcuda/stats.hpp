@@ -53,6 +53,9 @@ struct ProcessStats {
   std::uint64_t fd_parked = 0;
   std::uint64_t fd_parked_hits = 0;
   std::uint64_t fd_parked_dropped = 0;
+  // Creates and version flips no Redis replica acknowledged within
+  // RegistryOptions::redis.replica_wait (docs/operations.md, "Redis Sentinel").
+  std::uint64_t replica_wait_misses = 0;
 };
 
 // The allocator of record's memory pool on one device and backend. The

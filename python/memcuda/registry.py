@@ -58,7 +58,8 @@ class Registry(ModelMethods, Scoped):
     """A connection to the tensor registry in Redis, with the same options as C++.
 
     Args:
-        url: ``redis://host:port/db`` or ``unix:///path.sock`` (default:
+        url: ``redis://host:port/db``, ``unix:///path.sock``,
+            ``redis+sentinel://h:p,h:p/service`` or ``redis+cluster://h:p,h:p`` (default:
             ``$MEMCUDA_REDIS_URL``, else ``redis://127.0.0.1:6379``). A URL
             without a password takes ``$MEMCUDA_REDIS_PASSWORD`` (and
             ``$MEMCUDA_REDIS_USER``) when set.

@@ -34,6 +34,7 @@ namespace memcuda::test {
 struct RedisServerOptions {
   std::string requirepass;                // password of the default user
   std::vector<std::string> config_lines;  // extra redis.conf lines (ACL users...)
+  bool sentinel = false;                  // run as a Redis Sentinel (redis-server --sentinel)
 };
 
 inline std::string find_redis_server() {
@@ -95,7 +96,7 @@ class RedisServer {
     {
       std::ofstream f(conf);
       f << "port " << port_ << "\nbind 127.0.0.1\nunixsocket " << socket_path()
-        << "\nunixsocketperm 700\nsave \"\"\nappendonly no\ndaemonize no\n"
+        << "\nunixsocketperm 700\n" << (opts_.sentinel ? "" : "save \"\"\nappendonly no\n") << "daemonize no\n"
         << "dir " << dir_.string() << "\nlogfile " << (dir_ / "redis.log").string() << "\n";
       if (!opts_.requirepass.empty()) f << "requirepass " << opts_.requirepass << "\n";
       for (const auto& l : opts_.config_lines) f << l << "\n";
@@ -121,7 +122,8 @@ class RedisServer {
       // open after the test closed them.
       if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
         for (int fd = 3; fd < 4096; ++fd) ::close(fd);
-      ::execl(exe.c_str(), exe.c_str(), conf.c_str(), static_cast<char*>(nullptr));
+      if (opts_.sentinel) ::execl(exe.c_str(), exe.c_str(), conf.c_str(), "--sentinel", static_cast<char*>(nullptr));
+      else ::execl(exe.c_str(), exe.c_str(), conf.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     pid_ = pid;

@@ -69,7 +69,7 @@ typedef struct memcuda_pool_options {
  * MEMCUDA_ERR_INVALID_ARGUMENT. */
 typedef struct memcuda_registry_options {
   uint32_t struct_size;       /* sizeof(memcuda_registry_options) */
-  const char* url;            /* redis://... or unix:///path.sock; NULL: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379;
+  const char* url;            /* redis://..., unix:///path.sock or redis+sentinel://h:p,h:p/service or redis+cluster://h:p,h:p; NULL: $MEMCUDA_REDIS_URL, else redis://127.0.0.1:6379;
                                  a URL without a password takes $MEMCUDA_REDIS_PASSWORD (and $MEMCUDA_REDIS_USER) */
   const char* name_space;     /* NULL or "": none */
   int control_thread;         /* 1 (default): may become the allocator of record; 0: client only */

@@ -31,6 +31,13 @@ RegistryOptions RegistryOptions::from_env() {
       detail::bad_env("MEMCUDA_RELEASE_LINGER_MS", *v, "an integer number of milliseconds, 0..60000");
     o.release_linger = std::chrono::milliseconds(ms);
   }
+  if (auto v = detail::env_value("MEMCUDA_REDIS_REPLICA_WAIT_MS")) {
+    long long ms = -1;
+    auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), ms);
+    if (ec != std::errc() || p != v->data() + v->size() || ms < 0 || ms > 60000)
+      detail::bad_env("MEMCUDA_REDIS_REPLICA_WAIT_MS", *v, "an integer number of milliseconds, 0..60000 (0: off)");
+    o.redis.replica_wait = std::chrono::milliseconds(ms);
+  }
   if (auto v = detail::env_value("MEMCUDA_CUDA_ALLOCATION")) {
     auto k = cuda_allocation_from_string(*v);
     if (!k) detail::bad_env("MEMCUDA_CUDA_ALLOCATION", *v, "auto, vmm or ipc");

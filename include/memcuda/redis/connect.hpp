@@ -70,16 +70,23 @@ inline std::string Connection::gave_up(std::chrono::steady_clock::time_point sta
 }
 
 inline void Connection::connect_once(std::chrono::milliseconds timeout) {
+  if (!opts_.cluster.empty()) return connect_via_cluster(timeout);  // cluster.hpp
+  if (opts_.sentinels.empty()) return connect_to(opts_, timeout);
+  connect_via_sentinels(timeout);  // sentinel.hpp
+}
+
+// Connects to the server `at` names, with opts_'s credentials and db.
+inline void Connection::connect_to(const Options& at, std::chrono::milliseconds timeout) {
   auto tv = detail::to_timeval(timeout);
   errno = 0;
-  redisContext* raw = opts_.transport == Options::Transport::unix_socket
-                          ? redisConnectUnixWithTimeout(opts_.path.c_str(), tv)
-                          : redisConnectWithTimeout(opts_.host.c_str(), opts_.port, tv);
+  redisContext* raw = at.transport == Options::Transport::unix_socket
+                          ? redisConnectUnixWithTimeout(at.path.c_str(), tv)
+                          : redisConnectWithTimeout(at.host.c_str(), at.port, tv);
   int e = errno;
   if (!raw) throw std::bad_alloc();
   detail::ContextPtr c(raw);
   if (c->err)
-    std::rethrow_exception(classify(opts_, Failure{.what = "connect",
+    std::rethrow_exception(classify(at, Failure{.what = "connect",
                                                    .redis_code = c->err,
                                                    .sys_errno = e,
                                                    .text = c->errstr,
@@ -87,7 +94,7 @@ inline void Connection::connect_once(std::chrono::milliseconds timeout) {
                                                    .timeout = timeout}));
   adopt(std::move(c));
   set_timeout(opts_.command_timeout, "connect");
-  if (opts_.transport == Options::Transport::tcp) redisEnableKeepAlive(ctx_.get());
+  if (at.transport == Options::Transport::tcp) redisEnableKeepAlive(ctx_.get());
   const std::string password = opts_.password_file.empty() ? opts_.password : read_password_file();
   if (!password.empty()) {
     Reply r = opts_.user.empty() ? handshake({"AUTH", password}) : handshake({"AUTH", opts_.user, password});
@@ -132,3 +139,6 @@ inline Reply Connection::handshake(std::initializer_list<Arg> args) {
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis
+
+#include "memcuda/redis/sentinel.hpp"  // IWYU pragma: export
+#include "memcuda/redis/cluster.hpp"   // IWYU pragma: export

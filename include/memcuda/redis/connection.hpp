@@ -3,8 +3,8 @@
 // pipelining, blocking commands and interrupt().
 //
 // The rest of the Redis layer is one role per file beside this one (how it
-// connects, options and URLs, arguments, replies, error classification,
-// scripts, the pool).
+// connects, through Redis Sentinel too, options and URLs, arguments,
+// replies, error classification, scripts, the pool).
 //
 // Thread safety: a Connection is used by one thread at a time, except for
 // interrupt(), which any thread may call. Threads that share Redis access
@@ -164,27 +164,31 @@ class Connection {
       if (c.empty()) throw InvalidArgument("Redis pipeline: empty command");
       detail::append_resp(buf, c);
     }
-    if (errors) errors->assign(cmds.size(), nullptr);
     const std::string what = "pipeline of " + std::to_string(cmds.size()) + " commands";
-    ensure_connected(what);
-    if (cmds.empty()) return {};
-    in_flight_ = true;
-    send_all(buf, what);
+    if (errors) errors->assign(cmds.size(), nullptr);
+    const auto until = std::chrono::steady_clock::now() + opts_.reconnect_timeout;
     std::vector<Reply> out;
-    out.reserve(cmds.size());
+    do {  // a cluster's slot that moved or is busy answers every command so, and none ran
+      ensure_connected(what);
+      if (cmds.empty()) return {};
+      in_flight_ = true;
+      send_all(buf, what);
+      out.clear();
+      for (std::size_t i = 0; i < cmds.size(); ++i) out.push_back(read_reply(what));
+      in_flight_ = false;
+      for (const auto& r : out)  // a demoted primary: the next command asks the sentinels again
+        if (primary_lost(r)) drop();
+    } while (std::all_of(out.begin(), out.end(), [&](const Reply& r) { return cluster_retry(r); }) &&
+             follow_cluster(out.front(), buf, what, until));
+    follow_ask(out, cmds, what);
     std::exception_ptr first;
     for (std::size_t i = 0; i < cmds.size(); ++i) {
-      Reply rep = read_reply(what);
-      if (rep.is_error()) {
-        auto e = reply_error(command_name(cmds[i].front()) + " (command " + std::to_string(i + 1) + " of a " +
-                                 what + ")",
-                             rep.view().str());
-        if (errors) (*errors)[i] = e;
-        else if (!first) first = e;
-      }
-      out.push_back(std::move(rep));
+      if (!out[i].is_error()) continue;
+      auto e = reply_error(command_name(cmds[i].front()) + " (command " + std::to_string(i + 1) + " of a " + what + ")",
+                           out[i].view().str());
+      if (errors) (*errors)[i] = e;
+      else if (!first) first = e;
     }
-    in_flight_ = false;
     if (first) std::rethrow_exception(first);
     return out;
   }
@@ -294,17 +298,24 @@ class Connection {
     std::string buf;
     detail::append_resp(buf, args);
     const std::string what = command_name(args.front().view());
-    ensure_connected(what);
-    if (!block) return finish(exchange(buf, what), what);
-    set_timeout(blocking_timeout(*block), what);
-    Reply rep = exchange(buf, what);  // on failure the socket is gone, timeout and all
-    // Restore before looking at the reply, so an error reply leaves the
-    // command timeout in force; a failure here must not lose a good reply.
-    if (redisSetTimeout(ctx_.get(), detail::to_timeval(opts_.command_timeout)) == REDIS_OK)
-      timeout_ = opts_.command_timeout;
-    else
-      drop();
-    return finish(std::move(rep), what);
+    const auto until = std::chrono::steady_clock::now() + opts_.reconnect_timeout;
+    for (;;) {
+      ensure_connected(what);
+      if (!block) {
+        Reply rep = exchange(buf, what);
+        if (!follow_failover(rep, until) && !follow_cluster(rep, buf, what, until)) return finish(std::move(rep), what);
+        continue;
+      }
+      set_timeout(blocking_timeout(*block), what);
+      Reply rep = exchange(buf, what);  // on failure the socket is gone, timeout and all
+      // Restore before looking at the reply, so an error reply leaves the
+      // command timeout in force; a failure here must not lose a good reply.
+      if (redisSetTimeout(ctx_.get(), detail::to_timeval(opts_.command_timeout)) == REDIS_OK)
+        timeout_ = opts_.command_timeout;
+      else
+        drop();
+      if (!follow_failover(rep, until) && !follow_cluster(rep, buf, what, until)) return finish(std::move(rep), what);
+    }
   }
 
   Reply exchange(std::string_view buf, const std::string& what) {
@@ -440,7 +451,7 @@ class Connection {
       drop();
       fail_interrupted(what);
     }
-    if (!socket_dead()) return;
+    if (!socket_dead() && !primary_moved()) return;
     drop();
     connect_with_backoff();
     ++reconnects_;
@@ -450,6 +461,21 @@ class Connection {
   void connect_with_backoff();
   std::string gave_up(std::chrono::steady_clock::time_point start) const;
   void connect_once(std::chrono::milliseconds timeout);
+  void connect_to(const Options& at, std::chrono::milliseconds timeout);
+  // Following a failover: sentinel.hpp.
+  void connect_via_sentinels(std::chrono::milliseconds timeout);
+  bool backoff(std::chrono::milliseconds d);
+  // Following the slot of a cluster: cluster.hpp.
+  static constexpr std::chrono::milliseconds kClusterWait{50};
+  void connect_via_cluster(std::chrono::milliseconds timeout);
+  bool follow_cluster(Reply& rep, std::string_view buf, const std::string& what,
+                      std::chrono::steady_clock::time_point until);
+  bool cluster_retry(const Reply& rep) const;
+  void follow_ask(std::vector<Reply>& out, const std::vector<Command>& cmds, const std::string& what);
+  std::vector<Reply> ask(std::string_view addr, const std::vector<std::string>& cmds, const std::string& what);
+  bool primary_lost(const Reply& rep) const;
+  bool primary_moved() const noexcept;
+  bool follow_failover(const Reply& rep, std::chrono::steady_clock::time_point until);
   std::string read_password_file();
   Reply handshake(std::initializer_list<Arg> args);
 
@@ -457,6 +483,8 @@ class Connection {
   detail::ContextPtr ctx_;
   std::unique_ptr<detail::InterruptState> intr_;
   std::uint64_t reconnects_ = 0;
+  std::uint64_t primary_changes_ = 0;     // through sentinels: primary changes heard of before this connect
+  std::string cluster_node_;              // "host:port" a MOVED named: the next connect goes there
   std::chrono::milliseconds timeout_{0};  // socket timeout now in force (for messages)
   bool in_flight_ = false;                // sent, reply not read yet
 };

@@ -2,6 +2,16 @@
 //
 //   redis://[[user]:password@]host[:port][/db][?db=N]
 //   unix:///path/to/redis.sock[?db=N]            (also unix://user:pass@/path)
+//   redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[?db=N]
+//   redis+sentinel+unix://[user:pass@]/path/to/sentinel.sock/service[?db=N]
+//   redis+cluster://[[user]:password@]host[:port][,host[:port]...]
+//
+// A sentinel URL names Redis Sentinels (port 26379 by default) and the
+// service they watch; every connect asks them for its primary
+// (sentinel.hpp). Its credentials are the data nodes' and are offered to
+// the sentinels too (sentinel_url.hpp). A cluster URL names any nodes of a
+// Redis Cluster; each connect asks one for the slot map and goes to the
+// primary of the slot of `cluster_tag` (cluster.hpp).
 //
 // A lone "redis://secret@host" is a password for the default user, as
 // redis-cli reads it; ":secret@" says the same explicitly. Reserved bytes in
@@ -24,6 +34,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/error.hpp"
 
@@ -38,8 +49,20 @@ inline constexpr const char* kUserEnv = "MEMCUDA_REDIS_USER";
 inline constexpr std::size_t kMaxUnixPath = 107;
 inline constexpr int kMaxDb = 65535;
 
+struct Options;
+namespace detail {
+inline std::string describe_sentinels(const Options& o);  // sentinel_url.hpp
+inline std::string describe_cluster(const Options& o);    // sentinel_url.hpp
+}
+
 struct Options {
   enum class Transport { tcp, unix_socket };
+  // A Redis Sentinel or cluster seed: TCP, or a unix socket when `path` is set.
+  struct Sentinel {
+    std::string host;
+    int port = 26379;
+    std::string path;
+  };
 
   Transport transport = Transport::tcp;
   std::string host = "127.0.0.1";
@@ -53,6 +76,19 @@ struct Options {
   // `password`; MEMCUDA_REDIS_PASSWORD_FILE sets it (options_from_env).
   std::string password_file;
   int db = 0;
+  // Not empty: the server is the primary of `service` as these sentinels
+  // name it, asked at each connect; transport, host, port and path are not
+  // used then.
+  std::vector<Sentinel> sentinels;
+  std::string service;
+  // Not empty: nodes of a Redis Cluster (TCP), any of which gives the slot
+  // map; the server is the primary of the slot of `cluster_tag`, the hash
+  // tag of every key (the registry sets it to its namespace).
+  std::vector<Sentinel> cluster;
+  std::string cluster_tag = "memcuda";
+  // After a create or a version flip, wait up to this long for one replica
+  // to have it (WAIT 1 <ms>); zero: don't. MEMCUDA_REDIS_REPLICA_WAIT_MS.
+  std::chrono::milliseconds replica_wait{0};
 
   // Bounds one connect(2) (must be > 0).
   std::chrono::milliseconds connect_timeout{1000};
@@ -67,6 +103,8 @@ struct Options {
 
   // The address in URL form, without the password (safe for messages).
   std::string describe() const {
+    if (!sentinels.empty()) return detail::describe_sentinels(*this);
+    if (!cluster.empty()) return detail::describe_cluster(*this);
     std::string s;
     if (transport == Transport::unix_socket) {
       s = "unix://";
@@ -89,7 +127,15 @@ struct Options {
     auto bad = [&](const std::string& why) {
       throw InvalidArgument("invalid Redis options for " + describe() + ": " + why);
     };
-    if (transport == Transport::unix_socket) {
+    for (const auto& sn : sentinels)
+      if (sn.path.empty() ? sn.host.empty() || sn.port < 1 || sn.port > 65535 : sn.path.size() > kMaxUnixPath)
+        bad("a sentinel's address is empty or out of range");
+    if (!sentinels.empty() && service.empty()) bad("sentinels given without a service name");
+    for (const auto& n : cluster)
+      if (n.host.empty() || n.port < 1 || n.port > 65535) bad("a cluster node's address is empty or out of range");
+    if (!cluster.empty() && (!sentinels.empty() || db != 0)) bad("a cluster has neither sentinels nor databases");
+    if (replica_wait.count() < 0) bad("replica_wait must not be negative (zero: off)");
+    if (sentinels.empty() && transport == Transport::unix_socket) {
       if (path.empty()) bad("empty unix socket path");
       if (path.size() > kMaxUnixPath)
         bad("unix socket path is " + std::to_string(path.size()) + " bytes, longer than the " +
@@ -164,8 +210,8 @@ inline std::string redact_url(std::string_view url) {
 
 [[noreturn]] inline void bad_url(std::string_view url, std::string_view why) {
   throw InvalidArgument("invalid Redis URL '" + redact_url(url) + "': " + std::string(why) +
-                        " (expected redis://[[user]:password@]host[:port][/db] or "
-                        "unix:///path.sock[?db=N])");
+                        " (expected redis://[[user]:password@]host[:port][/db], "
+                        "unix:///path.sock[?db=N] or redis+sentinel://host:port[,host:port]/service)");
 }
 
 inline int parse_int(std::string_view url, std::string_view text, int lo, int hi,
@@ -311,6 +357,9 @@ inline HostPort parse_host_port(std::string_view url, std::string_view hostport)
   return {host, port, has_port};
 }
 
+inline Options parse_sentinel_url(std::string_view url, std::string_view rest, bool unix_socket);  // sentinel_url.hpp
+inline Options parse_cluster_url(std::string_view url, std::string_view rest);                     // sentinel_url.hpp
+
 }  // namespace detail
 
 // Parses a Redis URL into Options (timeouts keep their defaults).
@@ -320,11 +369,18 @@ inline Options parse_url(std::string_view url) {
   Options o;
   if (url.empty()) detail::bad_url(url, "empty URL");
   std::string_view rest;
+  std::size_t sentinel = 0;  // the scheme's length for a sentinel URL
+  const bool cluster = detail::starts_with_nocase(url, "redis+cluster://");
   if (detail::starts_with_nocase(url, "redis://")) {
     rest = url.substr(8);
   } else if (detail::starts_with_nocase(url, "unix://")) {
     o.transport = Options::Transport::unix_socket;
     rest = url.substr(7);
+  } else if (cluster) {
+  } else if (detail::starts_with_nocase(url, "redis+sentinel://")) {
+    sentinel = 17;
+  } else if (detail::starts_with_nocase(url, "redis+sentinel+unix://")) {
+    sentinel = 22;
   } else if (detail::starts_with_nocase(url, "rediss://")) {
     detail::bad_url(url, "TLS (rediss://) is not supported: the registry is node-local");
   } else {
@@ -338,6 +394,8 @@ inline Options parse_url(std::string_view url) {
     if (detail::url_ctl(url[i]))
       detail::bad_url(url, "whitespace or control character at offset " + std::to_string(i) +
                                " (%-escape it)");
+  if (sentinel) return detail::parse_sentinel_url(url, url.substr(sentinel), sentinel == 22);
+  if (cluster) return detail::parse_cluster_url(url, url.substr(16));
 
   if (o.transport == Options::Transport::unix_socket) {
     detail::parse_unix_rest(url, rest, o);
@@ -416,3 +474,5 @@ inline Options options_from_env() {
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis
+
+#include "memcuda/redis/sentinel_url.hpp"  // IWYU pragma: export

@@ -297,7 +297,9 @@ class ControlLoop {
     std::condition_variable_any cv;
     int failures = 0;
     bool gave_up = false;
+    redis::SentinelWatch watch(core_->ctx.opts.redis);  // follows a failover within a period
     while (!st.stop_requested()) {
+      watch.poll();
       try {
         if (!core_->sessions.refresh(beat_conn_)) {
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;

@@ -238,6 +238,7 @@ class Core {
     s.process.fd_parked = fp.parked();
     s.process.fd_parked_hits = fp.hits();
     s.process.fd_parked_dropped = fp.dropped();
+    s.process.replica_wait_misses = store::replica_wait_misses().load(std::memory_order_relaxed);
     return s;
   }
 

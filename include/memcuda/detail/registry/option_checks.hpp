@@ -22,6 +22,8 @@ inline RegistryOptions validated(RegistryOptions o) {
   if (requested_cuda_allocation(o) == CudaAllocation::vmm && o.pool.upstream)
     throw InvalidArgument("cuda_allocation = vmm cannot use a user upstream resource (PoolOptions::upstream): "
                           "cuMem allocations are made by the backend; use ipc, or drop the upstream");
+  // On Redis Cluster the connections go to the node of the namespace's slot (keys.hpp).
+  o.redis.cluster_tag = o.name_space.empty() ? "memcuda" : o.name_space;
   o.runtime_dir = normalize_runtime_dir(o.runtime_dir);  // "": the default, filled in
   for (const auto* ids : {&o.allowed_uids, &o.allowed_gids})
     for (auto id : *ids)

@@ -215,7 +215,7 @@ for i = 1, n do
   name_add(KEYS[1], ARGV[a])
   hold_in(KEYS[5], KEYS[6], ARGV[a + 3], gen, ARGV[a])
   count_usage_in(KEYS[7], t, 1)
-  redis.call('PUBLISH', ARGV[a + 2], gen)
+  publish_ready(ARGV[a + 2], gen)
   wake_waiters(kp, KEYS[6 + 3 * i], gen)
   out[#out + 1] = gen
   out[#out + 1] = rc
@@ -317,7 +317,9 @@ inline Answer create_many(redis::Connection& c, const Keys& k, const std::string
     for (auto& a : fv) args.push_back(std::move(a));
   }
   args.emplace_back(k.prefix());  // last: the key prefix the script derives state-dict keys from
-  return answer(eval<lua::kCreateMany>(c, keys, args));
+  Answer a = answer(eval<lua::kCreateMany>(c, keys, args));
+  replicate(c);
+  return a;
 }
 
 }  // namespace store

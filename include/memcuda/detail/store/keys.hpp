@@ -1,7 +1,10 @@
 // Every Redis key mem-cuda uses, in one place (docs/protocol.md lists them).
 // A namespace N prefixes every key with "N:", so registries on one Redis
 // never see each other; the default namespace is empty so the lifecycle
-// list is the seed's plain `tensor_lifecycle`.
+// list is the seed's plain `tensor_lifecycle`. On Redis Cluster the prefix
+// is the hash tag "{N}:" ("{memcuda}:" for the default namespace: "{}" is
+// no tag), so that every key of a namespace, those the scripts build from
+// the prefix included, lives in one slot (docs/scale-out.md, section 3).
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -16,13 +19,14 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Keys {
  public:
-  explicit Keys(std::string_view ns = {}) {
+  explicit Keys(std::string_view ns = {}, bool cluster = false) {
     for (char c : ns)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
         throw InvalidArgument("namespace '" + std::string(ns) +
                               "' may only contain letters, digits, '_', '-' and '.'");
     if (ns.size() > 64) throw InvalidArgument("namespace longer than 64 bytes");
-    prefix_ = ns.empty() ? std::string() : std::string(ns) + ":";
+    if (cluster) prefix_ = "{" + std::string(ns.empty() ? std::string_view("memcuda") : ns) + "}:";
+    else prefix_ = ns.empty() ? std::string() : std::string(ns) + ":";
   }
 
   const std::string& prefix() const noexcept { return prefix_; }

@@ -264,9 +264,11 @@ namespace store {
 inline Answer publish_version(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& handle,
                               std::string_view backend, int device, const std::string& uuid, const std::string& node,
                               const std::string& session) {
-  return answer(eval<lua::kPublishVersion>(c, {k.model(prefix), k.model_waiters(prefix), k.names()},
-                                           {prefix, handle, backend, device, uuid, node, session,
-                                            static_cast<std::int64_t>(::getpid()), now_ms()}));
+  Answer a = answer(eval<lua::kPublishVersion>(c, {k.model(prefix), k.model_waiters(prefix), k.names()},
+                                               {prefix, handle, backend, device, uuid, node, session,
+                                                static_cast<std::int64_t>(::getpid()), now_ms()}));
+  replicate(c);
+  return a;
 }
 
 inline Answer ab_begin(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& session,
@@ -294,7 +296,9 @@ inline Answer ab_commit(redis::Connection& c, const Keys& k, std::string_view pr
     args.emplace_back(name);
     args.emplace_back(gen);
   }
-  return answer(eval<lua::kAbCommit>(c, keys, args));
+  Answer a = answer(eval<lua::kAbCommit>(c, keys, args));
+  replicate(c);
+  return a;
 }
 
 inline Answer ab_open(redis::Connection& c, const Keys& k, std::string_view prefix, const std::string& holder,

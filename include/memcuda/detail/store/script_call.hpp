@@ -6,12 +6,15 @@
 
 #include "memcuda/config.hpp"
 
+#include <atomic>
+#include <cstdint>
 #include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/store/reply.hpp"
 #include "memcuda/redis/script.hpp"
 
@@ -47,6 +50,26 @@ struct Answer {
 inline Answer answer(redis::Reply r) {
   std::string st = script_status(r);
   return {std::move(st), std::move(r)};
+}
+
+// Writes since start that no replica acknowledged within replica_wait.
+inline std::atomic<std::uint64_t>& replica_wait_misses() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+
+// With redis::Options::replica_wait, a create or a version flip is followed
+// by WAIT 1 <ms>, so that a failover to that replica keeps it. A replica
+// that does not acknowledge in time is logged and counted, not an error:
+// the write is on the primary, and what a failover loses anyway the
+// processes write back (docs/operations.md, "Redis Sentinel").
+inline void replicate(redis::Connection& c) {
+  const auto wait = c.options().replica_wait;
+  if (wait.count() <= 0) return;
+  if (c.blocking(wait, {"WAIT", 1, static_cast<std::int64_t>(wait.count())}).integer() >= 1) return;
+  replica_wait_misses().fetch_add(1, std::memory_order_relaxed);
+  log(LogLevel::warn, "no Redis replica acknowledged a write within replica_wait (" + std::to_string(wait.count()) +
+                          " ms): a failover now could lose it");
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::store

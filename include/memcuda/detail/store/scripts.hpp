@@ -59,7 +59,7 @@ local function publish_new(p, name, channel, holder, persistent, first)
   name_add(KEYS[2], name)
   hold_in(KEYS[8], KEYS[9], holder, gen, name)
   count_usage_in(KEYS[7], KEYS[1], 1)
-  redis.call('PUBLISH', channel, gen)
+  publish_ready(channel, gen)
   wake_waiters(p, KEYS[5], gen)
   return {'ok', gen, rc}
 end
@@ -149,8 +149,10 @@ inline Answer create(redis::Connection& c, const Keys& k, const TensorInfo& t, c
     args.emplace_back(std::forward<decltype(f)>(f));
     args.emplace_back(std::forward<decltype(v)>(v));
   });
-  return answer(eval<lua::kCreate>(c, {k.tensor(name), k.names(), k.leader(), k.generation(), k.waiters(name),
+  Answer a = answer(eval<lua::kCreate>(c, {k.tensor(name), k.names(), k.leader(), k.generation(), k.waiters(name),
                                        k.lost(name), k.usage(), k.refs(holder), k.holders(), k.dicts()}, args));
+  replicate(c);
+  return a;
 }
 
 // kAcquire for `holder` ('' token: unfenced; dtype '' = any), with the

@@ -173,6 +173,7 @@ class Client {
         // With its detail: a remote CudaError keeps its status and API.
         protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
       }
+      store::replicate(*c);  // BLPOP wrote after the leader's script: a replica having it has both
       return rep.generation.value_or(0);
     }
   }

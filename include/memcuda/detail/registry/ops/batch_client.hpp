@@ -400,6 +400,7 @@ class BatchClient {
       protocol::Reply rep = protocol::decode_reply(r[1].str());
       if (rep.id != cmd.id) continue;  // not ours
       if (!rep.ok) protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
+      store::replicate(*c);  // BLPOP wrote after the leader's script: a replica having it has both
       return rep;
     }
   }

@@ -1,0 +1,249 @@
+// The registry on Redis Cluster, against real servers (support/
+// redis_cluster.hpp: three primaries with a replica each on loopback):
+//  * the slot of a key is CRC16 of its hash tag (the vectors of the Redis
+//    Cluster specification, and what the server says);
+//  * keys carry the tag {namespace} only with a cluster URL;
+//  * create, get, release and remove through a cluster URL, each
+//    namespace's keys all on the node of its slot (a script whose keys were
+//    not all in one slot would fail with CROSSSLOT);
+//  * a CLUSTER FAILOVER under creates and gets loses nothing;
+//  * moving the namespace's slot to another primary while serving: ASK
+//    during the migration, MOVED after it.
+// The time each switch took until a create worked again is printed, not
+// asserted.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memcuda/detail/store/keys.hpp"
+#include "memcuda/memcuda.hpp"
+#include "memcuda/redis/connection.hpp"
+#include "support/redis_cluster.hpp"
+#include "support/registry_options.hpp"
+#include "support/skip.hpp"
+#include "support/timing.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+using redis::detail::key_slot;
+
+#define START_CLUSTER(var)                      \
+  std::string why_##var;                        \
+  auto var = test::start_cluster(why_##var);    \
+  if (!var) MEMCUDA_SKIP(why_##var)
+
+namespace {
+
+RegistryOptions cluster_options(test::RedisCluster& c, std::string ns = {}, bool control = true) {
+  RegistryOptions o;
+  o.control_thread = control;
+  o.name_space = std::move(ns);
+  o.redis = redis::parse_url(c.url());
+  o.redis.reconnect_timeout = 5s;  // a call waits this long for the slot to be served again
+  o.default_backend = BackendKind::host;
+  o.share_references = true;
+  o.release_linger = std::chrono::microseconds(0);
+  return o;
+}
+
+std::vector<float> filled(int n, float v) { return std::vector<float>(n, v); }
+
+void check_reads(TensorRegistry& reg, const std::string& name, float v) {
+  INFO(name);
+  std::vector<float> back(64);
+  reg.get<float>(name).copy_to_host(back);
+  CHECK(back == filled(64, v));
+}
+
+// Stops and joins a loop thread, also when the test fails midway.
+struct Joined {
+  std::atomic<bool>& stop;
+  std::thread& t;
+  ~Joined() {
+    stop = true;
+    if (t.joinable()) t.join();
+  }
+};
+
+// Retries a create until one works; the milliseconds from `t0` until then.
+long long until_create_works(TensorRegistry& reg, test::Clock::time_point t0) {
+  for (int i = 0;; ++i) {
+    try {
+      reg.create<float>("after" + std::to_string(i), {4});
+      return test::ms_since(t0);
+    } catch (const Error&) {
+      if (test::ms_since(t0) > 60000) throw;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cluster slots: CRC16 of the hash tag, as the Redis Cluster specification says", "[cluster][url]") {
+  CHECK(redis::detail::crc16("123456789") == 0x31C3);
+  CHECK(key_slot("{user1000}.following") == key_slot("{user1000}.followers"));
+  CHECK(key_slot("foo{}{bar}") == redis::detail::crc16("foo{}{bar}") % 16384);  // an empty tag hashes the key
+  CHECK(key_slot("foo{{bar}}zap") == key_slot("{bar"));
+  CHECK(key_slot("foo{bar}{zap}") == key_slot("bar"));
+  CHECK(key_slot("{memcuda}:memcuda:tensor:w") == key_slot("memcuda"));
+}
+
+TEST_CASE("keys carry the {namespace} tag only on a cluster", "[cluster][url]") {
+  const detail::Keys plain, prod("prod"), cplain({}, true), cprod("prod", true);
+  CHECK(plain.tensor("w") == "memcuda:tensor:w");
+  CHECK(plain.lifecycle() == "tensor_lifecycle");
+  CHECK(prod.tensor("w") == "prod:memcuda:tensor:w");
+  CHECK(prod.leader() == "prod:memcuda:leader");
+  CHECK(cplain.tensor("w") == "{memcuda}:memcuda:tensor:w");
+  CHECK(cplain.lifecycle() == "{memcuda}:tensor_lifecycle");
+  CHECK(cprod.tensor("w") == "{prod}:memcuda:tensor:w");
+  CHECK(cprod.request_reply("s", 3) == "{prod}:memcuda:reply:s:3");
+  CHECK(cprod.ready_channel("w") == "{prod}:memcuda:ready:w");
+  for (const auto& k : {cprod.tensor("w"), cprod.removed(7), cprod.leader(), cprod.wait_list("s", 1)})
+    CHECK(key_slot(k) == key_slot("prod"));
+  CHECK_THROWS_AS(detail::Keys("a{b}", true), InvalidArgument);
+}
+
+TEST_CASE("a registry on a cluster URL creates, gets, releases and removes on its slot's node", "[cluster]") {
+  START_CLUSTER(cluster);
+  const int slot = key_slot("memcuda");
+  auto& node = cluster->primary_of(slot);
+  CHECK(node.connect().command({"CLUSTER", "KEYSLOT", "{memcuda}:memcuda:tensor:x"}).integer() == slot);
+
+  // a seed that is not the slot's node: the connection goes there
+  redis::Connection c(redis::parse_url(cluster->url()));
+  CHECK(c.command({"CONFIG", "GET", "port"})[1].str() == std::to_string(node.port()));
+
+  TensorRegistry reg(cluster_options(*cluster));
+  REQUIRE(reg.is_leader());
+  auto client = std::make_unique<TensorRegistry>(cluster_options(*cluster, {}, false));
+  client->create<float>("x", {64}, test::persistent()).copy_from_host(filled(64, 2.0f));
+  check_reads(*client, "x", 2.0f);
+  {
+    auto held = client->get<float>("x");
+    CHECK(test::hget(c, "{memcuda}:memcuda:tensor:x", "refcount") != "1");
+  }
+  client->flush();
+  CHECK(test::eventually([&] { return test::hget(c, "{memcuda}:memcuda:tensor:x", "refcount") == "1"; }, 10s));
+  CHECK(c.command({"ZCARD", "{memcuda}:memcuda:names"}).integer() == 1);
+  client->remove("x");
+  CHECK(c.command({"EXISTS", "{memcuda}:memcuda:tensor:x"}).integer() == 0);
+  CHECK_THROWS_AS(client->get<float>("x"), NotFound);
+  // nothing of the registry landed outside the slot's node
+  for (std::size_t i = 0; i < cluster->size(); ++i)
+    if (&cluster->node(i) != &node && cluster->node(i).connect().command({"ROLE"})[0].str() == "master")
+      CHECK(cluster->node(i).connect().command({"DBSIZE"}).integer() == 0);
+}
+
+TEST_CASE("two namespaces of one cluster live on the nodes of their own slots", "[cluster]") {
+  START_CLUSTER(cluster);
+  // a namespace whose slot another primary serves than the default's
+  const int home = cluster->primary_of(key_slot("memcuda")).port();
+  std::string other;
+  for (int i = 0; other.empty(); ++i)
+    if (cluster->primary_of(key_slot("ns" + std::to_string(i))).port() != home) other = "ns" + std::to_string(i);
+  TensorRegistry a(cluster_options(*cluster));
+  TensorRegistry b(cluster_options(*cluster, other));
+  a.create<float>("w", {64}, test::persistent()).copy_from_host(filled(64, 1.0f));
+  b.create<float>("w", {64}, test::persistent()).copy_from_host(filled(64, 5.0f));
+  check_reads(a, "w", 1.0f);
+  check_reads(b, "w", 5.0f);
+  auto on_a = cluster->primary_of(key_slot("memcuda")).connect();
+  auto on_b = cluster->primary_of(key_slot(other)).connect();
+  CHECK(on_a.command({"EXISTS", "{memcuda}:memcuda:tensor:w"}).integer() == 1);
+  CHECK(on_b.command({"EXISTS", "{" + other + "}:memcuda:tensor:w"}).integer() == 1);
+  CHECK(on_a.command({"CLUSTER", "COUNTKEYSINSLOT", key_slot(other)}).integer() == 0);
+}
+
+TEST_CASE("a CLUSTER FAILOVER of the namespace's primary under creates and gets loses nothing", "[cluster]") {
+  START_CLUSTER(cluster);
+  const int slot = key_slot("memcuda");
+  const int old = cluster->primary_of(slot).port();
+  TensorRegistry reg(cluster_options(*cluster));
+  auto client = std::make_unique<TensorRegistry>(cluster_options(*cluster, {}, false));
+  for (int i = 0; i < 8; ++i)
+    client->create<float>("p" + std::to_string(i), {64}, test::persistent()).copy_from_host(filled(64, float(i)));
+  // the replica has them before the switch (a manual failover waits for it anyway)
+  cluster->primary_of(slot).connect().command({"WAIT", 1, 2000});
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::thread loop([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      try {
+        auto t = client->create<float>("t" + std::to_string(i), {64});
+        (void)client->get<float>("p" + std::to_string(i % 8));
+        ++ok;
+      } catch (const Error&) {
+        ++failed;
+      }
+    }
+  });
+  Joined joined{stop, loop};
+  test::eventually([&] { return ok.load() > 20; }, 10s);
+  const auto t0 = test::Clock::now();
+  cluster->replica_of(slot).connect().command({"CLUSTER", "FAILOVER"});
+  test::SentinelTopology::wait_until("the replica serves the slot", 30s,
+                                     [&] { return cluster->primary_of(slot).port() != old; });
+  const auto switched = test::ms_since(t0);
+  const int ok_before = ok.load();
+  test::eventually([&] { return ok.load() > ok_before + 20; }, 20s);
+  stop = true;
+  loop.join();
+  const auto works = until_create_works(*client, t0);
+  std::printf("CLUSTER FAILOVER: slot served by the replica after %lld ms, creates work %lld ms after the "
+              "command; loop: %d ok, %d failed\n",
+              static_cast<long long>(switched), works, ok.load(), failed.load());
+  CHECK(ok.load() > ok_before);
+  for (int i = 0; i < 8; ++i) check_reads(*client, "p" + std::to_string(i), float(i));
+}
+
+TEST_CASE("moving the namespace's slot to another primary while serving: ASK, then MOVED", "[cluster]") {
+  START_CLUSTER(cluster);
+  const int slot = key_slot("memcuda");
+  auto& from = cluster->primary_of(slot);
+  test::RedisServer* to = nullptr;
+  for (std::size_t i = 0; i < cluster->size() && !to; ++i)
+    if (cluster->node(i).port() != from.port() && cluster->node(i).connect().command({"ROLE"})[0].str() == "master")
+      to = &cluster->node(i);
+  REQUIRE(to);
+  TensorRegistry reg(cluster_options(*cluster));
+  auto client = std::make_unique<TensorRegistry>(cluster_options(*cluster, {}, false));
+  for (int i = 0; i < 4; ++i)
+    client->create<float>("p" + std::to_string(i), {64}, test::persistent()).copy_from_host(filled(64, float(i)));
+  redis::Connection c(redis::parse_url(cluster->url()));
+  CHECK(c.command({"CONFIG", "GET", "port"})[1].str() == std::to_string(from.port()));
+
+  auto src = from.connect();
+  auto dst = to->connect();
+  const std::string from_id(src.command({"CLUSTER", "MYID"}).str()), to_id(dst.command({"CLUSTER", "MYID"}).str());
+  const auto t0 = test::Clock::now();
+  dst.command({"CLUSTER", "SETSLOT", slot, "IMPORTING", from_id});
+  src.command({"CLUSTER", "SETSLOT", slot, "MIGRATING", to_id});
+  // a key the source does not have goes to the target: ASK, ASKING, the command there
+  CHECK(c.command({"SET", "{memcuda}:asked", "1"}).str() == "OK");
+  CHECK(dst.command({"CLUSTER", "COUNTKEYSINSLOT", slot}).integer() == 1);
+  for (;;) {
+    auto keys = src.command({"CLUSTER", "GETKEYSINSLOT", slot, 100});
+    if (keys.size() == 0) break;
+    std::vector<redis::Arg> m{"MIGRATE", "127.0.0.1", to->port(), "", 0, 5000, "KEYS"};
+    for (std::size_t i = 0; i < keys.size(); ++i) m.emplace_back(std::string(keys[i].str()));
+    src.command(std::span<const redis::Arg>(m));
+  }
+  for (std::size_t i = 0; i < cluster->size(); ++i)
+    if (cluster->node(i).connect().command({"ROLE"})[0].str() == "master")
+      cluster->node(i).connect().command({"CLUSTER", "SETSLOT", slot, "NODE", to_id});
+  // every connection follows MOVED to the new node
+  CHECK(c.command({"GET", "{memcuda}:asked"}).str() == "1");
+  CHECK(c.command({"CONFIG", "GET", "port"})[1].str() == std::to_string(to->port()));
+  const auto works = until_create_works(*client, t0);
+  std::printf("slot %d moved to another primary: creates work %lld ms after the migration began\n", slot, works);
+  for (int i = 0; i < 4; ++i) check_reads(*client, "p" + std::to_string(i), float(i));
+  CHECK(dst.command({"EXISTS", "{memcuda}:memcuda:tensor:p0"}).integer() == 1);
+}
