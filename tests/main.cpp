@@ -46,7 +46,7 @@ void clear_memcuda_environment() {
   }
   for (const auto& n : names) {
     ::unsetenv(n.c_str());
-    std::cout << "note: " << n << " is not used by the tests (removed from their environment)\n";
+    std::cerr << "note: " << n << " is not used by the tests (removed from their environment)\n";
   }
 }
 
