@@ -90,6 +90,16 @@ long long until_create_works(TensorRegistry& reg, test::Clock::time_point t0) {
   }
 }
 
+// The CLIENT LIST id of the registry `session`'s invalidation connection on
+// `node`, or "".
+std::string listener_on(test::RedisServer& node, const std::string& session) {
+  const std::string list(node.connect().command({"CLIENT", "LIST"}).str());
+  const auto at = list.find(" name=memcuda-invalidate-" + session + " ");
+  if (at == std::string::npos) return {};
+  const auto line = list.rfind('\n', at) + 1;  // npos + 1 is 0: the first line
+  return list.substr(line, list.find(' ', line) - line);
+}
+
 }  // namespace
 
 TEST_CASE("cluster slots: CRC16 of the hash tag, as the Redis Cluster specification says", "[cluster][url]") {
@@ -271,6 +281,7 @@ TEST_CASE("after the slot moves, a cached get sees a remove and re-create by ano
   REQUIRE(reg.get<float>("x").handle() == old.handle());  // served from the cache
 
   cluster->move_slot(slot, to);
+  const auto t0 = test::Clock::now();
   // The worker's remove is written on the new primary only; the registry's
   // heartbeat, following the slot, moves its invalidation connection there.
   REQUIRE(w->ask("release x").rfind("OK", 0) == 0);
@@ -281,7 +292,14 @@ TEST_CASE("after the slot moves, a cached get sees a remove and re-create by ano
   std::vector<float> back(16);
   reg.get<float>("x").copy_to_host(back);
   CHECK(back[0] == 2.0f);
-  // and it listens there: the next remove and re-create is seen too
+  // and it listens there, and stays (three beats later the same client):
+  // the next remove and re-create is seen too
+  std::string id;
+  CHECK(test::eventually([&] { return !(id = listener_on(to, reg.session_id())).empty(); }, 10s));
+  std::printf("the invalidation connection is on the slot's new primary %lld ms after the move (the heartbeat every 500 ms)\n",
+              test::ms_since(t0));
+  std::this_thread::sleep_for(1500ms);
+  CHECK(listener_on(to, reg.session_id()) == id);
   auto now = reg.get<float>("x");
   REQUIRE(w->ask("release x").rfind("OK", 0) == 0);
   REQUIRE(w->ask("remove x") == "OK");
