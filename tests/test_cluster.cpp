@@ -2,13 +2,16 @@
 // redis_cluster.hpp: three primaries with a replica each on loopback):
 //  * the slot of a key is CRC16 of its hash tag (the vectors of the Redis
 //    Cluster specification, and what the server says);
-//  * keys carry the tag {namespace} only with a cluster URL;
+//  * keys carry the tag {namespace} only with a cluster URL, and scripts
+//    differ only there (SPUBLISH);
 //  * create, get, release and remove through a cluster URL, each
 //    namespace's keys all on the node of its slot (a script whose keys were
 //    not all in one slot would fail with CROSSSLOT);
 //  * a CLUSTER FAILOVER under creates and gets loses nothing;
 //  * moving the namespace's slot to another primary while serving: ASK
-//    during the migration, MOVED after it.
+//    during the migration, MOVED after it; the reference cache's
+//    invalidation connection follows it;
+//  * CLUSTERDOWN waited out, then a ConnectionError.
 // The time each switch took until a create worked again is printed, not
 // asserted.
 #include <catch2/catch.hpp>
@@ -21,13 +24,17 @@
 #include <thread>
 #include <vector>
 
+#include "memcuda/detail/store/batch_scripts.hpp"
 #include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/scripts.hpp"
+#include "memcuda/detail/store/share_scripts.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/registry_options.hpp"
 #include "support/skip.hpp"
 #include "support/timing.hpp"
+#include "support/worker.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -83,6 +90,16 @@ long long until_create_works(TensorRegistry& reg, test::Clock::time_point t0) {
   }
 }
 
+// The CLIENT LIST id of the registry `session`'s invalidation connection on
+// `node`, or "".
+std::string listener_on(test::RedisServer& node, const std::string& session) {
+  const std::string list(node.connect().command({"CLIENT", "LIST"}).str());
+  const auto at = list.find(" name=memcuda-invalidate-" + session + " ");
+  if (at == std::string::npos) return {};
+  const auto line = list.rfind('\n', at) + 1;  // npos + 1 is 0: the first line
+  return list.substr(line, list.find(' ', line) - line);
+}
+
 }  // namespace
 
 TEST_CASE("cluster slots: CRC16 of the hash tag, as the Redis Cluster specification says", "[cluster][url]") {
@@ -108,6 +125,20 @@ TEST_CASE("keys carry the {namespace} tag only on a cluster", "[cluster][url]") 
   for (const auto& k : {cprod.tensor("w"), cprod.removed(7), cprod.leader(), cprod.wait_list("s", 1)})
     CHECK(key_slot(k) == key_slot("prod"));
   CHECK_THROWS_AS(detail::Keys("a{b}", true), InvalidArgument);
+}
+
+TEST_CASE("a single server runs the scripts as written; on a cluster the ready channel is sharded", "[cluster][url]") {
+  using detail::store::script;
+  for (const auto* s : {&script<detail::lua::kCreate>(false), &script<detail::lua::kShare>(false),
+                        &script<detail::lua::kCreateMany>(false)}) {
+    CHECK(s->source().find("redis.call('PUBLISH',") != std::string::npos);
+    CHECK(s->source().find("SPUBLISH") == std::string::npos);
+  }
+  CHECK(script<detail::lua::kCreate>(false).source() == std::string(detail::lua::kCreate));
+  const auto& sharded = script<detail::lua::kCreate>(true).source();
+  CHECK(sharded.find("redis.call('SPUBLISH', channel, gen)") != std::string::npos);
+  CHECK(sharded.find("'PUBLISH'") == std::string::npos);
+  CHECK(script<detail::lua::kAcquire>(true).sha() == script<detail::lua::kAcquire>(false).sha());  // publishes nothing
 }
 
 TEST_CASE("a registry on a cluster URL creates, gets, releases and removes on its slot's node", "[cluster]") {
@@ -208,11 +239,7 @@ TEST_CASE("moving the namespace's slot to another primary while serving: ASK, th
   START_CLUSTER(cluster);
   const int slot = key_slot("memcuda");
   auto& from = cluster->primary_of(slot);
-  test::RedisServer* to = nullptr;
-  for (std::size_t i = 0; i < cluster->size() && !to; ++i)
-    if (cluster->node(i).port() != from.port() && cluster->node(i).connect().command({"ROLE"})[0].str() == "master")
-      to = &cluster->node(i);
-  REQUIRE(to);
+  auto& to = cluster->other_primary(slot);
   TensorRegistry reg(cluster_options(*cluster));
   auto client = std::make_unique<TensorRegistry>(cluster_options(*cluster, {}, false));
   for (int i = 0; i < 4; ++i)
@@ -220,30 +247,118 @@ TEST_CASE("moving the namespace's slot to another primary while serving: ASK, th
   redis::Connection c(redis::parse_url(cluster->url()));
   CHECK(c.command({"CONFIG", "GET", "port"})[1].str() == std::to_string(from.port()));
 
-  auto src = from.connect();
-  auto dst = to->connect();
-  const std::string from_id(src.command({"CLUSTER", "MYID"}).str()), to_id(dst.command({"CLUSTER", "MYID"}).str());
+  auto dst = to.connect();
   const auto t0 = test::Clock::now();
-  dst.command({"CLUSTER", "SETSLOT", slot, "IMPORTING", from_id});
-  src.command({"CLUSTER", "SETSLOT", slot, "MIGRATING", to_id});
-  // a key the source does not have goes to the target: ASK, ASKING, the command there
-  CHECK(c.command({"SET", "{memcuda}:asked", "1"}).str() == "OK");
-  CHECK(dst.command({"CLUSTER", "COUNTKEYSINSLOT", slot}).integer() == 1);
-  for (;;) {
-    auto keys = src.command({"CLUSTER", "GETKEYSINSLOT", slot, 100});
-    if (keys.size() == 0) break;
-    std::vector<redis::Arg> m{"MIGRATE", "127.0.0.1", to->port(), "", 0, 5000, "KEYS"};
-    for (std::size_t i = 0; i < keys.size(); ++i) m.emplace_back(std::string(keys[i].str()));
-    src.command(std::span<const redis::Arg>(m));
-  }
-  for (std::size_t i = 0; i < cluster->size(); ++i)
-    if (cluster->node(i).connect().command({"ROLE"})[0].str() == "master")
-      cluster->node(i).connect().command({"CLUSTER", "SETSLOT", slot, "NODE", to_id});
+  cluster->move_slot(slot, to, [&] {
+    // a key the source does not have goes to the target: ASK, ASKING, the command there
+    CHECK(c.command({"SET", "{memcuda}:asked", "1"}).str() == "OK");
+    CHECK(dst.command({"CLUSTER", "COUNTKEYSINSLOT", slot}).integer() == 1);
+  });
   // every connection follows MOVED to the new node
   CHECK(c.command({"GET", "{memcuda}:asked"}).str() == "1");
-  CHECK(c.command({"CONFIG", "GET", "port"})[1].str() == std::to_string(to->port()));
+  CHECK(c.command({"CONFIG", "GET", "port"})[1].str() == std::to_string(to.port()));
   const auto works = until_create_works(*client, t0);
   std::printf("slot %d moved to another primary: creates work %lld ms after the migration began\n", slot, works);
   for (int i = 0; i < 4; ++i) check_reads(*client, "p" + std::to_string(i), float(i));
   CHECK(dst.command({"EXISTS", "{memcuda}:memcuda:tensor:p0"}).integer() == 1);
+}
+
+TEST_CASE("after the slot moves, a cached get sees a remove and re-create by another process", "[cluster]") {
+  START_CLUSTER(cluster);
+  const int slot = key_slot("memcuda");
+  auto& to = cluster->other_primary(slot);
+  TensorRegistry reg(cluster_options(*cluster));  // caches, and follows the slot on its heartbeat
+  auto w = test::start_worker(cluster->url(), {"--no-control", "--backend", "host"});
+  REQUIRE(w->read_line(10s).value_or("").rfind("READY", 0) == 0);
+  auto gen_of = [](const std::string& reply) {
+    INFO(reply);
+    const auto p = reply.find("gen=");
+    REQUIRE(p != std::string::npos);
+    return std::stoull(reply.substr(p + 4));
+  };
+  REQUIRE(gen_of(w->ask("create x 16 1")) != 0);
+  auto old = reg.get<float>("x");
+  REQUIRE(reg.get<float>("x").handle() == old.handle());  // served from the cache
+
+  cluster->move_slot(slot, to);
+  const auto t0 = test::Clock::now();
+  // The worker's remove is written on the new primary only; the registry's
+  // heartbeat, following the slot, moves its invalidation connection there.
+  REQUIRE(w->ask("release x").rfind("OK", 0) == 0);
+  REQUIRE(w->ask("remove x") == "OK");
+  const std::uint64_t g2 = gen_of(w->ask("create x 16 2"));
+  REQUIRE(g2 != old.generation());
+  CHECK(test::eventually([&] { return reg.get<float>("x").generation() == g2; }, 10s));
+  std::vector<float> back(16);
+  reg.get<float>("x").copy_to_host(back);
+  CHECK(back[0] == 2.0f);
+  // and it listens there, and stays (three beats later the same client):
+  // the next remove and re-create is seen too
+  std::string id;
+  CHECK(test::eventually([&] { return !(id = listener_on(to, reg.session_id())).empty(); }, 10s));
+  std::printf("the invalidation connection is on the slot's new primary %lld ms after the move (the heartbeat every 500 ms)\n",
+              test::ms_since(t0));
+  std::this_thread::sleep_for(1500ms);
+  CHECK(listener_on(to, reg.session_id()) == id);
+  auto now = reg.get<float>("x");
+  REQUIRE(w->ask("release x").rfind("OK", 0) == 0);
+  REQUIRE(w->ask("remove x") == "OK");
+  const std::uint64_t g3 = gen_of(w->ask("create x 16 3"));
+  CHECK(test::eventually([&] { return reg.get<float>("x").generation() == g3; }, 10s));
+}
+
+TEST_CASE("CLUSTERDOWN is waited out within reconnect_timeout, then a ConnectionError", "[cluster]") {
+  START_CLUSTER(cluster);
+  const int slot = key_slot("memcuda");
+  auto& owner = cluster->primary_of(slot);
+  auto o = redis::parse_url(cluster->url());
+  o.reconnect_timeout = 2s;
+  redis::Connection c(o);
+  REQUIRE(c.command({"SET", "{memcuda}:k", "1"}).str() == "OK");
+  o.reconnect_timeout = 30s;
+  redis::Connection patient(o);
+  REQUIRE(patient.command({"GET", "{memcuda}:k"}).str() == "1");
+  // Most primaries out of reach: the one left says the cluster is down (and
+  // no replica can be promoted without a majority).
+  std::vector<test::RedisServer*> paused;
+  for (std::size_t i = 0; i < cluster->size(); ++i)
+    if (cluster->node(i).port() != owner.port() &&
+        cluster->node(i).connect().command({"ROLE"})[0].str() == "master")
+      paused.push_back(&cluster->node(i));
+  REQUIRE(paused.size() == 2);
+  for (auto* n : paused) n->pause();
+  auto admin = owner.connect();
+  test::SentinelTopology::wait_until("the slot's primary says the cluster is down", 30s, [&] {
+    return admin.command({"CLUSTER", "INFO"}).str().find("cluster_state:fail") != std::string_view::npos;
+  });
+
+  SECTION("it lasts: a ConnectionError naming the slot, after reconnect_timeout") {
+    const auto t0 = test::Clock::now();
+    try {
+      c.command({"GET", "{memcuda}:k"});
+      FAIL("answered");
+    } catch (const ConnectionError& e) {
+      const std::string m = e.what();
+      CHECK(m.find("CLUSTERDOWN") != std::string::npos);
+      CHECK(m.find("slot " + std::to_string(slot)) != std::string::npos);
+    }
+    const auto ms = test::ms_since(t0);
+    CHECK(ms >= 1900);
+    CHECK(ms < 5000);
+    for (auto* n : paused) n->resume();
+    CHECK(test::eventually([&] {
+      try {
+        return c.command({"GET", "{memcuda}:k"}).str() == "1";
+      } catch (const Error&) {
+        return false;
+      }
+    }, 30s));
+  }
+  SECTION("it ends within the wait: the command is answered") {
+    std::jthread later([&] {
+      std::this_thread::sleep_for(300ms);
+      for (auto* n : paused) n->resume();
+    });
+    CHECK(patient.command({"GET", "{memcuda}:k"}).str() == "1");
+  }
 }

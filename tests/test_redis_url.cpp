@@ -159,6 +159,20 @@ TEST_CASE("describe() never prints the password", "[url]") {
   CHECK(parse_url("redis://h").describe() == "redis://h:6379");
 }
 
+TEST_CASE("an unknown or missing scheme is answered with every accepted form", "[url]") {
+  for (const std::string url : {"http://h", "redis+cluster:/h:1", "sentinel://h/s", "localhost:6379"}) {
+    INFO(url);
+    try {
+      (void)parse_url(url);
+      FAIL("accepted");
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      for (const char* form : {"redis://", "unix://", "redis+sentinel://", "redis+sentinel+unix://", "redis+cluster://"})
+        CHECK(m.find(std::string(" ") + form) != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("parse_url rejects malformed URLs with a message naming the problem", "[url]") {
   struct Case {
     std::string url;

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -72,6 +74,35 @@ class RedisCluster {
     return by_port(ports[1]);
   }
   std::string id_of(RedisServer& n) { return std::string(n.connect().command({"CLUSTER", "MYID"}).str()); }
+  // A primary that does not serve `slot`.
+  RedisServer& other_primary(int slot) {
+    const int from = primary_of(slot).port();
+    for (auto& n : nodes_)
+      if (n->port() != from && n->connect().command({"ROLE"})[0].str() == "master") return *n;
+    throw std::runtime_error("no other primary");
+  }
+
+  // Moves `slot` to the primary `to` as redis-cli --cluster reshard does:
+  // IMPORTING/MIGRATING, then `midway` (keys the source lacks are ASKed to
+  // the target now), MIGRATE of every key, SETSLOT NODE on every primary.
+  void move_slot(int slot, RedisServer& to, const std::function<void()>& midway = {}) {
+    auto src = primary_of(slot).connect();
+    auto dst = to.connect();
+    const std::string from_id(src.command({"CLUSTER", "MYID"}).str()), to_id(dst.command({"CLUSTER", "MYID"}).str());
+    dst.command({"CLUSTER", "SETSLOT", slot, "IMPORTING", from_id});
+    src.command({"CLUSTER", "SETSLOT", slot, "MIGRATING", to_id});
+    if (midway) midway();
+    for (;;) {
+      auto keys = src.command({"CLUSTER", "GETKEYSINSLOT", slot, 100});
+      if (keys.size() == 0) break;
+      std::vector<redis::Arg> m{"MIGRATE", "127.0.0.1", to.port(), "", 0, 5000, "KEYS"};
+      for (std::size_t i = 0; i < keys.size(); ++i) m.emplace_back(std::string(keys[i].str()));
+      src.command(std::span<const redis::Arg>(m));
+    }
+    for (auto& n : nodes_)
+      if (n->running() && n->connect().command({"ROLE"})[0].str() == "master")
+        n->connect().command({"CLUSTER", "SETSLOT", slot, "NODE", to_id});
+  }
 
  private:
   std::vector<int> slot_ports(int slot) {

@@ -6,8 +6,9 @@
 // elsewhere or busy are followed within the command's reconnect_timeout:
 // MOVED (the slot moved for good: reconnect there, send again), ASK (it is
 // being migrated: ASKING then the command on the named node, once),
-// TRYAGAIN and CLUSTERDOWN (wait, send again), UNBLOCKED (a blocked
-// command whose primary became a replica). Not a general cluster client:
+// TRYAGAIN and CLUSTERDOWN (wait, send again; a CLUSTERDOWN that outlasts
+// reconnect_timeout is a ConnectionError), UNBLOCKED (a blocked command
+// whose primary became a replica). Not a general cluster client:
 // one slot per connection.
 //
 // Part of connection.hpp, which includes this file; include that one.
@@ -124,7 +125,8 @@ inline void Connection::connect_via_cluster(std::chrono::milliseconds timeout) {
 // True when `rep` says to send the command again: after MOVED (to the node
 // it names), TRYAGAIN, CLUSTERDOWN or UNBLOCKED (after a backoff), while
 // `until` is not reached. An ASK is answered here: `rep` becomes the
-// reply of the node it names, asked once.
+// reply of the node it names, asked once. A CLUSTERDOWN still there at
+// `until` throws ConnectionError, as a server out of reach does.
 inline bool Connection::follow_cluster(Reply& rep, std::string_view buf, const std::string& what,
                                        std::chrono::steady_clock::time_point until) {
   if (opts_.cluster.empty() || !rep.is_error()) return false;
@@ -136,10 +138,22 @@ inline bool Connection::follow_cluster(Reply& rep, std::string_view buf, const s
     return false;
   }
   if (prefix != "MOVED" && prefix != "TRYAGAIN" && prefix != "CLUSTERDOWN" && prefix != "UNBLOCKED") return false;
-  if (std::chrono::steady_clock::now() >= until) return false;
-  if (prefix == "TRYAGAIN") return backoff(kClusterWait);  // the slot's keys are being migrated; same node
+  if (std::chrono::steady_clock::now() >= until) {
+    if (prefix != "CLUSTERDOWN") return false;
+    drop();  // the next command asks the seeds again: this node may be cut off from the rest
+    throw ConnectionError("the Redis Cluster " + opts_.describe() + " did not serve slot " +
+                          std::to_string(detail::key_slot("{" + opts_.cluster_tag + "}")) + " (hash tag {" +
+                          opts_.cluster_tag + "}) to '" + what + "' within " +
+                          std::to_string(opts_.reconnect_timeout.count()) + " ms (reconnect_timeout): " + server_ +
+                          " answers " + text +
+                          " (a slot without a node, or most primaries out of reach: `redis-cli --cluster check`)");
+  }
+  // The same node: keys being migrated (TRYAGAIN), or a slot without a
+  // node or most primaries out of reach (CLUSTERDOWN; once the slot is
+  // served elsewhere, this node says MOVED).
+  if (prefix == "TRYAGAIN" || prefix == "CLUSTERDOWN") return backoff(kClusterWait);
   drop();
-  cluster_node_ = prefix == "MOVED" ? addr : std::string();  // else: ask the seeds again
+  cluster_node_ = prefix == "MOVED" ? addr : std::string();  // UNBLOCKED: ask the seeds again
   return prefix == "MOVED" || backoff(kClusterWait);
 }
 

@@ -93,6 +93,7 @@ inline void Connection::connect_to(const Options& at, std::chrono::milliseconds 
                                                    .connecting = true,
                                                    .timeout = timeout}));
   adopt(std::move(c));
+  server_ = at.transport == Options::Transport::tcp ? at.host + ":" + std::to_string(at.port) : at.path;
   set_timeout(opts_.command_timeout, "connect");
   if (at.transport == Options::Transport::tcp) redisEnableKeepAlive(ctx_.get());
   const std::string password = opts_.password_file.empty() ? opts_.password : read_password_file();

@@ -113,6 +113,9 @@ class Connection {
   bool connected() const noexcept { return ctx_ && ctx_->err == 0; }
   // True for a moved-from connection.
   bool empty() const noexcept { return intr_ == nullptr; }
+  // The server of the last connect: "host:port" (through sentinels or a
+  // cluster, the one they led to), or the socket's path.
+  const std::string& server() const noexcept { return server_; }
 
   // True when the next user can trust this connection: a socket hiredis saw
   // no error on, no command left half-done and no interrupt pending. Every
@@ -158,75 +161,14 @@ class Connection {
   // is thrown once all replies are read. An I/O failure throws as command()
   // does; the commands sent may or may not have run.
   std::vector<Reply> pipeline(const std::vector<Command>& cmds,
-                              std::vector<std::exception_ptr>* errors = nullptr) {
-    std::string buf;
-    for (const auto& c : cmds) {
-      if (c.empty()) throw InvalidArgument("Redis pipeline: empty command");
-      detail::append_resp(buf, c);
-    }
-    const std::string what = "pipeline of " + std::to_string(cmds.size()) + " commands";
-    if (errors) errors->assign(cmds.size(), nullptr);
-    const auto until = std::chrono::steady_clock::now() + opts_.reconnect_timeout;
-    std::vector<Reply> out;
-    do {  // a cluster's slot that moved or is busy answers every command so, and none ran
-      ensure_connected(what);
-      if (cmds.empty()) return {};
-      in_flight_ = true;
-      send_all(buf, what);
-      out.clear();
-      for (std::size_t i = 0; i < cmds.size(); ++i) out.push_back(read_reply(what));
-      in_flight_ = false;
-      for (const auto& r : out)  // a demoted primary: the next command asks the sentinels again
-        if (primary_lost(r)) drop();
-    } while (std::all_of(out.begin(), out.end(), [&](const Reply& r) { return cluster_retry(r); }) &&
-             follow_cluster(out.front(), buf, what, until));
-    follow_ask(out, cmds, what);
-    std::exception_ptr first;
-    for (std::size_t i = 0; i < cmds.size(); ++i) {
-      if (!out[i].is_error()) continue;
-      auto e = reply_error(command_name(cmds[i].front()) + " (command " + std::to_string(i + 1) + " of a " + what + ")",
-                           out[i].view().str());
-      if (errors) (*errors)[i] = e;
-      else if (!first) first = e;
-    }
-    if (first) std::rethrow_exception(first);
-    return out;
-  }
+                              std::vector<std::exception_ptr>* errors = nullptr);
 
   // pipeline() whose replies may take `wait` longer than command_timeout
   // (like blocking()): for a batch that must not be cut off by a short stall
   // of the server, since a batch cut off midway may or may not have run.
   // Only the receive timeout changes (one setsockopt each way).
   std::vector<Reply> pipeline(const std::vector<Command>& cmds, std::vector<std::exception_ptr>* errors,
-                              std::chrono::milliseconds wait) {
-    if (!ctx_) ensure_connected("pipeline");
-    auto set_rcv = [&](std::chrono::milliseconds t) {
-      timeval tv = detail::to_timeval(t);
-      if (::setsockopt(ctx_->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) {
-        int e = errno;
-        fail_io("pipeline", REDIS_ERR_IO, e, "cannot set the socket timeout: " + std::string(std::strerror(e)));
-      }
-      timeout_ = t;
-    };
-    set_rcv(blocking_timeout(wait));
-    auto restore = [&] {
-      if (!ctx_) return;  // an I/O failure dropped the socket, timeout and all
-      timeval tv = detail::to_timeval(opts_.command_timeout);
-      if (::setsockopt(ctx_->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0)
-        timeout_ = opts_.command_timeout;
-      else
-        drop();
-    };
-    std::vector<Reply> out;
-    try {
-      out = pipeline(cmds, errors);  // a dead socket is replaced here, with the command timeout
-    } catch (...) {
-      restore();
-      throw;
-    }
-    restore();
-    return out;
-  }
+                              std::chrono::milliseconds wait);
 
   // Makes sure a usable socket is there (re-establishing a broken one, as
   // the next command would) without sending anything: what throws here
@@ -485,14 +427,17 @@ class Connection {
   std::uint64_t reconnects_ = 0;
   std::uint64_t primary_changes_ = 0;     // through sentinels: primary changes heard of before this connect
   std::string cluster_node_;              // "host:port" a MOVED named: the next connect goes there
+  std::string server_;                    // server(), set by connect_to
   std::chrono::milliseconds timeout_{0};  // socket timeout now in force (for messages)
   bool in_flight_ = false;                // sent, reply not read yet
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis
 
-// The definitions of Connection's connect members; they need the whole class.
-#include "memcuda/redis/connect.hpp"  // IWYU pragma: export
+// The definitions of Connection's pipelines and connect members; they need
+// the whole class.
+#include "memcuda/redis/pipeline.hpp"  // IWYU pragma: export
+#include "memcuda/redis/connect.hpp"   // IWYU pragma: export
 
 // Script is part of what this header always offered; script.hpp needs
 // Connection, so it comes last (its own #include of this file is then a no-op).

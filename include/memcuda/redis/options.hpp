@@ -384,11 +384,13 @@ inline Options parse_url(std::string_view url) {
   } else if (detail::starts_with_nocase(url, "rediss://")) {
     detail::bad_url(url, "TLS (rediss://) is not supported: the registry is node-local");
   } else {
+    const std::string_view use = " (use redis://, unix://, redis+sentinel://, redis+sentinel+unix:// or "
+                                 "redis+cluster://)";
     auto sep = url.find("://");
-    detail::bad_url(url, sep == std::string_view::npos
-                             ? std::string("no scheme (use redis:// or unix://)")
-                             : "unknown scheme '" + detail::escape_ctl(url.substr(0, sep)) +
-                                   "' (use redis:// or unix://)");
+    detail::bad_url(url, (sep == std::string_view::npos
+                              ? std::string("no scheme")
+                              : "unknown scheme '" + detail::escape_ctl(url.substr(0, sep)) + "'") +
+                             std::string(use));
   }
   for (std::size_t i = 0; i < url.size(); ++i)
     if (detail::url_ctl(url[i]))

@@ -306,6 +306,7 @@ class ControlLoop {
           core_->holdings.flush();  // GC may have dropped what we held: no cached get until re-registered
           recover_.store(true);
         }
+        core_->invalidation.follow(beat_conn_.server());  // the keys' server, as the beat just reached it
         if (core_->is_leader()) {
           if (stalled()) {
             // The loop cannot serve: hand the lease to a standby rather than

@@ -215,7 +215,7 @@ for i = 1, n do
   name_add(KEYS[1], ARGV[a])
   hold_in(KEYS[5], KEYS[6], ARGV[a + 3], gen, ARGV[a])
   count_usage_in(KEYS[7], t, 1)
-  publish_ready(ARGV[a + 2], gen)
+  redis.call('PUBLISH', ARGV[a + 2], gen)
   wake_waiters(kp, KEYS[6 + 3 * i], gen)
   out[#out + 1] = gen
   out[#out + 1] = rc

@@ -70,11 +70,6 @@ local function wake_waiters(p, set, g)
   end
   if #waiting > 0 then redis.call('DEL', set) end
 end
--- Tells subscribers that a name is ready. A hash-tagged channel ('{ns}:',
--- Redis Cluster only) is a sharded one (Redis 7), kept on the slot's node.
-local function publish_ready(channel, g)
-  redis.call(string.sub(channel, 1, 1) == '{' and 'SPUBLISH' or 'PUBLISH', channel, g)
-end
 -- A name in and out of the index (memcuda:names): as the writes above.
 local function name_add(names, n) redis.pcall('ZADD', names, 0, n) end
 local function name_rem(names, n) redis.pcall('ZREM', names, n) end

@@ -129,6 +129,8 @@ class Keys {
     return record_key.starts_with(tp) ? std::string(record_key.substr(tp.size())) : std::string();
   }
   // Whether `key` is one of the registries' reply lists (reply(), request_reply(), ...).
+  // Keys of a Redis Cluster (hash-tagged).
+  bool cluster() const { return prefix_.starts_with('{'); }
   bool is_reply(std::string_view key) const { return key.starts_with(prefix_ + "memcuda:reply:"); }
   // SCAN pattern of every unlinked-but-held record.
   std::string removed_pattern() const { return prefix_ + "memcuda:removed:*"; }

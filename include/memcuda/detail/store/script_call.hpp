@@ -20,23 +20,36 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::store {
 
+// On a Redis Cluster the ready channel is a sharded one (Redis 7), kept on
+// the slot's node: there a script runs with SPUBLISH for PUBLISH. A single
+// server runs the source as written.
+inline std::string sharded_publish(std::string src) {
+  static constexpr std::string_view kPlain = "redis.call('PUBLISH',", kSharded = "redis.call('SPUBLISH',";
+  for (auto at = src.find(kPlain); at != std::string::npos; at = src.find(kPlain, at + kSharded.size()))
+    src.replace(at, kPlain.size(), kSharded);
+  return src;
+}
 template <const auto& Source>
-const redis::Script& script() {
-  static const redis::Script s{std::string(Source)};
-  return s;
+const redis::Script& script(bool cluster = false) {
+  static const redis::Script plain{std::string(Source)}, sharded{sharded_publish(std::string(Source))};
+  return cluster ? sharded : plain;
+}
+template <const auto& Source>
+const redis::Script& script(const redis::Connection& c) {
+  return script<Source>(!c.options().cluster.empty());
 }
 template <const auto& Source>
 redis::Reply eval(redis::Connection& c, std::span<const redis::Arg> keys, std::span<const redis::Arg> args) {
-  return script<Source>().eval(c, keys, args);
+  return script<Source>(c).eval(c, keys, args);
 }
 template <const auto& Source>
 redis::Reply eval(redis::Connection& c, std::initializer_list<redis::Arg> keys, std::span<const redis::Arg> args) {
-  return script<Source>().eval(c, {keys.begin(), keys.size()}, args);
+  return script<Source>(c).eval(c, {keys.begin(), keys.size()}, args);
 }
 template <const auto& Source>
 redis::Reply eval(redis::Connection& c, std::initializer_list<redis::Arg> keys,
                   std::initializer_list<redis::Arg> args) {
-  return script<Source>().eval(c, keys, args);
+  return script<Source>(c).eval(c, keys, args);
 }
 
 // A script's {status, ...} answer, its status read once (script_status).

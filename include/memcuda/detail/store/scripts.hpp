@@ -59,7 +59,7 @@ local function publish_new(p, name, channel, holder, persistent, first)
   name_add(KEYS[2], name)
   hold_in(KEYS[8], KEYS[9], holder, gen, name)
   count_usage_in(KEYS[7], KEYS[1], 1)
-  publish_ready(channel, gen)
+  redis.call('PUBLISH', channel, gen)
   wake_waiters(p, KEYS[5], gen)
   return {'ok', gen, rc}
 end

@@ -40,7 +40,7 @@ namespace store {
 // means it did not run; share_record loads and runs it).
 inline redis::Command share_record_cmd(const Keys& k, const std::string& name, const std::string& holder,
                                        bool persistent, const std::vector<std::string>& fields) {
-  redis::Command c{"EVALSHA", script<lua::kShare>().sha(), "10", k.tensor(name), k.names(), k.owners(),
+  redis::Command c{"EVALSHA", script<lua::kShare>(k.cluster()).sha(), "10", k.tensor(name), k.names(), k.owners(),
                    k.generation(), k.waiters(name), k.lost(name), k.usage(), k.refs(holder), k.holders(), k.dicts(),
                    name, k.ready_channel(name), holder, persistent ? "1" : "0", k.prefix()};
   c.insert(c.end(), fields.begin(), fields.end());

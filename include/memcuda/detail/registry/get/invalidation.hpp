@@ -8,6 +8,12 @@
 // first error on this connection (Holdings::set_live). A break flushes the
 // table; until the connection is back (retried every kRetry), every get
 // goes to Redis.
+//
+// Tracking messages come only from the server the connection is on. When
+// the registry's keys move to another server (a resharded slot, a cluster
+// or Sentinel failover), the heartbeat's connection follows them at its
+// next beat and calls follow() with where it landed: a listener elsewhere
+// is broken off, which flushes the table, and connects again.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -20,6 +26,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "memcuda/detail/base/fault.hpp"
 #include "memcuda/detail/base/log.hpp"
@@ -66,6 +73,7 @@ class Invalidation {
         redis::Connection c = fresh ? connect() : std::move(*first_);
         first_.reset();
         std::stop_callback on_stop(st, [&c] { c.interrupt(); });
+        Listening listening(*this, c);
         if (failures > 0) log(LogLevel::info, "reference sharing: invalidation connection is back");
         failures = 0;
         if (fresh) holdings_.set_live(true);
@@ -73,7 +81,12 @@ class Invalidation {
       } catch (const std::exception& e) {
         holdings_.set_live(false);
         if (st.stop_requested()) break;
-        if (++failures <= 3 || failures % 50 == 0)
+        bool followed = false;
+        {
+          std::lock_guard lk(mu_);
+          followed = std::exchange(following_, false);
+        }
+        if (!followed && (++failures <= 3 || failures % 50 == 0))
           log(LogLevel::warn, std::string("reference sharing: invalidation connection lost (gets go to Redis until it "
                                           "is back): ") + e.what());
       }
@@ -83,7 +96,36 @@ class Invalidation {
     holdings_.set_live(false);
   }
 
+  // The registry's keys are on `server` now (the heartbeat's connection
+  // says so, having followed them): a listener on another server hears
+  // nothing of them, so it is broken off (run() connects again).
+  void follow(const std::string& server) {
+    std::string was;
+    {
+      std::lock_guard lk(mu_);
+      if (!listener_ || server.empty() || listener_->server() == server) return;
+      was = listener_->server();
+      following_ = true;
+      listener_->interrupt();
+    }
+    log(LogLevel::info, "reference sharing: the registry's keys moved from " + was + " to " + server +
+                            "; the invalidation connection follows them");
+  }
+
  private:
+  // run()'s connection, published to follow() while it listens.
+  struct Listening {
+    Invalidation& self;
+    Listening(Invalidation& s, redis::Connection& c) : self(s) {
+      std::lock_guard lk(self.mu_);
+      self.listener_ = &c;
+    }
+    ~Listening() {
+      std::lock_guard lk(self.mu_);
+      self.listener_ = nullptr;
+    }
+  };
+
   redis::Connection connect() {
     // The fault point holds the connection down, for the tests of what a
     // get does meanwhile.
@@ -132,7 +174,9 @@ class Invalidation {
   Context& ctx_;
   Holdings& holdings_;
   std::optional<redis::Connection> first_;  // start()'s, until run() takes it
-  std::mutex mu_;  // leaf: only for the retry wait
+  std::mutex mu_;  // leaf: for the retry wait and listener_
+  redis::Connection* listener_ = nullptr;  // run()'s, while it listens
+  bool following_ = false;                 // follow() broke it off: no failure
   std::condition_variable_any cv_;
 };
 
