@@ -63,7 +63,8 @@ class RedisLoad {
   RedisLoad(const RedisLoad&) = delete;
   RedisLoad& operator=(const RedisLoad&) = delete;
 
-  // True once every worker has done `ops` more operations than now.
+  // True once every worker has done `ops` more operations than now (or
+  // ended with a FAIL line, which stop() reports).
   bool progresses(long ops = 200, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
     std::vector<long> from;
     {
@@ -73,7 +74,7 @@ class RedisLoad {
     const bool ok = eventually([&] {
       std::lock_guard<std::mutex> g(m_);
       for (std::size_t i = 1; i < procs_.size(); ++i)
-        if (procs_[i].at < from[i] + ops) return false;
+        if (procs_[i].at < from[i] + ops && procs_[i].fails.empty()) return false;  // stop() reports a FAIL
       return true;
     }, limit);
     if (!ok) {
