@@ -1,13 +1,26 @@
 // memcuda_soak_worker: one real mem-cuda process of the soak test
-// (tests/test_soak.cpp). It runs a bounded, seeded random mix of create /
-// get / release / remove / rewrite+verify / audit over a small pool of
-// shared names, while other processes do the same and some are killed.
+// (tests/test_soak.cpp) and of the Redis fault tests under load
+// (support/redis_load.hpp). It runs a seeded random mix of create / get /
+// release / remove / rewrite+verify / audit over a small pool of shared
+// names, while other processes do the same and some are killed.
 //
 //   memcuda_soak_worker --url URL --seed N --ops N --backend host|cuda
 //                       [--ttl MS] [--timeout MS] [--no-control] [--names N]
+//                       [--faults] [--replica-wait MS] [--reconnect MS]
+//   memcuda_soak_worker --url URL --reader N [--verify]   (see reader.hpp)
+//
+// --ops -1 runs until SIGTERM. --faults is for runs while Redis fails over
+// or stalls: Redis errors (a broken connection, READONLY, a timeout) and
+// an `unavailable` reply are counted too, the mix also re-publishes in
+// place and bumps the model version of "soak.", and the reference audit
+// only checks refcount == the sum of the holders, not this session's own
+// count (a failover may drop a reference or a release, also one sent in the
+// background: the session's end settles it, docs/operations.md); leaked
+// references are counted in the DONE line, not fatal.
 //
 // Output (stdout, one line each): "START session=<id> pid=<pid> leader=<0|1>"
-// once the registry is up, "AT <n>" every ops/50 operations, then "DONE ops=.. creates=.. gets=.. ... errors=.."
+// once the registry is up, "AT <n>" every ops/50 operations (every 100
+// when unbounded), then "DONE ops=.. creates=.. gets=.. ... errors=.."
 // at the end (exit 0; the handles still held are released by their
 // destructors). Any unexpected exception or corrupt data prints
 // "FAIL <what>" on stdout and stderr and exits 1.
@@ -40,6 +53,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
@@ -52,11 +66,16 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/model.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "soak_reader.hpp"
 
 using namespace memcuda;
 
 namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_term(int) { g_stop = 1; }
 
 std::uint64_t mix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -88,13 +107,15 @@ struct Held {
 
 class Soak {
  public:
-  Soak(TensorRegistry& reg, std::uint64_t seed, int names) : reg_(reg), rng_(seed) {
+  Soak(TensorRegistry& reg, std::uint64_t seed, int names, bool faults)
+      : reg_(reg), rng_(seed), faults_(faults), lossy_(faults) {
     for (int i = 0; i < names; ++i) pool_.push_back("soak." + std::to_string(i));
   }
 
+  // ops < 0: until SIGTERM.
   void run(long ops) {
-    const long step = std::max(1L, ops / 50);
-    for (long i = 0; i < ops; ++i) {
+    const long step = ops < 0 ? 100 : std::max(1L, ops / 50);
+    for (long i = 0; ops < 0 ? !g_stop : i < ops; ++i) {
       if (i % step == 0) std::cout << "AT " << i << std::endl;  // progress, for the test's kill schedule
       ++ops_;
       int r = pick(100);
@@ -104,6 +125,7 @@ class Soak {
         else if (r < 72) do_release();
         else if (r < 80) do_remove();
         else if (r < 92) do_check();
+        else if (faults_ && r < 95) do_publish();
         else do_audit();
       } catch (const NotFound& e) {
         count(e);
@@ -116,6 +138,12 @@ class Soak {
       } catch (const NotLeader& e) {
         count(e);
       } catch (const TimeoutError& e) {
+        count(e);
+      } catch (const RedisError& e) {
+        if (!faults_) throw;
+        count(e);
+      } catch (const Unavailable& e) {  // "the outcome is unknown": the link broke while the leader ran it
+        if (!faults_) throw;
         count(e);
       }
       // Anything else (memcuda::Error of another kind, std::exception,
@@ -139,7 +167,7 @@ class Soak {
     redis::Connection c(o.redis);
     static constexpr const char* kHeld = R"lua(
 local n, where = 0, {}
-for _, pat in ipairs({'memcuda:tensor:*', 'memcuda:removed:*'}) do
+for _, pat in ipairs({'*memcuda:tensor:*', '*memcuda:removed:*'}) do  -- '{memcuda}:' on a cluster
   for _, k in ipairs(redis.call('KEYS', pat)) do
     -- a key of another type (a fault a test injected) holds no reference
     local v = 0
@@ -154,7 +182,7 @@ return {n, where}
 )lua";
     auto r = c.command({"EVAL", kHeld, "0", reg_.session_id()});
     leaked_ = r[0].integer();
-    if (leaked_ > uncertain_creates_) {
+    if (leaked_ > uncertain_creates_ && !lossy_) {
       std::string where;
       for (std::size_t i = 0; i < r[1].size(); ++i) where += " " + std::string(r[1][i].str());
       fail(std::to_string(leaked_) + " reference(s) of this session (" + reg_.session_id() +
@@ -171,7 +199,8 @@ return {n, where}
     o << "DONE ops=" << ops_ << " creates=" << creates_ << " gets=" << gets_ << " releases=" << releases_
       << " removes=" << removes_ << " rewrites=" << rewrites_ << " verified=" << verified_
       << " unverified=" << unverified_ << " audits=" << audits_ << " raced_creates=" << raced_creates_
-      << " uncertain_creates=" << uncertain_creates_ << " leaked_refs=" << leaked_ << " errors=" << errors;
+      << " uncertain_creates=" << uncertain_creates_ << " publishes=" << publishes_ << " versions=" << versions_
+      << " leaked_refs=" << leaked_ << " lossy=" << lossy_ << " errors=" << errors;
     for (const auto& [k, v] : errors_) o << " " << k << "=" << v;
     return o.str();
   }
@@ -183,7 +212,8 @@ return {n, where}
   void count(const Error& e) {
     std::string code = e.code();
     ++errors_[code];
-    if (code == "not_leader" || code == "timeout") ambiguous_ = true;
+    if (code == "not_leader" || code == "timeout" || code == "redis_connection" || code == "redis_io")
+      ambiguous_ = true;
   }
 
   Shape random_shape() {
@@ -262,7 +292,7 @@ return {n, where}
     } catch (const NotLeader&) {  // no reply in time: it may still have been executed for us
       ++uncertain_creates_;
       throw;
-    } catch (const TimeoutError&) {
+    } catch (const RedisError&) {  // TimeoutError, or the link broke (--faults)
       ++uncertain_creates_;
       throw;
     }
@@ -325,6 +355,21 @@ return {n, where}
     (void)h.t.valid();  // one round trip; must not throw
   }
 
+  // The creator writes its pattern again and publishes in place, or any
+  // process bumps the version of the model "soak." (the names it holds).
+  void do_publish() {
+    if (pick(2) == 0) {
+      for (auto& h : held_)
+        if (h.creator) {
+          write_pattern(h.t);
+          h.t.publish();
+          ++publishes_;
+          return;
+        }
+    }
+    versions_ = static_cast<long>(publish_version(reg_, "soak."));
+  }
+
   // Our holder count in the Hash equals the references we hold.
   void do_audit() {
     if (held_.empty()) return;
@@ -347,6 +392,7 @@ return {n, where}
     if (sum != i.refcount)
       fail("'" + name + "' generation " + std::to_string(gen) + ": refcount " + std::to_string(i.refcount) +
            " but its holders sum to " + std::to_string(sum));
+    if (lossy_) return;  // a failover may have dropped a reference or a release of ours
     if (mine < expect || (!ambiguous_ && mine != expect))
       fail("'" + name + "' generation " + std::to_string(gen) + ": this session (" + reg_.session_id() +
            ") holds " + std::to_string(expect) + " reference(s) but the Hash says holder:" + reg_.session_id() +
@@ -359,8 +405,8 @@ return {n, where}
   std::vector<Held> held_;
   std::set<std::uint64_t> published_;
   std::map<std::string, long> errors_;
-  bool ambiguous_ = false;
-  long raced_creates_ = 0, uncertain_creates_ = 0, leaked_ = 0;
+  bool faults_ = false, ambiguous_ = false, lossy_ = false;
+  long raced_creates_ = 0, uncertain_creates_ = 0, leaked_ = 0, publishes_ = 0, versions_ = 0;
   long ops_ = 0, creates_ = 0, gets_ = 0, releases_ = 0, removes_ = 0, rewrites_ = 0, verified_ = 0,
        unverified_ = 0, audits_ = 0;
 };
@@ -374,11 +420,13 @@ void report_failure(const std::string& what) {
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGTERM, on_term);
   RegistryOptions o = RegistryOptions::from_env();
   std::optional<BackendKind> backend;
   std::uint64_t seed = 1;
   long ops = 1000;
-  int names = 24;
+  int names = 24, reader = 0;
+  bool faults = false, verify_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
@@ -394,6 +442,11 @@ int main(int argc, char** argv) {
       else if (a == "--ops") ops = std::stol(next());
       else if (a == "--names") names = std::stoi(next());
       else if (a == "--no-control") o.control_thread = false;
+      else if (a == "--faults") faults = true;
+      else if (a == "--reader") reader = std::stoi(next());
+      else if (a == "--verify") verify_only = true;
+      else if (a == "--replica-wait") o.redis.replica_wait = std::chrono::milliseconds(std::stoll(next()));
+      else if (a == "--reconnect") o.redis.reconnect_timeout = std::chrono::milliseconds(std::stoll(next()));
       else if (a == "--ttl") o.lease_ttl = std::chrono::milliseconds(std::stoll(next()));
       else if (a == "--timeout") o.request_timeout = std::chrono::milliseconds(std::stoll(next()));
       else if (a == "--backend") {
@@ -409,8 +462,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (names < 1 || ops < 0) {
-    std::cerr << "--names must be >= 1 and --ops >= 0\n";
+  if (names < 1 || ops < -1 || reader < 0) {
+    std::cerr << "--names and --reader must be >= 1 and --ops >= -1\n";
     return 2;
   }
   o.default_backend = backend;
@@ -418,7 +471,8 @@ int main(int argc, char** argv) {
     TensorRegistry reg(o);
     std::cout << "START session=" << reg.session_id() << " pid=" << ::getpid() << " leader=" << reg.is_leader()
               << std::endl;
-    Soak soak(reg, seed, names);
+    if (reader > 0) return run_reader(reg, reader, verify_only, g_stop);
+    Soak soak(reg, seed, names, faults);
     soak.run(ops);
     soak.release_all();  // every handle still held, before the registry goes
     reg.check();

@@ -1,6 +1,7 @@
 // Test harness: a Redis Sentinel topology of private servers on loopback
 // ports: a primary, two replicas and three sentinels that monitor it as
 // service "memcuda" (quorum 2, down-after 500 ms, failover-timeout 2 s).
+// The data nodes take DEBUG from loopback (DEBUG SLEEP: a stalled primary).
 // Real servers, no mocks. The constructor returns once both replicas are in
 // sync and every sentinel knows them and the two other sentinels, so a
 // failover can start.
@@ -21,17 +22,20 @@ namespace memcuda::test {
 class SentinelTopology {
  public:
   static constexpr const char* kService = "memcuda";
+  static constexpr int kDownAfterMs = 500;
 
   SentinelTopology() {
-    servers_.push_back(std::make_unique<RedisServer>());
+    const std::string debug = "enable-debug-command local";
+    servers_.push_back(std::make_unique<RedisServer>(RedisServerOptions{.requirepass = {}, .config_lines = {debug}}));
     const std::string of = "replicaof 127.0.0.1 " + std::to_string(servers_[0]->port());
     for (int i = 0; i < 2; ++i)
-      servers_.push_back(std::make_unique<RedisServer>(RedisServerOptions{.requirepass = {}, .config_lines = {of}}));
+      servers_.push_back(
+          std::make_unique<RedisServer>(RedisServerOptions{.requirepass = {}, .config_lines = {of, debug}}));
     const std::string svc = kService;
     for (int i = 0; i < 3; ++i)
       sentinels_.push_back(std::make_unique<RedisServer>(RedisServerOptions{.requirepass = {},
           .config_lines = {"sentinel monitor " + svc + " 127.0.0.1 " + std::to_string(servers_[0]->port()) + " 2",
-                           "sentinel down-after-milliseconds " + svc + " 500",
+                           "sentinel down-after-milliseconds " + svc + " " + std::to_string(kDownAfterMs),
                            "sentinel failover-timeout " + svc + " 2000"},
           .sentinel = true}));
     wait_until("both replicas are in sync and every sentinel knows them and 2 other sentinels",
