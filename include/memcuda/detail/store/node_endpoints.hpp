@@ -10,6 +10,8 @@
 #include "memcuda/config.hpp"
 
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
