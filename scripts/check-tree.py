@@ -46,6 +46,7 @@ RANKS = {
     "process": 1,  # detail/process/: the process object, its parts only named (defined in impl/)
     "cuda": 2,
     "fd": 2,
+    "transfer": 2,  # detail/transfer/: the byte mover between nodes, nothing of Redis
     "backend": 3,
     "pool": 4,
     "store": 4,

@@ -28,7 +28,7 @@ repo=$(pwd -P)
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
-packages=(libhiredis-dev libboost-json1.81-dev libdlpack-dev catch2 redis-server cmake g++ pkg-config ninja-build clang-14 libclang-rt-14-dev
+packages=(libhiredis-dev libucx-dev libboost-json1.81-dev libdlpack-dev catch2 redis-server cmake g++ pkg-config ninja-build clang-14 libclang-rt-14-dev
   python3-pytest python3-numpy python3-torch python3-venv python3-pip python3-setuptools python3-wheel)
 
 install_packages() {

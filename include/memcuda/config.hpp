@@ -23,6 +23,17 @@
 #  define MEMCUDA_HAS_CUDA() 0
 #endif
 
+// The CMake target defines MEMCUDA_ENABLE_UCX=1 when it links UCX (the byte
+// mover between nodes, detail/transfer/); off unless defined.
+#if !defined(MEMCUDA_ENABLE_UCX)
+#  define MEMCUDA_ENABLE_UCX 0
+#endif
+#if MEMCUDA_ENABLE_UCX
+#  define MEMCUDA_HAS_UCX() 1
+#else
+#  define MEMCUDA_HAS_UCX() 0
+#endif
+
 // True while compiling device code with nvcc (kernels in examples and tests).
 #if defined(__CUDACC__)
 #  define MEMCUDA_IS_NVCC() 1

@@ -25,14 +25,18 @@ namespace memcuda::test {
 
 // argv that runs `inner` as the first process of a new pod named `name`,
 // with `env` (NAME=value) added to its environment. SIGKILL of the
-// returned process (unshare) kills the whole pod (--kill-child).
+// returned process (unshare) kills the whole pod (--kill-child). With
+// `share_network`, the pod keeps the host's network namespace (loopback
+// included): a fake node of its own hostname, reached over TCP as another
+// machine would be.
 inline std::vector<std::string> pod_argv(const std::string& name, const std::vector<std::string>& env,
-                                         const std::vector<std::string>& inner) {
-  std::vector<std::string> argv{"/usr/bin/unshare", "--pid", "--net", "--mount", "--uts", "--ipc", "--fork",
+                                         const std::vector<std::string>& inner, bool share_network = false) {
+  std::vector<std::string> argv{"/usr/bin/unshare", "--pid", "--mount", "--uts", "--ipc", "--fork",
                                 "--kill-child", "--mount-proc", "--", "/bin/sh", "-c",
                                 "mount -t tmpfs -o size=256m,mode=1777 pod-shm /dev/shm || exit 97; "
                                 "hostname \"$1\" || exit 98; shift; exec /usr/bin/env \"$@\"",
                                 "sh", name};
+  if (!share_network) argv.insert(argv.begin() + 2, "--net");
   argv.insert(argv.end(), env.begin(), env.end());
   argv.insert(argv.end(), inner.begin(), inner.end());
   return argv;

@@ -119,6 +119,8 @@ class Keys {
   // A standby's wake list: the allocator of record pushes to it when it
   // made an allocation the standby should hold at once.
   std::string standby_wake(std::string_view sid) const { return prefix_ + "memcuda:standby_wake:" + std::string(sid); }
+  // Where a node's byte mover is reached (node_endpoints.hpp): one per node.
+  std::string node(std::string_view node_id) const { return prefix_ + "memcuda:node:" + std::string(node_id); }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
   // SCAN pattern of every named record, and the name a record key is the

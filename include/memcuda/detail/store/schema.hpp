@@ -115,6 +115,8 @@ inline constexpr Key kKeys[] = {
      "its next pass's SET replaces it"},
     {"standby_wake", "memcuda:standby_wake:<session>", "list", "the leader", Fix::none,
      "not repaired: the leader's wake of that standby fails"},
+    {"node", "memcuda:node:<node>", "hash", "that node's publisher", Fix::none,
+     "its publisher's next refresh fails and it publishes again (DEL first); a read meets WRONGTYPE until then"},
 };
 
 // The Keys members that build no key of their own: a prefix, a pattern,

@@ -1,0 +1,89 @@
+// A node's endpoint in the registry: the publisher (one per node: the
+// process whose mover serves the node's memory) and the reader's check.
+// Only bytes and names cross here; which engine made them is the mover's
+// business (detail/transfer/), so the registry holds no engine type.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <sys/random.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "memcuda/detail/base/node.hpp"
+#include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/node_endpoints.hpp"
+#include "memcuda/error.hpp"
+#include "memcuda/redis/connection.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// A fresh incarnation id: 128 random bits in hex, so that no two publishers
+// (a node's process and its restarted successor) ever share one.
+inline std::string new_incarnation() {
+  std::uint64_t r[2] = {0, 0};
+  if (::getrandom(r, sizeof r, 0) != static_cast<ssize_t>(sizeof r))
+    throw InternalError("getrandom failed: no incarnation id for the node endpoint");
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(r[0]),
+                static_cast<unsigned long long>(r[1]));
+  return buf;
+}
+
+// Publishes this node's endpoint under a new incarnation and keeps it alive:
+// refresh() from the heartbeat, every third of the TTL or more often.
+// Calls take the caller's connection; none keeps a lock.
+class NodePublisher {
+ public:
+  NodePublisher(Keys keys, std::string mover, std::string endpoint, std::string session,
+                std::chrono::milliseconds ttl, std::string node = node_id())
+      : keys_(std::move(keys)), ttl_(ttl) {
+    if (ttl.count() <= 0) throw InvalidArgument("node endpoint TTL must be positive");
+    if (endpoint.empty()) throw InvalidArgument("node endpoint: the mover gave no address");
+    rec_ = {std::move(node), new_incarnation(), std::move(mover), std::move(endpoint), std::move(session), 0};
+  }
+
+  const store::NodeEndpoint& record() const noexcept { return rec_; }
+
+  void publish(redis::Connection& c) {
+    rec_.published_ms = now_ms();
+    store::publish_node_endpoint(c, keys_, rec_, ttl_);
+  }
+  // Renews the TTL, publishing again when the record expired or was
+  // replaced (a Redis that lost its data, a key of another type, or another
+  // publisher on this node, whose record this one then replaces: the node's
+  // newest live process wins at its next beat). Returns whether it had to.
+  bool refresh(redis::Connection& c) {
+    if (store::refresh_node_endpoint(c, keys_, rec_.node, rec_.incarnation, ttl_)) return false;
+    publish(c);
+    return true;
+  }
+  // Deletes the record if it is still this incarnation's.
+  void withdraw(redis::Connection& c) { store::withdraw_node_endpoint(c, keys_, rec_.node, rec_.incarnation); }
+
+ private:
+  Keys keys_;
+  std::chrono::milliseconds ttl_;
+  store::NodeEndpoint rec_;
+};
+
+// The live endpoint of `node` for a reader that took keys of its memory
+// under `incarnation` (empty: any, for a reader that takes them now).
+// Unavailable when the node publishes none (never did, or its publisher
+// stopped beating); StaleHandle when it restarted since: the keys were of a
+// process that is gone, and must not be used against its successor.
+inline store::NodeEndpoint endpoint_of(redis::Connection& c, const Keys& k, const std::string& node,
+                                       const std::string& incarnation = {}) {
+  auto e = store::read_node_endpoint(c, k, node);
+  if (!e) throw Unavailable("node '" + node + "' publishes no endpoint (not running, or not reachable by transfer)");
+  if (!incarnation.empty() && e->incarnation != incarnation)
+    throw StaleHandle("node '" + node + "' restarted (incarnation " + e->incarnation + ", keys from " + incarnation +
+                      "): its old memory keys are void");
+  return *e;
+}
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -1,0 +1,92 @@
+// Typed access to the node endpoint records (docs/protocol.md, "Keys"):
+// memcuda:node:<node>, a Hash per node naming where its byte mover
+// (detail/transfer/) is reached, with a TTL its publisher's heartbeat
+// renews. The incarnation is a fresh random id per publisher: a restarted
+// node publishes a new one, so a reader that still has the old one (and
+// keys of the old process's memory) sees it changed and never uses them.
+// The endpoint is opaque bytes here; the store knows no transfer engine.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/script_call.hpp"
+#include "memcuda/redis/connection.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+namespace lua {
+// Replaces the node's record (a key of another type too) and sets its TTL.
+inline constexpr char kNodePublish[] = R"lua(
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'incarnation', ARGV[2], 'mover', ARGV[3], 'endpoint', ARGV[4],
+           'session', ARGV[5], 'published_ms', ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+)lua";
+
+// Renews the record's TTL -> 1, or 0 when it is gone, not a Hash or of
+// another incarnation (the caller publishes again, or stops: superseded).
+inline constexpr char kNodeRefresh[] = R"lua(
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return 0 end
+if redis.call('HGET', KEYS[1], 'incarnation') ~= ARGV[2] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+)lua";
+
+// Deletes the record -> 1, or 0 when it is not of this incarnation.
+inline constexpr char kNodeWithdraw[] = R"lua(
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return 0 end
+if redis.call('HGET', KEYS[1], 'incarnation') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+)lua";
+}  // namespace lua
+
+namespace store {
+
+struct NodeEndpoint {
+  std::string node;         // the node id (detail/base/node.hpp)
+  std::string incarnation;  // the publisher's random id
+  std::string mover;        // the engine's name (Mover::kind())
+  std::string endpoint;     // the engine's address bytes (Mover::endpoint())
+  std::string session;      // the publishing registry session, for people
+  std::int64_t published_ms = 0;
+};
+
+inline void publish_node_endpoint(redis::Connection& c, const Keys& k, const NodeEndpoint& e,
+                                  std::chrono::milliseconds ttl) {
+  eval<lua::kNodePublish>(c, {k.node(e.node)},
+                          {ttl.count(), e.incarnation, e.mover, e.endpoint, e.session, e.published_ms});
+}
+
+inline bool refresh_node_endpoint(redis::Connection& c, const Keys& k, std::string_view node,
+                                  std::string_view incarnation, std::chrono::milliseconds ttl) {
+  return eval<lua::kNodeRefresh>(c, {k.node(node)}, {ttl.count(), incarnation}).integer() == 1;
+}
+
+inline bool withdraw_node_endpoint(redis::Connection& c, const Keys& k, std::string_view node,
+                                   std::string_view incarnation) {
+  return eval<lua::kNodeWithdraw>(c, {k.node(node)}, {incarnation}).integer() == 1;
+}
+
+// The node's live record, or nullopt when it expired or never was. A key of
+// another type is a ReplyError (WRONGTYPE); its node's next publish replaces it.
+inline std::optional<NodeEndpoint> read_node_endpoint(redis::Connection& c, const Keys& k, std::string_view node) {
+  auto r = c.command({"HMGET", k.node(node), "incarnation", "mover", "endpoint", "session", "published_ms"});
+  if (r.size() != 5 || r[0].is_nil() || r[2].is_nil()) return std::nullopt;
+  NodeEndpoint e{std::string(node), std::string(r[0].str()), r[1].is_nil() ? std::string() : std::string(r[1].str()),
+                 std::string(r[2].str()), r[3].is_nil() ? std::string() : std::string(r[3].str()), 0};
+  if (!r[4].is_nil()) e.published_ms = std::strtoll(std::string(r[4].str()).c_str(), nullptr, 10);
+  return e;
+}
+
+}  // namespace store
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
