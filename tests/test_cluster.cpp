@@ -110,7 +110,7 @@ TEST_CASE("keys carry the {namespace} tag only on a cluster", "[cluster][url]") 
   CHECK_THROWS_AS(detail::Keys("a{b}", true), InvalidArgument);
 }
 
-TEST_CASE("a single server runs the scripts as written; on a cluster the ready channel is sharded", "[cluster][url]") {
+TEST_CASE("a single server runs the scripts as written, and on a cluster the ready channel is sharded", "[cluster][url]") {
   using detail::store::script;
   for (const auto* s : {&script<detail::lua::kCreate>(false), &script<detail::lua::kShare>(false),
                         &script<detail::lua::kCreateMany>(false)}) {
