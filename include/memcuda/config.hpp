@@ -23,8 +23,9 @@
 #  define MEMCUDA_HAS_CUDA() 0
 #endif
 
-// The CMake target defines MEMCUDA_ENABLE_UCX=1 when it links UCX (the byte
-// mover between nodes, detail/transfer/); off unless defined.
+// The CMake target defines MEMCUDA_ENABLE_UCX=1 when UCX was found (the byte
+// mover between nodes, detail/transfer/; a program that uses it links
+// memcuda::ucx); off unless defined.
 #if !defined(MEMCUDA_ENABLE_UCX)
 #  define MEMCUDA_ENABLE_UCX 0
 #endif
