@@ -215,7 +215,6 @@ TEST_CASE("a CLUSTER FAILOVER of the namespace's primary under load loses nothin
   test::check_after_fault(cluster->url(), regs.leader, regs.client);
   WARN("CLUSTER FAILOVER under load: the replica serves the slot after " << switched
        << " ms, creates and gets work again after " << works << " ms");
-  if (auto why = load.lost_reference()) MEMCUDA_SKIP(*why);
 }
 
 TEST_CASE("kill -9 of the namespace's primary under load: the replica takes over, nothing persistent lost",
@@ -231,15 +230,13 @@ TEST_CASE("kill -9 of the namespace's primary under load: the replica takes over
   primary.kill(SIGKILL);
   const auto works = test::until_creates_work(regs.client, t0);
   const auto switched = until_slot_moves(*cluster, slot, old, t0);
-  // Known defect: the workers' calls may stall for 30 s and more after the
-  // kill while a fresh client's calls work (the case reports itself skipped then).
-  const bool moving = load.progresses();
+  // The promoted replica has no replica of its own: the load's writes
+  // miss the replica wait once and then stop waiting (store::replicate).
+  CHECK(load.progresses());
   load.stop();
   test::check_after_fault(cluster->url(), regs.leader, regs.client);
   WARN("kill -9 of the namespace's primary under load (cluster-node-timeout 1000 ms): the replica serves the slot "
        << switched << " ms after, creates and gets work again after " << works << " ms");
-  if (auto why = load.lost_reference()) MEMCUDA_SKIP(*why);
-  if (!moving) MEMCUDA_SKIP("known defect: the workers made no progress for 30 s after kill -9 of the primary");
 }
 
 TEST_CASE("moving the namespace's slot to another primary under load: ASK, then MOVED", "[cluster][load]") {
@@ -271,7 +268,6 @@ TEST_CASE("moving the namespace's slot to another primary under load: ASK, then 
   CHECK(dst.command({"EXISTS", "{memcuda}:memcuda:tensor:load.p0"}).integer() == 1);
   WARN("slot " << slot << " moved to another primary under load: migrated in " << migrated
                << " ms, creates and gets work " << works << " ms after the migration began");
-  if (auto why = load.lost_reference()) MEMCUDA_SKIP(*why);
 }
 
 TEST_CASE("after the slot moves, a cached get sees a remove and re-create by another process", "[cluster]") {

@@ -5,6 +5,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -143,6 +144,11 @@ struct ControlOptions {
   // its key has expired (about session_ttl + gc_interval).
   std::chrono::milliseconds session_ttl{2000};
   std::chrono::milliseconds gc_interval{500};
+
+  // How often the thread renews the lease and the session (and campaigns).
+  std::chrono::milliseconds heartbeat_period() const {
+    return std::max(std::min(lease_ttl, session_ttl) / 3, std::chrono::milliseconds(10));
+  }
 };
 
 // In-process reference sharing (docs/design.md, "In-process reference sharing").

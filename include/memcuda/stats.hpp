@@ -56,6 +56,11 @@ struct ProcessStats {
   // Creates and version flips no Redis replica acknowledged within
   // RegistryOptions::redis.replica_wait (docs/operations.md, "Redis Sentinel").
   std::uint64_t replica_wait_misses = 0;
+  // On Sentinel or Cluster, freed blocks held out of the pool until no
+  // failover can undo the free, and frees a failover did undo (the record
+  // came back, or a holder re-registered it): docs/operations.md.
+  std::uint64_t frees_held = 0;
+  std::uint64_t frees_undone = 0;
 };
 
 // The allocator of record's memory pool on one device and backend. The

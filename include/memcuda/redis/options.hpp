@@ -101,6 +101,9 @@ struct Options {
   std::chrono::milliseconds reconnect_timeout{2000};
   std::chrono::milliseconds reconnect_backoff{5};
 
+  // Sentinel or Cluster: a failover may roll acknowledged writes back.
+  bool replicated() const noexcept { return !sentinels.empty() || !cluster.empty(); }
+
   // The address in URL form, without the password (safe for messages).
   std::string describe() const {
     if (!sentinels.empty()) return detail::describe_sentinels(*this);

@@ -57,8 +57,7 @@ class ControlLoop {
       if (blocked_.load()) conn_.interrupt();
     });
     const auto& opts = core_->ctx.opts;
-    const auto period = std::max(std::min(opts.lease_ttl, opts.session_ttl) / 3,
-                                 std::chrono::milliseconds(10));
+    const auto period = opts.heartbeat_period();
     // The session and the lease are kept alive by a thread of their own, so
     // a slow command (a large first cudaMalloc, a sanitizer) never lets them
     // expire while this process is alive and serving.
@@ -162,6 +161,7 @@ class ControlLoop {
         task("reading the inbox", [&] { core_->drain_inbox(conn_); });
       }
     }
+    task("settling held frees", [&] { core_->alloc.settle_held_frees(conn_); });
     at.tick = now + period;
     Process::get().fds().expire();  // fds sent along unasked must not pin memory long
     if (auto live = LiveLock::existing()) live->tend();  // dead processes' marks go
@@ -237,8 +237,7 @@ class ControlLoop {
   // two of that standby's campaign periods.
   std::chrono::milliseconds defer_limit() const {
     const auto& o = core_->ctx.opts;
-    return std::max(2 * std::max(std::min(o.lease_ttl, o.session_ttl) / 3, std::chrono::milliseconds(10)),
-                    std::chrono::milliseconds(500));
+    return std::max(2 * o.heartbeat_period(), std::chrono::milliseconds(500));
   }
 
   bool stalled() const {
@@ -298,15 +297,25 @@ class ControlLoop {
     int failures = 0;
     bool gave_up = false;
     redis::SentinelWatch watch(core_->ctx.opts.redis);  // follows a failover within a period
+    std::string server;                                  // the keys' server at the last beat
     while (!st.stop_requested()) {
       watch.poll();
       try {
-        if (!core_->sessions.refresh(beat_conn_)) {
+        const bool lost = !core_->sessions.refresh(beat_conn_);
+        // A new primary may lack the old one's last writes (asynchronous
+        // replication): references taken, records written, frees.
+        const bool switched = core_->ctx.opts.redis.replicated() && !server.empty() && beat_conn_.server() != server;
+        if (switched)
+          log(LogLevel::warn, "the Redis primary of this namespace is now " + beat_conn_.server() + " (was " + server +
+                                  "): re-registering what this process owns and holds");
+        server = beat_conn_.server();
+        if (lost || switched) {
+          if (switched) core_->alloc.note_primary_switch();  // frees wait until holders re-registered
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
           core_->holdings.flush();  // GC may have dropped what we held: no cached get until re-registered
           recover_.store(true);
         }
-        core_->invalidation.follow(beat_conn_.server());  // the keys' server, as the beat just reached it
+        core_->invalidation.follow(server);  // the keys' server, as the beat just reached it
         if (core_->is_leader()) {
           if (stalled()) {
             // The loop cannot serve: hand the lease to a standby rather than

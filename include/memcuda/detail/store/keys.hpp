@@ -37,6 +37,9 @@ class Keys {
   std::string removed(std::uint64_t gen) const { return prefix_ + "memcuda:removed:" + std::to_string(gen); }
   // Forwards releases of a migrated generation to its successor.
   std::string moved(std::uint64_t gen) const { return prefix_ + "memcuda:moved:" + std::to_string(gen); }
+  // A holder that re-registered a generation after a failover and found no
+  // record: the owner keeps that block out of its pool (held_frees.hpp).
+  std::string claim(std::uint64_t gen) const { return prefix_ + "memcuda:claim:" + std::to_string(gen); }
   // Says why a name whose tensor died with its allocator of record is gone.
   std::string lost(std::string_view name) const { return prefix_ + "memcuda:lost:" + std::string(name); }
   // Messages from the allocator of record to one session (migrate, free, forget).

@@ -106,17 +106,19 @@ return {'lost', 0}
 // the name when the name is free, else as unlinked. Holders re-register
 // their references with kReregister. The generation counter is raised past
 // every republished generation (and, on a fresh Redis, to its clock).
+// ARGV[6] '0' writes it unlinked even where the name is free (a removed
+// tensor a holder claimed back after a failover).
 // -> {'named'} | {'unlinked'} | {'present'}
 inline constexpr auto kRepublish = join(kIndexFn, R"lua(
 local g = ARGV[1]
 if redis.call('HGET', KEYS[1], 'generation') == g then return {'present'} end
 local r = KEYS[4]
 if redis.call('EXISTS', r) == 1 then return {'present'} end
-local named = redis.call('EXISTS', KEYS[1]) == 0
+local named = ARGV[6] == '1' and redis.call('EXISTS', KEYS[1]) == 0
 local key = r
 if named then key = KEYS[1] end
 redis.call('HDEL', key, 'desc')  -- a fresh key here; kept so the fields stay the only truth
-redis.call('HSET', key, unpack(ARGV, 6))
+redis.call('HSET', key, unpack(ARGV, 7))
 local rc = 0
 if named and ARGV[3] == '1' then
   rc = 1
@@ -142,14 +144,20 @@ return {'unlinked'}
 )lua");
 
 // Sets a holder's reference count on one generation to what the holder
-// knows it holds (re-registration after Redis lost its data, or after this
-// session's key expired). Idempotent.
+// knows it holds (re-registration after Redis lost its data, after this
+// session's key expired, or after a failover). Idempotent. With ARGV[5] >
+// 0 (a replicated Redis) a record not found leaves a claim for that long:
+// its owner may hold the block still, freed on a write the failover lost,
+// and keeps it (held_frees.hpp).
 // -> {'ok', refcount} | {'absent'}
 inline constexpr auto kReregister = join(kIndexFn, R"lua(
 local key = KEYS[1]
 if redis.call('HGET', key, 'generation') ~= ARGV[1] then
   key = KEYS[2]
-  if redis.call('EXISTS', key) == 0 then return {'absent'} end
+  if redis.call('EXISTS', key) == 0 then
+    if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[5], ARGV[2], 'PX', ARGV[5]) end
+    return {'absent'}
+  end
 end
 local h = 'holder:' .. ARGV[2]
 local d = tonumber(ARGV[3]) - tonumber(redis.call('HGET', key, h) or '0')
@@ -203,11 +211,13 @@ inline Answer mark_lost(redis::Connection& c, const Keys& k, const std::string& 
                                       force ? "1" : "0"}));
 }
 
-inline Answer republish(redis::Connection& c, const Keys& k, const TensorInfo& t, bool persistent) {
+inline Answer republish(redis::Connection& c, const Keys& k, const TensorInfo& t, bool persistent,
+                        bool may_name = true) {
   TensorInfo r = t;
   r.holders.clear();
   const protocol::Fields fields = protocol::encode_record(r);  // args point into it
-  std::vector<redis::Arg> args{t.generation, k.prefix(), persistent ? "1" : "0", t.name, now_ms()};
+  std::vector<redis::Arg> args{t.generation, k.prefix(), persistent ? "1" : "0", t.name, now_ms(),
+                               may_name ? "1" : "0"};
   for (const auto& [f, v] : fields)
     if (f != field::generation && f != field::state && f != field::refcount && f != field::event_handle &&
         f != field::event_version) {
@@ -218,12 +228,24 @@ inline Answer republish(redis::Connection& c, const Keys& k, const TensorInfo& t
                                           k.usage()}, args));
 }
 
-// kReregister: `holder` holds `n` references to generation `gen` of `name`.
+// How long a holder's claim lives (kReregister): past any grace of held frees.
+inline constexpr std::int64_t kClaimMs = 60000;
+
+// kReregister: `holder` holds `n` references to generation `gen` of `name`;
+// `claim_ms` > 0 leaves a claim when no record is found.
 inline Answer reregister(redis::Connection& c, const Keys& k, const std::string& name, std::uint64_t gen,
-                         const std::string& holder, std::int64_t n) {
-  return answer(eval<lua::kReregister>(c, {k.tensor(name), k.removed(gen), k.refs(holder), k.holders()},
-                                       {gen, holder, n, name}));
+                         const std::string& holder, std::int64_t n, std::int64_t claim_ms = 0) {
+  return answer(eval<lua::kReregister>(c, {k.tensor(name), k.removed(gen), k.refs(holder), k.holders(),
+                                           k.claim(gen)}, {gen, holder, n, name, claim_ms}));
 }
+
+// What a failover may have brought back of a freed generation: the
+// record's generation under its name, whether it exists unlinked, and a
+// holder's claim (held_frees.hpp). Three replies per generation.
+inline std::vector<redis::Command> freed_state_cmds(const Keys& k, const std::string& name, std::uint64_t gen) {
+  return {{"HGET", k.tensor(name), "generation"}, {"EXISTS", k.removed(gen)}, {"EXISTS", k.claim(gen)}};
+}
+inline void drop_claim(redis::Connection& c, const Keys& k, std::uint64_t gen) { c.command({"DEL", k.claim(gen)}); }
 
 }  // namespace store
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

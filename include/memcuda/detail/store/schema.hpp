@@ -79,6 +79,8 @@ inline constexpr Key kKeys[] = {
     {"tensor", "memcuda:tensor:<name>", "hash", "scripts", Fix::none, "GC's sweep quarantines it, unlinks the name"},
     {"removed", "memcuda:removed:<generation>", "hash", "scripts", Fix::none, "GC's sweep quarantines it"},
     {"moved", "memcuda:moved:<generation>", "string", "migrate script", Fix::none, "a release through it fails"},
+    {"claim", "memcuda:claim:<generation>", "string", "re-register script", Fix::none,
+     "only its existence is read; the next claim replaces it"},
     {"lost", "memcuda:lost:<name>", "hash", "mark-lost script", Fix::none,
      "deleted by the next create of the name; a get of it fails until then"},
     {"inbox", "memcuda:inbox:<session>", "list", "the leader", Fix::none,

@@ -24,6 +24,7 @@
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/create/held_frees.hpp"
 #include "memcuda/detail/registry/create/placement.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
@@ -45,19 +46,14 @@ class Allocator final : public OwnAllocator {
   friend class BatchAllocator;
 
  public:
-  Allocator(Context& ctx, Lease& lease) : ctx_(ctx), lease_(lease) {}
+  Allocator(Context& ctx, Lease& lease)
+      : ctx_(ctx), lease_(lease), held_(ctx.opts.redis.replicated(), ctx.opts.heartbeat_period()) {}
   // Runs after a create published, before it returns (Core::secure_new_allocations); set before threads start.
   void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
   // Drops the keep-alive of a buffer this process shared (get/borrowed.hpp); set before threads start.
   void set_borrowed_free(std::function<bool(std::uint64_t)> f) { borrowed_free_ = std::move(f); }
 
-  // An allocation this process owns as (ex-)allocator of record.
-  struct Owned {
-    DevicePool* pool;
-    PoolBlock pb;
-    TensorInfo info;  // its record as published (republished if Redis loses it)
-    bool persistent = false;
-  };
+  using Owned = OwnedBlock;
 
   // Allocates, exports and publishes a tensor. Throws AlreadyExists (also
   // for a stray key under the name that is not a record of ours),
@@ -210,9 +206,10 @@ class Allocator final : public OwnAllocator {
       }
     }
     if (mine) {
-      mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
       if (!record_gone) store::delete_record(c, rkey);
       ++frees_;
+      if (held_.on()) held_.hold(c, std::move(*mine));  // until no failover can undo it
+      else mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
       return;
     }
     if (borrowed_free_ && borrowed_free_(generation)) {
@@ -236,6 +233,18 @@ class Allocator final : public OwnAllocator {
     store::delete_record(c, rkey);
     ++frees_;
   }
+
+  // Frees held while a failover could undo them (held_frees.hpp): the
+  // loop's tick settles those due; the heartbeat notes a primary switch.
+  void settle_held_frees(redis::Connection& c) {
+    held_.settle(c, ctx_.keys, [this](Owned o) {
+      std::lock_guard lk(owned_mu_);
+      owned_bytes_ += o.pb.block.size;
+      const auto gen = o.info.generation;
+      owned_[gen] = std::move(o);
+    });
+  }
+  void note_primary_switch() { held_.note_switch(); }
 
   // Records a tensor this process now owns (a migration's new home).
   void adopt(const TensorInfo& t, DevicePool* pool, const PoolBlock& pb, bool persistent) {
@@ -358,6 +367,8 @@ class Allocator final : public OwnAllocator {
     }
     s.creates = creates_.load();
     s.frees = frees_.load();
+    s.frees_held = held_.size();
+    s.frees_undone = held_.undone();
   }
 
  private:
@@ -414,6 +425,7 @@ class Allocator final : public OwnAllocator {
   std::vector<Owned> unresolved_;
   std::atomic<std::uint64_t> next_alloc_id_{1};
   std::function<bool(std::uint64_t)> borrowed_free_;
+  HeldFrees held_;  // after pools_: its blocks go back to them
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
   std::atomic<std::uint64_t> stats_failures_{0};
   std::function<void(redis::Connection&)> after_create_;

@@ -42,8 +42,11 @@ class Recovery {
     if (!shared.empty()) store::add_owner(c, keys, ctx_.session);
     redeclare_dicts(c);
     bool all = true;
+    // After a failover, a record not found may be a free the new primary
+    // made on a reference it never saw: the claim keeps the block (create/held_frees.hpp).
+    const std::int64_t claim_ms = ctx_.opts.redis.replicated() ? store::kClaimMs : 0;
     for (const auto& [k, n] : holdings_.snapshot())
-      if (store::reregister(c, keys, k.first, k.second, ctx_.session, n).is("absent")) all = false;
+      if (store::reregister(c, keys, k.first, k.second, ctx_.session, n, claim_ms).is("absent")) all = false;
     if (republished)
       log(LogLevel::warn, "Redis had lost the records of " + std::to_string(republished) +
                               " tensor(s) this process owns: republished them");

@@ -1,0 +1,154 @@
+// Freed blocks held out of their pool while a Redis failover could still
+// undo the free (Sentinel, Cluster; a single server frees at once).
+//
+// Replication is asynchronous: the promoted replica may lack the last
+// writes of the old primary, and the old primary takes writes until the
+// sentinels demote it. When the lost write was a reference taken, another
+// holder's release reaches zero on the new primary and frees a block still
+// in use; when it was a remove, the record comes back naming a block that
+// was freed. Reused, either shows a holder another tensor's bytes. So a
+// freed block waits here until
+//   1. a replica acknowledged the write that freed it (WAIT 1, with
+//      redis::Options::replica_wait; else a switch or kUnackedHold), and
+//   2. this process would have noticed a switch that came before the
+//      free (its heartbeat period and a sentinel poll: notice_), and a
+//      grace passed since the last switch it noticed: every process
+//      notices a switch within its heartbeat and re-registers what it
+//      holds (Recovery), leaving a claim where the record is gone
+//      (recovery_scripts.hpp);
+// then the Redis state is read once more. The record back (under its name
+// or unlinked) or a claim: the block stays owned (a claimed one is
+// published again, unlinked, for its holders); else it goes to its pool.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "memcuda/detail/base/log.hpp"
+#include "memcuda/detail/pool/device_pool.hpp"
+#include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/recovery_scripts.hpp"
+#include "memcuda/detail/store/script_call.hpp"
+#include "memcuda/redis/connection.hpp"
+#include "memcuda/tensor_info.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+// An allocation a process owns as (ex-)allocator of record.
+struct OwnedBlock {
+  DevicePool* pool;
+  PoolBlock pb;
+  TensorInfo info;  // its record as published (republished if Redis loses it)
+  bool persistent = false;
+};
+
+class HeldFrees {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // How long a free no replica acknowledged waits for a switch to show up.
+  static constexpr std::chrono::seconds kUnackedHold{30};
+
+  // `period`: the heartbeat's. A switch is seen within one period and one
+  // sentinel poll (250 ms), and Recovery runs within one more loop pass.
+  HeldFrees(bool replicated, std::chrono::milliseconds period)
+      : on_(replicated), notice_(period + std::chrono::milliseconds(500)),
+        grace_(4 * period + std::chrono::milliseconds(250)) {}
+
+  bool on() const noexcept { return on_; }
+
+  // Holds a block freed by the last write on `c`, after the replica wait
+  // for that write (store::replicate).
+  void hold(redis::Connection& c, OwnedBlock o) {
+    const bool acked = store::replicate(c);
+    std::lock_guard lk(mu_);
+    held_.push_back({std::move(o), Clock::now(), acked});
+  }
+  // This process saw the keys' server change (heartbeat).
+  void note_switch() {
+    std::lock_guard lk(mu_);
+    switched_ = Clock::now();
+  }
+  std::size_t size() const {
+    std::lock_guard lk(mu_);
+    return held_.size();
+  }
+  std::uint64_t undone() const noexcept { return undone_.load(); }
+
+  // Settles what is due (the loop's tick): `keep` takes a block back as
+  // owned. On a Redis error the due blocks go back to wait, and it throws.
+  void settle(redis::Connection& c, const Keys& k, const std::function<void(OwnedBlock)>& keep) {
+    std::vector<Entry> due = take_due();
+    if (due.empty()) return;
+    std::vector<redis::Command> cmds;
+    for (const auto& e : due)
+      for (auto& cmd : store::freed_state_cmds(k, e.o.info.name, e.o.info.generation)) cmds.push_back(std::move(cmd));
+    try {
+      std::vector<std::exception_ptr> errs;
+      auto r = c.pipeline(cmds, &errs);
+      for (std::size_t i = 0; i < due.size(); ++i) {
+        auto& e = due[i];
+        const auto gen = std::to_string(e.o.info.generation);
+        const bool named = !r[3 * i].is_error() && !r[3 * i].is_nil() && r[3 * i].str() == gen;
+        const bool unlinked = !r[3 * i + 1].is_error() && r[3 * i + 1].integer() == 1;
+        const bool claimed = !r[3 * i + 2].is_error() && r[3 * i + 2].integer() == 1;
+        if (!named && !unlinked && !claimed) {
+          e.o.pool->deallocate(e.o.pb);
+          e.o.pool = nullptr;
+          continue;
+        }
+        if (!named && !unlinked) store::republish(c, k, e.o.info, e.o.persistent, /*may_name=*/false);
+        if (claimed) store::drop_claim(c, k, e.o.info.generation);
+        log(LogLevel::warn, "a Redis failover undid the free of '" + e.o.info.name + "' generation " + gen + " (" +
+                                (named ? "its record is back" : unlinked ? "its unlinked record is back"
+                                                                         : "a holder re-registered it") +
+                                "): its memory stays allocated");
+        ++undone_;
+        keep(std::move(e.o));
+        e.o.pool = nullptr;
+      }
+    } catch (...) {
+      std::lock_guard lk(mu_);
+      for (auto& e : due)
+        if (e.o.pool) held_.push_back(std::move(e));
+      throw;
+    }
+  }
+
+ private:
+  struct Entry {
+    OwnedBlock o;
+    Clock::time_point at;
+    bool acked;
+  };
+
+  std::vector<Entry> take_due() {
+    std::vector<Entry> due;
+    const auto now = Clock::now();
+    std::lock_guard lk(mu_);
+    auto it = std::partition(held_.begin(), held_.end(), [&](const Entry& e) {
+      const bool switched_since = switched_ > e.at;
+      const bool safe = e.acked || switched_since || now - e.at >= kUnackedHold;
+      return !(safe && now >= std::max(e.at + notice_, switched_ + grace_));
+    });
+    due.assign(std::make_move_iterator(it), std::make_move_iterator(held_.end()));
+    held_.erase(it, held_.end());
+    return due;
+  }
+
+  const bool on_;
+  const std::chrono::milliseconds notice_, grace_;
+  mutable std::mutex mu_;  // leaf: guards held_, switched_; never held across Redis or a pool's call
+  std::vector<Entry> held_;
+  Clock::time_point switched_{};
+  std::atomic<std::uint64_t> undone_{0};
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
