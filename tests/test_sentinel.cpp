@@ -221,8 +221,8 @@ TEST_CASE("a free on a reference the failover lost is undone: the holder's bytes
   std::vector<float> back(256);
   h.copy_to_host(back);
   CHECK(back == filled(256, 7.0f));
-  h.release();  // now the last one: freed for good once the grace is over
-  CHECK(test::eventually([&] { return regs.leader.stats().process.frees_held == 0; }, 20s));
+  h.release();  // now the last one: freed for good once a replica has it and the grace is over
+  CHECK(test::eventually([&] { return regs.leader.stats().process.frees_held == 0; }, 40s));
   CHECK(p.command({"EXISTS", removed}).integer() == 0);
 }
 

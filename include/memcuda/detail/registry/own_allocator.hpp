@@ -43,6 +43,8 @@ class OwnAllocator {
   virtual void free_unlinked(redis::Connection& c, std::uint64_t generation, bool record_gone = false) = 0;
   // The records of what this process owns, and whether each is persistent.
   virtual std::vector<std::pair<TensorInfo, bool>> owned_records() const = 0;
+  // Whether it still owns that generation (not freed since).
+  virtual bool owns(std::uint64_t generation) = 0;
 
  protected:
   ~OwnAllocator() = default;  // never owned through this view

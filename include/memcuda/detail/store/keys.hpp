@@ -40,6 +40,8 @@ class Keys {
   // A holder that re-registered a generation after a failover and found no
   // record: the owner keeps that block out of its pool (held_frees.hpp).
   std::string claim(std::uint64_t gen) const { return prefix_ + "memcuda:claim:" + std::to_string(gen); }
+  // A write the owner of held frees makes so that one WAIT covers them all.
+  std::string freed_ack(std::string_view sid) const { return prefix_ + "memcuda:freed_ack:" + std::string(sid); }
   // Says why a name whose tensor died with its allocator of record is gone.
   std::string lost(std::string_view name) const { return prefix_ + "memcuda:lost:" + std::string(name); }
   // Messages from the allocator of record to one session (migrate, free, forget).

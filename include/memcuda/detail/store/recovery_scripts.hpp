@@ -146,7 +146,8 @@ return {'unlinked'}
 // Sets a holder's reference count on one generation to what the holder
 // knows it holds (re-registration after Redis lost its data, after this
 // session's key expired, or after a failover). Idempotent. With ARGV[5] >
-// 0 (a replicated Redis) a record not found leaves a claim for that long:
+// 0 (a replicated Redis) a record not found leaves a claim for that long
+// (the holder's count in the Hash memcuda:claim:<gen>):
 // its owner may hold the block still, freed on a write the failover lost,
 // and keeps it (held_frees.hpp).
 // -> {'ok', refcount} | {'absent'}
@@ -155,7 +156,11 @@ local key = KEYS[1]
 if redis.call('HGET', key, 'generation') ~= ARGV[1] then
   key = KEYS[2]
   if redis.call('EXISTS', key) == 0 then
-    if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[5], ARGV[2], 'PX', ARGV[5]) end
+    if tonumber(ARGV[5]) > 0 then
+      if redis.call('TYPE', KEYS[5])['ok'] ~= 'hash' then redis.call('DEL', KEYS[5]) end
+      redis.call('HSET', KEYS[5], ARGV[2], ARGV[3])
+      redis.call('PEXPIRE', KEYS[5], ARGV[5])
+    end
     return {'absent'}
   end
 end
@@ -241,9 +246,9 @@ inline Answer reregister(redis::Connection& c, const Keys& k, const std::string&
 
 // What a failover may have brought back of a freed generation: the
 // record's generation under its name, whether it exists unlinked, and a
-// holder's claim (held_frees.hpp). Three replies per generation.
+// holder's claims (held_frees.hpp: session, count, ...). Three replies per generation.
 inline std::vector<redis::Command> freed_state_cmds(const Keys& k, const std::string& name, std::uint64_t gen) {
-  return {{"HGET", k.tensor(name), "generation"}, {"EXISTS", k.removed(gen)}, {"EXISTS", k.claim(gen)}};
+  return {{"HGET", k.tensor(name), "generation"}, {"EXISTS", k.removed(gen)}, {"HGETALL", k.claim(gen)}};
 }
 inline void drop_claim(redis::Connection& c, const Keys& k, std::uint64_t gen) { c.command({"DEL", k.claim(gen)}); }
 

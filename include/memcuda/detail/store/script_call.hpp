@@ -6,6 +6,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -72,37 +73,49 @@ inline std::atomic<std::uint64_t>& replica_wait_misses() {
   static std::atomic<std::uint64_t> n{0};
   return n;
 }
-// When a replica wait last timed out (steady clock, ns since its epoch).
+// When a replica wait last timed out (steady clock, ns since its epoch),
+// and how many timed out in a row since one was acknowledged.
 inline std::atomic<std::int64_t>& replica_wait_missed_at() {
   static std::atomic<std::int64_t> t{std::numeric_limits<std::int64_t>::min() / 2};
   return t;
+}
+inline std::atomic<int>& replica_wait_streak() {
+  static std::atomic<int> n{0};
+  return n;
 }
 
 // With redis::Options::replica_wait, a create, a version flip or a free is
 // followed by WAIT 1 <ms>, so that a failover to that replica keeps it. A
 // replica that does not acknowledge in time is logged and counted, not an
 // error: the write is on the primary, and what a failover loses anyway the
-// processes write back (docs/operations.md, "Redis Sentinel"). For one
-// replica_wait after a timeout, writes do not wait (a primary left without
-// replicas, as after a cluster failover, would make every write wait it
-// out) and count as not acknowledged. False: not acknowledged.
-inline bool replicate(redis::Connection& c) {
-  const auto wait = c.options().replica_wait;
+// processes write back (docs/operations.md, "Redis Sentinel"). After a
+// timeout, writes do not wait for a while (the wait, doubled at each
+// timeout in a row, at most 30 s: a primary left without replicas, as
+// after a cluster failover, would make every write wait it out) and count
+// as not acknowledged. False: not acknowledged.
+inline bool replicate(redis::Connection& c, std::chrono::milliseconds wait) {
   if (wait.count() <= 0) return true;
-  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-  const auto quiet = std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait).count();
+  using namespace std::chrono;
+  const auto now = steady_clock::now().time_since_epoch().count();
+  const int streak = std::min(replica_wait_streak().load(std::memory_order_relaxed), 8);
+  const auto quiet = std::min(duration_cast<steady_clock::duration>(wait * (1 << streak)),
+                              duration_cast<steady_clock::duration>(seconds(30))).count();
   if (now - replica_wait_missed_at().load(std::memory_order_relaxed) < quiet) {
     replica_wait_misses().fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  if (c.blocking(wait, {"WAIT", 1, static_cast<std::int64_t>(wait.count())}).integer() >= 1) return true;
-  replica_wait_missed_at().store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                                 std::memory_order_relaxed);
+  if (c.blocking(wait, {"WAIT", 1, static_cast<std::int64_t>(wait.count())}).integer() >= 1) {
+    replica_wait_streak().store(0, std::memory_order_relaxed);
+    return true;
+  }
+  replica_wait_streak().fetch_add(1, std::memory_order_relaxed);
+  replica_wait_missed_at().store(steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   const auto n = replica_wait_misses().fetch_add(1, std::memory_order_relaxed) + 1;
   if (n <= 3 || n % 100 == 0)
-    log(LogLevel::warn, "no Redis replica acknowledged a write within replica_wait (" + std::to_string(wait.count()) +
-                            " ms; " + std::to_string(n) + " such write(s) so far): a failover now could lose it");
+    log(LogLevel::warn, "no Redis replica acknowledged a write within " + std::to_string(wait.count()) +
+                            " ms (" + std::to_string(n) + " such write(s) so far): a failover now could lose it");
   return false;
 }
+inline bool replicate(redis::Connection& c) { return replicate(c, c.options().replica_wait); }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::store

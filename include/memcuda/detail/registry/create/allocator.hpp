@@ -187,7 +187,7 @@ class Allocator final : public OwnAllocator {
   }
 
   // Whether this process owns the allocation of that generation.
-  bool owns(std::uint64_t generation) {
+  bool owns(std::uint64_t generation) override {
     std::lock_guard lk(owned_mu_);
     return owned_.count(generation) != 0;
   }
@@ -206,10 +206,19 @@ class Allocator final : public OwnAllocator {
       }
     }
     if (mine) {
-      if (!record_gone) store::delete_record(c, rkey);
       ++frees_;
-      if (held_.on()) held_.hold(c, std::move(*mine));  // until no failover can undo it
-      else mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
+      if (!held_.on()) {
+        mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
+        if (!record_gone) store::delete_record(c, rkey);
+        return;
+      }
+      try {
+        if (!record_gone) store::delete_record(c, rkey);
+      } catch (...) {
+        held_.hold_as(std::move(*mine), false);  // the record may stay: settle finds it and keeps the block
+        throw;
+      }
+      held_.hold(c, std::move(*mine));  // until no failover can undo it
       return;
     }
     if (borrowed_free_ && borrowed_free_(generation)) {
@@ -237,7 +246,7 @@ class Allocator final : public OwnAllocator {
   // Frees held while a failover could undo them (held_frees.hpp): the
   // loop's tick settles those due; the heartbeat notes a primary switch.
   void settle_held_frees(redis::Connection& c) {
-    held_.settle(c, ctx_.keys, [this](Owned o) {
+    held_.settle(c, ctx_.keys, ctx_.keys.freed_ack(ctx_.session), [this](Owned o) {
       std::lock_guard lk(owned_mu_);
       owned_bytes_ += o.pb.block.size;
       const auto gen = o.info.generation;

@@ -8,8 +8,8 @@
 // in use; when it was a remove, the record comes back naming a block that
 // was freed. Reused, either shows a holder another tensor's bytes. So a
 // freed block waits here until
-//   1. a replica acknowledged the write that freed it (WAIT 1, with
-//      redis::Options::replica_wait; else a switch or kUnackedHold), and
+//   1. a replica acknowledged the write that freed it (WAIT 1 for the
+//      replica wait, or kFreeWait; not in time: a switch or kUnackedHold), and
 //   2. this process would have noticed a switch that came before the
 //      free (its heartbeat period and a sentinel poll: notice_), and a
 //      grace passed since the last switch it noticed: every process
@@ -64,10 +64,24 @@ class HeldFrees {
 
   bool on() const noexcept { return on_; }
 
+  // How long a free waits for one replica to acknowledge it: the replica
+  // wait, or kFreeWait when that is off (a free reused on a write the
+  // failover rolls back would show a holder another tensor's bytes).
+  static constexpr std::chrono::milliseconds kFreeWait{100};
+
   // Holds a block freed by the last write on `c`, after the replica wait
-  // for that write (store::replicate).
+  // for that write (store::replicate). A Redis error there holds it as
+  // not acknowledged (never lost), and is not the caller's: its free is done.
   void hold(redis::Connection& c, OwnedBlock o) {
-    const bool acked = store::replicate(c);
+    bool acked = false;
+    try {
+      const auto wait = c.options().replica_wait;
+      acked = store::replicate(c, wait.count() > 0 ? wait : kFreeWait);
+    } catch (const std::exception&) {
+    }
+    hold_as(std::move(o), acked);
+  }
+  void hold_as(OwnedBlock o, bool acked) {
     std::lock_guard lk(mu_);
     held_.push_back({std::move(o), Clock::now(), acked});
   }
@@ -84,7 +98,11 @@ class HeldFrees {
 
   // Settles what is due (the loop's tick): `keep` takes a block back as
   // owned. On a Redis error the due blocks go back to wait, and it throws.
-  void settle(redis::Connection& c, const Keys& k, const std::function<void(OwnedBlock)>& keep) {
+  // Frees not acknowledged yet are probed first, at most once a second: a
+  // write to `ack_key` and one WAIT cover all of them.
+  void settle(redis::Connection& c, const Keys& k, const std::string& ack_key,
+              const std::function<void(OwnedBlock)>& keep) {
+    probe(c, ack_key);
     std::vector<Entry> due = take_due();
     if (due.empty()) return;
     std::vector<redis::Command> cmds;
@@ -95,16 +113,25 @@ class HeldFrees {
       auto r = c.pipeline(cmds, &errs);
       for (std::size_t i = 0; i < due.size(); ++i) {
         auto& e = due[i];
+        const auto& name = r[3 * i];
+        const auto& unl = r[3 * i + 1];
+        const auto& claim = r[3 * i + 2];
+        if (name.is_error() || unl.is_error() || claim.is_error()) continue;  // LOADING, BUSY...: next tick
         const auto gen = std::to_string(e.o.info.generation);
-        const bool named = !r[3 * i].is_error() && !r[3 * i].is_nil() && r[3 * i].str() == gen;
-        const bool unlinked = !r[3 * i + 1].is_error() && r[3 * i + 1].integer() == 1;
-        const bool claimed = !r[3 * i + 2].is_error() && r[3 * i + 2].integer() == 1;
+        const bool named = !name.is_nil() && name.str() == gen;
+        const bool unlinked = unl.integer() == 1;
+        const bool claimed = claim.size() > 0;
         if (!named && !unlinked && !claimed) {
           e.o.pool->deallocate(e.o.pb);
           e.o.pool = nullptr;
           continue;
         }
         if (!named && !unlinked) store::republish(c, k, e.o.info, e.o.persistent, /*may_name=*/false);
+        // The claimants' references, registered for them: a holder whose
+        // recovery window has closed would not come back for them.
+        for (std::size_t j = 0; j + 1 < claim.size(); j += 2)
+          store::reregister(c, k, e.o.info.name, e.o.info.generation, std::string(claim[j].str()),
+                            std::stoll(std::string(claim[j + 1].str())));
         if (claimed) store::drop_claim(c, k, e.o.info.generation);
         log(LogLevel::warn, "a Redis failover undid the free of '" + e.o.info.name + "' generation " + gen + " (" +
                                 (named ? "its record is back" : unlinked ? "its unlinked record is back"
@@ -114,6 +141,9 @@ class HeldFrees {
         keep(std::move(e.o));
         e.o.pool = nullptr;
       }
+      std::lock_guard lk(mu_);  // the ones an error reply left: again at the next tick
+      for (auto& e : due)
+        if (e.o.pool) held_.push_back(std::move(e));
     } catch (...) {
       std::lock_guard lk(mu_);
       for (auto& e : due)
@@ -123,6 +153,24 @@ class HeldFrees {
   }
 
  private:
+  void probe(redis::Connection& c, const std::string& ack_key) {
+    const auto now = Clock::now();
+    {
+      std::lock_guard lk(mu_);
+      if (now - probed_ < std::chrono::seconds(1) ||
+          std::none_of(held_.begin(), held_.end(), [](const Entry& e) { return !e.acked; }))
+        return;
+      probed_ = now;
+    }
+    c.command({"SET", ack_key, std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count(),
+               "PX", 60000});
+    const auto wait = c.options().replica_wait;
+    if (!store::replicate(c, wait.count() > 0 ? wait : kFreeWait)) return;
+    std::lock_guard lk(mu_);
+    for (auto& e : held_)
+      if (e.at <= now) e.acked = true;
+  }
+
   struct Entry {
     OwnedBlock o;
     Clock::time_point at;
@@ -147,7 +195,7 @@ class HeldFrees {
   const std::chrono::milliseconds notice_, grace_;
   mutable std::mutex mu_;  // leaf: guards held_, switched_; never held across Redis or a pool's call
   std::vector<Entry> held_;
-  Clock::time_point switched_{};
+  Clock::time_point switched_{}, probed_{};
   std::atomic<std::uint64_t> undone_{0};
 };
 

@@ -34,8 +34,9 @@ class Recovery {
     std::uint64_t republished = 0;
     // Registry memory this process allocated, and buffers it shares
     // without a copy: both are its own to write back.
+    // One freed since the snapshot is not written back: that would undo its remove.
     for (const auto& [t, persistent] : alloc_.owned_records())
-      republished += !store::republish(c, keys, t, persistent).is("present");
+      if (alloc_.owns(t.generation)) republished += !store::republish(c, keys, t, persistent).is("present");
     const auto shared = borrowed_.records();
     for (const auto& [t, persistent] : shared) republished += !store::republish(c, keys, t, persistent).is("present");
     // as the share script does: migration finds a dead owner's borrowed records through it
