@@ -34,9 +34,7 @@ class ControlLoop {
   // `conn` is this thread's own connection, made by the caller so that a
   // bad address fails in the registry's constructor, not in the thread.
   ControlLoop(std::shared_ptr<Core> core, redis::Connection conn)
-      : core_(std::move(core)),
-        conn_(std::move(conn)),
-        beat_conn_(core_->ctx.opts.redis),
+      : core_(std::move(core)), conn_(std::move(conn)), beat_conn_(core_->ctx.opts.redis),
         succession_(core_->ctx, core_->sessions) {}
 
   // Registers the session and, when this registry may be allocator of
@@ -230,9 +228,6 @@ class ControlLoop {
     cv_.wait_for(lk, st, d, [] { return false; });
   }
 
-  // Whether the loop has completed no pass for serve_stall_timeout. Such a
-  // leader gives its lease up (heartbeat) and does not campaign again until
-  // a pass completes.
   // How long in a row a campaign waits for a standby that holds more fds:
   // two of that standby's campaign periods.
   std::chrono::milliseconds defer_limit() const {
@@ -240,6 +235,9 @@ class ControlLoop {
     return std::max(2 * o.heartbeat_period(), std::chrono::milliseconds(500));
   }
 
+  // Whether the loop has completed no pass for serve_stall_timeout. Such a
+  // leader gives its lease up (heartbeat) and does not campaign again until
+  // a pass completes.
   bool stalled() const {
     const auto limit = core_->ctx.opts.serve_stall_timeout;
     return limit.count() > 0 && std::chrono::steady_clock::now() - last_pass_.load() > limit;
@@ -302,8 +300,7 @@ class ControlLoop {
       watch.poll();
       try {
         const bool lost = !core_->sessions.refresh(beat_conn_);
-        // A new primary may lack the old one's last writes (asynchronous
-        // replication): references taken, records written, frees.
+        // A new primary may lack the old one's last writes (asynchronous replication).
         const bool switched = core_->ctx.opts.redis.replicated() && !server.empty() && beat_conn_.server() != server;
         if (switched)
           log(LogLevel::warn, "the Redis primary of this namespace is now " + beat_conn_.server() + " (was " + server +
