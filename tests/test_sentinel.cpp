@@ -226,6 +226,26 @@ TEST_CASE("a free on a reference the failover lost is undone: the holder's bytes
   CHECK(p.command({"EXISTS", removed}).integer() == 0);
 }
 
+TEST_CASE("a claim key of the wrong type or with bad counts does not keep a freed block held", "[sentinel]") {
+  if (auto why = no_sentinel_support()) MEMCUDA_SKIP(*why);
+  SentinelTopology topo;
+  SentinelRegistries regs(topo);
+  REQUIRE(regs.leader.is_leader());
+  auto a = regs.leader.create<float>("wrongtype", {64});
+  auto b = regs.leader.create<float>("badcount", {64});
+  {
+    auto p = topo.primary().connect();
+    p.command({"SET", "memcuda:claim:" + std::to_string(a.generation()), "not a hash"});
+    p.command({"HSET", "memcuda:claim:" + std::to_string(b.generation()), "s1", "x", "s2", "-3"});
+  }
+  const auto undone = regs.leader.stats().process.frees_undone;
+  a.release();
+  b.release();
+  // settled as plain frees: neither a claim nor a record names them
+  CHECK(test::eventually([&] { return regs.leader.stats().process.frees_held == 0; }, 20s));
+  CHECK(regs.leader.stats().process.frees_undone == undone);
+}
+
 namespace {
 
 // A SENTINEL FAILOVER under load, from `sentinel`; the milliseconds until

@@ -25,11 +25,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memcuda/detail/base/log.hpp"
@@ -38,6 +40,7 @@
 #include "memcuda/detail/store/recovery_scripts.hpp"
 #include "memcuda/detail/store/script_call.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "memcuda/redis/errors.hpp"
 #include "memcuda/tensor_info.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -75,8 +78,7 @@ class HeldFrees {
   void hold(redis::Connection& c, OwnedBlock o) {
     bool acked = false;
     try {
-      const auto wait = c.options().replica_wait;
-      acked = store::replicate(c, wait.count() > 0 ? wait : kFreeWait);
+      acked = wait_replica(c);
     } catch (const std::exception&) {
     }
     hold_as(std::move(o), acked);
@@ -116,11 +118,12 @@ class HeldFrees {
         const auto& name = r[3 * i];
         const auto& unl = r[3 * i + 1];
         const auto& claim = r[3 * i + 2];
-        if (name.is_error() || unl.is_error() || claim.is_error()) continue;  // LOADING, BUSY...: next tick
+        if (transient(name) || transient(unl) || transient(claim)) continue;  // next tick
         const auto gen = std::to_string(e.o.info.generation);
-        const bool named = !name.is_nil() && name.str() == gen;
-        const bool unlinked = unl.integer() == 1;
-        const bool claimed = claim.size() > 0;
+        const bool named = !name.is_error() && !name.is_nil() && name.str() == gen;
+        const bool unlinked = !unl.is_error() && unl.integer() == 1;
+        bool claimed = false;  // by a holder's count: a hand-written key claims nothing
+        for (std::size_t j = 1; !claim.is_error() && j < claim.size(); j += 2) claimed |= count_of(claim[j].str()) > 0;
         if (!named && !unlinked && !claimed) {
           e.o.pool->deallocate(e.o.pb);
           e.o.pool = nullptr;
@@ -129,9 +132,9 @@ class HeldFrees {
         if (!named && !unlinked) store::republish(c, k, e.o.info, e.o.persistent, /*may_name=*/false);
         // The claimants' references, registered for them: a holder whose
         // recovery window has closed would not come back for them.
-        for (std::size_t j = 0; j + 1 < claim.size(); j += 2)
-          store::reregister(c, k, e.o.info.name, e.o.info.generation, std::string(claim[j].str()),
-                            std::stoll(std::string(claim[j + 1].str())));
+        for (std::size_t j = 0; claimed && j + 1 < claim.size(); j += 2)
+          if (const auto n = count_of(claim[j + 1].str()); n > 0)
+            store::reregister(c, k, e.o.info.name, e.o.info.generation, std::string(claim[j].str()), n);
         if (claimed) store::drop_claim(c, k, e.o.info.generation);
         log(LogLevel::warn, "a Redis failover undid the free of '" + e.o.info.name + "' generation " + gen + " (" +
                                 (named ? "its record is back" : unlinked ? "its unlinked record is back"
@@ -153,6 +156,23 @@ class HeldFrees {
   }
 
  private:
+  static bool wait_replica(redis::Connection& c) {
+    const auto wait = c.options().replica_wait;
+    return store::replicate(c, wait.count() > 0 ? wait : kFreeWait);
+  }
+  // A WRONGTYPE reply is a key someone overwrote: it names nothing, so it
+  // counts as absent (else the block would stay held forever); any other
+  // error (LOADING, BUSY) is transient.
+  static bool transient(const redis::Reply& r) {
+    return r.is_error() && redis::error_prefix(r.str()) != "WRONGTYPE";
+  }
+  // A claim's count, or 0 for what no holder wrote.
+  static std::int64_t count_of(std::string_view v) {
+    std::int64_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    return ec == std::errc{} && p == v.data() + v.size() && n > 0 ? n : 0;
+  }
+
   void probe(redis::Connection& c, const std::string& ack_key) {
     const auto now = Clock::now();
     {
@@ -164,8 +184,7 @@ class HeldFrees {
     }
     c.command({"SET", ack_key, std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count(),
                "PX", 60000});
-    const auto wait = c.options().replica_wait;
-    if (!store::replicate(c, wait.count() > 0 ? wait : kFreeWait)) return;
+    if (!wait_replica(c)) return;
     std::lock_guard lk(mu_);
     for (auto& e : held_)
       if (e.at <= now) e.acked = true;
