@@ -52,6 +52,16 @@ local function refusal(f, lkey, dtype, node)
     return {'corrupt', 'generation ' .. tostring(f[4]) .. ', refcount ' .. tostring(f[5])}
   end
 end
+-- A single get's checks: the fence ('' token: none), then the record's
+-- fields (state, dtype, node, generation, refcount, event_version) and
+-- their refusal. -> fields, refusal or nil
+local function get_checks(tkey, leader, lkey, token, dtype, node)
+  if token ~= '' and redis.call('GET', leader) ~= token then
+    return nil, {'notleader', tostring(redis.call('GET', leader))}
+  end
+  local f = redis.call('HMGET', tkey, 'state', 'dtype', 'node', 'generation', 'refcount', 'event_version')
+  return f, refusal(f, lkey, dtype, node)
+end
 )lua";
 
 // remove_one(key prefix, names, usage, record key, caller session): unlinks

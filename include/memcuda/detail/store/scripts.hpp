@@ -91,11 +91,7 @@ return publish_new(ARGV[7], ARGV[2], ARGV[4], ARGV[5], ARGV[6] == '1', 8)
 //    | {'node', n} | {'notleader', token} | {'corrupt', what} (no reference
 //    taken: the generation or refcount field does not parse, or is negative)
 inline constexpr auto kAcquire = join(kNodeFn, kIndexFn, kRefusalFn, R"lua(
-if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
-  return {'notleader', tostring(redis.call('GET', KEYS[2]))}
-end
-local f = redis.call('HMGET', KEYS[1], 'state', 'dtype', 'node', 'generation', 'refcount', 'event_version')
-local no = refusal(f, KEYS[3], ARGV[2], ARGV[3])
+local f, no = get_checks(KEYS[1], KEYS[2], KEYS[3], ARGV[4], ARGV[2], ARGV[3])
 if no then return no end
 local rc = redis.call('HINCRBY', KEYS[1], 'refcount', 1)
 -- the index has one member per record a holder has references to: only
