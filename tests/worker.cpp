@@ -252,6 +252,22 @@ int main(int argc, char** argv) {
               << " adopted_bytes=" << st.pools[0].adopted_bytes << " copied_bytes=" << st.pools[0].copied_bytes;
         out << " fd_requests=" << st.process.fd_requests << " fd_parked=" << st.process.fd_parked
             << " fd_parked_hits=" << st.process.fd_parked_hits;
+#if MEMCUDA_HAS_CUDA()
+      } else if (cmd == "getlocal") {
+        // This device's replica when there is one (else the source), its
+        // copy waited for on a stream.
+        cudaStream_t s{};
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        GetOptions o;
+        o.replica = LocalReplica::use;
+        o.stream = s;
+        auto t = reg->get<float>(name, o);
+        if (cudaStreamSynchronize(s) != cudaSuccess) throw Error("stream sync failed");
+        cudaStreamDestroy(s);
+        out << "OK gen=" << t.generation() << " name=" << t.name() << " device=" << t.device()
+            << " sum=" << checksum(t);
+        held.emplace(name, std::move(t));
+#endif
 #if defined(MEMCUDA_TEST_KERNELS)
       } else if (cmd == "getsum" || cmd == "getsum-nowait") {
         // Opens on a fresh stream (waiting on the producer's event unless

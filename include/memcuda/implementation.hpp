@@ -34,6 +34,7 @@
 #include "memcuda/impl/model_ab.ipp"
 #include "memcuda/impl/options.ipp"
 #include "memcuda/impl/process.ipp"
+#include "memcuda/impl/replicas.ipp"
 #include "memcuda/impl/safetensors.ipp"
 #include "memcuda/impl/shape.ipp"
 #include "memcuda/impl/share.ipp"

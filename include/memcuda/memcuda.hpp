@@ -18,6 +18,7 @@
 #include "memcuda/model.hpp"
 #include "memcuda/model_ab.hpp"
 #include "memcuda/options.hpp"
+#include "memcuda/replicas.hpp"
 #include "memcuda/safetensors.hpp"
 #include "memcuda/shape.hpp"
 #include "memcuda/share_options.hpp"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "memcuda/memory_resource.hpp"
+#include "memcuda/stream.hpp"
 
 #include "memcuda/redis/options.hpp"
 #include "memcuda/tensor_info.hpp"
@@ -242,6 +243,12 @@ struct RegistryOptions : ConnectionOptions, ControlOptions, SharingOptions, Allo
   const TransferOptions& transfer() const noexcept { return *this; }
 };
 
+// What a get() does with replicas (replicas.hpp): `use` returns the
+// reader's device's copy when it is current, else the source itself (read
+// through a peer mapping, or NotZeroCopy where there is no peer path; never
+// a silent copy).
+enum class LocalReplica : std::uint8_t { no, use };
+
 // Options of one get().
 struct GetOptions {
   // Ask Redis even when this process holds the name: the get sees the
@@ -249,6 +256,11 @@ struct GetOptions {
   // message (one round trip; a held handle of the current generation is
   // still shared, no second reference is taken).
   bool fresh = false;
+  LocalReplica replica = LocalReplica::no;
+  int reader_device = -1;  // with `replica`: the reader's CUDA ordinal; -1: the calling thread's current device
+  // Set: `stream` waits for the producer's last publish (a replica: for its
+  // copy), as get(name, stream) does.
+  std::optional<StreamHandle> stream;
 };
 
 struct CreateOptions {

@@ -99,6 +99,17 @@ struct TensorInfo {
   // long as that process keeps it: never pooled, adopted or migrated, and
   // marked lost when the owner dies (docs/protocol.md, "Borrowed tensors").
   bool borrowed = false;
+  // A replica (replicas.hpp): the source's name and generation it copies
+  // ("replica_of", "source_generation"; empty and 0 for any other tensor),
+  // the source event version its last copy reflects ("copied_version";
+  // absent until the first copy is enqueued), how it was copied
+  // ("replica_path": "peer"), and the unused time after which it goes
+  // ("idle_ms"; 0: kept while its source lives).
+  std::string replica_of;
+  std::uint64_t source_generation = 0;
+  std::optional<std::uint64_t> copied_version;
+  std::string replica_path;
+  std::int64_t idle_ms = 0;
 
   // Row-major strides in elements. Throws ProtocolError for an invalid shape.
   Shape strides() const { return contiguous_strides(shape); }

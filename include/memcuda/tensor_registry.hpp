@@ -142,7 +142,9 @@ class TensorRegistry {
   SharedTensor<T> get(std::string_view name, StreamHandle stream) {
     std::optional<DType> want;
     if constexpr (!std::is_void_v<T>) want = dtype_of<std::remove_cv_t<T>>;
-    return SharedTensor<T>(get_handle(name, want, stream));
+    GetOptions o;
+    o.stream = stream;
+    return SharedTensor<T>(get_handle(name, want, o));
   }
 
   // Drops the references of dead processes (expired sessions, dead JSON
@@ -245,8 +247,6 @@ class TensorRegistry {
                                                       const CreateOptions& opts);
   std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want,
                                                    const GetOptions& opts);
-  std::shared_ptr<detail::TensorHandle> get_handle(std::string_view name, std::optional<DType> want,
-                                                   StreamHandle stream);
   // get(name, stream): makes `stream` wait for the producer's last publish.
   static void wait_for_event(const TensorInfo& info, StreamHandle stream);
 

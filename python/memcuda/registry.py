@@ -19,6 +19,12 @@ _close_lock = threading.Lock()  # two threads closing one registry close it once
 
 
 @dataclass(frozen=True)
+
+def _ordinals(devices: Optional[Sequence[int]]):
+    """A C array of device ordinals and its length (None, 0: every device)."""
+    devs = [int(d) for d in (devices or [])]
+    return ((ctypes.c_int * len(devs))(*devs) if devs else None), len(devs)
+
 class Stats:
     """What ``Registry.stats`` reports (the registry and this process)."""
     leader_present: bool
@@ -245,19 +251,49 @@ class Registry(ModelMethods, Scoped):
         from .share import share_state_dict
         return share_state_dict(self, prefix, state_dict)
 
-    def get(self, name: str, dtype: Optional[dtypes.DType] = None, stream: Stream = None) -> Tensor:
+    def get(self, name: str, dtype: Optional[dtypes.DType] = None, stream: Stream = None, *,
+            local: bool = False, device: Optional[int] = None) -> Tensor:
         """Opens a tensor by name (one Redis round trip; the memory is mapped once
         per process). dtype: check the stored dtype (TypeMismatch). stream: make
-        this CUDA stream wait for the producer's last ``publish``.
+        this CUDA stream wait for the producer's last ``publish``. local: the
+        copy on the reader's device (``device``, default the current one) when
+        ``replicate`` made one and it is current, else the tensor itself
+        (``Tensor.name`` says which); stream then waits for that copy.
         Raises NotFound, TypeMismatch, Lost, Unavailable."""
         code = -1 if dtype is None else dtypes.code_of(dtype)
         h = ctypes.c_void_p()
-        if stream is None:
+        if local:
+            check(lib.memcuda_get_local(self._handle(), name.encode(), code, -1 if device is None else int(device),
+                                        stream_ptr(stream), ctypes.byref(h)))
+        elif stream is None:
             check(lib.memcuda_get(self._handle(), name.encode(), code, ctypes.byref(h)))
         else:
             check(lib.memcuda_get_on_stream(self._handle(), name.encode(), code, stream_ptr(stream),
                                             ctypes.byref(h)))
         return Tensor(h.value)
+
+    def replicate(self, name: str, devices: Optional[Sequence[int]] = None, *, prefix: bool = False,
+                  idle: Optional[float] = None) -> int:
+        """Makes (or finds current) a copy of tensor ``name`` (``prefix``: of
+        every tensor under it) on each of ``devices`` (CUDA ordinals; default:
+        every visible device) but the source's own, shared by every process of
+        that device; ``get(name, local=True)`` there returns it. idle: seconds
+        unused after which a copy is removed (default: kept while the source
+        lives). Returns the number of copies. Raises InvalidArgument (a host
+        tensor), NotFound, Unavailable, NotZeroCopy, BudgetExceeded."""
+        arr, count = _ordinals(devices)
+        n = ctypes.c_size_t()
+        check(lib.memcuda_replicate(self._handle(), name.encode(), 1 if prefix else 0, arr, count,
+                                    0 if idle is None else int(idle * 1000), ctypes.byref(n)))
+        return n.value
+
+    def drop_replicas(self, name: str, devices: Optional[Sequence[int]] = None) -> int:
+        """Removes the copies of ``name`` (on ``devices``, default every visible
+        one); readers keep what they hold. Returns how many were removed."""
+        arr, count = _ordinals(devices)
+        n = ctypes.c_size_t()
+        check(lib.memcuda_drop_replicas(self._handle(), name.encode(), arr, count, ctypes.byref(n)))
+        return n.value
 
     def get_slice(self, name: str, dim: int, start: int, length: Optional[int] = None) -> Tensor:
         """``get(name).slice(dim, start, length)``: a zero-copy view of one

@@ -270,6 +270,28 @@ def test_tp_shards_on_cuda_equal_torch_slicing(greg):
     assert (col == src[:, 5].cpu().numpy()).all()
 
 
+def test_replica_on_the_readers_device(greg):
+    """A data-parallel reader on GPU 1 asks for its local copy of a tensor on
+    GPU 0 (two GPUs; one GPU: the tensor serves its own device)."""
+    src = torch.arange(1 << 16, dtype=torch.float32, device="cuda:0")
+    greg.put("g.rep", src, persistent=True)
+    torch.cuda.synchronize()
+    if torch.cuda.device_count() < 2:
+        assert greg.replicate("g.rep", [0]) == 0
+        assert greg.get("g.rep", local=True, device=0).name == "g.rep"
+        pytest.skip("needs 2 GPUs for a replica, this host has 1 (the one-GPU part passed)")
+    assert greg.replicate("g.rep", [1]) == 1
+    s = torch.cuda.Stream(device=1)
+    t = greg.get("g.rep", local=True, device=1, stream=s)
+    assert t.name.startswith(".memcuda-rep/") and t.name.endswith("/g.rep")
+    with torch.cuda.device(1):
+        s.synchronize()
+        x = torch.from_dlpack(t)
+    assert x.device == torch.device("cuda:1")
+    assert torch.equal(x.cpu(), src.cpu())
+    assert greg.drop_replicas("g.rep", [1]) == 1
+
+
 def test_cupy_reads_the_same_tensor(greg):
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     src = torch.arange(100, dtype=torch.float32, device="cuda")

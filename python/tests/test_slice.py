@@ -124,3 +124,17 @@ def test_shard_dims_count_from_the_end(reg):
         reg.get_state_dict("neg/", shard=memcuda.Shard(0, 2, {"norm": -2}))
     with pytest.raises(memcuda.InvalidArgument, match="int or None"):
         memcuda.Shard(0, 2, {"norm": 1.5})
+
+
+def test_replicas_of_a_host_tensor(reg):
+    """Replicas are per CUDA device: a host tensor is refused, and a get
+    asking for the local copy gets the tensor itself."""
+    _put(reg, "r.w")
+    with pytest.raises(memcuda.InvalidArgument):
+        reg.replicate("r.w")
+    with pytest.raises(memcuda.InvalidArgument):
+        reg.replicate("", prefix=True)
+    t = reg.get("r.w", local=True)
+    assert t.name == "r.w"
+    np.testing.assert_array_equal(np.asarray(t), np.arange(48, dtype=np.float32).reshape(8, 6))
+    assert reg.drop_replicas("r.w") == 0

@@ -22,12 +22,11 @@ namespace {
 // Opens one tensor and checks the dtype, returning a new C handle.
 // With a stream, the stream also waits for the producer's last publish
 // (the event handle comes with the record: no extra round trip).
-memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const void* const* stream = nullptr) {
+memcuda_tensor* open_one(memcuda_registry* r, const char* name, int dtype, const memcuda::GetOptions& o = {}) {
   auto want = memcuda_c::want_dtype(dtype);
   auto& reg = memcuda_c::registry(r);
   auto n = memcuda_c::name_arg(name);
-  auto t = stream ? reg.get<void>(n, static_cast<memcuda::StreamHandle>(const_cast<void*>(*stream)))
-                  : reg.get<void>(n);
+  auto t = reg.get<void>(n, o);
   if (want && t.dtype() != *want)
     throw memcuda::TypeMismatch("tensor '" + t.name() + "' is " + std::string(memcuda::to_string(t.dtype())) +
                                 ", not " + std::string(memcuda::to_string(*want)));
@@ -124,8 +123,21 @@ int memcuda_get(memcuda_registry* reg, const char* name, int dtype, memcuda_tens
 int memcuda_get_on_stream(memcuda_registry* reg, const char* name, int dtype, void* stream, memcuda_tensor** out) {
   return guarded([&] {
     memcuda_c::out_arg(out);
-    const void* s = stream;
-    *out = open_one(reg, name, dtype, &s);
+    memcuda::GetOptions o;
+    o.stream = static_cast<memcuda::StreamHandle>(stream);
+    *out = open_one(reg, name, dtype, o);
+  });
+}
+
+int memcuda_get_local(memcuda_registry* reg, const char* name, int dtype, int reader_device, void* stream,
+                      memcuda_tensor** out) {
+  return guarded([&] {
+    memcuda_c::out_arg(out);
+    memcuda::GetOptions o;
+    o.replica = memcuda::LocalReplica::use;
+    o.reader_device = reader_device;
+    o.stream = static_cast<memcuda::StreamHandle>(stream);
+    *out = open_one(reg, name, dtype, o);
   });
 }
 

@@ -129,7 +129,51 @@ json::object info_json(const TensorInfo& t, const std::vector<HolderView>& holde
     hs.push_back(std::move(ho));
   }
   o["holders"] = std::move(hs);
+  if (!t.replica_of.empty()) {
+    o["replica_of"] = t.replica_of;
+    o["source_generation"] = t.source_generation;
+    if (t.copied_version) o["copied_version"] = *t.copied_version;
+    o["replica_path"] = t.replica_path;
+    o["idle_ms"] = t.idle_ms;
+  }
   return o;
+}
+
+// The replicas of a source (replicas.hpp): a range read of the reserved
+// names, each checked to be a copy of this very tensor.
+std::vector<TensorInfo> replicas_of(TensorRegistry& reg, const TensorInfo& t) {
+  std::vector<TensorInfo> out;
+  if (!t.replica_of.empty()) return out;
+  for (auto& r : reg.list_page(".memcuda-rep/*/" + t.name, "", 1024).tensors)
+    if (r.replica_of == t.name) out.push_back(std::move(r));
+  return out;
+}
+
+bool replica_current(const TensorInfo& r, const TensorInfo& src) {
+  return r.source_generation == src.generation && r.copied_version == src.event_version;
+}
+
+json::array replicas_json(const std::vector<TensorInfo>& reps, const TensorInfo& src) {
+  json::array a;
+  for (const auto& r : reps)
+    a.push_back(json::object{{"name", r.name},
+                             {"device_uuid", r.device_uuid},
+                             {"generation", r.generation},
+                             {"bytes", r.bytes},
+                             {"current", replica_current(r, src)},
+                             {"readers", std::max<std::int64_t>(r.refcount - 1, 0)}});
+  return a;
+}
+
+void print_replicas(const std::vector<TensorInfo>& reps, const TensorInfo& src) {
+  if (reps.empty()) return;
+  std::cout << "replicas: " << reps.size() << "\n";
+  Table tab({{"  DEVICE"}, {"GENERATION", true}, {"BYTES", true}, {"CURRENT"}, {"READERS", true}});
+  for (const auto& r : reps)
+    tab.add({"  " + r.device_uuid, std::to_string(r.generation), human_bytes(r.bytes),
+             replica_current(r, src) ? "yes" : "no (stale: replicate again)",
+             std::to_string(std::max<std::int64_t>(r.refcount - 1, 0))});
+  std::cout << tab.render();
 }
 
 // `info`: the record as key: value lines, then its holders.
@@ -168,6 +212,13 @@ void print_info(const TensorInfo& t, const std::vector<HolderView>& holders, std
       {"event_version", std::to_string(t.event_version)},
       {"holders", std::to_string(holders.size())},
   });
+  if (!t.replica_of.empty())
+    std::cout << key_values({
+        {"replica_of", t.replica_of + " (generation " + std::to_string(t.source_generation) + ")"},
+        {"copied_version", t.copied_version ? std::to_string(*t.copied_version) : "- (not copied yet)"},
+        {"replica_path", opt(t.replica_path)},
+        {"idle_ms", t.idle_ms ? std::to_string(t.idle_ms) : "0 (kept while the source lives)"},
+    });
   if (!holders.empty()) {
     Table tab({{"  HOLDER"}, {"COUNT", true}, {"PID", true}, {"PROCESS"}});
     for (const auto& h : holders) {
@@ -187,8 +238,15 @@ int cmd_info(Context& c) {
   const auto now = now_ms();
   const auto holders = holders_of(t);
   const bool same_node = ::memcuda::detail::same_node(t.node, reg.node_id());
-  if (c.json) print_json(info_json(t, holders, now, same_node));
-  else print_info(t, holders, now, same_node);
+  const auto reps = replicas_of(reg, t);
+  if (c.json) {
+    auto o = info_json(t, holders, now, same_node);
+    o["replicas"] = replicas_json(reps, t);
+    print_json(o);
+  } else {
+    print_info(t, holders, now, same_node);
+    print_replicas(reps, t);
+  }
   return kOk;
 }
 

@@ -30,6 +30,7 @@
 #include "memcuda/c/memcuda_publish.h"
 #include "memcuda/c/memcuda_share.h"
 #include "memcuda/c/model_ab.h"
+#include "memcuda/c/replicas.h"
 #include "memcuda/c/slice.h"
 #include "memcuda/c/zero_copy.h"
 

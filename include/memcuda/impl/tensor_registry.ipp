@@ -176,23 +176,18 @@ std::shared_ptr<detail::TensorHandle> TensorRegistry::create_handle(std::string_
 
 // get(): a name this registry holds is shared from the reference cache (no
 // Redis); see detail/registry/ops/shared_get.hpp.
-std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want,
-                                                                 const GetOptions& opts) {
-  core_ref();  // get_shared waits for own releases on a miss
-  return detail::get_shared(core_, name, want, opts).handle;
-}
-
-// get(name, stream): a shared handle's record may predate the producer's last
+// With a stream: a shared handle's record may predate the producer's last
 // publish(), so it reads the current event (one round trip); a fresh acquire
 // carries it in the record it just read.
 std::shared_ptr<detail::TensorHandle> TensorRegistry::get_handle(std::string_view name, std::optional<DType> want,
-                                                                 StreamHandle stream) {
-  core_ref();
-  auto g = detail::get_shared(core_, name, want, {});
+                                                                 const GetOptions& opts) {
+  core_ref();  // get_shared waits for own releases on a miss
+  auto g = detail::get_shared(core_, name, want, opts);
+  if (!opts.stream) return std::move(g.handle);
   if (!g.from_cache)
-    wait_for_event(g.handle->info(), stream);
+    wait_for_event(g.handle->info(), *opts.stream);
   else if (g.handle->info().backend == BackendKind::cuda)
-    g.handle->wait_published(stream);
+    g.handle->wait_published(*opts.stream);
   return std::move(g.handle);
 }
 

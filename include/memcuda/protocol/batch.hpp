@@ -39,6 +39,11 @@ struct CreateEntry {
   std::optional<std::string> device_uuid;
   std::optional<BackendKind> backend;
   std::optional<bool> persistent;
+  // A replica's fields (TensorInfo), set by the allocator of record's
+  // replicate only: never on the wire.
+  std::string replica_of;
+  std::uint64_t source_generation = 0;
+  std::int64_t idle_ms = 0;
 
   friend bool operator==(const CreateEntry&, const CreateEntry&) = default;
 };

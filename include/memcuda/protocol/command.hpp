@@ -8,6 +8,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <optional>
@@ -30,10 +31,11 @@ MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 // removes nothing by itself). `free` is internal: a process whose release
 // dropped a tensor's refcount to 0 sends it so that the allocator of record
 // frees the memory. `create_many` creates several tensors, all or nothing
-// (docs/protocol.md, "Batch commands").
-enum class Op : std::uint8_t { create, get, release, free, create_many };
+// (docs/protocol.md, "Batch commands"). `replicate` copies a tensor (or
+// every tensor under a prefix) to other devices (replicas.hpp).
+enum class Op : std::uint8_t { create, get, release, free, create_many, replicate };
 
-// Wire names: "create", "get", "release", "free", "create_many". "delete" is
+// Wire names: "create", "get", "release", "free", "create_many", "replicate". "delete" is
 // accepted as an alias of "release" (the seed's name; op_from_string).
 constexpr std::string_view to_string(Op op) noexcept {
   switch (op) {
@@ -42,6 +44,7 @@ constexpr std::string_view to_string(Op op) noexcept {
     case Op::release: return "release";
     case Op::free: return "free";
     case Op::create_many: return "create_many";
+    case Op::replicate: return "replicate";
   }
   return "";
 }
@@ -52,6 +55,7 @@ inline std::optional<Op> op_from_string(std::string_view s) noexcept {
   if (s == "release" || s == "delete") return Op::release;
   if (s == "free") return Op::free;
   if (s == "create_many") return Op::create_many;
+  if (s == "replicate") return Op::replicate;
   return std::nullopt;
 }
 
@@ -87,6 +91,11 @@ struct Command {
   // The op came as "delete" (the alias of release): the reply echoes that
   // spelling, so a client matching replies by op sees what it sent.
   bool op_spelled_delete = false;
+  // replicate: the target devices' UUIDs (required, 1..kMaxReplicaDevices),
+  // whether `name` is a prefix ("prefix"), the idle time ("idle_ms", >= 0).
+  std::vector<std::string> devices;
+  bool replicate_prefix = false;
+  std::optional<std::int64_t> idle_ms;
 
   friend bool operator==(const Command&, const Command&) = default;
 };
@@ -96,7 +105,8 @@ namespace detail {
 inline bool is_command_field(std::string_view k) noexcept {
   static constexpr std::string_view kFields[] = {
       "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
-      "pid", "pidns", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations"};
+      "pid", "pidns", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations",
+      "devices", "prefix", "idle_ms"};
   for (std::string_view f : kFields)
     if (k == f) return true;
   return false;
@@ -122,6 +132,25 @@ inline void decode_free_many(const boost::json::object& o, Command& c) {
                                       " entries; a free holds 1.." + std::to_string(kMaxBatchEntries));
   c.generations.reserve(a->size());
   for (const auto& g : *a) c.generations.push_back(get_uint(g, "generations"));
+}
+
+// A replicate's devices, prefix flag and idle time.
+inline void decode_replicate(const boost::json::object& o, Command& c) {
+  namespace json = boost::json;
+  const json::value& dv = require(o, "devices", "command \"replicate\"");
+  const json::array* a = dv.if_array();
+  if (!a) wrong_type("devices", "an array", dv);
+  if (a->empty() || a->size() > kMaxReplicaDevices)
+    fail(ProtocolErrc::bad_value, "field \"devices\": " + std::to_string(a->size()) + " entries; a replicate names 1.." +
+                                      std::to_string(kMaxReplicaDevices) + " device UUIDs");
+  for (const auto& d : *a) {
+    std::string u = get_token(d, "devices", kMaxDeviceUuidBytes);
+    if (std::find(c.devices.begin(), c.devices.end(), u) != c.devices.end())
+      fail(ProtocolErrc::bad_value, "field \"devices\": \"" + u + "\" appears twice");
+    c.devices.push_back(std::move(u));
+  }
+  if (const json::value* v = find(o, "prefix")) c.replicate_prefix = get_bool(*v, "prefix");
+  if (const json::value* v = find(o, "idle_ms")) c.idle_ms = get_int(*v, "idle_ms", 0, kMaxIdleMs);
 }
 
 // A create_many's defaults and entries.
@@ -166,7 +195,8 @@ inline Command decode_command(std::string_view text) {
       fail(ProtocolErrc::unknown_field,
            "command: unknown field \"" + memcuda::detail::rules::printable(k) +
                "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
-               "persistent, pid, pidns, node, holder, generation, generations, id, reply_to, tensors");
+               "persistent, pid, pidns, node, holder, generation, generations, id, reply_to, tensors, devices, "
+               "prefix, idle_ms");
   }
 
   Command c;
@@ -175,7 +205,7 @@ inline Command decode_command(std::string_view text) {
   if (!parsed_op)
     fail(ProtocolErrc::unknown_op, "field \"op\": unknown operation \"" +
                                        memcuda::detail::rules::printable(op) +
-                                       "\"; expected create, get, release (or its alias delete), free or create_many");
+                                       "\"; expected create, get, release (or its alias delete), free, create_many or replicate");
   c.op = *parsed_op;
   c.op_spelled_delete = op == "delete";
 
@@ -227,6 +257,9 @@ inline Command decode_command(std::string_view text) {
     case Op::create_many:
       detail::decode_create_many(*o, c);
       break;
+    case Op::replicate:
+      detail::decode_replicate(*o, c);
+      break;
   }
   return c;
 }
@@ -258,6 +291,13 @@ inline std::string encode_command(const Command& c) {
     json::array a;
     for (const auto& e : c.tensors) a.emplace_back(detail::encode_create_entry(e));
     o["tensors"] = std::move(a);
+  }
+  if (c.op == Op::replicate) {
+    json::array a;
+    for (const auto& d : c.devices) a.emplace_back(detail::sv(d));
+    o["devices"] = std::move(a);
+    if (c.replicate_prefix) o["prefix"] = true;
+    if (c.idle_ms) o["idle_ms"] = *c.idle_ms;
   }
   if (c.pid) o["pid"] = *c.pid;
   if (c.pid_ns) o["pidns"] = "pid:[" + std::to_string(*c.pid_ns) + "]";

@@ -43,6 +43,12 @@ inline constexpr std::size_t kMaxHolderBytes = 255;
 inline constexpr std::size_t kMaxDeviceUuidBytes = 128;
 inline constexpr int kMaxDevice = 1023;
 inline constexpr std::int64_t kMaxPid = std::numeric_limits<std::int32_t>::max();
+// A replicate names at most this many devices, makes at most kMaxReplicas
+// replicas (its reply lists each: it must fit kMaxReplyBytes), and keeps an
+// unused replica at most kMaxIdleMs (30 days).
+inline constexpr std::size_t kMaxReplicaDevices = 64;
+inline constexpr std::size_t kMaxReplicas = 1024;
+inline constexpr std::int64_t kMaxIdleMs = 30LL * 24 * 3600 * 1000;
 // Longest CUDA API name an error reply carries (make_error_reply cuts).
 inline constexpr std::size_t kMaxCudaApiBytes = 128;
 // make_error_reply cuts longer messages so that a reply always fits.

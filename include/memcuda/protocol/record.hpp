@@ -61,6 +61,13 @@ inline constexpr std::string_view migrated_from = "migrated_from";
 inline constexpr std::string_view dict = "dict";
 // "1" on a tensor whose memory is its owner's own buffer (TensorRegistry::share).
 inline constexpr std::string_view borrowed = "borrowed";
+// A replica's (TensorInfo, replicas.hpp); the sweep's clock, "idle_since",
+// is written by the scripts only.
+inline constexpr std::string_view replica_of = "replica_of";
+inline constexpr std::string_view source_generation = "source_generation";
+inline constexpr std::string_view copied_version = "copied_version";
+inline constexpr std::string_view replica_path = "replica_path";
+inline constexpr std::string_view idle_ms = "idle_ms";
 // A holder's count is stored in the field kHolderPrefix + holder id.
 inline constexpr std::string_view holder_prefix = "holder:";
 }  // namespace record_field
@@ -109,6 +116,13 @@ void for_each_record_field(const TensorInfo& t, Put&& put) {
   if (!t.alloc_kind.empty()) put(f::alloc_kind, std::string_view(t.alloc_kind));
   if (!t.fd_source.empty()) put(f::fd_source, std::string_view(t.fd_source));
   if (t.borrowed) put(f::borrowed, std::string_view("1"));
+  if (!t.replica_of.empty()) {
+    put(f::replica_of, std::string_view(t.replica_of));
+    put(f::source_generation, std::to_string(t.source_generation));
+    if (t.idle_ms) put(f::idle_ms, std::to_string(t.idle_ms));
+  }
+  if (t.copied_version) put(f::copied_version, std::to_string(*t.copied_version));
+  if (!t.replica_path.empty()) put(f::replica_path, std::string_view(t.replica_path));
   for (const auto& [holder, count] : t.holders)
     put(std::string(f::holder_prefix) + holder, std::to_string(count));
 }
@@ -308,13 +322,28 @@ class RecordReader {
       if (v != "1" && v != "0") bad(f::borrowed, "is " + shown(v) + ", expected \"1\" or \"0\"");
       t.borrowed = v == "1";
     }
+    if (has(kReplicaOf)) {
+      std::string_view v = v_[kReplicaOf];
+      if (!memcuda::is_valid_name(v)) bad(f::replica_of, "is " + shown(v) + ", not a tensor name");
+      t.replica_of = std::string(v);
+      t.source_generation = as_u64(f::source_generation, required(kSourceGeneration));
+    }
+    if (has(kIdleMs)) t.idle_ms = as_i64(f::idle_ms, v_[kIdleMs]);
+    if (t.idle_ms < 0) bad(f::idle_ms, "is " + std::to_string(t.idle_ms) + ", expected >= 0");
+    if (has(kCopiedVersion)) t.copied_version = as_u64(f::copied_version, v_[kCopiedVersion]);
+    if (has(kReplicaPath)) {
+      std::string_view v = v_[kReplicaPath];
+      if (v != "peer" && v != "host") bad(f::replica_path, "is " + shown(v) + ", expected \"peer\" or \"host\"");
+      t.replica_path = std::string(v);
+    }
   }
 
   // The fields a record has; index = bit in seen_.
   enum : int {
     kName, kDtype, kShape, kCtime, kNode, kDevice, kDeviceUuid, kBytes, kBackend, kIpcHandle, kOffset,
     kAllocBytes, kAllocId, kAllocKind, kRefcount, kState, kGeneration, kEpoch, kOwner, kOwnerPid, kCreateId,
-    kEventHandle, kEventVersion, kFdSource, kBorrowed, kCount
+    kEventHandle, kEventVersion, kFdSource, kBorrowed, kReplicaOf, kSourceGeneration, kCopiedVersion, kReplicaPath,
+    kIdleMs, kCount
   };
   static constexpr std::array<std::string_view, kCount> kNames = {
       record_field::name,        record_field::dtype,        record_field::shape,      record_field::ctime,
@@ -323,7 +352,8 @@ class RecordReader {
       record_field::alloc_id,    record_field::alloc_kind,   record_field::refcount,   record_field::state,
       record_field::generation,  record_field::epoch,        record_field::owner,      record_field::owner_pid,
       record_field::create_id,   record_field::event_handle, record_field::event_version,
-      record_field::fd_source,   record_field::borrowed};
+      record_field::fd_source,   record_field::borrowed,     record_field::replica_of, record_field::source_generation,
+      record_field::copied_version, record_field::replica_path, record_field::idle_ms};
 
   static int index_of(std::string_view k) noexcept {
     for (int i = 0; i < kCount; ++i)

@@ -54,7 +54,8 @@ inline constexpr std::array<std::string_view, 17> kDescFields = {
 inline bool desc_excluded(std::string_view k) noexcept {
   namespace f = record_field;
   return k == f::state || k == f::refcount || k == f::generation || k == f::epoch || k == f::event_handle ||
-         k == f::event_version || k == f::desc || k.starts_with(f::holder_prefix);
+         k == f::event_version || k == f::desc || k == f::copied_version || k == f::replica_path ||
+         k.starts_with(f::holder_prefix);
 }
 
 namespace detail {

@@ -54,6 +54,9 @@ class Core {
   explicit Core(RegistryOptions o) : ctx(std::move(o)) {
     (void)Process::get().releases();
     alloc.set_borrowed_free([this](std::uint64_t g) { return borrowed.drop(g); });
+    client.set_replicator([this](redis::Connection& c, const protocol::Command& cmd) {
+      return Replicator(ctx, lease, alloc).run(c, cmd);
+    });
     if (ctx.opts.control_thread) {
       standby.start();
       alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });

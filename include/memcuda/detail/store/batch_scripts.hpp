@@ -214,7 +214,8 @@ for i = 1, n do
   -- the whole record in one HSET (as create: each redis.call costs a
   -- dispatch), unpack last so that it expands fully
   local rc = 1
-  if ARGV[a + 4] == '1' then
+  -- persistent; held by its name only when that is the creator (a replica)
+  if ARGV[a + 4] == '1' and ARGV[a + 3] ~= '@name' then
     rc = 2
     redis.call('HSET', t, 'generation', gen, 'state', 'ready', 'refcount', rc, 'holder:' .. ARGV[a + 3], 1,
                'holder:@name', 1, 'desc', desc, unpack(ARGV, a + 7, a + 6 + 2 * k))

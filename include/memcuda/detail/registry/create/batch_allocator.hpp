@@ -139,6 +139,9 @@ class BatchAllocator {
                     new_record(e.name, e.dtype, e.shape, plan.bytes[i], plan.kinds[i], pb, A.ctx_, epoch,
                                entry_create_id(cmd.id, i)),
                     e.persistent.value_or(false), false, true};
+      slots.v[i].info.replica_of = e.replica_of;
+      slots.v[i].info.source_generation = e.source_generation;
+      slots.v[i].info.idle_ms = e.idle_ms;
     };
     for (const auto& [pool, idx] : plan.groups) {
       std::vector<std::uint64_t> sizes;

@@ -1,5 +1,5 @@
 // The allocator of record's side of the lifecycle list: executes one
-// command (create, get, del, free, create_many) for a JSON client or another registry
+// command (create, get, del, free, create_many, replicate) for a JSON client or another registry
 // and builds the reply. The registry's thread calls it, on its own
 // connection, while this process holds the lease.
 #pragma once
@@ -12,6 +12,7 @@
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/create/allocator.hpp"
 #include "memcuda/detail/registry/create/batch_allocator.hpp"
+#include "memcuda/detail/registry/create/replicator.hpp"
 #include "memcuda/detail/registry/index_repair.hpp"
 #include "memcuda/detail/registry/lease/lease.hpp"
 #include "memcuda/detail/store/records.hpp"
@@ -24,9 +25,12 @@ class Executor {
 
   // Whether running `op` again after a failure whose outcome is unknown
   // (the link broke mid-call) is safe: a create carries its create_id and
-  // the script replays it (a create_many: one per entry, from its id); the
-  // others take or drop a reference.
-  static bool idempotent(protocol::Op op) { return op == protocol::Op::create || op == protocol::Op::create_many; }
+  // the script replays it (a create_many: one per entry, from its id; a
+  // replicate finds its replicas current or makes them again); the others
+  // take or drop a reference.
+  static bool idempotent(protocol::Op op) {
+    return op == protocol::Op::create || op == protocol::Op::create_many || op == protocol::Op::replicate;
+  }
 
   // A command that failed on a key of the wrong type or format (schema.hpp)
   // runs again once the keys are repaired; failing again, it says so.
@@ -89,6 +93,9 @@ class Executor {
           rep.tensors->push_back({cmd.tensors[i].name, made[i].generation, made[i].refcount});
         break;
       }
+      case protocol::Op::replicate:
+        rep.tensors = Replicator(ctx_, lease_, alloc_).run(c, cmd);
+        break;
       case protocol::Op::free: {
         // Sent by the release that dropped a tensor's last reference, which
         // left its record unlinked with refcount 0. Anything else (a live

@@ -15,6 +15,7 @@
 
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/process/process.hpp"
+#include "memcuda/detail/registry/gc/replica_sweep.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/create/allocator.hpp"
 #include "memcuda/detail/registry/index_repair.hpp"
@@ -159,6 +160,7 @@ class Sessions {
     // unlinked record deletes it, and the holders' pass then drops its pins.
     collect_dicts(c, rep);
     collect_holders(c, token, rep);
+    sweep_replicas(c, ctx_, alloc_, token);
     sweep(c, rep);
     auto members = store::session_members(c, keys);
     std::vector<std::string> all;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "memcuda/detail/backend/process_cache.hpp"
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/acquire_outcome.hpp"
+#include "memcuda/detail/store/replica_scripts.hpp"
 #include "memcuda/detail/registry/get/holdings.hpp"
 #include "memcuda/detail/registry/get/silent_leader.hpp"
 #include "memcuda/detail/registry/context.hpp"
@@ -132,9 +134,10 @@ class Client {
   // Sends a command to the allocator of record and waits for its reply, on
   // a connection of the waiting pool and a reply list of its own: other
   // threads' calls go on meanwhile.
-  std::uint64_t request(protocol::Command cmd) {
+  std::uint64_t request(protocol::Command cmd) { return exchange(std::move(cmd)).generation.value_or(0); }
+  protocol::Reply exchange(protocol::Command cmd, std::string reply_key = {}) {
     const std::uint64_t seq = ++seq_;
-    const std::string reply_key = ctx_.keys.request_reply(ctx_.session, seq);
+    if (reply_key.empty()) reply_key = ctx_.keys.request_reply(ctx_.session, seq);
     // A create keeps the id a direct attempt gave it (its create_id).
     const std::string id = cmd.id ? *cmd.id : ctx_.session + ":" + std::to_string(seq);
     cmd.id = id;
@@ -174,8 +177,56 @@ class Client {
         protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
       }
       store::replicate(*c);  // BLPOP wrote after the leader's script: a replica having it has both
-      return rep.generation.value_or(0);
+      return rep;
     }
+  }
+
+  // replicate() of the API: in this process when it is the allocator of
+  // record, else through the lifecycle list.
+  std::vector<protocol::ReplyTensor> replicate(protocol::Command cmd) {
+    cmd.holder = ctx_.session;
+    cmd.pid = ::getpid();
+    cmd.node = ctx_.node;
+    if (lease_.held()) {
+      try {
+        auto c = ctx_.pool.acquire();
+        if (replicator_) return replicator_(*c, cmd);
+      } catch (const NotLeader&) {
+        // lost the lease meanwhile: the new leader serves it below
+      }
+    }
+    return exchange(std::move(cmd)).tensors.value_or(std::vector<protocol::ReplyTensor>{});
+  }
+  using Replicate = std::function<std::vector<protocol::ReplyTensor>(redis::Connection&, const protocol::Command&)>;
+  // The allocator of record's replicate (the core's; set before any call).
+  void set_replicator(Replicate r) { replicator_ = std::move(r); }
+
+  // acquire() of the reader's device's replica of `name` (device
+  // `device_uuid`) when it is current, else of `name` itself (one script).
+  Opened acquire_local(std::string_view name, std::optional<DType> dtype, const std::string& device_uuid,
+                       Holdings::Record cached) {
+    ::memcuda::validate_name(name);
+    std::string cgen, cver;
+    if (cached) {
+      cgen = std::to_string(cached->generation);
+      cver = std::to_string(cached->event_version);
+    }
+    auto r = store::acquire_local(*ctx_.pool.acquire(), ctx_.keys, name, device_uuid, ctx_.session,
+                                  dtype ? to_string(*dtype) : std::string_view(), ctx_.node, "", false, cgen, cver);
+    TensorInfo t;
+    Holdings::Record read;
+    if (cached && r.is("same")) {
+      t = *cached;
+      t.refcount = reply_int(r[1]);
+    } else {
+      const std::string taken = r.is("replica") ? replica_name(device_uuid, name) : std::string(name);
+      if (r.is("replica") || r.is("noreplica")) r.status = "ok";
+      t = acquired(ctx_, lease_, alloc_, r, taken, dtype, ctx_.session);
+      auto keep = std::make_shared<TensorInfo>(t);
+      keep->holders.clear();
+      read = std::move(keep);
+    }
+    return adopt_reference(std::move(t), std::move(read));
   }
 
   void remove(std::string_view name) {
@@ -358,6 +409,7 @@ class Client {
   OwnAllocator& alloc_;
   Holdings& holdings_;
   std::atomic<std::uint64_t> seq_{0};  // request and wait ids of this session
+  Replicate replicator_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

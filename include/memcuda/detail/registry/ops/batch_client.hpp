@@ -332,7 +332,10 @@ class BatchClient {
       ::memcuda::validate_shape(s.shape);
       (void)byte_size(s.dtype, s.shape);
       if (!seen.insert(s.name).second) throw InvalidArgument("create_many names '" + s.name + "' twice");
-      protocol::CreateEntry e{s.name, s.dtype, s.shape, {}, {}, {}, {}};
+      protocol::CreateEntry e;
+      e.name = s.name;
+      e.dtype = s.dtype;
+      e.shape = s.shape;
       e.backend = s.options.backend.value_or(ctx_.default_backend());
       if (*e.backend == BackendKind::cuda) {
         e.device = s.options.device.value_or(ctx_.opts.default_device);

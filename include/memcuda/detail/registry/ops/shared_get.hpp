@@ -14,6 +14,10 @@
 #include <utility>
 
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/store/replica_scripts.hpp"
+#if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda/runtime.hpp"
+#endif
 #include "memcuda/options.hpp"
 #include "memcuda/shared_tensor.hpp"
 
@@ -48,6 +52,34 @@ inline std::shared_ptr<TensorHandle> remember(Core& c, std::shared_ptr<TensorHan
   return c.holdings.insert(i.name, i.generation, i.dtype, std::move(h), token);
 }
 
+// get() of the reader's device's replica (GetOptions::replica): always one
+// script, which checks the replica against its source as of now (a held
+// replica of a source published or re-created since is not shared).
+// Nothing for a name too long to have a replica, or without a CUDA device:
+// a plain get then.
+inline std::optional<SharedGet> get_local(const std::shared_ptr<Core>& core, std::string_view name,
+                                          std::optional<DType> want, const GetOptions& o) {
+#if MEMCUDA_HAS_CUDA()
+  Core& c = *core;
+  if (device_count() == 0) return std::nullopt;  // no device here: no replica of it either
+  int dev = o.reader_device;
+  if (dev < 0) MEMCUDA_CUDA_TRY(cudaGetDevice(&dev));
+  const std::string uuid = device_uuid(dev);
+  const std::string rep = replica_name(uuid, name);
+  if (!is_valid_name(rep)) return std::nullopt;
+  auto found = c.holdings.find(rep, want, false);
+  c.see_own_releases();
+  auto h = handle_of(core, c.client.acquire_local(name, want, uuid, std::move(found.record)));
+  const TensorHandle* taken = h.get();
+  auto use = remember(c, std::move(h), found.token);
+  const bool shared = use.get() != taken;
+  return SharedGet{std::move(use), shared};
+#else
+  (void)core, (void)name, (void)want, (void)o;
+  return std::nullopt;
+#endif
+}
+
 // The body of TensorRegistry::get. Only a call that goes to Redis waits for
 // this process's queued releases (a shared get talks to nobody). One look
 // in the holdings table gives the shared handle, or the token and the
@@ -55,6 +87,8 @@ inline std::shared_ptr<TensorHandle> remember(Core& c, std::shared_ptr<TensorHan
 inline SharedGet get_shared(const std::shared_ptr<Core>& core, std::string_view name, std::optional<DType> want,
                             const GetOptions& o) {
   Core& c = *core;
+  if (o.replica == LocalReplica::use)
+    if (auto g = get_local(core, name, want, o)) return std::move(*g);
   const bool share = c.ctx.opts.share_references;
   auto found = c.holdings.find(name, want, share && !o.fresh);
   if (found.handle) return {std::move(found.handle), true};

@@ -1,0 +1,274 @@
+// The allocator of record's replicate: one copy of a tensor (or of every
+// tensor under a prefix) per device, each an ordinary persistent record under
+// the reserved name `.memcuda-rep/<device uuid>/<name>` (replica_scripts.hpp),
+// held by its name only. This process allocates them from its pools and
+// copies into them itself: it owns every pool block and maps every source,
+// so nothing is imported for the copy. The copies are enqueued, not waited
+// for: each replica's record names an interprocess event of its device,
+// recorded after its copy, on which its readers' streams wait.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memcuda/detail/backend/process_cache.hpp"
+#include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/process/process.hpp"
+#include "memcuda/detail/registry/acquire_outcome.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/create/allocator.hpp"
+#include "memcuda/detail/registry/create/batch_allocator.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/store/name_index.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/replica_scripts.hpp"
+#include "memcuda/detail/store/scripts.hpp"
+#include "memcuda/protocol/batch.hpp"
+#include "memcuda/protocol/command.hpp"
+
+#if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda/ipc_event.hpp"
+#include "memcuda/detail/cuda/reach.hpp"
+#include "memcuda/detail/cuda/runtime.hpp"
+#endif
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+class Replicator {
+ public:
+  Replicator(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
+  // Replicates `cmd.name` (every name under it when cmd.prefix) to the
+  // devices `cmd.devices` (UUIDs); the source's own device is skipped: the
+  // source serves it. -> one entry per replica, made or already current.
+  std::vector<protocol::ReplyTensor> run(redis::Connection& c, const protocol::Command& cmd) {
+    const auto token = lease_.current().first;
+    const auto& k = ctx_.keys;
+    if (cmd.name.starts_with(kReplicaPrefix))
+      throw InvalidArgument("'" + cmd.name + "' is a replica: replicate its source instead");
+    if (cmd.devices.empty()) throw InvalidArgument("replicate '" + cmd.name + "': no devices given");
+    std::vector<std::string> names{cmd.name};
+    if (cmd.replicate_prefix) {
+      if (cmd.name.empty()) throw InvalidArgument("replicate of the empty prefix: name one");
+      names = names_page(c, k, cmd.name, "", protocol::kMaxReplicas + 1);
+      if (names.empty()) throw NotFound("no tensor under the prefix '" + cmd.name + "'");
+    }
+    if (names.size() * cmd.devices.size() > protocol::kMaxReplicas)
+      throw InvalidArgument("replicate of '" + cmd.name + "': " + std::to_string(names.size()) + " tensor(s) to " +
+                            std::to_string(cmd.devices.size()) + " device(s) is more than " +
+                            std::to_string(protocol::kMaxReplicas) + " replicas in one command");
+    // The sources, held by this process while they are copied.
+    std::vector<TensorInfo> src;
+    try {
+      for (const auto& n : names) {
+        auto r = store::acquire(c, k, n, ctx_.session, "", ctx_.node, token);
+        src.push_back(acquired(ctx_, lease_, alloc_, r, n, std::nullopt, ctx_.session));
+        if (src.back().backend != BackendKind::cuda)
+          throw InvalidArgument("tensor '" + n + "' is host memory: replicas are per CUDA device");
+      }
+#if MEMCUDA_HAS_CUDA()
+      std::vector<protocol::ReplyTensor> out;
+      {
+        Copies copies;  // waited for before the sources go
+        out = copy_all(c, cmd, token, src, copies);
+      }
+      give_back(c, token, src);
+      return out;
+#else
+      throw Unavailable("replicate: mem-cuda was built without CUDA");
+#endif
+    } catch (...) {
+      give_back(c, token, src);
+      throw;
+    }
+  }
+
+ private:
+  void give_back(redis::Connection& c, const std::string& token, const std::vector<TensorInfo>& src) noexcept {
+    for (const auto& s : src) {
+      try {
+        alloc_.release(c, s.name, s.generation, ctx_.session, token);
+      } catch (const std::exception& e) {
+        log(LogLevel::warn, "replicate: giving back the reference to '" + s.name + "': " + e.what());
+      }
+    }
+  }
+
+#if MEMCUDA_HAS_CUDA()
+  // One call's streams (one per target device), events and the source
+  // mappings its copies read. Destroyed before the sources' references go
+  // (declared after Holds), it waits for the copies: a source freed and its
+  // block reused while a copy still reads would copy another tensor's
+  // bytes. Readers need not wait for that: their streams wait on the events.
+  struct Copies {
+    std::map<int, cudaStream_t> streams;
+    std::map<int, std::unique_ptr<ExportedEvent>> events;
+    std::vector<std::shared_ptr<void>> keeps;
+    Copies() = default;
+    Copies(const Copies&) = delete;
+    Copies& operator=(const Copies&) = delete;
+    ~Copies() {
+      for (auto& [dev, st] : streams) {
+        DeviceGuard g(dev, std::nothrow);
+        MEMCUDA_CUDA_LOG(cudaStreamSynchronize(st));
+        MEMCUDA_CUDA_LOG(cudaStreamDestroy(st));
+      }
+    }
+    cudaStream_t stream(int dev) {
+      auto& s = streams[dev];
+      if (!s) {
+        DeviceGuard g(dev);
+        MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      }
+      return s;
+    }
+  };
+
+  struct Target {
+    std::size_t src;  // index into the sources
+    std::string uuid;
+    int device;
+  };
+
+  std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
+                                              const std::string& token, const std::vector<TensorInfo>& src,
+                                              Copies& cp) {
+    std::vector<protocol::ReplyTensor> out;
+    std::vector<Target> todo;
+    for (const auto& uuid : cmd.devices) {
+      const int dev = ordinal_of_uuid(uuid, -1);  // Unavailable: this process does not see it
+      for (std::size_t i = 0; i < src.size(); ++i)
+        if (src[i].device_uuid != uuid) todo.push_back({i, uuid, dev});
+    }
+    const std::vector<Target> make = missing(c, todo, src, out);
+    if (make.empty()) return out;
+    protocol::Command many;
+    many.op = protocol::Op::create_many;
+    many.holder = std::string(HolderId::kName);  // held by its name only
+    many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
+    for (const auto& t : make) {
+      const auto& s = src[t.src];
+      protocol::CreateEntry e;
+      e.name = replica_name(t.uuid, s.name);
+      e.dtype = s.dtype;
+      e.shape = s.shape;
+      e.device = t.device;
+      e.device_uuid = t.uuid;
+      e.backend = BackendKind::cuda;
+      e.persistent = true;
+      e.replica_of = s.name;
+      e.source_generation = s.generation;
+      e.idle_ms = cmd.idle_ms.value_or(0);
+      many.tensors.push_back(std::move(e));
+    }
+    auto made = BatchAllocator::create_many(alloc_, c, many);
+    auto events = enqueue(c, make, many, made, src, cp);
+    // Marked per source: its replicas' records name their device's event.
+    std::map<std::size_t, std::vector<store::ReplicaMark>> marks;
+    for (const auto& t : make) marks[t.src].push_back({t.uuid, events[t.device], "peer"});
+    for (auto& [i, m] : marks) {
+      const auto& s = src[i];
+      auto r = store::replica_ready(c, ctx_.keys, token, s.name, s.generation, s.event_version, m);
+      if (r.is("notleader")) lease_.fail_status("replica ready", r.status, "replicating '" + s.name + "'", r[1].str());
+      if (r.is("stale"))
+        throw StaleHandle("tensor '" + s.name + "' was published or re-created while it was replicated; replicate "
+                          "it again");
+    }
+    for (std::size_t i = 0; i < make.size(); ++i) out.push_back({many.tensors[i].name, made[i].generation, 1});
+    return out;
+  }
+
+  // The targets without a current replica; the current ones go to `out`.
+  // Stale ones (an older source, never copied, or copied before the
+  // source's last publish) are unlinked, to be made anew.
+  std::vector<Target> missing(redis::Connection& c, const std::vector<Target>& todo,
+                              const std::vector<TensorInfo>& src, std::vector<protocol::ReplyTensor>& out) {
+    std::vector<redis::Command> reads;
+    for (const auto& t : todo)
+      reads.push_back(store::read_fields_cmd(
+          ctx_.keys.tensor(replica_name(t.uuid, src[t.src].name)),
+          {"state", "replica_of", "source_generation", "copied_version", "generation", "refcount"}));
+    std::vector<std::exception_ptr> errs;
+    auto got = reads.empty() ? std::vector<redis::Reply>{} : c.pipeline(reads, &errs);
+    std::vector<Target> make;
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      const auto& s = src[todo[i].src];
+      const auto& f = got[i];
+      const std::string rep = replica_name(todo[i].uuid, s.name);
+      if (!f.is_error() && f.size() == 6 && !f[0].is_nil()) {
+        const bool current = f[0].str() == "ready" && f[1].str() == s.name &&
+                             f[2].str() == std::to_string(s.generation) && !f[3].is_nil() &&
+                             f[3].str() == std::to_string(s.event_version);
+        const auto gen = protocol::detail::parse_decimal<std::uint64_t>(f[4].is_nil() ? "" : f[4].str());
+        if (current && gen) {
+          out.push_back({rep, *gen, 1});
+          continue;
+        }
+        unlink(c, rep);
+      } else if (f.is_error()) {
+        unlink(c, rep);  // a key of another type: the create below names it
+      }
+      make.push_back(todo[i]);
+    }
+    return make;
+  }
+
+  // Enqueues every copy: per target device one stream, which first waits
+  // for the sources' producers; then one event per device, recorded after
+  // its copies. -> device -> its event's handle
+  std::map<int, std::string> enqueue(redis::Connection& c, const std::vector<Target>& make,
+                                     const protocol::Command& many, const std::vector<OwnAllocator::Created>& made,
+                                     const std::vector<TensorInfo>& src, Copies& cp) {
+    std::map<int, std::string> events;
+    for (std::size_t i = 0; i < make.size(); ++i) {
+      const auto& t = make[i];
+      const auto& s = src[t.src];
+      void* dst = target_pointer(c, made[i], many.tensors[i].name, cp);
+      auto [base, keep] =
+          Process::get().cache().resolve(s.owner, s.alloc_id, [&] { return backend_for(s).open(s); });
+      const void* from = static_cast<const char*>(base) + s.offset;
+      const int sdev = ordinal_of_uuid(s.device_uuid, s.device);
+      check_reach(s.name, s.backend, s.alloc_kind, sdev, t.device, from);  // NotZeroCopy: no peer path
+      cudaStream_t st = cp.stream(t.device);
+      DeviceGuard g(t.device);
+      if (!s.event_handle.empty()) stream_wait_ipc_event(st, s.event_handle);
+      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(dst, from, s.bytes, cudaMemcpyDefault, st));
+      cp.keeps.push_back(std::move(keep));
+      events[t.device];
+    }
+    for (auto& [dev, handle] : events) {
+      auto& ev = cp.events[dev];
+      ev = std::make_unique<ExportedEvent>(dev);
+      ev->record(cp.stream(dev));
+      handle = ev->handle();
+    }
+    return events;
+  }
+
+  // Unlinks a stale replica; its memory goes with its last reader.
+  void unlink(redis::Connection& c, const std::string& rep) {
+    auto r = store::remove(c, ctx_.keys, rep, ctx_.session);
+    if (r.is("free")) alloc_.free_unlinked(c, reply_u64(r[1]), true);
+  }
+
+  // A new replica's pointer: its block here, or (a replay) its record's
+  // allocation through this process's cache.
+  void* target_pointer(redis::Connection& c, const OwnAllocator::Created& cr, const std::string& name, Copies& cp) {
+    if (cr.block.slab) return static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
+    const TensorInfo t = protocol::decode_record(fields_from_reply(store::read_record(c, ctx_.keys.tensor(name)).view()));
+    auto [base, keep] = Process::get().cache().resolve(t.owner, t.alloc_id, [&] { return backend_for(t).open(t); });
+    cp.keeps.push_back(std::move(keep));
+    return static_cast<char*>(base) + t.offset;
+  }
+
+#endif
+
+  Context& ctx_;
+  Lease& lease_;
+  Allocator& alloc_;
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

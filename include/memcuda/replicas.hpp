@@ -1,0 +1,58 @@
+// Replicas: one name, a copy per device. A reader on GPU d asks get() for
+// its own device's copy (GetOptions::replica) and reads HBM at local speed
+// instead of the source through a peer mapping.
+//
+//   memcuda::replicate(reg, "llm/", {.devices = {1, 2, 3}, .prefix = true});   // once, anywhere
+//   auto w = reg.get<bf16>("llm/w", {.replica = memcuda::LocalReplica::use});  // on GPU 2: GPU 2's copy
+//
+// The allocator of record makes them (it must see every device it copies
+// to), one persistent record per device under the reserved name
+// `.memcuda-rep/<device uuid>/<name>`, shared by every process of that
+// device, counted in its budget and statistics, and copies into them on its
+// own streams after the source's last published event. A replica is
+// current while its source keeps the generation and event version it was
+// copied from; a publish or re-create of the source makes it stale (readers
+// get the source until the next replicate), and it is removed with its
+// source, after `idle` unused, or by drop_replicas (docs/design.md,
+// "Replicas").
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memcuda/tensor_registry.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN
+
+struct ReplicateOptions {
+  std::vector<int> devices;  // ordinals in this process; empty: every visible device
+  bool prefix = false;       // the name is a prefix: every tensor under it
+  // Removed after this long with no reader; 0: kept while the source lives.
+  std::chrono::milliseconds idle{0};
+};
+
+// One replica, made by this call or found current.
+struct ReplicaRef {
+  std::string name;  // `.memcuda-rep/<uuid>/<source name>`
+  std::uint64_t generation = 0;
+};
+
+// Makes (or finds current) a copy of `name` (or of every tensor under it)
+// on each device but the source's own. Returns once the copies are enqueued:
+// a reader's get(stream) waits for its copy. Throws InvalidArgument (a host
+// tensor, a replica, no device, too many), NotFound, Unavailable (a device
+// the allocator of record does not see), NotZeroCopy (no peer path between
+// the source's device and a target), BudgetExceeded, StaleHandle (the source
+// was published or re-created meanwhile), NotLeader/TimeoutError as create.
+std::vector<ReplicaRef> replicate(TensorRegistry& reg, std::string_view name, const ReplicateOptions& opts = {});
+
+// Unlinks the replicas of `name` (every device, or those given); their
+// memory goes with their last reader. Returns how many were unlinked.
+std::size_t drop_replicas(TensorRegistry& reg, std::string_view name, const std::vector<int>& devices = {});
+
+MEMCUDA_NAMESPACE_END  // namespace memcuda

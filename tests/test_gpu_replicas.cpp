@@ -1,0 +1,177 @@
+// Replicas on CUDA devices (replicas.hpp): made and copied by the allocator
+// of record, shared by every process of a device, refreshed by a new
+// replicate after a publish, gone with their source or when idle. Cases
+// that copy need two GPUs ([multi-gpu]); on one GPU the source serves its
+// own device and nothing is made.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+#include "memcuda/memcuda.hpp"
+#include "support/gpu.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+#include "support/skip.hpp"
+#include "support/timing.hpp"
+
+using namespace memcuda;
+using namespace std::chrono_literals;
+
+#if MEMCUDA_HAS_CUDA()
+
+namespace {
+
+RegistryOptions cuda_opts(const test::RedisServer& srv) {
+  RegistryOptions o;
+  o.redis = srv.options();
+  o.lease_ttl = 400ms;
+  o.gc_interval = 100ms;
+  o.default_backend = BackendKind::cuda;
+  return o;
+}
+
+SharedTensor<float> filled(TensorRegistry& reg, const std::string& name, std::size_t n, float first, int device = 0) {
+  CreateOptions o;
+  o.persistent = true;
+  o.device = device;
+  auto t = reg.create<float>(name, {static_cast<std::int64_t>(n)}, o);
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), first);
+  t.copy_from_host(v);
+  return t;
+}
+
+std::vector<float> read(const SharedTensor<float>& t) {
+  std::vector<float> v(t.size());
+  t.copy_to_host(v);
+  return v;
+}
+
+GetOptions local(int device, cudaStream_t s) {
+  GetOptions o;
+  o.replica = LocalReplica::use;
+  o.reader_device = device;
+  o.stream = s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("replicas on one GPU: the source serves its own device, nothing is made", "[gpu][replica]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  auto t = filled(reg, "m/w", 1024, 1.0f);
+  CHECK(replicate(reg, "m/w", {.devices = {0}}).empty());
+  CHECK(reg.list_page(".memcuda-rep/", "", 10).tensors.empty());
+  auto g = reg.get<float>("m/w", local(0, nullptr));
+  CHECK(g.name() == "m/w");
+  CHECK(g.generation() == t.generation());
+  CHECK(drop_replicas(reg, "m/w") == 0);
+  CHECK_THROWS_AS(replicate(reg, "m/w", {.devices = {7}}), InvalidArgument);  // no such device
+}
+
+TEST_CASE("a replica on GPU 1: a local get reads it, another process shares it, a publish makes it stale",
+          "[gpu][multi-gpu][replica]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  const std::size_t n = 1 << 20;
+  auto src = filled(reg, "m/w", n, 0.0f);
+  auto made = replicate(reg, "m/w", {.devices = {1}});
+  REQUIRE(made.size() == 1);
+  const std::string rep = ".memcuda-rep/" + detail::device_uuid(1) + "/m/w";
+  CHECK(made[0].name == rep);
+  const auto info = reg.info(rep);
+  CHECK(info.replica_of == "m/w");
+  CHECK(info.source_generation == src.generation());
+  CHECK(info.device_uuid == detail::device_uuid(1));
+  CHECK(info.copied_version == std::optional<std::uint64_t>(src.info().event_version));
+  CHECK(info.refcount == 1);  // its name's: persistent, held by nobody yet
+
+  cudaStream_t s{};
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  auto r = reg.get<float>("m/w", local(1, s));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(r.name() == rep);
+  CHECK(r.device() == 1);
+  CHECK(r.data() != src.data());
+  CHECK(read(r) == read(src));
+  // GPU 1 is ordinal 0 of a process that sees only it: it gets the same replica
+  test::Child w({"/usr/bin/env", "CUDA_VISIBLE_DEVICES=1", test::sibling_program("memcuda_test_worker"), "--url",
+                 srv.unix_url(), "--backend", "cuda", "--no-control"});
+  REQUIRE(w.read_line(20s));
+  const double sum = double(n) * double(n - 1) / 2;
+  CHECK(w.ask("getlocal m/w", 30s) ==
+        "OK gen=" + std::to_string(made[0].generation) + " name=" + rep + " device=0 sum=" + std::to_string(sum));
+  // replicated again: found current, not made anew
+  auto again = replicate(reg, "m/w", {.devices = {1}});
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].generation == made[0].generation);
+
+  // the source written in place and published: the replica is stale until the next replicate
+  std::vector<float> ones(n, 1.0f);
+  src.copy_from_host(ones);
+  (void)src.publish();
+  auto stale = reg.get<float>("m/w", local(1, s));
+  CHECK(stale.name() == "m/w");
+  auto fresh = replicate(reg, "m/w", {.devices = {1}});
+  REQUIRE(fresh.size() == 1);
+  CHECK(fresh[0].generation != made[0].generation);
+  auto r2 = reg.get<float>("m/w", local(1, s));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(r2.generation() == fresh[0].generation);
+  CHECK(read(r2) == ones);
+  CHECK(read(r) != read(r2));  // the first reader keeps the copy it holds
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("replicas go with their source, when idle, or when dropped", "[gpu][multi-gpu][replica]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  const std::string uuid = detail::device_uuid(1);
+  auto gone = [&](const std::string& name) {
+    return test::eventually([&] {
+      try {
+        (void)reg.info(".memcuda-rep/" + uuid + "/" + name);
+        return false;
+      } catch (const NotFound&) {
+        return true;
+      }
+    }, 10s);
+  };
+  {
+    auto a = filled(reg, "g/a", 4096, 1.0f);
+    REQUIRE(replicate(reg, "g/a", {.devices = {1}}).size() == 1);
+  }
+  reg.remove("g/a");
+  CHECK(gone("g/a"));
+
+  auto b = filled(reg, "g/b", 4096, 1.0f);
+  REQUIRE(replicate(reg, "g/b", {.devices = {1}, .idle = 300ms}).size() == 1);
+  CHECK(gone("g/b"));
+  CHECK(b.generation() == reg.info("g/b").generation);  // the source stays
+
+  auto c = filled(reg, "g/c", 4096, 1.0f);
+  REQUIRE(replicate(reg, "g/c", {.devices = {1}}).size() == 1);
+  CHECK(drop_replicas(reg, "g/c", {1}) == 1);
+  CHECK(gone("g/c"));
+  CHECK(drop_replicas(reg, "g/c") == 0);
+
+  // a prefix: every tensor under it, one replica each
+  auto d0 = filled(reg, "p/0", 1024, 0.0f);
+  auto d1 = filled(reg, "p/1", 2048, 5.0f);
+  auto made = replicate(reg, "p/", {.devices = {1}, .prefix = true});
+  CHECK(made.size() == 2);
+  auto r1 = reg.get<float>("p/1", local(1, nullptr));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(r1.device() == 1);
+  CHECK(read(r1) == read(d1));
+}
+
+#endif  // MEMCUDA_HAS_CUDA()
