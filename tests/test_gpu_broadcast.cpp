@@ -52,6 +52,40 @@ struct DeviceBuffer {
   void* p = nullptr;
 };
 
+// A cuMem mapping on `device` that grants only that device: a peer reads
+// it only after the broadcaster granted access (grant_mappings).
+struct VmmBuffer {
+  VmmBuffer(int device, std::size_t want) : device(device) {
+    const auto& d = cu_driver_or_throw();
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    std::size_t gran = 0;
+    REQUIRE(d.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
+    bytes = (want + gran - 1) / gran * gran;
+    REQUIRE(d.MemCreate(&handle, bytes, &prop, 0) == CUDA_SUCCESS);
+    REQUIRE(d.MemAddressReserve(&va, bytes, 0, 0, 0) == CUDA_SUCCESS);
+    REQUIRE(d.MemMap(va, bytes, 0, handle, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc a{};
+    a.location = prop.location;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    REQUIRE(d.MemSetAccess(va, bytes, &a, 1) == CUDA_SUCCESS);
+  }
+  ~VmmBuffer() {
+    const auto& d = cu_driver();
+    d.MemUnmap(va, bytes);
+    d.MemAddressFree(va, bytes);
+    d.MemRelease(handle);
+  }
+  VmmBuffer(const VmmBuffer&) = delete;
+  VmmBuffer& operator=(const VmmBuffer&) = delete;
+  int device;
+  std::size_t bytes = 0;
+  CUmemGenericAllocationHandle handle{};
+  CUdeviceptr va = 0;
+};
+
 // (source offset, destination offset, bytes): the same destination offsets in every target.
 struct Piece {
   std::uint64_t src, dst, bytes;
@@ -260,6 +294,42 @@ TEST_CASE("broadcast: 0 -> 1 and 0 -> 1 -> 2 between real devices", "[gpu][broad
   CHECK(k.host_bytes == tally(one, HopPath::host) + tally(chain, HopPath::host));
   CHECK(k.device_bytes == tally(chain, HopPath::device));
   CHECK(k.runs == 2);
+}
+
+TEST_CASE("broadcast: a peer hop from a cuMem mapping grants the receiver access first",
+          "[gpu][broadcast][multi-gpu]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  int can = 0;
+  REQUIRE(cudaDeviceCanAccessPeer(&can, 1, 0) == cudaSuccess);
+  if (!can) MEMCUDA_SKIP("device 1 cannot access device 0 as a peer: the hop would be a relay");
+  if (!vmm_fd_supported(0)) MEMCUDA_SKIP("device 0 has no cuMem allocations");
+  DeviceGuard g(0);
+  VmmBuffer vsrc(0, 9 * MiB);
+  const std::size_t n = vsrc.bytes;
+  DeviceBuffer staged(0, n), on1(1, n);
+  Producer prod;
+  produce(staged, 41, 0, prod.stream.get(), prod.event.get());
+  REQUIRE(cudaMemcpyAsync(reinterpret_cast<void*>(vsrc.va), staged.p, n, cudaMemcpyDefault, prod.stream.get()) ==
+          cudaSuccess);
+  REQUIRE(cudaEventRecord(prod.event.get(), prod.stream.get()) == cudaSuccess);
+  const std::vector<Piece> pieces{{0, 0, n}};
+  BroadcastOptions opt;
+  opt.chunk_bytes = 2 * MiB;
+  Broadcaster bc(opt);
+  BroadcastSegment seg;
+  seg.src = vsrc.va;
+  seg.dst = {on1.addr()};
+  seg.bytes = n;
+  const auto plan = bc.plan(0, {1}, {seg});
+  REQUIRE(plan.hops[0].path == HopPath::peer);
+  auto done = bc.run(plan, prod.event.get());
+  REQUIRE(cudaEventSynchronize(done.event(1)) == cudaSuccess);
+  check_copied(staged.read(), on1, pieces);
+  CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  unsigned long long flags = 0;
+  REQUIRE(cu_driver().MemGetAccess(&flags, &loc, vsrc.va) == CUDA_SUCCESS);
+  CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  CHECK(bc.counters().peer_bytes == n);
 }
 
 #else

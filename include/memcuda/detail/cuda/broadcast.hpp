@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "memcuda/detail/base/fault.hpp"
+#include "memcuda/detail/cuda/driver.hpp"
 #include "memcuda/detail/cuda/handles.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/error.hpp"
@@ -122,7 +123,8 @@ class Broadcaster {
   // Enqueues the plan's copies and returns without waiting for them. The
   // hops from the source wait on `wait` first (the producer's event; null:
   // nothing to wait for). Pointers in the plan are device pointers of this
-  // process (UVA); a cuMem mapping must already grant each receiving device.
+  // process (UVA); each receiver of a peer hop gets peer access to its
+  // sender (cudaDeviceEnablePeerAccess, or the sender's cuMem mappings).
   BroadcastEvents run(const BroadcastPlan& p, cudaEvent_t wait = nullptr) {
     std::lock_guard lk(mu_);
     check_plan(p);
@@ -131,6 +133,7 @@ class Broadcaster {
       if (h.path == HopPath::peer) enable_peer(h.from_device, h.to_device);
       if (h.path == HopPath::host) prepare_relay(p, h.from_device, h.to_device);
     }
+    grant_mappings(p);
     for (std::size_t c = 0; c < p.chunks.size(); ++c)
       for (const auto& h : p.hops) enqueue(p, h, c, wait, lanes);
     ++runs_;
@@ -239,6 +242,35 @@ class Broadcaster {
     } else if (st != cudaSuccess) {
       peers_.erase({to, from});
       throw_cuda(st, "cudaDeviceEnablePeerAccess");
+    }
+  }
+
+  // A cuMem mapping grants only its own device: the receiver of a peer hop
+  // gets access to each sender-side mapping the segments touch, once per
+  // mapping and receiver in a run (milliseconds for a large mapping).
+  // cudaMalloc and legacy IPC memory need none (enable_peer covers them).
+  void grant_mappings(const BroadcastPlan& p) {
+    const auto& d = cu_driver();
+    if (!d.ok()) return;  // no cuMem calls: no cuMem mappings either
+    std::set<std::pair<CUdeviceptr, int>> granted;
+    for (const auto& h : p.hops) {
+      if (h.path != HopPath::peer) continue;
+      DeviceGuard g(h.from_device);
+      for (const auto& s : p.segments) {
+        const std::uint64_t start = h.from < 0 ? s.src : s.dst[static_cast<std::size_t>(h.from)];
+        for (std::uint64_t a = start; a < start + s.bytes;) {  // a merged segment may span mappings
+          CUdeviceptr base = 0;
+          std::size_t size = 0;
+          if (CUresult r = d.MemGetAddressRange(&base, &size, static_cast<CUdeviceptr>(a)); r != CUDA_SUCCESS)
+            throw_cu(r, "cuMemGetAddressRange", "broadcast source of device " + std::to_string(h.from_device));
+          a = base + size;
+          if (!granted.insert({base, h.to_device}).second) continue;
+          CUmemGenericAllocationHandle handle{};
+          if (d.MemRetainAllocationHandle(&handle, reinterpret_cast<void*>(base)) != CUDA_SUCCESS) continue;
+          (void)d.MemRelease(handle);  // only asked whether it is a cuMem mapping
+          grant_access(reinterpret_cast<const void*>(base), h.to_device);
+        }
+      }
     }
   }
 
