@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "memcuda/detail/cuda/broadcast_plan.hpp"
+#if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda/broadcast.hpp"  // Broadcaster checks its options before any CUDA call
+#endif
 
 using namespace memcuda;
 using namespace memcuda::detail;
@@ -210,3 +213,16 @@ TEST_CASE("broadcast plan: bad input is refused with a message saying what is wr
   CHECK(error_of([&] { make_broadcast_plan(0, {1, 1}, {{0, {1}, 8}}, m); }) ==
         "broadcast segment 0 has 1 destination(s) for 2 target(s)");
 }
+
+#if MEMCUDA_HAS_CUDA()
+TEST_CASE("broadcast engine: options out of range are refused before any CUDA call", "[broadcast]") {
+  for (int s : {0, 5}) {
+    BroadcastOptions o;
+    o.streams_per_hop = s;
+    CHECK(error_of([&] { Broadcaster b(o); }) == "broadcast streams_per_hop " + std::to_string(s) + ": want 1 to 4");
+  }
+  BroadcastOptions o;
+  o.chunk_bytes = 3 * MiB;
+  CHECK_THROWS_AS(Broadcaster{o}, InvalidArgument);
+}
+#endif
