@@ -58,3 +58,21 @@ extern "C" cudaError_t memcuda_test_sum_strided(const float* p, std::size_t rows
   sum_strided_kernel<<<64, 256, 0, s>>>(p, rows, cols, pitch, out);
   return cudaGetLastError();
 }
+
+namespace {
+__global__ void slow_pattern(std::uint32_t* p, std::size_t n, std::uint32_t seed, std::uint64_t spin_ns) {
+  const std::uint64_t start = global_ns();
+  while (global_ns() - start < spin_ns) {
+  }
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed;
+}
+}  // namespace
+
+// Spins `spin_ms` on the GPU, then writes p[i] = i * 2654435761 + seed (mod 2^32), on `s`: bytes that differ
+// at every offset, so that a copy to the wrong place or one that did not wait shows.
+extern "C" cudaError_t memcuda_test_slow_pattern(std::uint32_t* p, std::size_t n, std::uint32_t seed,
+                                                 unsigned spin_ms, cudaStream_t s) {
+  slow_pattern<<<64, 256, 0, s>>>(p, n, seed, std::uint64_t(spin_ms) * 1000000ull);
+  return cudaGetLastError();
+}
