@@ -209,8 +209,8 @@ TEST_CASE("broadcast: without a peer path the bytes go through pinned host memor
   DeviceGuard g(0);
   const std::size_t n = 16 * MiB;
   DeviceBuffer src(0, n), a(0, n), b(0, n);
-  // 11 MiB + 5 in 2 MiB chunks: 6 chunks per hop, 12 relayed through a ring of 4 slots.
-  const std::vector<Piece> pieces{{0, MiB, 7 * MiB}, {8 * MiB, 12 * MiB, 4 * MiB + 5}};
+  // 11 MiB + 5 in 2 MiB chunks: 7 chunks per hop, 14 relayed through a ring of 4 slots.
+  const std::vector<Piece> pieces{{0, MiB, 7 * MiB}, {8 * MiB, 11 * MiB, 4 * MiB + 5}};
   BroadcastOptions opt;
   opt.chunk_bytes = 2 * MiB;
   opt.no_peer = true;

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "memcuda/detail/base/fault.hpp"
 #include "memcuda/memcuda.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
@@ -49,6 +50,14 @@ std::vector<float> read(const SharedTensor<float>& t) {
   return v;
 }
 
+ReplicateOptions to(std::vector<int> devices, std::chrono::milliseconds idle = 0ms, bool prefix = false) {
+  ReplicateOptions o;
+  o.devices = std::move(devices);
+  o.idle = idle;
+  o.prefix = prefix;
+  return o;
+}
+
 GetOptions local(int device, cudaStream_t s) {
   GetOptions o;
   o.replica = LocalReplica::use;
@@ -64,13 +73,65 @@ TEST_CASE("replicas on one GPU: the source serves its own device, nothing is mad
   test::RedisServer srv;
   TensorRegistry reg(cuda_opts(srv));
   auto t = filled(reg, "m/w", 1024, 1.0f);
-  CHECK(replicate(reg, "m/w", {.devices = {0}}).empty());
+  CHECK(replicate(reg, "m/w", to({0})).empty());
   CHECK(reg.list_page(".memcuda-rep/", "", 10).tensors.empty());
   auto g = reg.get<float>("m/w", local(0, nullptr));
   CHECK(g.name() == "m/w");
   CHECK(g.generation() == t.generation());
   CHECK(drop_replicas(reg, "m/w") == 0);
-  CHECK_THROWS_AS(replicate(reg, "m/w", {.devices = {7}}), InvalidArgument);  // no such device
+  CHECK_THROWS_AS(replicate(reg, "m/w", to({7})), InvalidArgument);  // no such device
+}
+
+TEST_CASE("every step of a copy on one GPU (a replica beside its source): made, waited for, read, refreshed, freed",
+          "[gpu][replica]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  detail::fault::arm("replicate.same_device", -1);
+  struct Disarm {
+    ~Disarm() { detail::fault::disarm("replicate.same_device"); }
+  } disarm;
+  const std::size_t n = (48u << 20) / sizeof(float) + 7;  // several chunks and a ragged end
+  auto src = filled(reg, "m/w", n, 3.0f);
+  auto made = replicate(reg, "m/w", to({0}));
+  REQUIRE(made.size() == 1);
+  const std::string rep = ".memcuda-rep/" + detail::device_uuid(0) + "/m/w";
+  CHECK(made[0].name == rep);
+  cudaStream_t s{};
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  auto r = reg.get<float>("m/w", local(0, s));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(r.name() == rep);
+  CHECK(r.data() != src.data());
+  CHECK(read(r) == read(src));
+  CHECK(r.info().replica_path == "peer");
+  // a second replicate finds it current; a publish makes it stale; the next one refreshes it
+  CHECK(replicate(reg, "m/w", to({0}))[0].generation == made[0].generation);
+  std::vector<float> twos(n, 2.0f);
+  src.copy_from_host(twos);
+  (void)src.publish();
+  CHECK(reg.get<float>("m/w", local(0, s)).name() == "m/w");
+  auto fresh = replicate(reg, "m/w", to({0}));
+  REQUIRE(fresh.size() == 1);
+  auto r2 = reg.get<float>("m/w", local(0, s));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(r2.generation() == fresh[0].generation);
+  CHECK(read(r2) == twos);
+  CHECK(read(r) != twos);  // the first reader keeps the copy it holds
+  auto in_use = [&] {
+    std::uint64_t b = 0;
+    for (const auto& p : reg.stats().pools) b += p.in_use;
+    return b;
+  };
+  const auto before = in_use();
+  // the source removed: its replica goes too, its memory with its last reader
+  r.release();
+  r2.release();
+  src.release();
+  reg.remove("m/w");
+  CHECK(test::eventually([&] { return reg.list_page(".memcuda-rep/*", "", 10).tensors.empty(); }, 10s));
+  CHECK(test::eventually([&] { return in_use() + 3 * n * sizeof(float) <= before; }, 10s));
+  cudaStreamDestroy(s);
 }
 
 TEST_CASE("a replica on GPU 1: a local get reads it, another process shares it, a publish makes it stale",
@@ -80,7 +141,7 @@ TEST_CASE("a replica on GPU 1: a local get reads it, another process shares it, 
   TensorRegistry reg(cuda_opts(srv));
   const std::size_t n = 1 << 20;
   auto src = filled(reg, "m/w", n, 0.0f);
-  auto made = replicate(reg, "m/w", {.devices = {1}});
+  auto made = replicate(reg, "m/w", to({1}));
   REQUIRE(made.size() == 1);
   const std::string rep = ".memcuda-rep/" + detail::device_uuid(1) + "/m/w";
   CHECK(made[0].name == rep);
@@ -109,7 +170,7 @@ TEST_CASE("a replica on GPU 1: a local get reads it, another process shares it, 
   CHECK(w.ask("getlocal m/w", 30s) ==
         "OK gen=" + std::to_string(made[0].generation) + " name=" + rep + " device=0 sum=" + std::to_string(sum));
   // replicated again: found current, not made anew
-  auto again = replicate(reg, "m/w", {.devices = {1}});
+  auto again = replicate(reg, "m/w", to({1}));
   REQUIRE(again.size() == 1);
   CHECK(again[0].generation == made[0].generation);
 
@@ -119,7 +180,7 @@ TEST_CASE("a replica on GPU 1: a local get reads it, another process shares it, 
   (void)src.publish();
   auto stale = reg.get<float>("m/w", local(1, s));
   CHECK(stale.name() == "m/w");
-  auto fresh = replicate(reg, "m/w", {.devices = {1}});
+  auto fresh = replicate(reg, "m/w", to({1}));
   REQUIRE(fresh.size() == 1);
   CHECK(fresh[0].generation != made[0].generation);
   auto r2 = reg.get<float>("m/w", local(1, s));
@@ -147,18 +208,18 @@ TEST_CASE("replicas go with their source, when idle, or when dropped", "[gpu][mu
   };
   {
     auto a = filled(reg, "g/a", 4096, 1.0f);
-    REQUIRE(replicate(reg, "g/a", {.devices = {1}}).size() == 1);
+    REQUIRE(replicate(reg, "g/a", to({1})).size() == 1);
   }
   reg.remove("g/a");
   CHECK(gone("g/a"));
 
   auto b = filled(reg, "g/b", 4096, 1.0f);
-  REQUIRE(replicate(reg, "g/b", {.devices = {1}, .idle = 300ms}).size() == 1);
+  REQUIRE(replicate(reg, "g/b", to({1}, 300ms)).size() == 1);
   CHECK(gone("g/b"));
   CHECK(b.generation() == reg.info("g/b").generation);  // the source stays
 
   auto c = filled(reg, "g/c", 4096, 1.0f);
-  REQUIRE(replicate(reg, "g/c", {.devices = {1}}).size() == 1);
+  REQUIRE(replicate(reg, "g/c", to({1})).size() == 1);
   CHECK(drop_replicas(reg, "g/c", {1}) == 1);
   CHECK(gone("g/c"));
   CHECK(drop_replicas(reg, "g/c") == 0);
@@ -166,7 +227,7 @@ TEST_CASE("replicas go with their source, when idle, or when dropped", "[gpu][mu
   // a prefix: every tensor under it, one replica each
   auto d0 = filled(reg, "p/0", 1024, 0.0f);
   auto d1 = filled(reg, "p/1", 2048, 5.0f);
-  auto made = replicate(reg, "p/", {.devices = {1}, .prefix = true});
+  auto made = replicate(reg, "p/", to({1}, 0ms, true));
   CHECK(made.size() == 2);
   auto r1 = reg.get<float>("p/1", local(1, nullptr));
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);

@@ -8,6 +8,7 @@
 
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
+#include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
@@ -145,9 +146,12 @@ TEST_CASE("replicate refusals: a host tensor, a replica, an unknown name or pref
   CHECK(c.command({"ZRANGEBYLEX", "memcuda:names", "[.memcuda-rep/", "(.memcuda-rep/\xff"}).size() == 0);
 
   // the API says the same before sending anything
-  CHECK_THROWS_AS(replicate(leader, "", {.prefix = true}), InvalidArgument);
+  ReplicateOptions prefix, negative;
+  prefix.prefix = true;
+  negative.idle = -1ms;
+  CHECK_THROWS_AS(replicate(leader, "", prefix), InvalidArgument);
   CHECK_THROWS_AS(replicate(leader, "a b"), ProtocolError);
-  CHECK_THROWS_AS(replicate(leader, "h/w", {.idle = -1ms}), InvalidArgument);
+  CHECK_THROWS_AS(replicate(leader, "h/w", negative), InvalidArgument);
 }
 
 TEST_CASE("a get asking for a local replica of a host tensor gets the tensor", "[redis][replica]") {

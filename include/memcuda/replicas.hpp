@@ -2,8 +2,14 @@
 // its own device's copy (GetOptions::replica) and reads HBM at local speed
 // instead of the source through a peer mapping.
 //
-//   memcuda::replicate(reg, "llm/", {.devices = {1, 2, 3}, .prefix = true});   // once, anywhere
-//   auto w = reg.get<bf16>("llm/w", {.replica = memcuda::LocalReplica::use});  // on GPU 2: GPU 2's copy
+//   memcuda::ReplicateOptions o;                  // once, in any process
+//   o.devices = {1, 2, 3};
+//   o.prefix = true;
+//   memcuda::replicate(reg, "llm/", o);
+//   memcuda::GetOptions g;                        // a reader on GPU 2 gets GPU 2's copy,
+//   g.replica = memcuda::LocalReplica::use;       // its stream ordered after the copy
+//   g.stream = stream;
+//   auto w = reg.get<bf16>("llm/w", g);
 //
 // The allocator of record makes them (it must see every device it copies
 // to), one persistent record per device under the reserved name

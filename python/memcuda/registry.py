@@ -19,12 +19,6 @@ _close_lock = threading.Lock()  # two threads closing one registry close it once
 
 
 @dataclass(frozen=True)
-
-def _ordinals(devices: Optional[Sequence[int]]):
-    """A C array of device ordinals and its length (None, 0: every device)."""
-    devs = [int(d) for d in (devices or [])]
-    return ((ctypes.c_int * len(devs))(*devs) if devs else None), len(devs)
-
 class Stats:
     """What ``Registry.stats`` reports (the registry and this process)."""
     leader_present: bool
@@ -479,3 +473,7 @@ class Registry(ModelMethods, Scoped):
         return GcReport(**{f: getattr(r, f) for f, _ in GcReportC._fields_ if f != "struct_size"})
 
 
+def _ordinals(devices: Optional[Sequence[int]]):
+    """A C array of device ordinals and its length (None, 0: every device)."""
+    devs = [int(d) for d in (devices or [])]
+    return ((ctypes.c_int * len(devs))(*devs) if devs else None), len(devs)

@@ -54,9 +54,7 @@ class Core {
   explicit Core(RegistryOptions o) : ctx(std::move(o)) {
     (void)Process::get().releases();
     alloc.set_borrowed_free([this](std::uint64_t g) { return borrowed.drop(g); });
-    client.set_replicator([this](redis::Connection& c, const protocol::Command& cmd) {
-      return Replicator(ctx, lease, alloc).run(c, cmd);
-    });
+    client.set_replicator([this](redis::Connection& c, const protocol::Command& cmd) { return replicator.run(c, cmd); });
     if (ctx.opts.control_thread) {
       standby.start();
       alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });
@@ -73,7 +71,8 @@ class Core {
   Holdings holdings{ctx.keys.prefix()};
   DictHolds dicts;
   Client client{ctx, lease, alloc, holdings};
-  Executor executor{ctx, lease, alloc};
+  Replicator replicator{ctx, lease, alloc};
+  Executor executor{ctx, lease, alloc, replicator};
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
   Recovery recovery{ctx, alloc, borrowed, holdings, dicts};

@@ -21,7 +21,8 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
 class Executor {
  public:
-  Executor(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
+  Executor(Context& ctx, Lease& lease, Allocator& alloc, Replicator& replicator)
+      : ctx_(ctx), lease_(lease), alloc_(alloc), replicator_(replicator) {}
 
   // Whether running `op` again after a failure whose outcome is unknown
   // (the link broke mid-call) is safe: a create carries its create_id and
@@ -94,7 +95,7 @@ class Executor {
         break;
       }
       case protocol::Op::replicate:
-        rep.tensors = Replicator(ctx_, lease_, alloc_).run(c, cmd);
+        rep.tensors = replicator_.run(c, cmd);
         break;
       case protocol::Op::free: {
         // Sent by the release that dropped a tensor's last reference, which
@@ -163,6 +164,7 @@ class Executor {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
+  Replicator& replicator_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

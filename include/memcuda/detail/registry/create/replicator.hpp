@@ -3,14 +3,16 @@
 // the reserved name `.memcuda-rep/<device uuid>/<name>` (replica_scripts.hpp),
 // held by its name only. This process allocates them from its pools and
 // copies into them itself: it owns every pool block and maps every source,
-// so nothing is imported for the copy. The copies are enqueued, not waited
-// for: each replica's record names an interprocess event of its device,
+// so nothing is imported for the copy. The copies go along a chain of
+// devices (detail/cuda/broadcast.hpp) and are enqueued, not waited for by
+// readers: each replica's record names an interprocess event of its device,
 // recorded after its copy, on which its readers' streams wait.
 #pragma once
 
 #include "memcuda/config.hpp"
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,16 +33,20 @@
 #include "memcuda/protocol/command.hpp"
 
 #if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda/broadcast.hpp"
 #include "memcuda/detail/cuda/ipc_event.hpp"
-#include "memcuda/detail/cuda/reach.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
 #endif
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// One per registry (the core's); run() is safe from any thread: the
+// broadcast engine it shares serialises only its enqueues.
 class Replicator {
  public:
   Replicator(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
   // Replicates `cmd.name` (every name under it when cmd.prefix) to the
   // devices `cmd.devices` (UUIDs); the source's own device is skipped: the
   // source serves it. -> one entry per replica, made or already current.
@@ -54,6 +60,7 @@ class Replicator {
     if (cmd.replicate_prefix) {
       if (cmd.name.empty()) throw InvalidArgument("replicate of the empty prefix: name one");
       names = names_page(c, k, cmd.name, "", protocol::kMaxReplicas + 1);
+      std::erase_if(names, [](const std::string& n) { return n.starts_with(kReplicaPrefix); });  // "." has them
       if (names.empty()) throw NotFound("no tensor under the prefix '" + cmd.name + "'");
     }
     if (names.size() * cmd.devices.size() > protocol::kMaxReplicas)
@@ -107,6 +114,8 @@ class Replicator {
     std::map<int, cudaStream_t> streams;
     std::map<int, std::unique_ptr<ExportedEvent>> events;
     std::vector<std::shared_ptr<void>> keeps;
+    std::vector<BroadcastEvents> runs;
+    std::vector<UniqueEvent> gates;
     Copies() = default;
     Copies(const Copies&) = delete;
     Copies& operator=(const Copies&) = delete;
@@ -138,10 +147,13 @@ class Replicator {
                                               Copies& cp) {
     std::vector<protocol::ReplyTensor> out;
     std::vector<Target> todo;
+    // Fault point replicate.same_device: a replica beside its source, so
+    // that a host with one GPU runs every step of a copy.
+    const bool beside = MEMCUDA_FAULT("replicate.same_device");
     for (const auto& uuid : cmd.devices) {
       const int dev = ordinal_of_uuid(uuid, -1);  // Unavailable: this process does not see it
       for (std::size_t i = 0; i < src.size(); ++i)
-        if (src[i].device_uuid != uuid) todo.push_back({i, uuid, dev});
+        if (src[i].device_uuid != uuid || beside) todo.push_back({i, uuid, dev});
     }
     const std::vector<Target> make = missing(c, todo, src, out);
     if (make.empty()) return out;
@@ -168,7 +180,7 @@ class Replicator {
     auto events = enqueue(c, make, many, made, src, cp);
     // Marked per source: its replicas' records name their device's event.
     std::map<std::size_t, std::vector<store::ReplicaMark>> marks;
-    for (const auto& t : make) marks[t.src].push_back({t.uuid, events[t.device], "peer"});
+    for (const auto& t : make) marks[t.src].push_back({t.uuid, events[t.device].first, events[t.device].second});
     for (auto& [i, m] : marks) {
       const auto& s = src[i];
       auto r = store::replica_ready(c, ctx_.keys, token, s.name, s.generation, s.event_version, m);
@@ -216,36 +228,61 @@ class Replicator {
     return make;
   }
 
-  // Enqueues every copy: per target device one stream, which first waits
-  // for the sources' producers; then one event per device, recorded after
-  // its copies. -> device -> its event's handle
-  std::map<int, std::string> enqueue(redis::Connection& c, const std::vector<Target>& make,
-                                     const protocol::Command& many, const std::vector<OwnAllocator::Created>& made,
-                                     const std::vector<TensorInfo>& src, Copies& cp) {
-    std::map<int, std::string> events;
-    for (std::size_t i = 0; i < make.size(); ++i) {
-      const auto& t = make[i];
-      const auto& s = src[t.src];
-      void* dst = target_pointer(c, made[i], many.tensors[i].name, cp);
-      auto [base, keep] =
-          Process::get().cache().resolve(s.owner, s.alloc_id, [&] { return backend_for(s).open(s); });
-      const void* from = static_cast<const char*>(base) + s.offset;
-      const int sdev = ordinal_of_uuid(s.device_uuid, s.device);
-      check_reach(s.name, s.backend, s.alloc_kind, sdev, t.device, from);  // NotZeroCopy: no peer path
-      cudaStream_t st = cp.stream(t.device);
-      DeviceGuard g(t.device);
-      if (!s.event_handle.empty()) stream_wait_ipc_event(st, s.event_handle);
-      MEMCUDA_CUDA_TRY(cudaMemcpyAsync(dst, from, s.bytes, cudaMemcpyDefault, st));
-      cp.keeps.push_back(std::move(keep));
-      events[t.device];
+  // Enqueues every copy through the broadcast engine: per source device
+  // and set of targets one chained broadcast (a device that has a chunk
+  // forwards it), which first waits for the sources' producers; then one
+  // interprocess event per target device, after its copies.
+  // -> device -> {its event's handle, "peer" | "host"}
+  std::map<int, std::pair<std::string, std::string>> enqueue(redis::Connection& c, const std::vector<Target>& make,
+                                                             const protocol::Command& many,
+                                                             const std::vector<OwnAllocator::Created>& made,
+                                                             const std::vector<TensorInfo>& src, Copies& cp) {
+    // source -> (device -> destination), and the groups of one broadcast
+    std::map<std::size_t, std::map<int, void*>> dst;
+    for (std::size_t i = 0; i < make.size(); ++i)
+      dst[make[i].src][make[i].device] = target_pointer(c, made[i], many.tensors[i].name, cp);
+    std::map<std::pair<int, std::vector<int>>, std::vector<std::size_t>> groups;
+    for (const auto& [i, to] : dst) {
+      std::vector<int> devs;
+      for (const auto& [d, p] : to) devs.push_back(d);
+      groups[{ordinal_of_uuid(src[i].device_uuid, src[i].device), devs}].push_back(i);
     }
-    for (auto& [dev, handle] : events) {
+    std::map<int, std::pair<std::string, std::string>> out;
+    for (const auto& [key, members] : groups) {
+      const auto& [sdev, targets] = key;
+      std::vector<BroadcastSegment> segs;
+      cudaStream_t gate_stream = cp.stream(sdev);
+      DeviceGuard g(sdev);
+      std::set<std::string> waited;
+      for (auto i : members) {
+        const auto& s = src[i];
+        auto [base, keep] = Process::get().cache().resolve(s.owner, s.alloc_id, [&] { return backend_for(s).open(s); });
+        cp.keeps.push_back(std::move(keep));
+        BroadcastSegment seg{reinterpret_cast<std::uint64_t>(static_cast<const char*>(base) + s.offset), {}, s.bytes};
+        for (int d : targets) seg.dst.push_back(reinterpret_cast<std::uint64_t>(dst[i][d]));
+        segs.push_back(std::move(seg));
+        if (!s.event_handle.empty() && waited.insert(s.event_handle).second)
+          stream_wait_ipc_event(gate_stream, s.event_handle);
+      }
+      auto& gate = cp.gates.emplace_back(sdev);
+      MEMCUDA_CUDA_TRY(cudaEventRecord(gate.get(), gate_stream));
+      const BroadcastPlan plan = broadcaster_.plan(sdev, targets, segs);
+      cp.runs.push_back(broadcaster_.run(plan, gate.get()));
+      for (int d : targets) {
+        bool relayed = false;
+        for (const auto& h : plan.hops) relayed |= h.to_device == d && h.path == HopPath::host;
+        DeviceGuard gd(d);
+        MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(cp.stream(d), cp.runs.back().event(d), 0));
+        out[d].second = relayed || out[d].second == "host" ? "host" : "peer";
+      }
+    }
+    for (auto& [dev, mark] : out) {
       auto& ev = cp.events[dev];
       ev = std::make_unique<ExportedEvent>(dev);
       ev->record(cp.stream(dev));
-      handle = ev->handle();
+      mark.first = ev->handle();
     }
-    return events;
+    return out;
   }
 
   // Unlinks a stale replica; its memory goes with its last reader.
@@ -269,6 +306,9 @@ class Replicator {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
+#if MEMCUDA_HAS_CUDA()
+  Broadcaster broadcaster_;
+#endif
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -68,18 +68,7 @@ class Client {
     }
     const auto r = store::acquire(*ctx_.pool.acquire(), ctx_.keys, name, ctx_.session,
                                   dtype ? to_string(*dtype) : std::string_view(), ctx_.node, "", cgen, cver);
-    TensorInfo t;
-    Holdings::Record read;
-    if (cached && r.is("same")) {
-      t = *cached;
-      t.refcount = reply_int(r[1]);
-    } else {
-      t = acquired(ctx_, lease_, alloc_, r, std::string(name), dtype, ctx_.session);
-      auto keep = std::make_shared<TensorInfo>(t);
-      keep->holders.clear();  // changes all the time; reg.info() has the truth
-      read = std::move(keep);
-    }
-    return adopt_reference(std::move(t), std::move(read));
+    return opened(r, std::string(name), dtype, std::move(cached));
   }
 
   // create() of the API: directly when we are the allocator of record,
@@ -213,17 +202,24 @@ class Client {
     }
     auto r = store::acquire_local(*ctx_.pool.acquire(), ctx_.keys, name, device_uuid, ctx_.session,
                                   dtype ? to_string(*dtype) : std::string_view(), ctx_.node, "", false, cgen, cver);
+    const std::string taken = r.is("replica") ? replica_name(device_uuid, name) : std::string(name);
+    if (r.is("replica") || r.is("noreplica")) r.status = "ok";
+    return opened(r, taken, dtype, std::move(cached));
+  }
+
+  // The record an acquire script answered (the cached one for 'same'),
+  // its reference adopted; a refusal throws.
+  Opened opened(const store::Answer& r, const std::string& name, std::optional<DType> dtype,
+                Holdings::Record cached) {
     TensorInfo t;
     Holdings::Record read;
     if (cached && r.is("same")) {
       t = *cached;
       t.refcount = reply_int(r[1]);
     } else {
-      const std::string taken = r.is("replica") ? replica_name(device_uuid, name) : std::string(name);
-      if (r.is("replica") || r.is("noreplica")) r.status = "ok";
-      t = acquired(ctx_, lease_, alloc_, r, taken, dtype, ctx_.session);
+      t = acquired(ctx_, lease_, alloc_, r, name, dtype, ctx_.session);
       auto keep = std::make_shared<TensorInfo>(t);
-      keep->holders.clear();
+      keep->holders.clear();  // changes all the time; reg.info() has the truth
       read = std::move(keep);
     }
     return adopt_reference(std::move(t), std::move(read));
