@@ -133,7 +133,7 @@ TEST_CASE("a publish at the source makes its replica stale until the copy catche
 }
 
 TEST_CASE("acquire local: a replica of another source generation, a broken one, or one of the wrong type is "
-          "not used; the source's refusals are a get's",
+          "not used, the source's refusals are a get's",
           "[redis][replica]") {
   World w;
   CHECK(w.local("nope", true).status == "notfound");

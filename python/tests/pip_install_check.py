@@ -67,7 +67,7 @@ def fail(why: str) -> None:
 
 def run(cmd: list, **kw) -> subprocess.CompletedProcess:
     print("+", " ".join("<script>" if "\n" in c else c for c in cmd), flush=True)
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", **kw)
 
 
 def copy_sources(dst: str) -> None:
