@@ -51,7 +51,13 @@ struct World {
     return detail::store::acquire_local(c, k, src, kUuid, holder, "", node(src), "", wait, gen, ver);
   }
   detail::store::Answer ready(const std::string& src, std::uint64_t gen, std::uint64_t ver) {
-    return detail::store::replica_ready(c, k, token(), src, gen, ver, {{kUuid, std::string(64, 'e'), "peer"}});
+    std::uint64_t rgen = 0;  // the replica's own generation, as the allocator of record knows it
+    try {
+      const auto g = field(detail::replica_name(kUuid, src), "generation");
+      if (!g.empty() && g[0] >= '0' && g[0] <= '9') rgen = std::stoull(g);
+    } catch (const ReplyError&) {  // a key of another type
+    }
+    return detail::store::replica_ready(c, k, token(), src, gen, ver, {{kUuid, std::string(64, 'e'), "peer", rgen}});
   }
 };
 
@@ -95,6 +101,12 @@ TEST_CASE("replica ready: marks the copy, wakes its waiters, and a local get tak
   CHECK(w.ready("m/w", src.generation(), 3).status == "stale");      // another event version
   CHECK(detail::store::replica_ready(w.c, w.k, "not-the-leader", "m/w", src.generation(), 0, {}).status ==
         "notleader");
+  CHECK(w.field(rname, "copied_version") == "nil");
+  // a mark for another record of that name (made by another call) marks nothing
+  auto other = detail::store::replica_ready(w.c, w.k, w.token(), "m/w", src.generation(), 0,
+                                            {{kUuid, std::string(64, 'o'), "peer", rep.generation() + 1}});
+  REQUIRE(other.status == "ok");
+  CHECK(other[1].integer() == 0);
   CHECK(w.field(rname, "copied_version") == "nil");
 
   auto ok = w.ready("m/w", src.generation(), 0);

@@ -73,7 +73,9 @@ return {'noreplica', redis.call('HGETALL', key)}
 // source event version it reflects, and its waiters are woken.
 // KEYS: leader, source, then per replica its record and its waiters set.
 // ARGV: token, source generation, source event version ('0': none), key
-// prefix, then per replica event handle, path ('peer' | 'host'), device uuid.
+// prefix, then per replica event handle, path ('peer' | 'host'), device
+// uuid, its own generation (a record of that name made by another call is
+// not marked with this call's event).
 // -> {'ok', n marked} | {'stale', generation, event version} | {'notleader', holder}
 inline constexpr auto kReplicaReady = join(kIndexFn, R"lua(
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'notleader', tostring(redis.call('GET', KEYS[1]))} end
@@ -81,9 +83,9 @@ local f = redis.call('HMGET', KEYS[2], 'generation', 'event_version', 'name')
 if f[1] ~= ARGV[2] or (f[2] or '0') ~= ARGV[3] then return {'stale', tostring(f[1]), tostring(f[2] or '0')} end
 local uuids, n = redis.call('HGET', KEYS[2], 'replicas') or '', 0
 for i = 3, #KEYS, 2 do
-  local a = 5 + 3 * ((i - 3) / 2)
+  local a = 5 + 4 * ((i - 3) / 2)
   local ok, r = pcall(redis.call, 'HMGET', KEYS[i], 'replica_of', 'source_generation', 'generation')
-  if ok and r[1] == f[3] and r[2] == ARGV[2] then
+  if ok and r[1] == f[3] and r[2] == ARGV[2] and r[3] == ARGV[a + 3] then
     redis.call('HSET', KEYS[i], 'copied_version', ARGV[3], 'replica_path', ARGV[a + 1], 'event_handle', ARGV[a])
     redis.call('HINCRBY', KEYS[i], 'event_version', 1)
     wake_waiters(ARGV[4], KEYS[i + 1], r[3])
@@ -160,6 +162,7 @@ struct ReplicaMark {
   std::string device_uuid;
   std::string event_handle;  // 64 raw bytes
   std::string path;          // "peer" | "host"
+  std::uint64_t generation;  // the replica's own
 };
 
 // kReplicaReady of `source` at generation `gen` and event version `version`.
@@ -174,6 +177,7 @@ inline Answer replica_ready(redis::Connection& c, const Keys& k, const std::stri
     args.emplace_back(m.event_handle);
     args.emplace_back(m.path);
     args.emplace_back(m.device_uuid);
+    args.emplace_back(std::to_string(m.generation));
   }
   return answer(eval<lua::kReplicaReady>(c, keys, args));
 }

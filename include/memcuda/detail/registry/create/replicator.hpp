@@ -12,6 +12,7 @@
 #include "memcuda/config.hpp"
 
 #include <map>
+#include <mutex>
 #include <set>
 #include <memory>
 #include <string>
@@ -63,12 +64,19 @@ class Replicator {
       std::erase_if(names, [](const std::string& n) { return n.starts_with(kReplicaPrefix); });  // "." has them
       if (names.empty()) throw NotFound("no tensor under the prefix '" + cmd.name + "'");
     }
+    std::size_t reply_bytes = 0;  // the reply lists every replica: it must fit one
+    for (const auto& n : names) reply_bytes += cmd.devices.size() * (kReplicaPrefix.size() + 64 + n.size());
+    if (reply_bytes > protocol::kMaxReplyBytes - 4096)
+      throw InvalidArgument("replicate of '" + cmd.name + "': the replicas' names would not fit one reply (" +
+                            std::to_string(reply_bytes) + " bytes): replicate to fewer devices at once");
     if (names.size() * cmd.devices.size() > protocol::kMaxReplicas)
       throw InvalidArgument("replicate of '" + cmd.name + "': " + std::to_string(names.size()) + " tensor(s) to " +
                             std::to_string(cmd.devices.size()) + " device(s) is more than " +
                             std::to_string(protocol::kMaxReplicas) + " replicas in one command");
-    // The sources, held by this process while they are copied.
+    // The sources, held by this process while they are copied, and the
+    // replicas it made (held too until their copies are done).
     std::vector<TensorInfo> src;
+    std::vector<std::pair<std::string, std::uint64_t>> made;
     try {
       for (const auto& n : names) {
         auto r = store::acquire(c, k, n, ctx_.session, "", ctx_.node, token);
@@ -79,29 +87,52 @@ class Replicator {
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
-        Copies copies;  // waited for before the sources go
-        out = copy_all(c, cmd, token, src, copies);
+        Copies copies;  // waited for before any reference goes
+        out = copy_all(c, cmd, token, src, copies, made);
       }
-      give_back(c, token, src);
+      give_back(c, src, made, false);
       return out;
 #else
       throw Unavailable("replicate: mem-cuda was built without CUDA");
 #endif
     } catch (...) {
-      give_back(c, token, src);
+      give_back(c, src, made, true);
       throw;
     }
   }
 
  private:
-  void give_back(redis::Connection& c, const std::string& token, const std::vector<TensorInfo>& src) noexcept {
-    for (const auto& s : src) {
+  // Drops this process's references to the sources and to the replicas it
+  // made (its own session's: no fence, so that they go after a lost lease
+  // too). A failed call also unlinks what it made: never copied, those
+  // would hold their device's memory until the source goes.
+  void give_back(redis::Connection& c, const std::vector<TensorInfo>& src,
+                 const std::vector<std::pair<std::string, std::uint64_t>>& made, bool failed) noexcept {
+    auto drop = [&](const std::string& name, std::uint64_t gen) {
       try {
-        alloc_.release(c, s.name, s.generation, ctx_.session, token);
+        alloc_.release(c, name, gen, ctx_.session, "");
       } catch (const std::exception& e) {
-        log(LogLevel::warn, "replicate: giving back the reference to '" + s.name + "': " + e.what());
+        log(LogLevel::warn, "replicate: giving back the reference to '" + name + "': " + e.what());
       }
+    };
+    for (const auto& [name, gen] : made) {
+      if (failed) {
+        try {
+          auto g = store::read_generation(c, ctx_.keys, name);
+          if (!g.is_nil() && g.str() == std::to_string(gen)) unlink(c, name);
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, "replicate: unlinking the replica '" + name + "' it failed to copy: " + e.what());
+        }
+      }
+      drop(name, gen);
     }
+    for (const auto& s : src) drop(s.name, s.generation);
+  }
+
+  // Unlinks a stale replica; its memory goes with its last reader.
+  void unlink(redis::Connection& c, const std::string& rep) {
+    auto r = store::remove(c, ctx_.keys, rep, ctx_.session);
+    if (r.is("free")) alloc_.free_unlinked(c, reply_u64(r[1]), true);
   }
 
 #if MEMCUDA_HAS_CUDA()
@@ -112,7 +143,6 @@ class Replicator {
   // bytes. Readers need not wait for that: their streams wait on the events.
   struct Copies {
     std::map<int, cudaStream_t> streams;
-    std::map<int, std::unique_ptr<ExportedEvent>> events;
     std::vector<std::shared_ptr<void>> keeps;
     std::vector<BroadcastEvents> runs;
     std::vector<UniqueEvent> gates;
@@ -120,6 +150,8 @@ class Replicator {
     Copies(const Copies&) = delete;
     Copies& operator=(const Copies&) = delete;
     ~Copies() {
+      for (const auto& r : runs)  // a failure may have come before a stream waited on one
+        for (int d : r.devices()) MEMCUDA_CUDA_LOG(cudaEventSynchronize(r.event(d)));
       for (auto& [dev, st] : streams) {
         DeviceGuard g(dev, std::nothrow);
         MEMCUDA_CUDA_LOG(cudaStreamSynchronize(st));
@@ -144,7 +176,7 @@ class Replicator {
 
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
-                                              Copies& cp) {
+                                              Copies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine) {
     std::vector<protocol::ReplyTensor> out;
     std::vector<Target> todo;
     // Fault point replicate.same_device: a replica beside its source, so
@@ -159,7 +191,10 @@ class Replicator {
     if (make.empty()) return out;
     protocol::Command many;
     many.op = protocol::Op::create_many;
-    many.holder = std::string(HolderId::kName);  // held by its name only
+    // Held by its name and, until its copy is done, by this process: an
+    // unlink meanwhile (a sweep, a drop, another replicate) must not free
+    // a block a copy still writes.
+    many.holder = ctx_.session;
     many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
     for (const auto& t : make) {
       const auto& s = src[t.src];
@@ -177,10 +212,14 @@ class Replicator {
       many.tensors.push_back(std::move(e));
     }
     auto made = BatchAllocator::create_many(alloc_, c, many);
+    for (std::size_t i = 0; i < made.size(); ++i) mine.emplace_back(many.tensors[i].name, made[i].generation);
     auto events = enqueue(c, make, many, made, src, cp);
     // Marked per source: its replicas' records name their device's event.
     std::map<std::size_t, std::vector<store::ReplicaMark>> marks;
-    for (const auto& t : make) marks[t.src].push_back({t.uuid, events[t.device].first, events[t.device].second});
+    for (std::size_t i = 0; i < make.size(); ++i) {
+      const auto& t = make[i];
+      marks[t.src].push_back({t.uuid, events[t.device].first, events[t.device].second, made[i].generation});
+    }
     for (auto& [i, m] : marks) {
       const auto& s = src[i];
       auto r = store::replica_ready(c, ctx_.keys, token, s.name, s.generation, s.event_version, m);
@@ -211,17 +250,17 @@ class Replicator {
       const auto& f = got[i];
       const std::string rep = replica_name(todo[i].uuid, s.name);
       if (!f.is_error() && f.size() == 6 && !f[0].is_nil()) {
-        const bool current = f[0].str() == "ready" && f[1].str() == s.name &&
-                             f[2].str() == std::to_string(s.generation) && !f[3].is_nil() &&
-                             f[3].str() == std::to_string(s.event_version);
-        const auto gen = protocol::detail::parse_decimal<std::uint64_t>(f[4].is_nil() ? "" : f[4].str());
+        auto text = [&](std::size_t j) { return f[j].is_nil() ? std::string_view() : f[j].str(); };
+        const bool current = text(0) == "ready" && text(1) == s.name && text(2) == std::to_string(s.generation) &&
+                             !f[3].is_nil() && text(3) == std::to_string(s.event_version);
+        const auto gen = protocol::detail::parse_decimal<std::uint64_t>(text(4));
         if (current && gen) {
           out.push_back({rep, *gen, 1});
           continue;
         }
-        unlink(c, rep);
-      } else if (f.is_error()) {
-        unlink(c, rep);  // a key of another type: the create below names it
+        // A stale replica of this source goes; anything else under the
+        // reserved name is not ours to unlink: the create below names it.
+        if (text(1) == s.name) unlink(c, rep);
       }
       make.push_back(todo[i]);
     }
@@ -276,20 +315,10 @@ class Replicator {
         out[d].second = relayed || out[d].second == "host" ? "host" : "peer";
       }
     }
-    for (auto& [dev, mark] : out) {
-      auto& ev = cp.events[dev];
-      ev = std::make_unique<ExportedEvent>(dev);
-      ev->record(cp.stream(dev));
-      mark.first = ev->handle();
-    }
+    for (auto& [dev, mark] : out) mark.first = record_event(dev, cp.stream(dev));
     return out;
   }
 
-  // Unlinks a stale replica; its memory goes with its last reader.
-  void unlink(redis::Connection& c, const std::string& rep) {
-    auto r = store::remove(c, ctx_.keys, rep, ctx_.session);
-    if (r.is("free")) alloc_.free_unlinked(c, reply_u64(r[1]), true);
-  }
 
   // A new replica's pointer: its block here, or (a replay) its record's
   // allocation through this process's cache.
@@ -303,11 +332,28 @@ class Replicator {
 
 #endif
 
+#if MEMCUDA_HAS_CUDA()
+  // One interprocess event per device for the registry's life, recorded
+  // again by each replicate: the handle a replica's record names stays
+  // valid (a retired event is destroyed after a while, and this process
+  // cannot open its own handles). A reader waits on the latest record,
+  // which comes after its copy. -> the handle
+  std::string record_event(int dev, cudaStream_t s) {
+    std::lock_guard lk(events_mu_);  // leaf: no Redis under it
+    auto& ev = events_[dev];
+    if (!ev) ev = std::make_unique<ExportedEvent>(dev);
+    ev->record(s);
+    return ev->handle();
+  }
+#endif
+
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
 #if MEMCUDA_HAS_CUDA()
   Broadcaster broadcaster_;
+  std::mutex events_mu_;
+  std::map<int, std::unique_ptr<ExportedEvent>> events_;
 #endif
 };
 

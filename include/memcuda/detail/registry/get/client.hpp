@@ -178,7 +178,7 @@ class Client {
     cmd.node = ctx_.node;
     if (lease_.held()) {
       try {
-        auto c = ctx_.pool.acquire();
+        auto c = ctx_.waits.acquire();  // held through the copies: not a short call's
         if (replicator_) return replicator_(*c, cmd);
       } catch (const NotLeader&) {
         // lost the lease meanwhile: the new leader serves it below
