@@ -12,6 +12,8 @@
 #include "memcuda/detail/cuda/broadcast.hpp"  // Broadcaster checks its options before any CUDA call
 #endif
 
+#include "support/text.hpp"
+
 using namespace memcuda;
 using namespace memcuda::detail;
 
@@ -44,16 +46,6 @@ std::vector<int> order(const std::vector<BroadcastHop>& hops) {
   std::vector<int> out;
   for (const auto& h : hops) out.push_back(h.to_device);
   return out;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(no InvalidArgument)";
 }
 
 }  // namespace
@@ -109,7 +101,7 @@ TEST_CASE("broadcast plan: chunk sizes outside 2 MiB..256 MiB or not a multiple 
     CHECK_THROWS_AS(cut_chunks({{0, {0}, 1}}, bad), InvalidArgument);
     CHECK_THROWS_AS(make_broadcast_plan(0, {0}, {{0, {0}, 1}}, all_peers(1), bad), InvalidArgument);
   }
-  CHECK(error_of([] { check_chunk_bytes(3 * MiB); }) ==
+  CHECK(test::invalid_argument_of([] { check_chunk_bytes(3 * MiB); }) ==
         "broadcast chunk_bytes 3145728: want a multiple of 2 MiB (2097152) from 2 MiB to 256 MiB");
 }
 
@@ -197,20 +189,20 @@ TEST_CASE("broadcast plan: make_broadcast_plan merges, cuts and routes", "[broad
 
 TEST_CASE("broadcast plan: bad input is refused with a message saying what is wrong", "[broadcast]") {
   auto m = all_peers(2);
-  CHECK(error_of([&] { plan_route(0, {}, m); }) == "broadcast with no target");
-  CHECK(error_of([&] { plan_route(2, {1}, m); }) == "broadcast source device 2 does not exist (2 device(s))");
-  CHECK(error_of([&] { plan_route(0, {1, -1}, m); }) == "broadcast target 1 device -1 does not exist (2 device(s))");
+  CHECK(test::invalid_argument_of([&] { plan_route(0, {}, m); }) == "broadcast with no target");
+  CHECK(test::invalid_argument_of([&] { plan_route(2, {1}, m); }) == "broadcast source device 2 does not exist (2 device(s))");
+  CHECK(test::invalid_argument_of([&] { plan_route(0, {1, -1}, m); }) == "broadcast target 1 device -1 does not exist (2 device(s))");
   PeerMatrix bad = m;
   bad.rank.pop_back();
-  CHECK(error_of([&] { plan_route(0, {1}, bad); }) ==
+  CHECK(test::invalid_argument_of([&] { plan_route(0, {1}, bad); }) ==
         "broadcast peer matrix for 2 device(s) has 4 access and 3 rank entries, want 4 each");
-  CHECK(error_of([] { merge_segments({{0, {1, 2}, 8}}, 3); }) ==
+  CHECK(test::invalid_argument_of([] { merge_segments({{0, {1, 2}, 8}}, 3); }) ==
         "broadcast segment 0 has 2 destination(s) for 3 target(s)");
-  CHECK(error_of([] { merge_segments({{0, {1}, 8}, {~std::uint64_t{0} - 3, {64}, 8}}, 1); }) ==
+  CHECK(test::invalid_argument_of([] { merge_segments({{0, {1}, 8}, {~std::uint64_t{0} - 3, {64}, 8}}, 1); }) ==
         "broadcast segment 1: source address + 8 bytes overflows");
-  CHECK(error_of([] { merge_segments({{0, {~std::uint64_t{0}}, 1}}, 1); }) ==
+  CHECK(test::invalid_argument_of([] { merge_segments({{0, {~std::uint64_t{0}}, 1}}, 1); }) ==
         "broadcast segment 0: destination address + 1 bytes overflows");
-  CHECK(error_of([&] { make_broadcast_plan(0, {1, 1}, {{0, {1}, 8}}, m); }) ==
+  CHECK(test::invalid_argument_of([&] { make_broadcast_plan(0, {1, 1}, {{0, {1}, 8}}, m); }) ==
         "broadcast segment 0 has 1 destination(s) for 2 target(s)");
 }
 
@@ -219,7 +211,7 @@ TEST_CASE("broadcast engine: options out of range are refused before any CUDA ca
   for (int s : {0, 5}) {
     BroadcastOptions o;
     o.streams_per_hop = s;
-    CHECK(error_of([&] { Broadcaster b(o); }) == "broadcast streams_per_hop " + std::to_string(s) + ": want 1 to 4");
+    CHECK(test::invalid_argument_of([&] { Broadcaster b(o); }) == "broadcast streams_per_hop " + std::to_string(s) + ": want 1 to 4");
   }
   BroadcastOptions o;
   o.chunk_bytes = 3 * MiB;

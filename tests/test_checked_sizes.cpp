@@ -61,26 +61,16 @@ struct Layout {
   detail::ArrowImportLayout layout() { return detail::arrow_import_layout(schema, array, "import"); }
 };
 
-template <class F>
-std::string invalid_argument(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(no InvalidArgument)";
-}
-
 }  // namespace
 
 TEST_CASE("checked arithmetic refuses at the 2^63 and 2^64 edges and passes just below", "[overflow]") {
   using detail::checked_add;
   using detail::checked_mul;
   CHECK(checked_mul<std::int64_t>(k62, 1, "x") == k62);
-  CHECK(test::contains(invalid_argument([] { (void)checked_mul<std::int64_t>(k62, 2, "int64 product"); }),
+  CHECK(test::contains(test::invalid_argument_of([] { (void)checked_mul<std::int64_t>(k62, 2, "int64 product"); }),
                        "int64 product: 4611686018427387904 * 2 overflows int64"));
   CHECK(checked_mul<std::uint64_t>(std::uint64_t{1} << 63, 1, "x") == std::uint64_t{1} << 63);
-  CHECK(test::contains(invalid_argument([] { (void)checked_mul<std::uint64_t>(std::uint64_t{1} << 62, 4, "u"); }),
+  CHECK(test::contains(test::invalid_argument_of([] { (void)checked_mul<std::uint64_t>(std::uint64_t{1} << 62, 4, "u"); }),
                        "overflows uint64"));
   CHECK(checked_add<std::int64_t>(kI64Max - 1, 1, "x") == kI64Max);
   CHECK_THROWS_AS(checked_add<std::int64_t>(kI64Max, 1, "x"), InvalidArgument);
@@ -94,12 +84,12 @@ TEST_CASE("checked arithmetic refuses at the 2^63 and 2^64 edges and passes just
 TEST_CASE("Arrow import: an offset or length whose byte count wraps is refused", "[overflow][arrow]") {
   SECTION("offset 2^62 of f32") {
     Layout l(k62, 4);
-    CHECK(test::contains(invalid_argument([&] { (void)l.layout(); }),
+    CHECK(test::contains(test::invalid_argument_of([&] { (void)l.layout(); }),
                          "(offset + length) * item size: 4611686018427387908 * 4 overflows int64"));
   }
   SECTION("offset + length past 2^63") {
     Layout l(kI64Max, 1);
-    CHECK(test::contains(invalid_argument([&] { (void)l.layout(); }), "offset + length"));
+    CHECK(test::contains(test::invalid_argument_of([&] { (void)l.layout(); }), "offset + length"));
   }
   SECTION("length 2^62 of f32") {
     Layout l(0, k62);
@@ -108,11 +98,11 @@ TEST_CASE("Arrow import: an offset or length whose byte count wraps is refused",
   SECTION("a list's child offset 2^62") {
     Layout l(0, 2, 2);
     l.child.offset = k62;
-    CHECK(test::contains(invalid_argument([&] { (void)l.layout(); }), "the list's child"));
+    CHECK(test::contains(test::invalid_argument_of([&] { (void)l.layout(); }), "the list's child"));
   }
   SECTION("a list whose offset times its size passes 2^63") {
     Layout l(k62, 1, 4);
-    CHECK(test::contains(invalid_argument([&] { (void)l.layout(); }), "offset * list size"));
+    CHECK(test::contains(test::invalid_argument_of([&] { (void)l.layout(); }), "offset * list size"));
   }
   SECTION("in range still imports, at the right element") {
     Layout l(3, 4);
@@ -139,7 +129,7 @@ TEST_CASE("DLPack import: a byte_offset that wraps the address or dims past the 
   Shape sh;
   SECTION("byte_offset 2^64 - 1") {
     t.byte_offset = kU64Max;
-    CHECK(test::contains(invalid_argument([&] { detail::dl_share_layout(t, "x", out, dt, sh); }), "byte_offset"));
+    CHECK(test::contains(test::invalid_argument_of([&] { detail::dl_share_layout(t, "x", out, dt, sh); }), "byte_offset"));
   }
   SECTION("dims of 2^62 with strides") {
     std::int64_t big[2] = {k62, 4};
@@ -189,7 +179,7 @@ TEST_CASE("Arrow export: a fixed-size list whose outer dimensions overflow int64
   auto t = reg.create<float>("arrow/huge-empty", {d40, std::int64_t{1} << 23, 0});
   ArrowExportOptions o;
   o.fixed_size_list = true;
-  CHECK(test::contains(invalid_argument([&] { (void)to_arrow(t, o); }), "outer dimensions"));
+  CHECK(test::contains(test::invalid_argument_of([&] { (void)to_arrow(t, o); }), "outer dimensions"));
   auto ok = reg.create<float>("arrow/empty", {d40, 3, 0});
   CHECK(to_arrow(ok, o).array.array.length == 3 * d40);
 }

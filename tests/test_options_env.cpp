@@ -11,6 +11,7 @@
 
 #include "memcuda/memcuda.hpp"
 #include "support/redis_server.hpp"
+#include "support/text.hpp"
 
 using namespace memcuda;
 using namespace std::chrono_literals;
@@ -49,15 +50,6 @@ const char* const kRegistryVars[] = {"MEMCUDA_REDIS_URL",         "MEMCUDA_REDIS
                                      "MEMCUDA_CUDA_ALLOCATION",   "MEMCUDA_DEBUG_POISON",     "MEMCUDA_RUNTIME_DIR",
                                      "MEMCUDA_ALLOWED_UIDS",      "MEMCUDA_ALLOWED_GIDS",     "MEMCUDA_FD_PREFETCH",
                                      "MEMCUDA_FD_PARK_MS"};
-
-std::string what_of(void (*f)()) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(no InvalidArgument)";
-}
 
 }  // namespace
 
@@ -134,45 +126,45 @@ TEST_CASE("from_env() refuses a malformed variable with InvalidArgument naming i
   for (const char* v : kRegistryVars) env.unset(v);
   auto from_env = [] { (void)RegistryOptions::from_env(); };
   env.set("MEMCUDA_SHARE_REFERENCES", "yes");
-  CHECK(what_of(from_env).find("MEMCUDA_SHARE_REFERENCES is 'yes'") != std::string::npos);
+  CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_SHARE_REFERENCES is 'yes'") != std::string::npos);
   env.set("MEMCUDA_SHARE_REFERENCES", "1");
   CHECK(RegistryOptions::from_env().share_references);
   for (const char* bad : {"-1", "60001", "5ms", "x"}) {
     env.set("MEMCUDA_RELEASE_LINGER_MS", bad);
     INFO(bad);
-    CHECK(what_of(from_env).find("MEMCUDA_RELEASE_LINGER_MS") != std::string::npos);
+    CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_RELEASE_LINGER_MS") != std::string::npos);
   }
   env.set("MEMCUDA_RELEASE_LINGER_MS", "60000");
   CHECK(RegistryOptions::from_env().release_linger == 60s);
   env.set("MEMCUDA_CUDA_ALLOCATION", "VMM");
-  CHECK(what_of(from_env).find("MEMCUDA_CUDA_ALLOCATION") != std::string::npos);
+  CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_CUDA_ALLOCATION") != std::string::npos);
   env.unset("MEMCUDA_CUDA_ALLOCATION");
   env.set("MEMCUDA_REDIS_URL", "http://x");
-  CHECK(what_of(from_env).find("MEMCUDA_REDIS_URL") != std::string::npos);
+  CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_REDIS_URL") != std::string::npos);
   env.unset("MEMCUDA_REDIS_URL");
   env.set("MEMCUDA_RUNTIME_DIR", "relative/dir");
-  CHECK(what_of(from_env).find("MEMCUDA_RUNTIME_DIR is 'relative/dir'") != std::string::npos);
+  CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_RUNTIME_DIR is 'relative/dir'") != std::string::npos);
   env.unset("MEMCUDA_RUNTIME_DIR");
   for (const char* bad : {"1000,", "alice", "-1", "1000;1001", "4294967295"}) {
     INFO(bad);
     env.set("MEMCUDA_ALLOWED_UIDS", bad);
-    CHECK(what_of(from_env).find("MEMCUDA_ALLOWED_UIDS") != std::string::npos);
+    CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_ALLOWED_UIDS") != std::string::npos);
     env.unset("MEMCUDA_ALLOWED_UIDS");
     env.set("MEMCUDA_ALLOWED_GIDS", bad);
-    CHECK(what_of(from_env).find("MEMCUDA_ALLOWED_GIDS") != std::string::npos);
+    CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_ALLOWED_GIDS") != std::string::npos);
     env.unset("MEMCUDA_ALLOWED_GIDS");
   }
   for (const char* bad : {"-1", "254", "x", "8 "}) {
     INFO(bad);
     env.set("MEMCUDA_FD_PREFETCH", bad);
-    CHECK(what_of(from_env).find("MEMCUDA_FD_PREFETCH") != std::string::npos);
+    CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_FD_PREFETCH") != std::string::npos);
   }
   env.set("MEMCUDA_FD_PREFETCH", "0");
   CHECK(RegistryOptions::from_env().fd_prefetch == 0);
   for (const char* bad : {"-1", "60001", "5ms"}) {
     INFO(bad);
     env.set("MEMCUDA_FD_PARK_MS", bad);
-    CHECK(what_of(from_env).find("MEMCUDA_FD_PARK_MS") != std::string::npos);
+    CHECK(test::invalid_argument_of(from_env).find("MEMCUDA_FD_PARK_MS") != std::string::npos);
   }
 }
 

@@ -1,4 +1,4 @@
-// Small string checks the tests share, and the "key=value" fields of the
+// Small string checks the tests share (an InvalidArgument's message too), and the "key=value" fields of the
 // line protocol the helper programs answer in (tests/worker.cpp,
 // tests/soak_worker.cpp).
 #pragma once
@@ -7,10 +7,23 @@
 #include <string>
 #include <string_view>
 
+#include "memcuda/error.hpp"
+
 namespace memcuda::test {
 
 inline bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 inline bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// The message of the InvalidArgument `f` throws, or "(no InvalidArgument)".
+template <class F>
+std::string invalid_argument_of(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no InvalidArgument)";
+}
 
 // The value of the whitespace-separated token "key=value" in `line`; empty
 // when there is none.
