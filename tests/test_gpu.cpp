@@ -105,6 +105,7 @@ TEST_CASE("cuda: a tensor whose exporter was killed cannot be opened anew: Lost"
 
 #if defined(MEMCUDA_TEST_KERNELS)
 extern "C" cudaError_t memcuda_test_slow_fill(float* p, std::size_t n, float v, unsigned spin_ms, cudaStream_t s);
+extern "C" cudaError_t memcuda_test_sum(const float* p, std::size_t n, double* out, cudaStream_t s);
 
 namespace {
 std::uint64_t pool_used_bytes(cudaMemPool_t pool) {
@@ -211,6 +212,53 @@ TEST_CASE("cuda: a consumer's stream waits for the producer's published event", 
   // A consumer that gets with its stream waits on the event: it sees the new values.
   CHECK(w.ask("getsum ordered", 30s) == "OK sum=" + std::to_string(2 * n));
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  cudaStreamDestroy(s);
+}
+
+// The driver faults when a stream waits on an interprocess event of another
+// device: mem-cuda opens imports in the waiting stream's device and bridges
+// its own events (detail/cuda/ipc_event.hpp).
+TEST_CASE("cuda: a stream of GPU 1 waits for an event recorded on GPU 0, in this process and another",
+          "[gpu][multi-gpu]") {
+  MEMCUDA_REQUIRE_GPUS(2);
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  const std::size_t n = 1 << 20;
+  auto t = reg.create<float>("ordered", {static_cast<std::int64_t>(n)});
+  REQUIRE(t.device() == 0);
+  std::vector<float> ones(n, 1.f);
+  t.copy_from_host(ones);
+  // The worker's device 0 is GPU 1 (and its device 1 is GPU 0, where the tensor is).
+  test::Child w({"/usr/bin/env", "CUDA_VISIBLE_DEVICES=1,0", test::sibling_program("memcuda_test_worker"), "--url",
+                 srv.unix_url(), "--backend", "cuda", "--no-control"});
+  REQUIRE(w.read_line(20s));
+  REQUIRE(w.ask("getsum-nowait ordered", 30s) == "OK sum=" + std::to_string(n));  // warm: context, mapping
+
+  cudaStream_t s{}, s1{};
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+  double* d = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(double)) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  t.check_device(1);  // peer access for the sum below
+  REQUIRE(memcuda_test_slow_fill(t.data(), n, 2.f, 2000, s) == cudaSuccess);  // 2 s, then writes 2.0
+  CHECK(t.publish(s) == 1);
+  // this process: its own event, waited for by a stream of GPU 1
+  auto mine = reg.get<float>("ordered", s1);
+  CHECK(cudaStreamQuery(s1) == cudaErrorNotReady);  // still behind the 2 s kernel
+  REQUIRE(memcuda_test_sum(mine.data(), n, d, s1) == cudaSuccess);
+  double h = 0;
+  REQUIRE(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s1) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s1) == cudaSuccess);
+  CHECK(h == double(2 * n));
+  // another process: the imported event, waited for by a stream of its GPU 1
+  REQUIRE(memcuda_test_slow_fill(t.data(), n, 3.f, 2000, s) == cudaSuccess);
+  CHECK(t.publish(s) == 2);
+  CHECK(w.ask("getsum ordered", 30s) == "OK sum=" + std::to_string(3 * n));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  cudaFree(d);
+  cudaStreamDestroy(s1);
   cudaStreamDestroy(s);
 }
 #else

@@ -17,35 +17,67 @@
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/detail/process/process.hpp"
+#if CUDART_VERSION < 12080
+#include <cuda.h>
+#endif
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// The device a stream belongs to (the current one for the default streams).
+inline int stream_device(cudaStream_t stream) {
+  int d = 0;
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+    MEMCUDA_CUDA_TRY(cudaGetDevice(&d));
+    return d;
+  }
+#if CUDART_VERSION >= 12080
+  MEMCUDA_CUDA_TRY(cudaStreamGetDevice(stream, &d));
+#else  // the stream's context, made current for the question
+  CUcontext ctx{};
+  CUdevice dev{};
+  if (cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS || cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+    throw InternalError("cuStreamGetCtx: not a stream of this process");
+  const CUresult r = cuCtxGetDevice(&dev);
+  cuCtxPopCurrent(&ctx);
+  if (r != CUDA_SUCCESS) throw InternalError("cuCtxGetDevice failed");
+  d = static_cast<int>(dev);  // the runtime's ordinal is the driver's
+#endif
+  return d;
+}
+
 // Events by IPC handle bytes: our own (a process cannot open its own
-// handle) and imported ones, opened once. Imports are kept under an LRU
-// bound; the oldest is destroyed when it is exceeded. An own event whose
-// exporter went (a released handle's) is kept too: a record may still name
-// it, and this process, unlike every other, cannot open that handle. Past
-// kMaxRetired the oldest is waited for and destroyed.
+// handle) and imported ones, opened once per device. Imports are kept under
+// an LRU bound; the oldest is destroyed when it is exceeded. An own event
+// whose exporter went (a released handle's) is kept too: a record may still
+// name it, and this process, unlike every other, cannot open that handle.
+// Past kMaxRetired the oldest is waited for and destroyed.
+//
+// A stream waits only on an interprocess event of its own device: the
+// driver faults in cudaStreamWaitEvent otherwise (measured on H200 pairs,
+// own and imported events alike). So an import is opened in the context of
+// the waiting stream's device, and a wait on an own event of another device
+// goes through a bridge: a stream of the event's device waits on it and
+// records a plain event, which any device's stream may wait on.
 class EventCache {
  public:
   static constexpr std::size_t kMaxImports = 4096;
   static constexpr std::size_t kMaxRetired = 4096;
 
-  void add_own(const std::string& handle, cudaEvent_t ev) {
+  void add_own(const std::string& handle, cudaEvent_t ev, int device) {
     std::lock_guard lk(mu_);
-    own_[handle] = ev;
+    own_[handle] = {ev, device};
   }
   // The exporter of an own event goes: the event stays openable here.
-  void retire_own(const std::string& handle, cudaEvent_t ev) {
+  void retire_own(const std::string& handle, cudaEvent_t ev, int device) {
     cudaEvent_t evicted{};
     {
       std::lock_guard lk(mu_);
-      own_[handle] = ev;
+      own_[handle] = {ev, device};
       retired_.push_back(handle);
       if (retired_.size() > kMaxRetired) {
         auto it = own_.find(retired_.front());
         if (it != own_.end()) {
-          evicted = it->second;
+          evicted = it->second.ev;
           own_.erase(it);
         }
         retired_.pop_front();
@@ -57,10 +89,47 @@ class EventCache {
     }
   }
 
-  cudaEvent_t open(const std::string& handle) {
+  // Makes `stream` wait for the last record of the event behind `handle`.
+  void wait(cudaStream_t stream, const std::string& handle) {
+    const int device = stream_device(stream);
     std::lock_guard lk(mu_);
-    if (auto it = own_.find(handle); it != own_.end()) return it->second;
-    if (auto it = imported_.find(handle); it != imported_.end()) {
+    if (auto it = own_.find(handle); it != own_.end()) {
+      const Own o = it->second;
+      if (o.device == device) {
+        MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, o.ev, 0));
+        return;
+      }
+      cudaStream_t b = bridge(o.device);
+      MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(b, o.ev, 0));
+      cudaEvent_t plain{};
+      {
+        DeviceGuard g(o.device);
+        MEMCUDA_CUDA_TRY(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming));
+      }
+      cudaError_t st = cudaEventRecord(plain, b);
+      if (st == cudaSuccess) st = cudaStreamWaitEvent(stream, plain, 0);
+      MEMCUDA_CUDA_LOG(cudaEventDestroy(plain));  // freed once its work is done
+      if (st != cudaSuccess) throw_cuda(st, "cudaStreamWaitEvent (bridged)");
+      return;
+    }
+    MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, import(handle, device), 0));
+  }
+
+  std::uint64_t opens() const {
+    std::lock_guard lk(mu_);
+    return opens_;
+  }
+
+ private:
+  struct Own {
+    cudaEvent_t ev{};
+    int device = 0;
+  };
+
+  // Held: mu_.
+  cudaEvent_t import(const std::string& handle, int device) {
+    const std::string key = handle + static_cast<char>(device);
+    if (auto it = imported_.find(key); it != imported_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.second);
       return it->second.first;
     }
@@ -69,9 +138,12 @@ class EventCache {
     cudaIpcEventHandle_t h{};
     std::memcpy(&h, handle.data(), sizeof h);
     cudaEvent_t ev{};
-    MEMCUDA_CUDA_TRY(cudaIpcOpenEventHandle(&ev, h));
-    lru_.push_front(handle);
-    imported_[handle] = {ev, lru_.begin()};
+    {
+      DeviceGuard g(device);  // opened in the context of the streams that wait on it
+      MEMCUDA_CUDA_TRY(cudaIpcOpenEventHandle(&ev, h));
+    }
+    lru_.push_front(key);
+    imported_[key] = {ev, lru_.begin()};
     if (imported_.size() > kMaxImports) {
       auto& old = lru_.back();
       MEMCUDA_CUDA_LOG(cudaEventDestroy(imported_[old].first));
@@ -81,18 +153,22 @@ class EventCache {
     ++opens_;
     return ev;
   }
-
-  std::uint64_t opens() const {
-    std::lock_guard lk(mu_);
-    return opens_;
+  // Held: mu_. One per device, for the life of the process.
+  cudaStream_t bridge(int device) {
+    auto& s = bridges_[device];
+    if (!s) {
+      DeviceGuard g(device);
+      MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    }
+    return s;
   }
 
- private:
   mutable std::mutex mu_;
-  std::unordered_map<std::string, cudaEvent_t> own_;
+  std::unordered_map<std::string, Own> own_;
   std::list<std::string> retired_;  // own events whose exporter went, oldest first
   std::list<std::string> lru_;
   std::unordered_map<std::string, std::pair<cudaEvent_t, std::list<std::string>::iterator>> imported_;
+  std::unordered_map<int, cudaStream_t> bridges_;
   std::uint64_t opens_ = 0;
 };
 
@@ -108,11 +184,11 @@ class ExportedEvent {
       throw_cuda(st, "cudaIpcGetEventHandle");
     }
     handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
-    Process::get().events().add_own(handle_, ev_);
+    Process::get().events().add_own(handle_, ev_, device_);
   }
   // The event outlives this object in the cache (retire_own): a record may
   // still carry its handle, and this process cannot open its own handles.
-  ~ExportedEvent() { Process::get().events().retire_own(handle_, ev_); }
+  ~ExportedEvent() { Process::get().events().retire_own(handle_, ev_, device_); }
   ExportedEvent(const ExportedEvent&) = delete;
   ExportedEvent& operator=(const ExportedEvent&) = delete;
 
@@ -131,7 +207,7 @@ class ExportedEvent {
 
 // Makes `stream` wait for the last record of the event behind `handle`.
 inline void stream_wait_ipc_event(cudaStream_t stream, const std::string& handle) {
-  MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, Process::get().events().open(handle), 0));
+  Process::get().events().wait(stream, handle);
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
