@@ -79,6 +79,8 @@ TEST_CASE("replicas on one GPU: the source serves its own device, nothing is mad
   CHECK(g.name() == "m/w");
   CHECK(g.generation() == t.generation());
   CHECK(drop_replicas(reg, "m/w") == 0);
+  CHECK(drop_replicas(reg, "m/", {.prefix = true}) == 0);
+  CHECK_THROWS_AS(drop_replicas(reg, "", {.prefix = true}), InvalidArgument);
   CHECK_THROWS_AS(replicate(reg, "m/w", to({7})), InvalidArgument);  // no such device
 }
 
@@ -166,7 +168,7 @@ TEST_CASE("a replica on GPU 1: a local get reads it, another process shares it, 
   test::Child w({"/usr/bin/env", "CUDA_VISIBLE_DEVICES=1", test::sibling_program("memcuda_test_worker"), "--url",
                  srv.unix_url(), "--backend", "cuda", "--no-control"});
   REQUIRE(w.read_line(20s));
-  const double sum = double(n) * double(n - 1) / 2;
+  const std::uint64_t sum = std::uint64_t(n) * (n - 1) / 2;  // the worker prints it without decimals
   CHECK(w.ask("getlocal m/w", 30s) ==
         "OK gen=" + std::to_string(made[0].generation) + " name=" + rep + " device=0 sum=" + std::to_string(sum));
   // replicated again: found current, not made anew
@@ -220,7 +222,7 @@ TEST_CASE("replicas go with their source, when idle, or when dropped", "[gpu][mu
 
   auto c = filled(reg, "g/c", 4096, 1.0f);
   REQUIRE(replicate(reg, "g/c", to({1})).size() == 1);
-  CHECK(drop_replicas(reg, "g/c", {1}) == 1);
+  CHECK(drop_replicas(reg, "g/c", {.devices = {1}}) == 1);
   CHECK(gone("g/c"));
   CHECK(drop_replicas(reg, "g/c") == 0);
 
@@ -233,6 +235,11 @@ TEST_CASE("replicas go with their source, when idle, or when dropped", "[gpu][mu
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(r1.device() == 1);
   CHECK(read(r1) == read(d1));
+  r1.release();
+  CHECK(drop_replicas(reg, "p/", {.devices = {1}, .prefix = true}) == 2);
+  CHECK(gone("p/0"));
+  CHECK(gone("p/1"));
+  CHECK(drop_replicas(reg, "p/", {.prefix = true}) == 0);
 }
 
 #endif  // MEMCUDA_HAS_CUDA()

@@ -35,9 +35,13 @@
 
 MEMCUDA_NAMESPACE_BEGIN
 
-struct ReplicateOptions {
+// Which replicas a call means.
+struct ReplicaTargets {
   std::vector<int> devices;  // ordinals in this process; empty: every visible device
   bool prefix = false;       // the name is a prefix: every tensor under it
+};
+
+struct ReplicateOptions : ReplicaTargets {
   // Removed after this long with no reader; 0: kept while the source lives.
   std::chrono::milliseconds idle{0};
 };
@@ -57,8 +61,9 @@ struct ReplicaRef {
 // was published or re-created meanwhile), NotLeader/TimeoutError as create.
 std::vector<ReplicaRef> replicate(TensorRegistry& reg, std::string_view name, const ReplicateOptions& opts = {});
 
-// Unlinks the replicas of `name` (every device, or those given); their
-// memory goes with their last reader. Returns how many were unlinked.
-std::size_t drop_replicas(TensorRegistry& reg, std::string_view name, const std::vector<int>& devices = {});
+// Unlinks the replicas of `name` (which.prefix: of every tensor under it) on
+// which.devices (empty: every visible device); their memory goes with their
+// last reader. Returns how many were unlinked.
+std::size_t drop_replicas(TensorRegistry& reg, std::string_view name, const ReplicaTargets& which = {});
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

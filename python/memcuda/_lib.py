@@ -221,7 +221,7 @@ _SIGNATURES = [
     ("memcuda_get_on_stream", c_int, [c_void_p, c_char_p, c_int, c_void_p, P(c_void_p)]),
     ("memcuda_get_local", c_int, [c_void_p, c_char_p, c_int, c_int, c_void_p, P(c_void_p)]),
     ("memcuda_replicate", c_int, [c_void_p, c_char_p, c_int, P(c_int), c_size_t, c_int64, P(c_size_t)]),
-    ("memcuda_drop_replicas", c_int, [c_void_p, c_char_p, P(c_int), c_size_t, P(c_size_t)]),
+    ("memcuda_drop_replicas", c_int, [c_void_p, c_char_p, c_int, P(c_int), c_size_t, P(c_size_t)]),
     ("memcuda_get_many", c_int, [c_void_p, P(c_char_p), c_size_t, P(c_void_p)]),
     ("memcuda_get_prefix", c_int, [c_void_p, c_char_p, P(P(c_void_p)), P(c_size_t)]),
     ("memcuda_free_tensor_array", None, [P(c_void_p)]),

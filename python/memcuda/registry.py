@@ -281,12 +281,14 @@ class Registry(ModelMethods, Scoped):
                                     0 if idle is None else int(idle * 1000), ctypes.byref(n)))
         return n.value
 
-    def drop_replicas(self, name: str, devices: Optional[Sequence[int]] = None) -> int:
-        """Removes the copies of ``name`` (on ``devices``, default every visible
-        one); readers keep what they hold. Returns how many were removed."""
+    def drop_replicas(self, name: str, devices: Optional[Sequence[int]] = None, *, prefix: bool = False) -> int:
+        """Removes the copies of ``name`` (``prefix``: of every tensor under
+        it) on ``devices`` (default every visible one); readers keep what they
+        hold. Returns how many were removed."""
         arr, count = _ordinals(devices)
         n = ctypes.c_size_t()
-        check(lib.memcuda_drop_replicas(self._handle(), name.encode(), arr, count, ctypes.byref(n)))
+        check(lib.memcuda_drop_replicas(self._handle(), name.encode(), 1 if prefix else 0, arr, count,
+                                        ctypes.byref(n)))
         return n.value
 
     def get_slice(self, name: str, dim: int, start: int, length: Optional[int] = None) -> Tensor:

@@ -290,6 +290,12 @@ def test_replica_on_the_readers_device(greg):
     assert x.device == torch.device("cuda:1")
     assert torch.equal(x.cpu(), src.cpu())
     assert greg.drop_replicas("g.rep", [1]) == 1
+    for n in ("g.rpx.a", "g.rpx.b"):
+        greg.put(n, src, persistent=True)
+    torch.cuda.synchronize()
+    assert greg.replicate("g.rpx.", [1], prefix=True) == 2
+    assert greg.drop_replicas("g.rpx.", [1], prefix=True) == 2
+    assert greg.get("g.rpx.a", local=True, device=1).name == "g.rpx.a"
 
 
 def test_cupy_reads_the_same_tensor(greg):

@@ -138,3 +138,4 @@ def test_replicas_of_a_host_tensor(reg):
     assert t.name == "r.w"
     np.testing.assert_array_equal(np.asarray(t), np.arange(48, dtype=np.float32).reshape(8, 6))
     assert reg.drop_replicas("r.w") == 0
+    assert reg.drop_replicas("r.", prefix=True) == 0

@@ -32,10 +32,15 @@ int memcuda_replicate(memcuda_registry* reg, const char* name, int prefix, const
   });
 }
 
-int memcuda_drop_replicas(memcuda_registry* reg, const char* name, const int* devices, size_t n, size_t* dropped) {
+int memcuda_drop_replicas(memcuda_registry* reg, const char* name, int prefix, const int* devices, size_t n,
+                          size_t* dropped) {
   return guarded([&] {
     if (dropped) *dropped = 0;
-    auto k = memcuda::drop_replicas(memcuda_c::registry(reg), memcuda_c::name_arg(name), devices_arg(devices, n));
+    memcuda::ReplicaTargets which;
+    which.devices = devices_arg(devices, n);
+    which.prefix = prefix != 0;
+    auto k = memcuda::drop_replicas(memcuda_c::registry(reg), prefix ? (name ? name : "") : memcuda_c::name_arg(name),
+                                    which);
     if (dropped) *dropped = k;
   });
 }

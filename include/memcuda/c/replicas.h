@@ -21,10 +21,11 @@ extern "C" {
  * not see), NOT_ZERO_COPY (no peer path), BUDGET_EXCEEDED, STALE_HANDLE. */
 MEMCUDA_C_EXPORT int memcuda_replicate(memcuda_registry* reg, const char* name, int prefix, const int* devices,
                                        size_t n_devices, int64_t idle_ms, size_t* count);
-/* Unlinks the replicas of `name` on `devices` (n 0: every visible device);
- * their memory goes with their last reader. *dropped may be NULL. */
-MEMCUDA_C_EXPORT int memcuda_drop_replicas(memcuda_registry* reg, const char* name, const int* devices, size_t n,
-                                           size_t* dropped);
+/* Unlinks the replicas of `name` (prefix != 0: of every tensor under it) on
+ * `devices` (n 0: every visible device); their memory goes with their last
+ * reader. *dropped may be NULL. */
+MEMCUDA_C_EXPORT int memcuda_drop_replicas(memcuda_registry* reg, const char* name, int prefix, const int* devices,
+                                           size_t n, size_t* dropped);
 /* memcuda_get of the copy on `reader_device` (-1: the calling thread's
  * current device) when it is current, else of the source itself; `stream`
  * (may be NULL: the legacy default stream) waits for what is returned (the

@@ -56,11 +56,16 @@ std::vector<ReplicaRef> replicate(TensorRegistry& reg, std::string_view name, co
   return out;
 }
 
-std::size_t drop_replicas(TensorRegistry& reg, std::string_view name, const std::vector<int>& devices) {
-  validate_name(name);
+std::size_t drop_replicas(TensorRegistry& reg, std::string_view name, const ReplicaTargets& which) {
+  if (!which.prefix) validate_name(name);
+  else if (name.empty()) throw InvalidArgument("drop_replicas: an empty prefix would be every replica; name one");
   std::size_t n = 0;
-  for (const auto& u : detail::uuids_of(devices, "drop_replicas")) {
+  for (const auto& u : detail::uuids_of(which.devices, "drop_replicas")) {
     const std::string rep = detail::replica_name(u, name);
+    if (which.prefix) {
+      n += reg.remove_prefix(rep).removed.size();
+      continue;
+    }
     if (!is_valid_name(rep)) continue;
     try {
       reg.remove(rep);
