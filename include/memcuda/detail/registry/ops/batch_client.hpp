@@ -21,7 +21,6 @@
 
 #include "memcuda/batch.hpp"
 #include "memcuda/detail/backend/record_fd_batch.hpp"
-#include "memcuda/detail/registry/get/silent_leader.hpp"
 #include "memcuda/detail/registry/core.hpp"
 #include "memcuda/detail/store/selection.hpp"
 #include "memcuda/detail/registry/create/batch_allocator.hpp"
@@ -29,7 +28,6 @@
 #include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/protocol/record_desc.hpp"
 #include "memcuda/shared_tensor.hpp"
-#include "memcuda/detail/store/lists.hpp"
 #include "memcuda/detail/store/records.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -367,44 +365,14 @@ class BatchClient {
   // connection of the waiting pool and a reply list of its own.
   protocol::Reply request(protocol::Command cmd) {
     static std::atomic<std::uint64_t> seq{0};
-    const std::string reply_key = ctx_.keys.batch_reply(ctx_.session, ++seq);
-    cmd.reply_to = reply_key;
-    std::string payload;
+    const std::size_t n = cmd.tensors.size();
     try {
-      payload = protocol::encode_command(cmd);
+      return c_.client.exchange(std::move(cmd), ctx_.keys.batch_reply(ctx_.session, ++seq));
     } catch (const ProtocolError& e) {
       if (e.errc() != ProtocolErrc::too_large) throw;
-      throw InvalidArgument("create_many of " + std::to_string(cmd.tensors.size()) +
+      throw InvalidArgument("create_many of " + std::to_string(n) +
                             " tensors does not fit one command (64 KiB of JSON) and is not served by this "
                             "process: split the batch, or create it in the allocator of record");
-    }
-    const auto timeout = ctx_.opts.request_timeout;
-    auto c = ctx_.waits.acquire();
-    store::push_command(*c, ctx_.keys, payload);
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    bool retract_tried = false;
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        if (retract_tried)
-          throw NotLeader("the allocator of record took a create_many of " + std::to_string(cmd.tensors.size()) +
-                          " tensors but did not reply within " + std::to_string(2 * timeout.count()) +
-                          " ms: " + silent_leader_reason(*c, ctx_.keys));
-        retract_tried = true;
-        if (store::retract_command(*c, ctx_.keys, payload))
-          throw NotLeader("no allocator of record answered a create_many within " + std::to_string(timeout.count()) +
-                          " ms (the command was taken back): " + silent_leader_reason(*c, ctx_.keys));
-        deadline = std::chrono::steady_clock::now() + timeout;
-        continue;
-      }
-      auto wait = std::min(left, std::chrono::milliseconds(1000));
-      auto r = store::pop_wait(*c, reply_key, wait);
-      if (r.is_nil()) continue;
-      protocol::Reply rep = protocol::decode_reply(r[1].str());
-      if (rep.id != cmd.id) continue;  // not ours
-      if (!rep.ok) protocol::throw_reply_error(rep.error.value_or(protocol::ReplyErrorInfo{"error", "unknown error"}));
-      store::replicate(*c);  // BLPOP wrote after the leader's script: a replica having it has both
-      return rep;
     }
   }
 
