@@ -328,6 +328,43 @@ TEST_CASE("vmm: kill -9 with a holder mapping the tensors: its pointers stay val
   kill_with_standby(true);
 }
 
+// The allocator of record `a` makes a replica on GPU 1 and is killed with
+// SIGKILL: a reader on GPU 1 keeps reading the copy it holds (adopted by
+// the standby like every allocation of `a`), and the standby, now the
+// allocator of record, makes the replica of the adopted source again.
+TEST_CASE("vmm: kill -9 of the allocator of record that made a replica: its reader reads on, the standby remakes it",
+          "[gpu][multi-gpu][replica][vmm]") {
+  MEMCUDA_REQUIRE_VMM();
+  MEMCUDA_REQUIRE_GPUS(2);
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto a = worker(srv, "vmm");
+  REQUIRE(ready(*a));
+  auto s = worker(srv, "vmm");
+  CHECK_FALSE(ready(*s));
+  REQUIRE(starts_with(a->ask("createp m/w 1000000 2", 30s), "OK"));
+  REQUIRE(a->ask("replicate m/w 1", 60s) == "OK n=1");
+  const std::string rep = ".memcuda-rep/" + memcuda::detail::device_uuid(1) + "/m/w";
+  auto r = worker(srv, "vmm", {"--no-control"}, {"CUDA_VISIBLE_DEVICES=1"});  // its device 0 is GPU 1
+  auto got = r->ask("getlocal m/w", 30s);
+  INFO(got);
+  CHECK(field(got, "name") == rep);
+  CHECK(field(got, "sum") == "2000000");
+  REQUIRE(standbys_synced(c, hget(c, "memcuda:tensor:m/w", "owner")));
+
+  a->kill(SIGKILL);
+  a->wait();
+  REQUIRE(eventually([&] { return s->ask("leader") == "OK leader=1"; }));
+  CHECK(r->ask("sum m/w", 30s) == "OK sum=2000000 valid=1");
+  REQUIRE(s->ask("replicate m/w 1", 60s) == "OK n=1");
+  auto r2 = worker(srv, "vmm", {"--no-control"}, {"CUDA_VISIBLE_DEVICES=1"});
+  got = r2->ask("getlocal m/w", 30s);
+  INFO(got);
+  CHECK(field(got, "name") == rep);
+  CHECK(field(got, "gen") == hget(c, "memcuda:tensor:" + rep, "generation"));
+  CHECK(field(got, "sum") == "2000000");
+}
+
 // A tensor created on GPU 1 (the creator sees only GPU 1) is imported by a
 // process whose current device is GPU 0: the mapping grants GPU 0 peer
 // access, and a kernel on GPU 0 reads it.

@@ -253,6 +253,16 @@ int main(int argc, char** argv) {
         out << " fd_requests=" << st.process.fd_requests << " fd_parked=" << st.process.fd_parked
             << " fd_parked_hits=" << st.process.fd_parked_hits;
 #if MEMCUDA_HAS_CUDA()
+      } else if (cmd == "replicate") {  // replicate <name> <ordinal>[,<ordinal>...]
+        std::string devs;
+        in >> devs;
+        ReplicateOptions o;
+        for (std::size_t p = 0; p < devs.size();) {
+          const auto q = std::min(devs.find(',', p), devs.size());
+          o.devices.push_back(std::stoi(devs.substr(p, q - p)));
+          p = q + 1;
+        }
+        out << "OK n=" << replicate(*reg, name, o).size();
       } else if (cmd == "getlocal") {
         // This device's replica when there is one (else the source), its
         // copy waited for on a stream.
