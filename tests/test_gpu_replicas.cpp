@@ -11,6 +11,7 @@
 
 #include "memcuda/detail/base/fault.hpp"
 #include "memcuda/memcuda.hpp"
+#include "memcuda/model_ab.hpp"
 #include "support/gpu.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -240,6 +241,57 @@ TEST_CASE("replicas go with their source, when idle, or when dropped", "[gpu][mu
   CHECK(gone("p/0"));
   CHECK(gone("p/1"));
   CHECK(drop_replicas(reg, "p/", {.prefix = true}) == 0);
+}
+
+// A/B versions with replicas: each version is copied to the asked device
+// before commit makes it current; a reader that opens with `local` reads
+// its device's copy and keeps it while the next version arrives. One GPU:
+// the fault point puts the copy beside its source; two: on GPU 1.
+TEST_CASE("A/B versions reach the asked device before they are current, readers keep their copies",
+          "[gpu][replica][model_ab]") {
+  MEMCUDA_REQUIRE_GPU();
+  test::RedisServer srv;
+  TensorRegistry reg(cuda_opts(srv));
+  const int dev = test::gpu_count() >= 2 ? 1 : 0;
+  if (dev == 0) detail::fault::arm("replicate.same_device", -1);
+  struct Disarm {
+    ~Disarm() { detail::fault::disarm("replicate.same_device"); }
+  } disarm;
+  const std::size_t n = (20u << 20) / sizeof(float) + 3;  // two chunks and a ragged end
+  const Shape shape{static_cast<std::int64_t>(n)};
+  std::vector<float> ones(n, 1.f), twos(n, 2.f);
+  ModelVersionOptions o;
+  o.backend = BackendKind::cuda;
+  o.replicas = {dev};
+  REQUIRE(publish_model(reg, "ab/", {{"w", DType::f32, shape, ones.data()}}, o) == 1);
+  cudaStream_t s{};
+  REQUIRE(cudaSetDevice(dev) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  auto m = open_model(reg, "ab/", s, {.local = true, .reader_device = dev});
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  SharedTensor<float> w1(m.tensors().at("w").handle());
+  CHECK(w1.name().starts_with(".memcuda-rep/" + detail::device_uuid(dev) + "/"));
+  CHECK(w1.device() == dev);
+  CHECK(read(w1) == ones);
+  auto plain = open_model(reg, "ab/");  // without `local`: the version's own tensor
+  CHECK_FALSE(plain.tensors().at("w").name().starts_with(".memcuda-rep/"));
+  plain.close();
+
+  REQUIRE(publish_model(reg, "ab/", {{"w", DType::f32, shape, twos.data()}}, o) == 2);
+  CHECK(read(w1) == ones);  // pinned: version 1's copy is not written
+  REQUIRE(m.advance(s));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  SharedTensor<float> w2(m.tensors().at("w").handle());
+  CHECK(w2.name().starts_with(".memcuda-rep/"));
+  CHECK(w2.generation() != w1.generation());
+  CHECK(read(w2) == twos);
+  CHECK(read(w1) == ones);
+  ModelVersionOptions h;
+  h.backend = BackendKind::host;
+  h.replicas = {0};
+  CHECK_THROWS_AS(begin_model_version(reg, "abh/", {{"w", DType::f32, {4}, nullptr}}, h), InvalidArgument);
+  cudaStreamDestroy(s);
 }
 
 #endif  // MEMCUDA_HAS_CUDA()

@@ -13,6 +13,11 @@
 //   auto m = memcuda::open_model(reg, "llama/", stream);   // pins the current version
 //   use(m.tensors().at("w"));
 //   if (m.advance(stream)) { ... }        // moved: m.tensors() is the new version
+//   // every GPU: version N+1 is copied to GPUs 1-3 before it is current,
+//   // and a reader there reads its own device's copy
+//   memcuda::ModelVersionOptions o;
+//   o.replicas = {1, 2, 3};
+//   auto m = memcuda::open_model(reg, "llama/", stream, {.local = true});
 //
 // At most `max_versions` versions (2 by default) have memory at a time: the
 // current one and older ones a reader still holds; a begin beyond that is
@@ -49,6 +54,11 @@ struct ModelVersionOptions {
   // current version and older ones still held by a reader. 2 or more.
   unsigned max_versions = 2;
   StreamHandle copy_stream = nullptr;  // cuda: the entries' copies (synchronized before begin returns)
+  // cuda: devices (ordinals of this process) that get a replica of the
+  // version (memcuda/replicas.hpp) before it becomes current: commit waits
+  // for the writes on its stream, replicates the set, then makes it
+  // current. Readers there open it with OpenModelOptions::local.
+  std::vector<int> replicas;
 };
 
 namespace detail {
@@ -138,5 +148,16 @@ class PinnedModel {
 // never published A/B (tensors named under the prefix) is opened as
 // open_state_dict does. NotFound when the model has neither.
 PinnedModel open_model(TensorRegistry& reg, std::string_view prefix, StreamHandle stream = nullptr);
+
+struct OpenModelOptions {
+  // The tensors from the reader's device's replicas when every one of the
+  // version has a current replica there (ModelVersionOptions::replicas),
+  // else the version's own (a version is never half local); `stream` also
+  // waits for the replicas' copies. One round trip per tensor, at the open
+  // and at each advance that moves.
+  bool local = false;
+  int reader_device = -1;  // with `local`: a CUDA ordinal; -1: the calling thread's current device
+};
+PinnedModel open_model(TensorRegistry& reg, std::string_view prefix, StreamHandle stream, const OpenModelOptions& opts);
 
 MEMCUDA_NAMESPACE_END  // namespace memcuda

@@ -102,7 +102,8 @@ class TensorSpecC(ctypes.Structure):
 
 class ModelVersionOptionsC(ctypes.Structure):
     """memcuda_model_version_options: A/B model versions (memcuda_begin_model_version)."""
-    _fields_ = [("struct_size", c_uint32), ("backend", c_int), ("device", c_int), ("max_versions", c_uint32)]
+    _fields_ = [("struct_size", c_uint32), ("backend", c_int), ("device", c_int), ("max_versions", c_uint32),
+                ("replicas", P(c_int)), ("n_replicas", c_size_t)]
 
 
 class TensorInfoC(ctypes.Structure):
@@ -247,6 +248,7 @@ _SIGNATURES = [
     ("memcuda_model_writer_abort", c_int, [c_void_p]),
     ("memcuda_model_writer_free", None, [c_void_p]),
     ("memcuda_open_model", c_int, [c_void_p, c_char_p, c_void_p, P(c_void_p)]),
+    ("memcuda_open_model_local", c_int, [c_void_p, c_char_p, c_void_p, c_int, P(c_void_p)]),
     ("memcuda_pinned_model_version", c_int, [c_void_p, P(c_uint64)]),
     ("memcuda_pinned_model_tensors", c_int, [c_void_p, P(P(c_void_p)), P(c_size_t), P(c_size_t)]),
     ("memcuda_pinned_model_latest", c_int, [c_void_p, P(c_uint64)]),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 from . import dtypes, model_versions
 from ._lib import CreateOptions, lib
@@ -142,7 +142,8 @@ class ModelMethods:
 
     # ---- A/B model versions (C++: memcuda/model_ab.hpp; model_versions.py) -----
     def begin_model_version(self, prefix: str, state_dict_or_layout: Mapping[str, Any], *, device: Device = None,
-                            backend: Optional[str] = None, max_versions: int = 2) -> Any:
+                            backend: Optional[str] = None, max_versions: int = 2,
+                            replicas: Optional[Sequence[int]] = None) -> Any:
         """Stages version N+1 of model `prefix` in a SECOND set of tensors while
         readers keep N: returns a ``ModelVersionWriter`` (``version``, ``tensors``,
         ``torch()``, ``commit(stream=None)``, ``abort()``; a context manager that
@@ -150,22 +151,28 @@ class ModelMethods:
         ``(shape, dtype)`` layouts (left for the caller to fill). AlreadyExists
         while another live process stages a version; BudgetExceeded when
         `max_versions` versions (the current one and older ones a reader still
-        holds) have memory."""
+        holds) have memory. `replicas`: CUDA devices that get a copy of the
+        version before commit makes it current (``open_model(local=True)``
+        there reads it)."""
         return model_versions.begin_model_version(self, prefix, state_dict_or_layout, device=device, backend=backend,
-                                   max_versions=max_versions)
+                                   max_versions=max_versions, replicas=replicas)
 
     def publish_model(self, prefix: str, state_dict: Mapping[str, Any], *, stream: Stream = None,
-                      device: Device = None, backend: Optional[str] = None, max_versions: int = 2) -> int:
+                      device: Device = None, backend: Optional[str] = None, max_versions: int = 2,
+                      replicas: Optional[Sequence[int]] = None) -> int:
         """``begin_model_version`` + copy + ``commit(stream)``: returns the new version."""
         return model_versions.publish_model(self, prefix, state_dict, stream=stream, device=device, backend=backend,
-                             max_versions=max_versions)
+                             max_versions=max_versions, replicas=replicas)
 
-    def open_model(self, prefix: str, framework: Optional[str] = None, stream: Stream = None) -> Any:
+    def open_model(self, prefix: str, framework: Optional[str] = None, stream: Stream = None, *,
+                   local: bool = False, device: Optional[int] = None) -> Any:
         """Pins the model's current version (one reference): a ``PinnedModel``
         (``version``, ``tensors``, ``latest()``, ``advance(stream=None)``,
         ``close()``; a context manager). `stream` is ordered after the
-        producer's writes of that version (None: the legacy default stream)."""
-        return model_versions.open_model(self, prefix, framework, stream)
+        producer's writes of that version (None: the legacy default stream).
+        `local`: each tensor from the replica on `device` (default: the
+        current one) where the version was replicated there."""
+        return model_versions.open_model(self, prefix, framework, stream, local=local, device=device)
 
     def get_state_dict(self, prefix: str, framework: Optional[str] = None, *,
                        allow_copy: bool = False, shard: Any = None) -> Dict[str, Any]:

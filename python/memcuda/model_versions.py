@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from . import dtypes
 from ._lib import ModelVersionOptionsC, TensorSpecC, lib
@@ -168,7 +168,8 @@ class PinnedModel(Scoped):
 
 
 def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str, Any], *, device: Any = None,
-                        backend: Optional[str] = None, max_versions: int = 2) -> ModelVersionWriter:
+                        backend: Optional[str] = None, max_versions: int = 2,
+                        replicas: Optional[Sequence[int]] = None) -> ModelVersionWriter:
     """See ``Registry.begin_model_version``."""
     items = list(state_dict_or_layout.items())
     if not items:
@@ -194,6 +195,9 @@ def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str
     lib.memcuda_model_version_options_init(ctypes.byref(o))
     o.backend, o.device = backend_device(backend, device)
     o.max_versions = int(max_versions)
+    reps = [int(d) for d in (replicas or [])]
+    c_reps = (ctypes.c_int * max(1, len(reps)))(*reps)
+    o.replicas, o.n_replicas = ctypes.cast(c_reps, ctypes.POINTER(ctypes.c_int)), len(reps)
     h = ctypes.c_void_p()
     check(lib.memcuda_begin_model_version(reg._handle(), prefix.encode(), specs, len(items), ctypes.byref(o),
                                           ctypes.byref(h)))
@@ -208,19 +212,25 @@ def begin_model_version(reg: Any, prefix: str, state_dict_or_layout: Mapping[str
 
 
 def publish_model(reg: Any, prefix: str, state_dict: Mapping[str, Any], *, stream: Stream = None,
-                  device: Any = None, backend: Optional[str] = None, max_versions: int = 2) -> int:
+                  device: Any = None, backend: Optional[str] = None, max_versions: int = 2,
+                  replicas: Optional[Sequence[int]] = None) -> int:
     """See ``Registry.publish_model``."""
     with begin_model_version(reg, prefix, state_dict, device=device, backend=backend,
-                             max_versions=max_versions) as w:
+                             max_versions=max_versions, replicas=replicas) as w:
         return w.commit(stream)
 
 
-def open_model(reg: Any, prefix: str, framework: Optional[str] = None, stream: Stream = None) -> PinnedModel:
+def open_model(reg: Any, prefix: str, framework: Optional[str] = None, stream: Stream = None, *,
+               local: bool = False, device: Optional[int] = None) -> PinnedModel:
     """See ``Registry.open_model``."""
     if framework not in _FRAMEWORKS:
         raise InvalidArgument(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
     h = ctypes.c_void_p()
-    check(lib.memcuda_open_model(reg._handle(), prefix.encode(), stream_ptr(stream), ctypes.byref(h)))
+    if local:
+        check(lib.memcuda_open_model_local(reg._handle(), prefix.encode(), stream_ptr(stream),
+                                           -1 if device is None else int(device), ctypes.byref(h)))
+    else:
+        check(lib.memcuda_open_model(reg._handle(), prefix.encode(), stream_ptr(stream), ctypes.byref(h)))
     try:
         return PinnedModel(prefix, h.value, framework)
     except BaseException:

@@ -298,6 +298,26 @@ def test_replica_on_the_readers_device(greg):
     assert greg.get("g.rpx.a", local=True, device=1).name == "g.rpx.a"
 
 
+def test_model_versions_replicated_before_the_flip(greg):
+    """A version asked on GPU 1 is copied there before it is current; a
+    reader there opens its copies (one GPU: the version serves its own
+    device, and the local open is the plain one)."""
+    two = torch.cuda.device_count() >= 2
+    dev = 1 if two else 0
+    w = torch.full((1 << 16,), 3.0, device="cuda:0")
+    assert greg.publish_model("g.abr/", {"w": w}, replicas=[dev]) == 1
+    with greg.open_model("g.abr/", framework="torch", local=True, device=dev) as m:
+        t = m.tensors["w"]
+        assert t.device == torch.device("cuda", dev)
+        assert torch.equal(t.cpu(), w.cpu())
+        assert greg.publish_model("g.abr/", {"w": w + 1}, replicas=[dev]) == 2
+        assert m.advance()
+        assert torch.equal(m.tensors["w"].cpu(), (w + 1).cpu())
+        assert torch.equal(t.cpu(), w.cpu())  # the pinned copy of version 1 is untouched
+    if not two:
+        pytest.skip("needs 2 GPUs for a replica, this host has 1 (the one-GPU part passed)")
+
+
 def test_cupy_reads_the_same_tensor(greg):
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     src = torch.arange(100, dtype=torch.float32, device="cuda")

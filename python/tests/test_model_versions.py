@@ -52,6 +52,18 @@ def test_limit_abort_and_bad_input(reg):
         reg.open_model("lim/", framework="jax")
 
 
+def test_replicas_of_a_host_version_and_a_local_open(reg):
+    """Replicas are per CUDA device: a host version cannot ask for them, and a
+    local open of a version without replicas is the plain open."""
+    with pytest.raises(memcuda.InvalidArgument):
+        reg.publish_model("lr/", {"w": np.ones(4, np.float32)}, backend="host", replicas=[0])
+    assert reg.publish_model("lr/", {"w": np.full(4, 5, np.float32)}, backend="host") == 1
+    with reg.open_model("lr/", framework="numpy", local=True) as m:
+        assert m.version == 1 and list(m.tensors["w"]) == [5] * 4
+        assert reg.publish_model("lr/", {"w": np.full(4, 6, np.float32)}, backend="host") == 2
+        assert m.advance() and list(m.tensors["w"]) == [6] * 4
+
+
 def test_cpp_reader_pinned_across_a_flip(reg, worker_factory):
     reg.publish_model("x/", {"w": np.full(16, 1, np.float32)})
     r = worker_factory("--no-control", "--backend", "host")

@@ -53,6 +53,8 @@ int memcuda_begin_model_version(memcuda_registry* reg, const char* prefix, const
       o.backend = memcuda_c::backend_arg(opts->backend);
       o.device = opts->device < 0 ? -1 : opts->device;
       o.max_versions = opts->max_versions;
+      if (opts->n_replicas > 0 && !opts->replicas) throw memcuda::InvalidArgument("replicas is NULL");
+      o.replicas.assign(opts->replicas, opts->replicas + opts->n_replicas);
     }
     std::vector<memcuda::StateDictEntry> entries;
     entries.reserve(count);
@@ -103,6 +105,20 @@ int memcuda_open_model(memcuda_registry* reg, const char* prefix, void* stream, 
     memcuda_c::out_arg(out);
     auto m = std::make_unique<memcuda_pinned_model>();
     m->m = memcuda::open_model(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix), static_cast<memcuda::StreamHandle>(stream));
+    *out = m.release();
+  });
+}
+
+int memcuda_open_model_local(memcuda_registry* reg, const char* prefix, void* stream, int reader_device,
+                             memcuda_pinned_model** out) {
+  return guarded([&] {
+    memcuda_c::out_arg(out);
+    auto m = std::make_unique<memcuda_pinned_model>();
+    memcuda::OpenModelOptions o;
+    o.local = true;
+    o.reader_device = reader_device < 0 ? -1 : reader_device;
+    m->m = memcuda::open_model(memcuda_c::registry(reg), memcuda_c::prefix_arg(prefix),
+                               static_cast<memcuda::StreamHandle>(stream), o);
     *out = m.release();
   });
 }

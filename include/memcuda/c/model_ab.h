@@ -21,6 +21,8 @@ typedef struct memcuda_model_version_options {
   int backend;           /* MEMCUDA_BACKEND_* of the new tensors (DEFAULT: the registry's) */
   int device;            /* cuda ordinal; -1: the current device */
   uint32_t max_versions; /* versions that may have memory at once, the new one included (>= 2) */
+  const int* replicas;   /* cuda: devices that get a replica of the version before commit makes it current */
+  size_t n_replicas;     /* entries of replicas (0: none) */
 } memcuda_model_version_options;
 
 MEMCUDA_C_EXPORT void memcuda_model_version_options_init(memcuda_model_version_options* o);
@@ -52,6 +54,13 @@ MEMCUDA_C_EXPORT void memcuda_model_writer_free(memcuda_model_writer* w);
  * after its producer's event. NOT_FOUND when there is no such model. */
 MEMCUDA_C_EXPORT int memcuda_open_model(memcuda_registry* reg, const char* prefix, void* stream,
                                         memcuda_pinned_model** out);
+/* memcuda_open_model whose tensors (and those of each advance) come from
+ * the replicas on `reader_device` (-1: the calling thread's current device)
+ * when every tensor of the version has a current one there (options'
+ * replicas), else from the version itself; `stream` also waits for the
+ * replicas' copies. */
+MEMCUDA_C_EXPORT int memcuda_open_model_local(memcuda_registry* reg, const char* prefix, void* stream,
+                                              int reader_device, memcuda_pinned_model** out);
 MEMCUDA_C_EXPORT int memcuda_pinned_model_version(const memcuda_pinned_model* m, uint64_t* version);
 /* The pinned version's tensors, as memcuda_model_writer_tensors. */
 MEMCUDA_C_EXPORT int memcuda_pinned_model_tensors(const memcuda_pinned_model* m, memcuda_tensor*** out,

@@ -7,12 +7,18 @@
 #include <vector>
 
 #include "memcuda/detail/cuda/state_dict_copy.hpp"
+#include "memcuda/detail/registry/ops/shared_get.hpp"
 #include "memcuda/detail/registry/ops/batch_client.hpp"
 #include "memcuda/detail/registry/ops/model_ab.hpp"
 #include "memcuda/detail/store/selection.hpp"
 #include "memcuda/model.hpp"
+#include "memcuda/impl/replicas.ipp"  // detail::replicate, for a commit with replicas
 #include "memcuda/model_ab.hpp"
+#include "memcuda/replicas.hpp"
 #include "memcuda/tensor_registry.hpp"
+#if MEMCUDA_HAS_CUDA()
+#include "memcuda/detail/cuda/ipc_event.hpp"
+#endif
 
 MEMCUDA_NAMESPACE_BEGIN
 
@@ -25,6 +31,7 @@ struct WriterState {
   AbStaging staging;
   BackendKind backend = BackendKind::host;
   int device = -1;
+  std::vector<int> replicas;  // devices that get the version before commit makes it current
   std::mutex mu;
   StateDict tensors;  // by full name
   enum class Phase { staged, finishing, done } phase = Phase::staged;
@@ -41,7 +48,40 @@ struct PinnedState {
   std::uint64_t version = 0;
   std::string dict_id, hidden;  // the pinned set ("" and the prefix for a model of named tensors)
   StateDict tensors;            // by name relative to the prefix
+  OpenModelOptions open;        // local: each tensor from this device's replica where one is current
 };
+
+// A set's handles swapped for the reader's device's replicas (get with
+// LocalReplica::use, one script per name) when every name has a current one
+// there; else the set's own handles (never a version half local, half not).
+// `stream` waits for each replica's copy.
+inline StateDict localize(const std::shared_ptr<Core>& core, StateDict set, const std::string& hidden,
+                          const OpenModelOptions& o, StreamHandle stream) {
+  GetOptions g;
+  g.replica = LocalReplica::use;
+  g.reader_device = o.reader_device;
+  std::vector<SharedGet> reps;
+  for (const auto& [n, t] : set) {
+    auto got = get_shared(core, hidden + n, std::nullopt, g);
+    if (got.handle->info().replica_of.empty()) return set;  // released with `reps` (queued: no I/O here)
+    reps.push_back(std::move(got));
+  }
+  auto r = reps.begin();
+  for (auto& [n, t] : set) {
+#if MEMCUDA_HAS_CUDA()
+    const TensorInfo& i = r->handle->info();
+    if (stream) {
+      if (r->from_cache) r->handle->wait_published(stream);
+      else if (!i.event_handle.empty()) stream_wait_ipc_event(stream, i.event_handle);
+    }
+#else
+    (void)stream;
+#endif
+    t = SharedTensor<void>(std::move(r->handle));
+    ++r;
+  }
+  return set;
+}
 
 inline StateDict relative(std::map<std::string, SharedTensor<void>>&& full, std::string_view hidden) {
   StateDict out;
@@ -92,6 +132,17 @@ std::uint64_t ModelVersionWriter::commit(StreamHandle stream) {
   }
   std::pair<std::uint64_t, std::string> done;
   try {
+    if (!s_->replicas.empty()) {
+      // The copies read what the writes on `stream` leave: wait for them,
+      // then every asked device gets the set before any reader sees it.
+#if MEMCUDA_HAS_CUDA()
+      MEMCUDA_CUDA_TRY(cudaStreamSynchronize(stream));
+#endif
+      ReplicateOptions ro;
+      ro.devices = s_->replicas;
+      ro.prefix = true;
+      detail::replicate(s_->core, s_->staging.hidden, ro);
+    }
     done = detail::ModelAb::commit(*s_->core, s_->prefix, s_->staging, members, stream, s_->backend, s_->device);
   } catch (...) {
     std::lock_guard lk(s_->mu);
@@ -129,6 +180,10 @@ ModelVersionWriter begin_model_version(TensorRegistry& reg, std::string_view pre
   s->prefix = std::string(prefix);
   s->backend = opts.backend.value_or(core->ctx.default_backend());
   s->device = s->backend == BackendKind::cuda ? opts.device : -1;
+  if (!opts.replicas.empty() && s->backend != BackendKind::cuda)
+    throw InvalidArgument("begin_model_version of '" + std::string(prefix) +
+                          "': replicas are per CUDA device, and this version is on the host backend");
+  s->replicas = opts.replicas;
   s->staging = detail::ModelAb::begin(*core, prefix, opts.max_versions);
   try {
     std::vector<TensorSpec> specs;
@@ -213,6 +268,7 @@ bool PinnedModel::advance(StreamHandle stream) {
   if (moves) {
     fresh = detail::ab_handles(core, o);
     if (fresh.empty()) return false;  // retired by a newer commit meanwhile: the next advance sees that one
+    if (s_->open.local) fresh = detail::localize(core, std::move(fresh), o.hidden, s_->open, stream);
   }
   detail::ModelVersions::order_after(core->ctx, s_->prefix, o.rec, stream);
   std::lock_guard lk(s_->mu);
@@ -237,11 +293,16 @@ void PinnedModel::close() {
 }
 
 PinnedModel open_model(TensorRegistry& reg, std::string_view prefix, StreamHandle stream) {
+  return open_model(reg, prefix, stream, OpenModelOptions{});
+}
+
+PinnedModel open_model(TensorRegistry& reg, std::string_view prefix, StreamHandle stream, const OpenModelOptions& opts) {
   detail::ModelVersions::validate_prefix(prefix);
   auto core = detail::RegistryAccess::shared_core(reg);
   auto s = std::make_shared<detail::PinnedState>();
   s->core = core;
   s->prefix = std::string(prefix);
+  s->open = opts;
   using K = detail::AbOpened::Kind;
   for (int attempt = 0; attempt < 8; ++attempt) {
     auto o = detail::ModelAb::open(core, prefix, "", "");
@@ -259,6 +320,7 @@ PinnedModel open_model(TensorRegistry& reg, std::string_view prefix, StreamHandl
       s->hidden = o.hidden;
     }
     detail::ModelVersions::order_after(core->ctx, prefix, o.rec, stream);
+    if (opts.local) s->tensors = detail::localize(core, std::move(s->tensors), s->hidden, opts, stream);
     return PinnedModel(std::move(s));
   }
   throw Unavailable("model '" + std::string(prefix) + "': its current version kept changing under the open");

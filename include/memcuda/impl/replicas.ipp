@@ -32,9 +32,17 @@ inline std::vector<std::string> uuids_of(const std::vector<int>& devices, std::s
   throw Unavailable(std::string(what) + ": replicas are per CUDA device, and mem-cuda was built without CUDA");
 #endif
 }
+
+std::vector<ReplicaRef> replicate(const std::shared_ptr<Core>& core, std::string_view name, const ReplicateOptions& opts);
 }  // namespace detail
 
 std::vector<ReplicaRef> replicate(TensorRegistry& reg, std::string_view name, const ReplicateOptions& opts) {
+  return detail::replicate(detail::RegistryAccess::shared_core(reg), name, opts);
+}
+
+// The body of replicate(), also A/B commit's (model_ab.ipp).
+std::vector<ReplicaRef> detail::replicate(const std::shared_ptr<Core>& core, std::string_view name,
+                                          const ReplicateOptions& opts) {
   if (!opts.prefix) validate_name(name);
   else if (name.empty()) throw InvalidArgument("replicate: an empty prefix would be every tensor; name one");
   if (opts.idle.count() < 0 || opts.idle.count() > protocol::kMaxIdleMs)
@@ -50,7 +58,6 @@ std::vector<ReplicaRef> replicate(TensorRegistry& reg, std::string_view name, co
   if (cmd.devices.size() > protocol::kMaxReplicaDevices)
     throw InvalidArgument("replicate: " + std::to_string(cmd.devices.size()) + " devices, at most " +
                           std::to_string(protocol::kMaxReplicaDevices));
-  auto core = detail::RegistryAccess::shared_core(reg);
   std::vector<ReplicaRef> out;
   for (auto& t : core->client.replicate(std::move(cmd))) out.push_back({std::move(t.name), t.generation});
   return out;
