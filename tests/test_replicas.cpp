@@ -144,6 +144,14 @@ TEST_CASE("replicate refusals: a host tensor, a replica, an unknown name or pref
   // the source's references were given back, and no replica was made
   CHECK(std::string(c.command({"HGET", "memcuda:tensor:h/w", "refcount"}).str()) == "2");
   CHECK(c.command({"ZRANGEBYLEX", "memcuda:names", "[.memcuda-rep/", "(.memcuda-rep/\xff"}).size() == 0);
+  // a prefix whose names start with more replicas than one command may make:
+  // the tensor after them is still found (and refused: host memory)
+  auto x = leader.create<float>(".x/w", {8}, o);
+  for (int i = 0; i < 1100; ++i)
+    c.command({"ZADD", "memcuda:names", "0", ".memcuda-rep/GPU-1/r" + std::to_string(i)});
+  r = send(R"({"op":"replicate","name":".","prefix":true)" + dev);
+  CHECK(r.error->code == "invalid_argument");
+  CHECK_THAT(r.error->message, Catch::Contains("host memory"));
 
   // the API says the same before sending anything
   ReplicateOptions prefix, negative;

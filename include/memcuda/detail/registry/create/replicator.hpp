@@ -51,6 +51,23 @@ class Replicator {
   // Replicates `cmd.name` (every name under it when cmd.prefix) to the
   // devices `cmd.devices` (UUIDs); the source's own device is skipped: the
   // source serves it. -> one entry per replica, made or already current.
+  // The names under `prefix` but replicas (a prefix such as "." has them),
+  // at most kMaxReplicas + 1: the reserved range is stepped over at once.
+  std::vector<std::string> sources_under(redis::Connection& c, const std::string& prefix) {
+    constexpr std::size_t want = protocol::kMaxReplicas + 1;
+    std::vector<std::string> out;
+    std::string after;
+    while (out.size() < want) {
+      auto page = names_page(c, ctx_.keys, prefix, after, want);
+      for (auto& n : page)
+        if (!n.starts_with(kReplicaPrefix)) out.push_back(std::move(n));
+      if (page.size() < want) break;
+      after = page.back();
+      if (after.starts_with(kReplicaPrefix)) after = std::string(kReplicaPrefix) + '\xff';
+    }
+    return out;
+  }
+
   std::vector<protocol::ReplyTensor> run(redis::Connection& c, const protocol::Command& cmd) {
     const auto token = lease_.current().first;
     const auto& k = ctx_.keys;
@@ -60,8 +77,7 @@ class Replicator {
     std::vector<std::string> names{cmd.name};
     if (cmd.replicate_prefix) {
       if (cmd.name.empty()) throw InvalidArgument("replicate of the empty prefix: name one");
-      names = names_page(c, k, cmd.name, "", protocol::kMaxReplicas + 1);
-      std::erase_if(names, [](const std::string& n) { return n.starts_with(kReplicaPrefix); });  // "." has them
+      names = sources_under(c, cmd.name);
       if (names.empty()) throw NotFound("no tensor under the prefix '" + cmd.name + "'");
     }
     std::size_t reply_bytes = 0;  // the reply lists every replica: it must fit one
