@@ -350,6 +350,7 @@ TEST_CASE("vmm: kill -9 of the allocator of record that made a replica: its read
   INFO(got);
   CHECK(field(got, "name") == rep);
   CHECK(field(got, "sum") == "2000000");
+  const std::string first = field(got, "gen");
   REQUIRE(standbys_synced(c, hget(c, "memcuda:tensor:m/w", "owner")));
 
   a->kill(SIGKILL);
@@ -362,6 +363,7 @@ TEST_CASE("vmm: kill -9 of the allocator of record that made a replica: its read
   INFO(got);
   CHECK(field(got, "name") == rep);
   CHECK(field(got, "gen") == hget(c, "memcuda:tensor:" + rep, "generation"));
+  CHECK(field(got, "gen") != first);  // made again: the adopted source has a new generation
   CHECK(field(got, "sum") == "2000000");
 }
 

@@ -51,6 +51,26 @@ struct PinnedState {
   OpenModelOptions open;        // local: each tensor from this device's replica where one is current
 };
 
+// Replicates a staged set to `devices`, as few devices per command as keep
+// one command within kMaxReplicas replicas and its reply within
+// kMaxReplyBytes (each command still chains its devices).
+inline void replicate_version(const std::shared_ptr<Core>& core, const std::string& hidden,
+                              const std::vector<std::pair<std::string, std::uint64_t>>& members,
+                              const std::vector<int>& devices) {
+  std::size_t per_device = 0;  // reply bytes per device: what the replicator counts
+  for (const auto& [n, g] : members) per_device += kReplicaPrefix.size() + 64 + n.size();
+  const std::size_t by_count = protocol::kMaxReplicas / std::max<std::size_t>(1, members.size());
+  const std::size_t by_bytes = (protocol::kMaxReplyBytes - 4096) / std::max<std::size_t>(1, per_device);
+  const std::size_t group = std::max<std::size_t>(1, std::min(by_count, by_bytes));
+  for (std::size_t i = 0; i < devices.size(); i += group) {
+    ReplicateOptions ro;
+    ro.devices.assign(devices.begin() + static_cast<std::ptrdiff_t>(i),
+                      devices.begin() + static_cast<std::ptrdiff_t>(std::min(devices.size(), i + group)));
+    ro.prefix = true;
+    replicate(core, hidden, ro);
+  }
+}
+
 // A set's handles swapped for the reader's device's replicas (get with
 // LocalReplica::use, one script per name) when every name has a current one
 // there; else the set's own handles (never a version half local, half not).
@@ -61,19 +81,23 @@ inline StateDict localize(const std::shared_ptr<Core>& core, StateDict set, cons
   g.replica = LocalReplica::use;
   g.reader_device = o.reader_device;
   std::vector<SharedGet> reps;
-  for (const auto& [n, t] : set) {
-    auto got = get_shared(core, hidden + n, std::nullopt, g);
-    if (got.handle->info().replica_of.empty()) return set;  // released with `reps` (queued: no I/O here)
-    reps.push_back(std::move(got));
+  try {
+    for (const auto& [n, t] : set) {
+      auto got = get_shared(core, hidden + n, std::nullopt, g);
+      if (got.handle->info().replica_of.empty()) return set;  // released with `reps` (queued: no I/O here)
+      reps.push_back(std::move(got));
+    }
+  } catch (const NotFound&) {
+    return set;  // a commit retired the version meanwhile: the pinned set itself
+  } catch (const Lost&) {
+    return set;
   }
   auto r = reps.begin();
   for (auto& [n, t] : set) {
 #if MEMCUDA_HAS_CUDA()
-    const TensorInfo& i = r->handle->info();
-    if (stream) {
-      if (r->from_cache) r->handle->wait_published(stream);
-      else if (!i.event_handle.empty()) stream_wait_ipc_event(stream, i.event_handle);
-    }
+    const TensorInfo& i = r->handle->info();  // nullptr: the legacy stream waits, as order_after's does
+    if (r->from_cache) r->handle->wait_published(stream);
+    else if (!i.event_handle.empty()) stream_wait_ipc_event(stream, i.event_handle);
 #else
     (void)stream;
 #endif
@@ -138,10 +162,7 @@ std::uint64_t ModelVersionWriter::commit(StreamHandle stream) {
 #if MEMCUDA_HAS_CUDA()
       MEMCUDA_CUDA_TRY(cudaStreamSynchronize(stream));
 #endif
-      ReplicateOptions ro;
-      ro.devices = s_->replicas;
-      ro.prefix = true;
-      detail::replicate(s_->core, s_->staging.hidden, ro);
+      detail::replicate_version(s_->core, s_->staging.hidden, members, s_->replicas);
     }
     done = detail::ModelAb::commit(*s_->core, s_->prefix, s_->staging, members, stream, s_->backend, s_->device);
   } catch (...) {
@@ -183,6 +204,10 @@ ModelVersionWriter begin_model_version(TensorRegistry& reg, std::string_view pre
   if (!opts.replicas.empty() && s->backend != BackendKind::cuda)
     throw InvalidArgument("begin_model_version of '" + std::string(prefix) +
                           "': replicas are per CUDA device, and this version is on the host backend");
+  if (!opts.replicas.empty() && entries.size() > protocol::kMaxReplicas)
+    throw InvalidArgument("begin_model_version of '" + std::string(prefix) + "': " + std::to_string(entries.size()) +
+                          " tensors with replicas, at most " + std::to_string(protocol::kMaxReplicas) +
+                          " (one replicate command per device)");
   s->replicas = opts.replicas;
   s->staging = detail::ModelAb::begin(*core, prefix, opts.max_versions);
   try {

@@ -40,6 +40,11 @@ struct CuDriver {
   decltype(&::cuMemRetainAllocationHandle) MemRetainAllocationHandle = nullptr;
   decltype(&::cuMemGetAddressRange) MemGetAddressRange = nullptr;
   decltype(&::cuMemGetAccess) MemGetAccess = nullptr;
+  // A stream's device where the runtime has no cudaStreamGetDevice (before 12.8).
+  decltype(&::cuStreamGetCtx) StreamGetCtx = nullptr;
+  decltype(&::cuCtxPushCurrent) CtxPushCurrent = nullptr;
+  decltype(&::cuCtxPopCurrent) CtxPopCurrent = nullptr;
+  decltype(&::cuCtxGetDevice) CtxGetDevice = nullptr;
   std::string missing;  // the first symbol that did not resolve; "" when all did
   bool ok() const noexcept { return missing.empty(); }
 };
@@ -80,6 +85,10 @@ inline const CuDriver& cu_driver() {
     get("cuMemRetainAllocationHandle", t.MemRetainAllocationHandle);
     get("cuMemGetAddressRange", t.MemGetAddressRange);
     get("cuMemGetAccess", t.MemGetAccess);
+    get("cuStreamGetCtx", t.StreamGetCtx);
+    get("cuCtxPushCurrent", t.CtxPushCurrent);
+    get("cuCtxPopCurrent", t.CtxPopCurrent);
+    get("cuCtxGetDevice", t.CtxGetDevice);
     return t;
   }());
   return d;

@@ -18,7 +18,7 @@
 #include "memcuda/detail/cuda/runtime.hpp"
 #include "memcuda/detail/process/process.hpp"
 #if CUDART_VERSION < 12080
-#include <cuda.h>
+#include "memcuda/detail/cuda/driver.hpp"
 #endif
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -32,13 +32,16 @@ inline int stream_device(cudaStream_t stream) {
   }
 #if CUDART_VERSION >= 12080
   MEMCUDA_CUDA_TRY(cudaStreamGetDevice(stream, &d));
-#else  // the stream's context, made current for the question
+#else  // the stream's context, made current for the question (driver entry points: no -lcuda)
+  const auto& cu = cu_driver();
   CUcontext ctx{};
   CUdevice dev{};
-  if (cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS || cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+  if (!cu.StreamGetCtx || !cu.CtxPushCurrent || !cu.CtxPopCurrent || !cu.CtxGetDevice)
+    throw Unavailable("the CUDA driver lacks " + cu.missing + ": a stream's device cannot be told");
+  if (cu.StreamGetCtx(stream, &ctx) != CUDA_SUCCESS || cu.CtxPushCurrent(ctx) != CUDA_SUCCESS)
     throw InternalError("cuStreamGetCtx: not a stream of this process");
-  const CUresult r = cuCtxGetDevice(&dev);
-  cuCtxPopCurrent(&ctx);
+  const CUresult r = cu.CtxGetDevice(&dev);
+  cu.CtxPopCurrent(&ctx);
   if (r != CUDA_SUCCESS) throw InternalError("cuCtxGetDevice failed");
   d = static_cast<int>(dev);  // the runtime's ordinal is the driver's
 #endif

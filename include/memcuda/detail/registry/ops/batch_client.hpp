@@ -365,15 +365,15 @@ class BatchClient {
   // connection of the waiting pool and a reply list of its own.
   protocol::Reply request(protocol::Command cmd) {
     static std::atomic<std::uint64_t> seq{0};
-    const std::size_t n = cmd.tensors.size();
     try {
-      return c_.client.exchange(std::move(cmd), ctx_.keys.batch_reply(ctx_.session, ++seq));
+      (void)protocol::encode_command(cmd);  // only the command's size is caught here, not the reply's
     } catch (const ProtocolError& e) {
       if (e.errc() != ProtocolErrc::too_large) throw;
-      throw InvalidArgument("create_many of " + std::to_string(n) +
+      throw InvalidArgument("create_many of " + std::to_string(cmd.tensors.size()) +
                             " tensors does not fit one command (64 KiB of JSON) and is not served by this "
                             "process: split the batch, or create it in the allocator of record");
     }
+    return c_.client.exchange(std::move(cmd), ctx_.keys.batch_reply(ctx_.session, ++seq));
   }
 
   std::shared_ptr<Core> core_;
