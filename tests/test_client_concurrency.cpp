@@ -74,15 +74,19 @@ TEST_CASE("concurrent creates through one follower each get their own reply", "[
   TensorRegistry leader(conc_opts(srv));
   TensorRegistry follower(conc_opts(srv, false));
   REQUIRE(leader.is_leader());
-  std::vector<std::future<std::uint64_t>> fs;
+  // Catch's assertions are not thread-safe: the threads return, the test thread checks.
+  std::vector<std::future<std::pair<std::string, std::uint64_t>>> fs;
   for (int i = 0; i < 6; ++i)
     fs.push_back(std::async(std::launch::async, [&, i] {
       auto t = follower.create<float>("c" + std::to_string(i), {8});
-      CHECK(t.name() == "c" + std::to_string(i));
-      return t.generation();
+      return std::make_pair(t.name(), t.generation());
     }));
   std::set<std::uint64_t> gens;
-  for (auto& f : fs) gens.insert(f.get());
+  for (int i = 0; i < 6; ++i) {
+    auto [name, gen] = fs[static_cast<std::size_t>(i)].get();
+    CHECK(name == "c" + std::to_string(i));
+    gens.insert(gen);
+  }
   CHECK(gens.size() == 6);
   follower.flush();
   for (int i = 0; i < 6; ++i) CHECK_THROWS_AS(leader.info("c" + std::to_string(i)), NotFound);  // freed
