@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "memcuda/error.hpp"
 #include "memcuda/redis/connection.hpp"
@@ -234,6 +235,65 @@ class SentinelWatch {
   Options opts_;
   std::optional<Connection> conn_;
   std::size_t next_ = 0;
+};
+
+// Every sentinel of the service asked for its primary at once. While a
+// failover spreads they differ: the sentinel that led it names the new
+// primary first, the others learn it from its hellos within seconds, and
+// until then processes following them still write to the old primary
+// (create/held_frees.hpp waits for them). A sentinel that fails is left
+// out for kRetry, so one out of reach costs one timeout now and then.
+// One thread at a time.
+class SentinelCensus {
+ public:
+  static constexpr std::chrono::seconds kRetry{5};
+
+  struct Answer {
+    std::size_t answered = 0;           // sentinels that named a primary
+    std::optional<std::string> agreed;  // "host:port" when they all named the same one
+  };
+
+  explicit SentinelCensus(Options o) : opts_(std::move(o)), peers_(opts_.sentinels.size()) {
+    opts_.connect_timeout = std::min(opts_.connect_timeout, SentinelWatch::kTimeout);
+    if (opts_.command_timeout.count() == 0 || opts_.command_timeout > SentinelWatch::kTimeout)
+      opts_.command_timeout = SentinelWatch::kTimeout;
+  }
+
+  Answer ask() noexcept {
+    Answer a;
+    bool differ = false;
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < peers_.size(); ++i) {
+      auto& p = peers_[i];
+      if (now < p.retry_at) continue;
+      try {
+        std::string why;
+        if (!p.conn) {
+          p.conn.emplace(detail::sentinel_options(opts_, opts_.sentinels[i], opts_.connect_timeout));
+          if (!detail::offer_credentials(*p.conn, opts_, detail::password_now(opts_), why)) throw ConnectionError(why);
+        }
+        if (auto pr = detail::primary_of(*p.conn, opts_, why)) {
+          std::string addr = pr->first + ":" + std::to_string(pr->second);
+          if (a.answered++ == 0) a.agreed = std::move(addr);
+          else differ |= *a.agreed != addr;
+          continue;
+        }
+      } catch (const std::exception&) {
+      }
+      p.conn.reset();
+      p.retry_at = now + kRetry;
+    }
+    if (differ) a.agreed.reset();
+    return a;
+  }
+
+ private:
+  struct Peer {
+    std::optional<Connection> conn;
+    std::chrono::steady_clock::time_point retry_at{};
+  };
+  Options opts_;
+  std::vector<Peer> peers_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::redis

@@ -15,7 +15,11 @@
 //      grace passed since the last switch it noticed: every process
 //      notices a switch within its heartbeat and re-registers what it
 //      holds (Recovery), leaving a claim where the record is gone
-//      (recovery_scripts.hpp);
+//      (recovery_scripts.hpp). Under Sentinel a switch lasts while the
+//      sentinels name different primaries: the one that led the failover
+//      names the new primary first, and processes that follow the others
+//      still take references on the old one, which the new primary never
+//      sees (watch_sentinels);
 // then the Redis state is read once more. The record back (under its name
 // or unlinked) or a claim: the block stays owned (a claimed one is
 // published again, unlinked, for its holders); else it goes to its pool.
@@ -33,6 +37,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <optional>
 
 #include "memcuda/detail/base/log.hpp"
 #include "memcuda/detail/pool/device_pool.hpp"
@@ -104,6 +110,7 @@ class HeldFrees {
   // write to `ack_key` and one WAIT cover all of them.
   void settle(redis::Connection& c, const Keys& k, const std::string& ack_key,
               const std::function<void(OwnedBlock)>& keep) {
+    watch_sentinels(c);
     probe(c, ack_key);
     std::vector<Entry> due = take_due();
     if (due.empty()) return;
@@ -173,6 +180,35 @@ class HeldFrees {
     return ec == std::errc{} && p == v.data() + v.size() && n > 0 ? n : 0;
   }
 
+  // While frees are held, each tick asks every sentinel: names that differ,
+  // one other than the server `c` reads, or another than at the last ask
+  // mean a failover is spreading, a switch now. A split that outlasts
+  // kUnackedHold (a sentinel watching another server under the service's
+  // name) is logged once and holds frees no longer. No sentinel answering
+  // leaves the timing rules alone.
+  void watch_sentinels(redis::Connection& c) {
+    if (c.options().sentinels.empty() || size() == 0) return;
+    if (!census_) census_.emplace(c.options());
+    const auto a = census_->ask();
+    if (a.answered == 0) return;
+    const auto now = Clock::now();
+    const bool moved = a.agreed && !agreed_.empty() && *a.agreed != agreed_;
+    if (a.agreed) agreed_ = *a.agreed;
+    if (a.agreed && *a.agreed == c.server() && !moved) {
+      split_since_.reset();
+      split_logged_ = false;
+      return;
+    }
+    if (!split_since_) split_since_ = now;
+    if (now - *split_since_ <= kUnackedHold) return note_switch();
+    if (!split_logged_)
+      log(LogLevel::warn, "the sentinels have named different primaries for over " +
+                              std::to_string(kUnackedHold.count()) +
+                              " s: freed blocks no longer wait for them to agree (check each sentinel's "
+                              "SENTINEL get-master-addr-by-name)");
+    split_logged_ = true;
+  }
+
   void probe(redis::Connection& c, const std::string& ack_key) {
     const auto now = Clock::now();
     {
@@ -184,10 +220,25 @@ class HeldFrees {
     }
     c.command({"SET", ack_key, std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count(),
                "PX", 60000});
-    if (!wait_replica(c)) return;
+    if (!wait_replica(c) && !replicaless(c)) return;
     std::lock_guard lk(mu_);
     for (auto& e : held_)
       if (e.at <= now) e.acked = true;
+  }
+
+  // A primary with no replica attached (ROLE lists the ones it has now, as
+  // after a cluster failover whose old primary died): no failover can
+  // promote a server that lacks the free, since one that attaches later
+  // syncs from this primary first; the free stands as if acknowledged, and
+  // the blocks do not wait kUnackedHold. Left open: a replica whose link
+  // was down just then, promoted before it reconnected.
+  static bool replicaless(redis::Connection& c) noexcept {
+    try {
+      auto r = c.command({"ROLE"});
+      return r.size() >= 3 && r[0].is_string() && r[0].str() == "master" && r[2].size() == 0;
+    } catch (const std::exception&) {
+      return false;
+    }
   }
 
   struct Entry {
@@ -216,6 +267,11 @@ class HeldFrees {
   std::vector<Entry> held_;
   Clock::time_point switched_{}, probed_{};
   std::atomic<std::uint64_t> undone_{0};
+  // watch_sentinels' state: the loop's thread only
+  std::optional<redis::SentinelCensus> census_;
+  std::string agreed_;  // the primary the sentinels agreed on at the last ask
+  std::optional<Clock::time_point> split_since_;
+  bool split_logged_ = false;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
