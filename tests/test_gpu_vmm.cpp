@@ -346,6 +346,7 @@ TEST_CASE("vmm: kill -9 of the allocator of record that made a replica: its read
   REQUIRE(a->ask("replicate m/w 1", 60s) == "OK n=1");
   const std::string rep = ".memcuda-rep/" + memcuda::detail::device_uuid(1) + "/m/w";
   auto r = worker(srv, "vmm", {"--no-control"}, {"CUDA_VISIBLE_DEVICES=1"});  // its device 0 is GPU 1
+  CHECK_FALSE(ready(*r));  // its READY line first: else each answer below is the one before
   auto got = r->ask("getlocal m/w", 30s);
   INFO(got);
   CHECK(field(got, "name") == rep);
@@ -359,6 +360,7 @@ TEST_CASE("vmm: kill -9 of the allocator of record that made a replica: its read
   CHECK(r->ask("sum m/w", 30s) == "OK sum=2000000 valid=1");
   REQUIRE(s->ask("replicate m/w 1", 60s) == "OK n=1");
   auto r2 = worker(srv, "vmm", {"--no-control"}, {"CUDA_VISIBLE_DEVICES=1"});
+  CHECK_FALSE(ready(*r2));
   got = r2->ask("getlocal m/w", 30s);
   INFO(got);
   CHECK(field(got, "name") == rep);

@@ -89,6 +89,35 @@ TEST_CASE("acquire local: the source when there is no replica, nothing taken whi
   CHECK(w.field("m/w", "holder:reader-1") == "2");
 }
 
+// A replicate marks all its sources in one call: the first by itself, the
+// others pipelined; each answer is its own source's, in order, also after
+// the server's script cache was flushed.
+TEST_CASE("replica ready of many sources: one answer per source, in order, after a SCRIPT FLUSH too",
+          "[redis][replica]") {
+  World w;
+  std::vector<SharedTensor<float>> srcs, reps;
+  for (int i = 0; i < 4; ++i) {
+    srcs.push_back(w.leader.create<float>("m/w" + std::to_string(i), {16}, persistent()));
+    reps.push_back(w.replica_record(srcs.back().name(), srcs.back().generation()));
+  }
+  w.c.command({"SCRIPT", "FLUSH"});
+  std::vector<std::vector<detail::store::ReplicaMark>> marks;
+  for (const auto& r : reps) marks.push_back({{kUuid, std::string(64, 'e'), "peer", r.generation()}});
+  std::vector<std::string> names;
+  for (const auto& t : srcs) names.push_back(t.name());
+  std::vector<detail::store::ReadySource> ready;
+  for (std::size_t i = 0; i < srcs.size(); ++i)
+    ready.push_back({names[i], srcs[i].generation() + (i == 2 ? 1 : 0), 0, &marks[i]});  // the third: stale
+  const auto answers = detail::store::replica_ready(w.c, w.k, w.token(), ready);
+  REQUIRE(answers.size() == 4);
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    INFO("source " << i);
+    CHECK(answers[i].status == (i == 2 ? "stale" : "ok"));
+    CHECK(w.field(reps[i].name(), "copied_version") == (i == 2 ? "nil" : "0"));
+  }
+  CHECK(detail::store::replica_ready(w.c, w.k, w.token(), {}).empty());
+}
+
 TEST_CASE("replica ready: marks the copy, wakes its waiters, and a local get takes the replica",
           "[redis][replica]") {
   World w;

@@ -9,6 +9,9 @@
 #include "memcuda/config.hpp"
 
 #include <cstdint>
+#include <exception>
+#include <iterator>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -165,21 +168,78 @@ struct ReplicaMark {
   std::uint64_t generation;  // the replica's own
 };
 
-// kReplicaReady of `source` at generation `gen` and event version `version`.
+// One source's replicas that a replicate copied: its record's generation
+// and event version then, and a mark per replica.
+struct ReadySource {
+  std::string_view name;
+  std::uint64_t generation, version;
+  const std::vector<ReplicaMark>* marks;
+};
+
+// kReplicaReady of each source, as EVALSHA commands of the script `sha`
+// (the cluster's own on a cluster: script_call.hpp).
+inline std::vector<redis::Command> replica_ready_cmds(const Keys& k, std::string_view sha, const std::string& token,
+                                                      const std::vector<ReadySource>& srcs) {
+  std::vector<redis::Command> out;
+  out.reserve(srcs.size());
+  for (const auto& s : srcs) {
+    redis::Command keys{k.leader(), k.tensor(s.name)};
+    redis::Command args{token, std::to_string(s.generation), std::to_string(s.version), k.prefix()};
+    for (const auto& m : *s.marks) {
+      const std::string rep = replica_name(m.device_uuid, s.name);
+      keys.push_back(k.tensor(rep));
+      keys.push_back(k.waiters(rep));
+      args.insert(args.end(), {m.event_handle, m.path, m.device_uuid, std::to_string(m.generation)});
+    }
+    redis::Command cmd{"EVALSHA", std::string(sha), std::to_string(keys.size())};
+    cmd.insert(cmd.end(), std::make_move_iterator(keys.begin()), std::make_move_iterator(keys.end()));
+    cmd.insert(cmd.end(), std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
+    out.push_back(std::move(cmd));
+  }
+  return out;
+}
+
+// kReplicaReady of every source in one round trip (a replicate of a model's
+// hundreds of tensors paid one each): the first runs by itself, which loads
+// the script where the server lacks it, the rest as one pipeline; one that
+// answers NOSCRIPT (the script cache flushed between) runs again by itself.
+// An error reply throws, after the others ran. -> one Answer per source.
+inline std::vector<Answer> replica_ready(redis::Connection& c, const Keys& k, const std::string& token,
+                                         const std::vector<ReadySource>& srcs) {
+  auto cmds = replica_ready_cmds(k, script<lua::kReplicaReady>(c).sha(), token, srcs);
+  std::vector<Answer> out;
+  out.reserve(cmds.size());
+  auto alone = [&](const redis::Command& cmd) {
+    const std::vector<redis::Arg> rest(cmd.begin() + 3, cmd.end());
+    const auto n = static_cast<std::size_t>(std::stoul(cmd[2]));
+    return answer(eval<lua::kReplicaReady>(c, std::span(rest).first(n), std::span(rest).subspan(n)));
+  };
+  if (cmds.empty()) return out;
+  out.push_back(alone(cmds.front()));
+  cmds.erase(cmds.begin());
+  std::vector<std::exception_ptr> errs;
+  auto replies = c.pipeline(cmds, &errs);
+  std::exception_ptr first;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    if (replies[i].is_error()) {
+      if (redis::error_prefix(replies[i].str()) == "NOSCRIPT") {
+        out.push_back(alone(cmds[i]));
+        continue;
+      }
+      if (!first) first = errs.at(i);
+      out.push_back({});
+      continue;
+    }
+    out.push_back(answer(std::move(replies[i])));
+  }
+  if (first) std::rethrow_exception(first);
+  return out;
+}
+
+// replica_ready of one source.
 inline Answer replica_ready(redis::Connection& c, const Keys& k, const std::string& token, std::string_view source,
                             std::uint64_t gen, std::uint64_t version, const std::vector<ReplicaMark>& marks) {
-  std::vector<redis::Arg> keys{k.leader(), k.tensor(source)};
-  std::vector<redis::Arg> args{token, std::to_string(gen), std::to_string(version), k.prefix()};
-  for (const auto& m : marks) {
-    const std::string rep = replica_name(m.device_uuid, source);
-    keys.emplace_back(k.tensor(rep));
-    keys.emplace_back(k.waiters(rep));
-    args.emplace_back(m.event_handle);
-    args.emplace_back(m.path);
-    args.emplace_back(m.device_uuid);
-    args.emplace_back(std::to_string(m.generation));
-  }
-  return answer(eval<lua::kReplicaReady>(c, keys, args));
+  return std::move(replica_ready(c, k, token, {{source, gen, version, &marks}}).front());
 }
 
 // kReplicaSweep over `replicas` (names under kReplicaPrefix) and their sources.

@@ -236,12 +236,15 @@ class Replicator {
       const auto& t = make[i];
       marks[t.src].push_back({t.uuid, events[t.device].first, events[t.device].second, made[i].generation});
     }
-    for (auto& [i, m] : marks) {
-      const auto& s = src[i];
-      auto r = store::replica_ready(c, ctx_.keys, token, s.name, s.generation, s.event_version, m);
-      if (r.is("notleader")) lease_.fail_status("replica ready", r.status, "replicating '" + s.name + "'", r[1].str());
+    std::vector<store::ReadySource> ready;
+    for (const auto& [i, m] : marks) ready.push_back({src[i].name, src[i].generation, src[i].event_version, &m});
+    const auto answers = store::replica_ready(c, ctx_.keys, token, ready);
+    for (std::size_t j = 0; j < answers.size(); ++j) {
+      const auto& r = answers[j];
+      const std::string name(ready[j].name);
+      if (r.is("notleader")) lease_.fail_status("replica ready", r.status, "replicating '" + name + "'", r[1].str());
       if (r.is("stale"))
-        throw StaleHandle("tensor '" + s.name + "' was published or re-created while it was replicated; replicate "
+        throw StaleHandle("tensor '" + name + "' was published or re-created while it was replicated; replicate "
                           "it again");
     }
     for (std::size_t i = 0; i < make.size(); ++i) out.push_back({many.tensors[i].name, made[i].generation, 1});
