@@ -327,6 +327,43 @@ TEST_CASE("scripts run by EVALSHA with a transparent NOSCRIPT fallback", "[redis
     std::vector<redis::Arg> keys{"a", "b"}, args{1, 2, 3};
     CHECK(sum.eval(c, std::span<const redis::Arg>(keys), std::span<const redis::Arg>(args)).integer() == 5);
   }
+  SECTION("eval_each: one pipeline, each reply in order, errors index-aligned; NOSCRIPT ones run once more") {
+    // Fails for ARGV[1] == 'bad'; counts every run in KEYS[1].
+    redis::Script s("redis.call('INCR', KEYS[1]); if ARGV[1] == 'bad' then return redis.error_reply('bad one') "
+                    "end; return ARGV[1]");
+    auto cmds = [&](int n) {
+      std::vector<redis::Command> v;
+      for (int i = 0; i < n; ++i) {
+        const redis::Arg keys[] = {"runs"};
+        const redis::Arg args[] = {i == 3 ? std::string("bad") : std::to_string(i)};
+        v.push_back(s.command(keys, args));
+      }
+      return v;
+    };
+    for (int round = 0; round < 2; ++round) {  // an empty script cache, then the script loaded
+      CAPTURE(round);
+      if (round == 0) c.command({"SCRIPT", "FLUSH"});
+      c.command({"DEL", "runs"});
+      std::vector<std::exception_ptr> errs;
+      auto replies = s.eval_each(c, cmds(6), &errs);
+      REQUIRE(replies.size() == 6);
+      REQUIRE(errs.size() == 6);
+      for (int i = 0; i < 6; ++i) {
+        CAPTURE(i);
+        if (i == 3) {
+          REQUIRE(errs[i]);
+          CHECK_THROWS_WITH(std::rethrow_exception(errs[i]), Catch::Contains("bad one"));
+        } else {
+          CHECK_FALSE(errs[i]);
+          CHECK(replies[i].str() == std::to_string(i));
+        }
+      }
+      CHECK(c.command({"GET", "runs"}).str() == "6");  // each ran once: NOSCRIPT means not run
+    }
+    CHECK_THROWS_WITH(s.eval_each(c, cmds(5)), Catch::Contains("bad one"));  // without `errors`: thrown after all ran
+    CHECK(c.command({"GET", "runs"}).str() == "11");
+    CHECK(s.eval_each(c, {}).empty());
+  }
 }
 
 TEST_CASE("AUTH with requirepass", "[redis]") {

@@ -3,6 +3,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <exception>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 #include "memcuda/error.hpp"
 #include "memcuda/redis/args.hpp"
 #include "memcuda/redis/connection.hpp"
+#include "memcuda/redis/errors.hpp"
 #include "memcuda/redis/reply.hpp"
 #include "memcuda/redis/sha1.hpp"
 
@@ -46,22 +48,85 @@ class Script {
     // Arg copies the string it owns (a create passes some forty).
     for (const auto& k : keys) argv.emplace_back(k.view());
     for (const auto& a : args) argv.emplace_back(a.view());
-    try {
-      return c.command(std::span<const Arg>(argv));
-    } catch (const ReplyError& e) {
-      if (e.prefix() != "NOSCRIPT") throw;
-    }
-    Reply loaded = c.command({"SCRIPT", "LOAD", source_});
-    if (loaded.str() != sha_)
-      throw InternalError("Redis loaded the script as " + std::string(loaded.str()) + ", expected " + sha_);
-    return c.command(std::span<const Arg>(argv));
+    return run(c, argv);
   }
   Reply eval(Connection& c, std::initializer_list<Arg> keys, std::initializer_list<Arg> args) const {
     return eval(c, std::span<const Arg>(keys.begin(), keys.size()),
                 std::span<const Arg>(args.begin(), args.size()));
   }
 
+  // The script's EVALSHA as a command of a pipeline (eval_each).
+  Command command(std::span<const Arg> keys, std::span<const Arg> args) const {
+    Command cmd{"EVALSHA", sha_, std::to_string(keys.size())};
+    cmd.reserve(3 + keys.size() + args.size());
+    for (const auto& k : keys) cmd.emplace_back(k.view());
+    for (const auto& a : args) cmd.emplace_back(a.view());
+    return cmd;
+  }
+
+  // Runs `cmds` (each this script's command()) as one pipeline: one round
+  // trip where hundreds paid one each. Those answered NOSCRIPT (a new
+  // server, a flushed cache) did not run: the first of them runs by itself,
+  // which loads the script, the others as a second pipeline, and any still
+  // NOSCRIPT there (another cluster node) by itself. Error replies as
+  // Connection::pipeline: in `errors`, index-aligned, when given (check it,
+  // not the reply, which is empty for one run by itself), else the first
+  // is thrown after every command ran. I/O failures throw.
+  std::vector<Reply> eval_each(Connection& c, const std::vector<Command>& cmds,
+                               std::vector<std::exception_ptr>* errors = nullptr) const {
+    std::vector<std::exception_ptr> errs;
+    std::vector<Reply> out = cmds.empty() ? std::vector<Reply>{} : c.pipeline(cmds, &errs);
+    errs.resize(out.size());
+    auto noscript = [&](std::size_t i) { return errs[i] && error_prefix(out[i].str()) == "NOSCRIPT"; };
+    auto alone = [&](std::size_t i) {
+      std::vector<Arg> argv(cmds[i].begin(), cmds[i].end());
+      errs[i] = nullptr;
+      try {
+        out[i] = run(c, argv);
+      } catch (const ReplyError&) {
+        out[i] = Reply{};
+        errs[i] = std::current_exception();
+      }
+    };
+    std::vector<std::size_t> again;
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (noscript(i)) again.push_back(i);
+    if (!again.empty()) {
+      alone(again.front());
+      std::vector<Command> rest;
+      for (std::size_t j = 1; j < again.size(); ++j) rest.push_back(cmds[again[j]]);
+      std::vector<std::exception_ptr> rest_errs;
+      auto rest_out = rest.empty() ? std::vector<Reply>{} : c.pipeline(rest, &rest_errs);
+      for (std::size_t j = 1; j < again.size(); ++j) {
+        const std::size_t i = again[j];
+        out[i] = std::move(rest_out[j - 1]);
+        errs[i] = rest_errs[j - 1];
+        if (noscript(i)) alone(i);
+      }
+    }
+    if (errors) {
+      *errors = std::move(errs);
+    } else {
+      for (const auto& e : errs)
+        if (e) std::rethrow_exception(e);
+    }
+    return out;
+  }
+
  private:
+  // Runs an EVALSHA, loading the script once on NOSCRIPT.
+  Reply run(Connection& c, std::span<const Arg> argv) const {
+    try {
+      return c.command(argv);
+    } catch (const ReplyError& e) {
+      if (e.prefix() != "NOSCRIPT") throw;
+    }
+    Reply loaded = c.command({"SCRIPT", "LOAD", source_});
+    if (loaded.str() != sha_)
+      throw InternalError("Redis loaded the script as " + std::string(loaded.str()) + ", expected " + sha_);
+    return c.command(argv);
+  }
+
   std::string source_;
   std::string sha_;
 };

@@ -200,39 +200,15 @@ inline std::vector<redis::Command> replica_ready_cmds(const Keys& k, std::string
 }
 
 // kReplicaReady of every source in one round trip (a replicate of a model's
-// hundreds of tensors paid one each): the first runs by itself, which loads
-// the script where the server lacks it, the rest as one pipeline; one that
-// answers NOSCRIPT (the script cache flushed between) runs again by itself.
-// An error reply throws, after the others ran. -> one Answer per source.
+// hundreds of tensors paid one each; Script::eval_each). An error reply
+// throws, after the others ran. -> one Answer per source.
 inline std::vector<Answer> replica_ready(redis::Connection& c, const Keys& k, const std::string& token,
                                          const std::vector<ReadySource>& srcs) {
-  auto cmds = replica_ready_cmds(k, script<lua::kReplicaReady>(c).sha(), token, srcs);
+  const auto& script = store::script<lua::kReplicaReady>(c);
+  auto replies = script.eval_each(c, replica_ready_cmds(k, script.sha(), token, srcs));
   std::vector<Answer> out;
-  out.reserve(cmds.size());
-  auto alone = [&](const redis::Command& cmd) {
-    const std::vector<redis::Arg> rest(cmd.begin() + 3, cmd.end());
-    const auto n = static_cast<std::size_t>(std::stoul(cmd[2]));
-    return answer(eval<lua::kReplicaReady>(c, std::span(rest).first(n), std::span(rest).subspan(n)));
-  };
-  if (cmds.empty()) return out;
-  out.push_back(alone(cmds.front()));
-  cmds.erase(cmds.begin());
-  std::vector<std::exception_ptr> errs;
-  auto replies = c.pipeline(cmds, &errs);
-  std::exception_ptr first;
-  for (std::size_t i = 0; i < replies.size(); ++i) {
-    if (replies[i].is_error()) {
-      if (redis::error_prefix(replies[i].str()) == "NOSCRIPT") {
-        out.push_back(alone(cmds[i]));
-        continue;
-      }
-      if (!first) first = errs.at(i);
-      out.push_back({});
-      continue;
-    }
-    out.push_back(answer(std::move(replies[i])));
-  }
-  if (first) std::rethrow_exception(first);
+  out.reserve(replies.size());
+  for (auto& r : replies) out.push_back(answer(std::move(r)));
   return out;
 }
 

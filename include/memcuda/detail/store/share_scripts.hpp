@@ -36,8 +36,7 @@ return publish_new(ARGV[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', 6)
 
 namespace store {
 
-// The share script as one command of a pipeline (EVALSHA: a NOSCRIPT reply
-// means it did not run; share_record loads and runs it).
+// The share script as one command of a pipeline (share_records).
 inline redis::Command share_record_cmd(const Keys& k, const std::string& name, const std::string& holder,
                                        bool persistent, const std::vector<std::string>& fields) {
   redis::Command c{"EVALSHA", script<lua::kShare>(k.cluster()).sha(), "10", k.tensor(name), k.names(), k.owners(),
@@ -54,6 +53,12 @@ inline redis::Reply share_record(redis::Connection& c, const Keys& k, const std:
   for (const auto& f : fields) args.emplace_back(f);
   return eval<lua::kShare>(c, {k.tensor(name), k.names(), k.owners(), k.generation(), k.waiters(name), k.lost(name),
                                k.usage(), k.refs(holder), k.holders(), k.dicts()}, args);
+}
+
+// Many share_record_cmd()s in one round trip; `errors` as Script::eval_each.
+inline std::vector<redis::Reply> share_records(redis::Connection& c, const std::vector<redis::Command>& cmds,
+                                               std::vector<std::exception_ptr>& errors) {
+  return script<lua::kShare>(c).eval_each(c, cmds, &errors);
 }
 
 }  // namespace store

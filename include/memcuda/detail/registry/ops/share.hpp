@@ -143,21 +143,12 @@ inline std::vector<std::variant<Opened, std::exception_ptr>> share_buffers(Core&
     cmds.push_back(store::share_record_cmd(core.ctx.keys, p.t.name, core.ctx.session, p.persistent, p.fields));
   auto conn = core.ctx.pool.acquire();
   std::vector<std::exception_ptr> errors;
-  auto replies = conn->pipeline(cmds, &errors);
+  auto replies = store::share_records(*conn, cmds, errors);
   std::vector<std::variant<Opened, std::exception_ptr>> out;
   out.reserve(ps.size());
   for (std::size_t i = 0; i < ps.size(); ++i) {
     try {
-      if (errors[i]) {
-        try {
-          std::rethrow_exception(errors[i]);
-        } catch (const ReplyError& e) {
-          if (e.prefix() != "NOSCRIPT") throw;
-          // Not loaded yet (a fresh Redis): this one alone, which loads it.
-          replies[i] = store::share_record(*conn, core.ctx.keys, ps[i].t.name, core.ctx.session, ps[i].persistent,
-                                           ps[i].fields);
-        }
-      }
+      if (errors[i]) std::rethrow_exception(errors[i]);
       out.emplace_back(finish_share(core, ps[i], replies[i]));
     } catch (...) {
       out.emplace_back(std::current_exception());
