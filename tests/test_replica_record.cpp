@@ -173,6 +173,31 @@ TEST_CASE("a publish at the source makes its replica stale until the copy catche
   CHECK(w.local("m/w", true).status == "replica");
 }
 
+// What a publish of a tensor with replicas asks of the allocator of record:
+// a "refresh" replicate of that tensor to the devices its record lists.
+// No registry runs here, so the command stays on the list to be read.
+TEST_CASE("a publish of a replicated tensor asks for a refresh in place on the lifecycle list", "[redis][replica]") {
+  test::RedisServer srv;
+  redis::Connection c{srv.options()};
+  detail::Keys k;
+  const std::string other = "GPU-99999999-1111-2222-3333-444444444444";
+  const std::string name = "m/w:0.b-1_";
+  c.command({"HSET", k.tensor(name), "name", name, "generation", "42"});
+  REQUIRE(detail::store::publish_event(c, k, name, 42, std::string(64, 'p')) == 1);
+  CHECK(c.command({"LLEN", k.lifecycle()}).integer() == 0);  // no replicas: nothing to refresh
+  c.command({"HSET", k.tensor(name), "replicas", std::string(kUuid) + " " + other});
+  REQUIRE(detail::store::publish_event(c, k, name, 42, std::string(64, 'q')) == 2);
+  REQUIRE(c.command({"LLEN", k.lifecycle()}).integer() == 1);
+  const auto cmd = protocol::decode_command(c.command({"RPOP", k.lifecycle()}).str());
+  CHECK(cmd.op == protocol::Op::replicate);
+  CHECK(cmd.name == name);
+  CHECK(cmd.replicate_refresh);
+  CHECK_FALSE(cmd.replicate_prefix);
+  CHECK(cmd.devices == std::vector<std::string>{kUuid, other});
+  CHECK(detail::store::publish_event(c, k, name, 41, std::string(64, 'r')) == -1);  // another generation
+  CHECK(c.command({"LLEN", k.lifecycle()}).integer() == 0);
+}
+
 TEST_CASE("acquire local: a replica of another source generation, a broken one, or one of the wrong type is "
           "not used, the source's refusals are a get's",
           "[redis][replica]") {

@@ -46,6 +46,10 @@ TEST_CASE("the replicate command round-trips and refuses bad devices, prefix and
   c.replicate_prefix = false;
   c.idle_ms.reset();
   CHECK(p::encode_command(c).find("prefix") == std::string::npos);
+  CHECK(p::encode_command(c).find("refresh") == std::string::npos);
+  CHECK(p::decode_command(p::encode_command(c)) == c);
+  c.replicate_refresh = true;  // a publish's: refresh what is there, make nothing
+  CHECK(p::encode_command(c).find(R"("refresh":true)") != std::string::npos);
   CHECK(p::decode_command(p::encode_command(c)) == c);
 
   CHECK_THAT(errc_of(R"({"op":"replicate","name":"a"})"), Catch::StartsWith("missing_field"));
@@ -57,6 +61,8 @@ TEST_CASE("the replicate command round-trips and refuses bad devices, prefix and
   CHECK_THAT(errc_of(R"({"op":"replicate","name":"a","devices":["GPU 1"]})"), Catch::StartsWith("bad_value"));
   CHECK_THAT(errc_of(R"({"op":"replicate","name":"a","devices":["G"],"prefix":1})"), Catch::StartsWith("wrong_type"));
   CHECK_THAT(errc_of(R"({"op":"replicate","name":"a","devices":["G"],"idle_ms":-1})"), Catch::StartsWith("bad_value"));
+  CHECK_THAT(errc_of(R"({"op":"replicate","name":"a","devices":["G"],"refresh":"yes"})"),
+             Catch::StartsWith("wrong_type"));
   CHECK_THAT(errc_of(R"({"op":"replicate","devices":["G"]})"), Catch::StartsWith("missing_field"));
   std::string many = R"({"op":"replicate","name":"a","devices":[)";
   for (std::size_t i = 0; i <= p::kMaxReplicaDevices; ++i) many += (i ? ",\"G" : "\"G") + std::to_string(i) + "\"";

@@ -92,9 +92,12 @@ struct Command {
   // spelling, so a client matching replies by op sees what it sent.
   bool op_spelled_delete = false;
   // replicate: the target devices' UUIDs (required, 1..kMaxReplicaDevices),
-  // whether `name` is a prefix ("prefix"), the idle time ("idle_ms", >= 0).
+  // whether `name` is a prefix ("prefix"), the idle time ("idle_ms", >= 0),
+  // and whether only replicas there are refreshed in place ("refresh": what
+  // a publish of a replicated tensor sends; none is made).
   std::vector<std::string> devices;
   bool replicate_prefix = false;
+  bool replicate_refresh = false;
   std::optional<std::int64_t> idle_ms;
 
   friend bool operator==(const Command&, const Command&) = default;
@@ -106,7 +109,7 @@ inline bool is_command_field(std::string_view k) noexcept {
   static constexpr std::string_view kFields[] = {
       "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
       "pid", "pidns", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations",
-      "devices", "prefix", "idle_ms"};
+      "devices", "prefix", "idle_ms", "refresh"};
   for (std::string_view f : kFields)
     if (k == f) return true;
   return false;
@@ -150,6 +153,7 @@ inline void decode_replicate(const boost::json::object& o, Command& c) {
     c.devices.push_back(std::move(u));
   }
   if (const json::value* v = find(o, "prefix")) c.replicate_prefix = get_bool(*v, "prefix");
+  if (const json::value* v = find(o, "refresh")) c.replicate_refresh = get_bool(*v, "refresh");
   if (const json::value* v = find(o, "idle_ms")) c.idle_ms = get_int(*v, "idle_ms", 0, kMaxIdleMs);
 }
 
@@ -196,7 +200,7 @@ inline Command decode_command(std::string_view text) {
            "command: unknown field \"" + memcuda::detail::rules::printable(k) +
                "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
                "persistent, pid, pidns, node, holder, generation, generations, id, reply_to, tensors, devices, "
-               "prefix, idle_ms");
+               "prefix, idle_ms, refresh");
   }
 
   Command c;
@@ -297,6 +301,7 @@ inline std::string encode_command(const Command& c) {
     for (const auto& d : c.devices) a.emplace_back(detail::sv(d));
     o["devices"] = std::move(a);
     if (c.replicate_prefix) o["prefix"] = true;
+    if (c.replicate_refresh) o["refresh"] = true;
     if (c.idle_ms) o["idle_ms"] = *c.idle_ms;
   }
   if (c.pid) o["pid"] = *c.pid;

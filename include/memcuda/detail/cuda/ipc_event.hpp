@@ -200,6 +200,14 @@ class ExportedEvent {
     DeviceGuard g(device_);
     MEMCUDA_CUDA_TRY(cudaEventRecord(ev_, stream));
   }
+  // Records on `stream` after the event's last record too (the stream
+  // waits on it first): for an event several callers record, whose
+  // waiters must come after every caller's work, not only the latest's.
+  void record_after_last(cudaStream_t stream) {
+    DeviceGuard g(device_);
+    MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(stream, ev_, 0));
+    MEMCUDA_CUDA_TRY(cudaEventRecord(ev_, stream));
+  }
   const std::string& handle() const noexcept { return handle_; }
 
  private:

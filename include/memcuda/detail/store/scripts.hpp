@@ -11,6 +11,7 @@
 #include "memcuda/config.hpp"
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <optional>
 #include <string>
@@ -111,12 +112,22 @@ return {'queued', r[2]}
 
 // Publishes a producer's interprocess event for one generation.
 // A state dict linked over the tensor is unlinked: its record carries the
-// events of its link time.
+// events of its link time. A tensor with replicas asks the allocator of
+// record to copy it into them again, in place (a "refresh" replicate on
+// the lifecycle list): until then they are stale, and a local get takes
+// the source. KEYS: record, lifecycle.
 // -> new event_version, or -1 when the name no longer has that generation
 inline constexpr auto kPublish = join(kUnlinkDictFn, R"lua(
 if redis.call('HGET', KEYS[1], 'generation') ~= ARGV[1] then return -1 end
 unlink_dict(ARGV[3], redis.call('HGET', KEYS[1], 'dict'))
 redis.call('HSET', KEYS[1], 'event_handle', ARGV[2])
+local reps = redis.call('HGET', KEYS[1], 'replicas')
+if reps and reps ~= '' then
+  local devs = {}
+  for u in string.gmatch(reps, '%S+') do devs[#devs + 1] = u end
+  redis.call('LPUSH', KEYS[2], cjson.encode({op = 'replicate', name = redis.call('HGET', KEYS[1], 'name'),
+                                             devices = devs, refresh = true}))
+end
 return redis.call('HINCRBY', KEYS[1], 'event_version', 1)
 )lua");
 
@@ -160,6 +171,27 @@ inline Answer acquire(redis::Connection& c, const Keys& k, std::string_view name
                                     {holder, dtype, node, token, cached_gen, cached_version, name}));
 }
 
+// acquire() of each name (no dtype, no cached record) in one round trip;
+// `errors` as Script::eval_each (an error reply's Answer is empty).
+inline std::vector<Answer> acquire_each(redis::Connection& c, const Keys& k, const std::vector<std::string>& names,
+                                        const std::string& holder, const std::string& node, const std::string& token,
+                                        std::vector<std::exception_ptr>& errors) {
+  const auto& script = store::script<lua::kAcquire>(c);
+  std::vector<redis::Command> cmds;
+  cmds.reserve(names.size());
+  for (const auto& n : names) {
+    const redis::Arg keys[] = {k.tensor(n), k.leader(), k.lost(n), k.refs(holder), k.holders()};
+    const redis::Arg args[] = {holder, "", node, token, "", "", n};
+    cmds.push_back(script.command(keys, args));
+  }
+  std::vector<Answer> out;
+  out.reserve(names.size());
+  auto replies = script.eval_each(c, cmds, &errors);
+  for (std::size_t i = 0; i < replies.size(); ++i)
+    out.push_back(errors[i] ? Answer{} : answer(std::move(replies[i])));
+  return out;
+}
+
 // The error of a name an acquire script (kAcquire, kAcquireMany) refused
 // with status `st` and its detail `d`; a status this version does not know
 // is an InternalError.
@@ -194,7 +226,7 @@ inline Answer remove(redis::Connection& c, const Keys& k, std::string_view name,
 
 inline std::int64_t publish_event(redis::Connection& c, const Keys& k, const std::string& name, std::uint64_t gen,
                                   const std::string& handle) {
-  return eval<lua::kPublish>(c, {k.tensor(name)}, {gen, handle, k.prefix()}).integer();
+  return eval<lua::kPublish>(c, {k.tensor(name), k.lifecycle()}, {gen, handle, k.prefix()}).integer();
 }
 
 }  // namespace store

@@ -94,12 +94,29 @@ class Replicator {
     std::vector<TensorInfo> src;
     std::vector<std::pair<std::string, std::uint64_t>> made;
     try {
-      for (const auto& n : names) {
-        auto r = store::acquire(c, k, n, ctx_.session, "", ctx_.node, token);
-        src.push_back(acquired(ctx_, lease_, alloc_, r, n, std::nullopt, ctx_.session));
-        if (src.back().backend != BackendKind::cuda)
-          throw InvalidArgument("tensor '" + n + "' is host memory: replicas are per CUDA device");
+      // Every source in one round trip; each one taken is in `src` before
+      // the first refusal is thrown, so that it is given back.
+      std::vector<std::exception_ptr> errs;
+      const auto answers = store::acquire_each(c, k, names, ctx_.session, ctx_.node, token, errs);
+      std::exception_ptr refused;
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        try {
+          if (errs[i]) std::rethrow_exception(errs[i]);
+          src.push_back(acquired(ctx_, lease_, alloc_, answers[i], names[i], std::nullopt, ctx_.session));
+        } catch (...) {
+          if (!refused) refused = std::current_exception();
+        }
       }
+      if (refused) {
+        if (cmd.replicate_refresh && gone(refused)) {  // a publish's, for a source gone since: nothing to refresh
+          give_back(c, src, made, false);
+          return {};
+        }
+        std::rethrow_exception(refused);
+      }
+      for (const auto& s : src)
+        if (s.backend != BackendKind::cuda)
+          throw InvalidArgument("tensor '" + s.name + "' is host memory: replicas are per CUDA device");
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
@@ -118,19 +135,25 @@ class Replicator {
   }
 
  private:
+  static bool gone(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const NotFound&) {
+      return true;
+    } catch (const Lost&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
   // Drops this process's references to the sources and to the replicas it
   // made (its own session's: no fence, so that they go after a lost lease
-  // too). A failed call also unlinks what it made: never copied, those
-  // would hold their device's memory until the source goes.
+  // too), in one round trip. A failed call also unlinks what it made: never
+  // copied, those would hold their device's memory until the source goes.
   void give_back(redis::Connection& c, const std::vector<TensorInfo>& src,
                  const std::vector<std::pair<std::string, std::uint64_t>>& made, bool failed) noexcept {
-    auto drop = [&](const std::string& name, std::uint64_t gen) {
-      try {
-        alloc_.release(c, name, gen, ctx_.session, "");
-      } catch (const std::exception& e) {
-        log(LogLevel::warn, "replicate: giving back the reference to '" + name + "': " + e.what());
-      }
-    };
+    std::vector<std::pair<std::string, std::uint64_t>> refs;
     for (const auto& [name, gen] : made) {
       if (failed) {
         try {
@@ -140,9 +163,34 @@ class Replicator {
           log(LogLevel::warn, "replicate: unlinking the replica '" + name + "' it failed to copy: " + e.what());
         }
       }
-      drop(name, gen);
+      refs.emplace_back(name, gen);
     }
-    for (const auto& s : src) drop(s.name, s.generation);
+    for (const auto& s : src) refs.emplace_back(s.name, s.generation);
+    if (refs.empty()) return;
+    const store::ReleaseBatch batch(ctx_.keys, ctx_.session);
+    std::vector<redis::Command> cmds;
+    cmds.reserve(refs.size());
+    for (const auto& [name, gen] : refs) cmds.push_back(store::release_cmd(batch, ctx_.session, name, gen));
+    std::vector<std::exception_ptr> errs;
+    std::vector<redis::Reply> replies;
+    try {
+      replies = store::release_each(c, cmds, errs);
+    } catch (const std::exception& e) {
+      // Not sent again: what ran is unknown, and a second release could drop another reference of this
+      // session. What did not land goes with the session.
+      log(LogLevel::warn, "replicate: giving back " + std::to_string(refs.size()) + " reference(s) broke off: " +
+                              e.what());
+      return;
+    }
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      const auto& [name, gen] = refs[i];
+      try {
+        if (errs[i]) std::rethrow_exception(errs[i]);
+        alloc_.release_outcome(c, store::answer(std::move(replies[i])), name, gen, ctx_.session);
+      } catch (const std::exception& e) {
+        log(LogLevel::warn, "replicate: giving back the reference to '" + name + "': " + e.what());
+      }
+    }
   }
 
   // Unlinks a stale replica; its memory goes with its last reader.
@@ -189,6 +237,13 @@ class Replicator {
     std::string uuid;
     int device;
   };
+  // A replica a copy writes: made now, or refreshed in place.
+  struct Dest {
+    Target t;
+    std::string name;
+    std::uint64_t generation;
+    void* ptr;
+  };
 
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
@@ -203,39 +258,44 @@ class Replicator {
       for (std::size_t i = 0; i < src.size(); ++i)
         if (src[i].device_uuid != uuid || beside) todo.push_back({i, uuid, dev});
     }
-    const std::vector<Target> make = missing(c, todo, src, out);
-    if (make.empty()) return out;
-    protocol::Command many;
-    many.op = protocol::Op::create_many;
-    // Held by its name and, until its copy is done, by this process: an
-    // unlink meanwhile (a sweep, a drop, another replicate) must not free
-    // a block a copy still writes.
-    many.holder = ctx_.session;
-    many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
-    for (const auto& t : make) {
-      const auto& s = src[t.src];
-      protocol::CreateEntry e;
-      e.name = replica_name(t.uuid, s.name);
-      e.dtype = s.dtype;
-      e.shape = s.shape;
-      e.device = t.device;
-      e.device_uuid = t.uuid;
-      e.backend = BackendKind::cuda;
-      e.persistent = true;
-      e.replica_of = s.name;
-      e.source_generation = s.generation;
-      e.idle_ms = cmd.idle_ms.value_or(0);
-      many.tensors.push_back(std::move(e));
+    Found found = missing(c, todo, src, out, cmd.replicate_refresh);
+    std::vector<Dest> dests = hold_stale(c, found.stale, cp, mine);
+    if (!found.make.empty()) {
+      protocol::Command many;
+      many.op = protocol::Op::create_many;
+      // Held by its name and, until its copy is done, by this process: an
+      // unlink meanwhile (a sweep, a drop, another replicate) must not free
+      // a block a copy still writes.
+      many.holder = ctx_.session;
+      many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
+      for (const auto& t : found.make) {
+        const auto& s = src[t.src];
+        protocol::CreateEntry e;
+        e.name = replica_name(t.uuid, s.name);
+        e.dtype = s.dtype;
+        e.shape = s.shape;
+        e.device = t.device;
+        e.device_uuid = t.uuid;
+        e.backend = BackendKind::cuda;
+        e.persistent = true;
+        e.replica_of = s.name;
+        e.source_generation = s.generation;
+        e.idle_ms = cmd.idle_ms.value_or(0);
+        many.tensors.push_back(std::move(e));
+      }
+      auto made = BatchAllocator::create_many(alloc_, c, many);
+      for (std::size_t i = 0; i < made.size(); ++i) {
+        mine.emplace_back(many.tensors[i].name, made[i].generation);
+        dests.push_back({found.make[i], many.tensors[i].name, made[i].generation,
+                         target_pointer(c, made[i], many.tensors[i].name, cp)});
+      }
     }
-    auto made = BatchAllocator::create_many(alloc_, c, many);
-    for (std::size_t i = 0; i < made.size(); ++i) mine.emplace_back(many.tensors[i].name, made[i].generation);
-    auto events = enqueue(c, make, many, made, src, cp);
+    if (dests.empty()) return out;
+    auto events = enqueue(dests, src, cp);
     // Marked per source: its replicas' records name their device's event.
     std::map<std::size_t, std::vector<store::ReplicaMark>> marks;
-    for (std::size_t i = 0; i < make.size(); ++i) {
-      const auto& t = make[i];
-      marks[t.src].push_back({t.uuid, events[t.device].first, events[t.device].second, made[i].generation});
-    }
+    for (const auto& d : dests)
+      marks[d.t.src].push_back({d.t.uuid, events[d.t.device].first, events[d.t.device].second, d.generation});
     std::vector<store::ReadySource> ready;
     for (const auto& [i, m] : marks) ready.push_back({src[i].name, src[i].generation, src[i].event_version, &m});
     const auto answers = store::replica_ready(c, ctx_.keys, token, ready);
@@ -243,47 +303,87 @@ class Replicator {
       const auto& r = answers[j];
       const std::string name(ready[j].name);
       if (r.is("notleader")) lease_.fail_status("replica ready", r.status, "replicating '" + name + "'", r[1].str());
-      if (r.is("stale"))
+      // A refresh overtaken by another publish leaves its replicas stale:
+      // that publish's refresh follows.
+      if (r.is("stale") && !cmd.replicate_refresh)
         throw StaleHandle("tensor '" + name + "' was published or re-created while it was replicated; replicate "
                           "it again");
     }
-    for (std::size_t i = 0; i < make.size(); ++i) out.push_back({many.tensors[i].name, made[i].generation, 1});
+    for (const auto& d : dests) out.push_back({d.name, d.generation, 1});
     return out;
   }
 
+  // What a replicate finds per target: no replica (make one), or one of
+  // this source generation copied before its last publish (stale: copied
+  // again in place, so that its holders see the new bytes where they are).
+  struct Found {
+    std::vector<Target> make;
+    std::vector<std::pair<Target, TensorInfo>> stale;
+  };
+
   // The targets without a current replica; the current ones go to `out`.
-  // Stale ones (an older source, never copied, or copied before the
-  // source's last publish) are unlinked, to be made anew.
-  std::vector<Target> missing(redis::Connection& c, const std::vector<Target>& todo,
-                              const std::vector<TensorInfo>& src, std::vector<protocol::ReplyTensor>& out) {
+  // A replica never copied, or of an older source, is unlinked, to be made
+  // anew. With `refresh_only` (a publish's), none is made.
+  Found missing(redis::Connection& c, const std::vector<Target>& todo, const std::vector<TensorInfo>& src,
+                std::vector<protocol::ReplyTensor>& out, bool refresh_only) {
     std::vector<redis::Command> reads;
-    for (const auto& t : todo)
-      reads.push_back(store::read_fields_cmd(
-          ctx_.keys.tensor(replica_name(t.uuid, src[t.src].name)),
-          {"state", "replica_of", "source_generation", "copied_version", "generation", "refcount"}));
+    for (const auto& t : todo) reads.push_back(store::read_record_cmd(ctx_.keys.tensor(replica_name(t.uuid, src[t.src].name))));
     std::vector<std::exception_ptr> errs;
     auto got = reads.empty() ? std::vector<redis::Reply>{} : c.pipeline(reads, &errs);
-    std::vector<Target> make;
+    Found found;
     for (std::size_t i = 0; i < todo.size(); ++i) {
       const auto& s = src[todo[i].src];
-      const auto& f = got[i];
       const std::string rep = replica_name(todo[i].uuid, s.name);
-      if (!f.is_error() && f.size() == 6 && !f[0].is_nil()) {
-        auto text = [&](std::size_t j) { return f[j].is_nil() ? std::string_view() : f[j].str(); };
-        const bool current = text(0) == "ready" && text(1) == s.name && text(2) == std::to_string(s.generation) &&
-                             !f[3].is_nil() && text(3) == std::to_string(s.event_version);
-        const auto gen = protocol::detail::parse_decimal<std::uint64_t>(text(4));
-        if (current && gen) {
-          out.push_back({rep, *gen, 1});
+      std::optional<TensorInfo> r;
+      if (!got[i].is_error() && got[i].size() > 0) {
+        try {
+          r = protocol::decode_record(fields_from_reply(got[i].view()));
+        } catch (const ProtocolError&) {
+          // not a record of ours: the create below names it
+        }
+      }
+      if (r && r->replica_of == s.name) {
+        const bool ours = r->state == TensorState::ready && r->source_generation == s.generation &&
+                          r->copied_version && r->backend == BackendKind::cuda && r->device_uuid == todo[i].uuid;
+        if (ours && *r->copied_version == s.event_version) {
+          out.push_back({rep, r->generation, 1});
           continue;
         }
-        // A stale replica of this source goes; anything else under the
-        // reserved name is not ours to unlink: the create below names it.
-        if (text(1) == s.name) unlink(c, rep);
+        if (ours) {
+          found.stale.emplace_back(todo[i], std::move(*r));
+          continue;
+        }
+        unlink(c, rep);  // of an older source, or never copied
       }
-      make.push_back(todo[i]);
+      if (!refresh_only) found.make.push_back(todo[i]);
     }
-    return make;
+    return found;
+  }
+
+  // References of this process on the stale replicas, so that no unlink
+  // frees a block the copy writes: those still of the generation read.
+  // -> their destinations
+  std::vector<Dest> hold_stale(redis::Connection& c, const std::vector<std::pair<Target, TensorInfo>>& stale,
+                               Copies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine) {
+    std::vector<Dest> out;
+    if (stale.empty()) return out;
+    std::vector<std::string> names;
+    for (const auto& [t, r] : stale) names.push_back(r.name);
+    std::vector<std::exception_ptr> errs;
+    const auto answers = store::acquire_each(c, ctx_.keys, names, ctx_.session, ctx_.node, "", errs);
+    for (std::size_t i = 0; i < stale.size(); ++i) {
+      if (errs[i]) continue;
+      TensorInfo now;
+      try {
+        now = acquired(ctx_, lease_, alloc_, answers[i], names[i], std::nullopt, ctx_.session);
+      } catch (const std::exception&) {
+        continue;  // gone meanwhile (the next replicate makes it), or corrupt (given back)
+      }
+      mine.emplace_back(now.name, now.generation);
+      if (now.generation != stale[i].second.generation) continue;  // re-created meanwhile
+      out.push_back({stale[i].first, now.name, now.generation, pointer_of(now, cp)});
+    }
+    return out;
   }
 
   // Enqueues every copy through the broadcast engine: per source device
@@ -291,14 +391,11 @@ class Replicator {
   // forwards it), which first waits for the sources' producers; then one
   // interprocess event per target device, after its copies.
   // -> device -> {its event's handle, "peer" | "host"}
-  std::map<int, std::pair<std::string, std::string>> enqueue(redis::Connection& c, const std::vector<Target>& make,
-                                                             const protocol::Command& many,
-                                                             const std::vector<OwnAllocator::Created>& made,
+  std::map<int, std::pair<std::string, std::string>> enqueue(const std::vector<Dest>& dests,
                                                              const std::vector<TensorInfo>& src, Copies& cp) {
     // source -> (device -> destination), and the groups of one broadcast
     std::map<std::size_t, std::map<int, void*>> dst;
-    for (std::size_t i = 0; i < make.size(); ++i)
-      dst[make[i].src][make[i].device] = target_pointer(c, made[i], many.tensors[i].name, cp);
+    for (const auto& d : dests) dst[d.t.src][d.t.device] = d.ptr;
     std::map<std::pair<int, std::vector<int>>, std::vector<std::size_t>> groups;
     for (const auto& [i, to] : dst) {
       std::vector<int> devs;
@@ -314,9 +411,7 @@ class Replicator {
       std::set<std::string> waited;
       for (auto i : members) {
         const auto& s = src[i];
-        auto [base, keep] = Process::get().cache().resolve(s.owner, s.alloc_id, [&] { return backend_for(s).open(s); });
-        cp.keeps.push_back(std::move(keep));
-        BroadcastSegment seg{reinterpret_cast<std::uint64_t>(static_cast<const char*>(base) + s.offset), {}, s.bytes};
+        BroadcastSegment seg{reinterpret_cast<std::uint64_t>(pointer_of(s, cp)), {}, s.bytes};
         for (int d : targets) seg.dst.push_back(reinterpret_cast<std::uint64_t>(dst[i][d]));
         segs.push_back(std::move(seg));
         if (!s.event_handle.empty() && waited.insert(s.event_handle).second)
@@ -343,7 +438,11 @@ class Replicator {
   // allocation through this process's cache.
   void* target_pointer(redis::Connection& c, const OwnAllocator::Created& cr, const std::string& name, Copies& cp) {
     if (cr.block.slab) return static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
-    const TensorInfo t = protocol::decode_record(fields_from_reply(store::read_record(c, ctx_.keys.tensor(name)).view()));
+    return pointer_of(
+        protocol::decode_record(fields_from_reply(store::read_record(c, ctx_.keys.tensor(name)).view())), cp);
+  }
+  // A record's bytes, mapped through this process's cache while `cp` lives.
+  void* pointer_of(const TensorInfo& t, Copies& cp) {
     auto [base, keep] = Process::get().cache().resolve(t.owner, t.alloc_id, [&] { return backend_for(t).open(t); });
     cp.keeps.push_back(std::move(keep));
     return static_cast<char*>(base) + t.offset;
@@ -356,12 +455,13 @@ class Replicator {
   // again by each replicate: the handle a replica's record names stays
   // valid (a retired event is destroyed after a while, and this process
   // cannot open its own handles). A reader waits on the latest record,
-  // which comes after its copy. -> the handle
+  // which comes after its copy and, chained, after those of calls that
+  // ran beside it (a publish's refresh beside a replicate). -> the handle
   std::string record_event(int dev, cudaStream_t s) {
     std::lock_guard lk(events_mu_);  // leaf: no Redis under it
     auto& ev = events_[dev];
     if (!ev) ev = std::make_unique<ExportedEvent>(dev);
-    ev->record(s);
+    ev->record_after_last(s);
     return ev->handle();
   }
 #endif
