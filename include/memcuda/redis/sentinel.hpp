@@ -194,6 +194,32 @@ inline bool Connection::follow_failover(const Reply& rep, std::chrono::steady_cl
   return std::chrono::steady_clock::now() < until && backoff(opts_.reconnect_backoff);
 }
 
+namespace detail {
+// `o` for a sentinel asked beside other work: connect and command within `t`.
+inline Options quick_options(Options o, std::chrono::milliseconds t) {
+  o.connect_timeout = std::min(o.connect_timeout, t);
+  if (o.command_timeout.count() == 0 || o.command_timeout > t) o.command_timeout = t;
+  return o;
+}
+// The primary ("host:port") the sentinel `at` names, through `conn` (made
+// and authenticated when empty, dropped when anything fails); nullopt
+// when it fails or names none.
+inline std::optional<std::string> ask_sentinel(std::optional<Connection>& conn, const Options& o,
+                                               const Options::Sentinel& at) noexcept {
+  try {
+    std::string why;
+    if (!conn) {
+      conn.emplace(sentinel_options(o, at, o.connect_timeout));
+      if (!offer_credentials(*conn, o, password_now(o), why)) throw ConnectionError(why);
+    }
+    if (auto p = primary_of(*conn, o, why)) return p->first + ":" + std::to_string(p->second);
+  } catch (const std::exception&) {
+  }
+  conn.reset();
+  return std::nullopt;
+}
+}  // namespace detail
+
 // Asks a sentinel (the first that answers, kept while it does) for the
 // primary of the service, each time poll() is called (the registry's
 // heartbeat does, every period). An old primary that is still up takes
@@ -208,26 +234,14 @@ class SentinelWatch {
  public:
   static constexpr std::chrono::milliseconds kTimeout{250};
 
-  explicit SentinelWatch(Options o) : opts_(std::move(o)) {
-    opts_.connect_timeout = std::min(opts_.connect_timeout, kTimeout);
-    if (opts_.command_timeout.count() == 0 || opts_.command_timeout > kTimeout) opts_.command_timeout = kTimeout;
-  }
+  explicit SentinelWatch(Options o) : opts_(detail::quick_options(std::move(o), kTimeout)) {}
 
   void poll() noexcept {
     if (opts_.sentinels.empty()) return;
-    try {
-      std::string why;
-      if (!conn_) {
-        conn_.emplace(detail::sentinel_options(opts_, opts_.sentinels[next_], opts_.connect_timeout));
-        if (!detail::offer_credentials(*conn_, opts_, detail::password_now(opts_), why)) throw ConnectionError(why);
-      }
-      if (auto p = detail::primary_of(*conn_, opts_, why)) {
-        detail::note_primary(opts_, p->first + ":" + std::to_string(p->second));
-        return;
-      }
-    } catch (const std::exception&) {
+    if (auto addr = detail::ask_sentinel(conn_, opts_, opts_.sentinels[next_])) {
+      detail::note_primary(opts_, *addr);
+      return;
     }
-    conn_.reset();
     next_ = (next_ + 1) % opts_.sentinels.size();
   }
 
@@ -253,11 +267,8 @@ class SentinelCensus {
     std::optional<std::string> agreed;  // "host:port" when they all named the same one
   };
 
-  explicit SentinelCensus(Options o) : opts_(std::move(o)), peers_(opts_.sentinels.size()) {
-    opts_.connect_timeout = std::min(opts_.connect_timeout, SentinelWatch::kTimeout);
-    if (opts_.command_timeout.count() == 0 || opts_.command_timeout > SentinelWatch::kTimeout)
-      opts_.command_timeout = SentinelWatch::kTimeout;
-  }
+  explicit SentinelCensus(Options o)
+      : opts_(detail::quick_options(std::move(o), SentinelWatch::kTimeout)), peers_(opts_.sentinels.size()) {}
 
   Answer ask() noexcept {
     Answer a;
@@ -266,21 +277,11 @@ class SentinelCensus {
     for (std::size_t i = 0; i < peers_.size(); ++i) {
       auto& p = peers_[i];
       if (now < p.retry_at) continue;
-      try {
-        std::string why;
-        if (!p.conn) {
-          p.conn.emplace(detail::sentinel_options(opts_, opts_.sentinels[i], opts_.connect_timeout));
-          if (!detail::offer_credentials(*p.conn, opts_, detail::password_now(opts_), why)) throw ConnectionError(why);
-        }
-        if (auto pr = detail::primary_of(*p.conn, opts_, why)) {
-          std::string addr = pr->first + ":" + std::to_string(pr->second);
-          if (a.answered++ == 0) a.agreed = std::move(addr);
-          else differ |= *a.agreed != addr;
-          continue;
-        }
-      } catch (const std::exception&) {
+      if (auto addr = detail::ask_sentinel(p.conn, opts_, opts_.sentinels[i])) {
+        if (a.answered++ == 0) a.agreed = std::move(addr);
+        else differ |= *a.agreed != *addr;
+        continue;
       }
-      p.conn.reset();
       p.retry_at = now + kRetry;
     }
     if (differ) a.agreed.reset();
