@@ -262,12 +262,4 @@ int parent(const mb::Args& args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  mb::Args args(argc, argv);
-  try {
-    return args.has("--child") ? child(args) : parent(args);
-  } catch (const std::exception& e) {
-    std::cerr << "bench_bandwidth" << (args.has("--child") ? " (importer)" : "") << ": " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return mb::parent_or_child(argc, argv, "bench_bandwidth", "importer", child, parent); }

@@ -220,6 +220,20 @@ class Args {
   std::vector<std::string> items_;
 };
 
+// main() of a benchmark that starts copies of itself with --child: runs
+// the part asked for; an exception is its message and exit status 1.
+template <class Child, class Parent>
+int parent_or_child(int argc, char** argv, const char* tool, const char* child_role, Child child, Parent parent) {
+  Args args(argc, argv);
+  try {
+    return args.has("--child") ? child(args) : parent(args);
+  } catch (const std::exception& e) {
+    std::cerr << tool << (args.has("--child") ? std::string(" (") + child_role + ")" : std::string()) << ": "
+              << e.what() << "\n";
+    return 1;
+  }
+}
+
 // ---- files and programs ------------------------------------------------------
 
 // Deletes every key of a namespace (SCAN + DEL): what a run leaves in a

@@ -215,12 +215,4 @@ int child(const mb::Args& a) {
 
 #include "bench_replicas_parent.hpp"
 
-int main(int argc, char** argv) {
-  mb::Args args(argc, argv);
-  try {
-    return args.has("--child") ? child(args) : parent(args);
-  } catch (const std::exception& e) {
-    std::cerr << "bench_replicas" << (args.has("--child") ? " (child)" : "") << ": " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return mb::parent_or_child(argc, argv, "bench_replicas", "child", child, parent); }

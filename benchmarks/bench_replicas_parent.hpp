@@ -105,6 +105,41 @@ Ms replicate_rows(TensorRegistry& reg, const Setup& s, json::object& extra) {
   return ms;
 }
 
+// Every tensor published in place on the source's stream, until a reader on
+// every target takes the last one's replica again: the allocator of
+// record's refresh of each replica, as each publish asks it (one command
+// per tensor, taken in order). Runs after replicate_rows: the replicas exist.
+Ms follow_rows(TensorRegistry& reg, const std::vector<SharedTensor<void>>& held, const Setup& s) {
+  std::vector<cudaStream_t> st;
+  for (int d : s.targets) {
+    BENCH_CUDA(cudaSetDevice(d));
+    st.emplace_back();
+    BENCH_CUDA(cudaStreamCreateWithFlags(&st.back(), cudaStreamNonBlocking));
+  }
+  BENCH_CUDA(cudaSetDevice(s.source));
+  cudaStream_t producer{};
+  BENCH_CUDA(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  const std::string last = held.back().name();
+  Ms ms;
+  for (int r = 0; r < s.warmup + s.reps; ++r) {
+    const auto t0 = mb::now_ns();
+    for (const auto& t : held) (void)t.publish(producer);
+    for (std::size_t i = 0; i < s.targets.size(); ++i) {
+      GetOptions g;
+      g.replica = LocalReplica::use;
+      g.reader_device = s.targets[i];
+      g.stream = st[i];
+      while (reg.get<void>(last, g).info().replica_of.empty())
+        if (ms_since(t0) > 60'000) throw std::runtime_error("the replicas did not follow a publish within 60 s");
+    }
+    for (auto x : st) BENCH_CUDA(cudaStreamSynchronize(x));
+    if (r >= s.warmup) ms.push_back(ms_since(t0));
+  }
+  for (auto x : st) BENCH_CUDA(cudaStreamDestroy(x));
+  BENCH_CUDA(cudaStreamDestroy(producer));
+  return ms;
+}
+
 // `reps` fresh children of one mode; their "ms", or a throw on a wrong value.
 Ms children(const mb::Args& a, const Setup& s, const std::string& mode, int device, json::object* last = nullptr) {
   Ms ms;
@@ -176,6 +211,7 @@ void print(const Setup& s, const json::object& doc) {
       "floor");
   add("cudaMemcpyPeer " + std::to_string(s.source) + "->each at once", "naive");
   add("memcuda replicate -> " + to + ", until readers may read", "replicate");
+  add("memcuda publish of all 291 in place -> replicas current again", "follow");
   add("NCCL broadcast, 291 calls", "nccl_per_tensor");
   add("NCCL broadcast, one flat buffer", "nccl_flat");
   std::cout << "### Replicating the 7B-shaped dict (" << s.bytes << " bytes), GPU " << s.source << " -> " << to
@@ -238,6 +274,8 @@ int parent(const mb::Args& a) {
   rows["naive"] = to_json(peer_copies(held, s, s.targets));
   std::cerr << "bench_replicas: replicate\n";
   rows["replicate"] = to_json(replicate_rows(reg, s, extra));
+  std::cerr << "bench_replicas: publish in place, replicas follow\n";
+  rows["follow"] = to_json(follow_rows(reg, held, s));
   std::cerr << "bench_replicas: fresh processes\n";
   json::object same, rep;
   rows["get_same"] = to_json(children(a, s, "get_same", s.source, &same));
