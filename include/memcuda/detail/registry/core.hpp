@@ -44,7 +44,7 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-class Core {
+class Core : public std::enable_shared_from_this<Core> {
  public:
   static std::shared_ptr<Core> make(RegistryOptions o) { return std::make_shared<Core>(std::move(o)); }
   // Constructs the release queue first, so that it outlives every
@@ -55,6 +55,12 @@ class Core {
     (void)Process::get().releases();
     alloc.set_borrowed_free([this](std::uint64_t g) { return borrowed.drop(g); });
     client.set_replicator([this](redis::Connection& c, const protocol::Command& cmd) { return replicator.run(c, cmd); });
+    replicator.set_release_later([this](std::vector<std::pair<std::string, std::uint64_t>> refs) {
+      auto self = weak_from_this().lock();
+      if (!self) return false;  // not owned by a shared_ptr (being destroyed): the caller gives them back
+      for (auto& [name, gen] : refs) Process::get().releases().push(self, ctx, alloc, std::move(name), gen);
+      return true;
+    });
     if (ctx.opts.control_thread) {
       standby.start();
       alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });

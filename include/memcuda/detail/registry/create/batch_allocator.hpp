@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,13 +32,24 @@ class BatchAllocator {
     return id ? *id + ":" + std::to_string(i) : std::string();
   }
 
+  // Runs after the blocks are taken and zeroed, before the script
+  // publishes them: a replicate enqueues its copies into them there, so
+  // that they overlap the script. `dst[i]` is entry i's memory. settle()
+  // waits for what run() enqueued: called before any block it wrote goes
+  // back to its pool (a refused batch, an entry answered by a replay).
+  struct BeforePublish {
+    std::function<void(const std::vector<void*>& dst)> run;
+    std::function<void()> settle;
+  };
+
   // Allocates, exports and publishes every tensor of `cmd` (op
   // create_many); returns them in the command's order (a Created whose
   // block has no slab is a replay answered before). Throws AlreadyExists
   // (naming the first taken name; nothing created), NotLeader,
   // InvalidArgument, BudgetExceeded, CudaError, InternalError.
   static std::vector<Allocator::Created> create_many(Allocator& A, redis::Connection& c,
-                                                     const protocol::Command& cmd) {
+                                                     const protocol::Command& cmd,
+                                                     const BeforePublish* before = nullptr) {
     check_entries(cmd);
     auto [token, epoch] = A.lease_.current();
     if (!A.lease_.held()) throw NotLeader("this process is not the allocator of record");
@@ -44,8 +57,11 @@ class BatchAllocator {
     // error) none: Slots' destructor gives back what is not published.
     Slots slots{&A};
     slots.v.resize(cmd.tensors.size());
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
     const Plan plan = sort_into_pools(A, cmd, epoch, slots);
     take_blocks(A, cmd, epoch, plan, slots);
+    const auto t1 = clock::now();
     // Every new tensor reads as zeros before the script publishes it (one
     // pass per pool; parked blocks were zeroed by their first attempt).
     for (const auto& [pool, idx] : plan.groups) {
@@ -53,8 +69,33 @@ class BatchAllocator {
       for (auto i : idx) blocks.emplace_back(&slots.v[i].pb, plan.bytes[i]);
       pool->zero(blocks);
     }
+    const auto tz = clock::now();
+    // Destroyed before `slots`: blocks written by `before` go back only
+    // once its writes are done.
+    struct Settle {
+      const Slots& slots;
+      const BeforePublish* before = nullptr;
+      ~Settle() {
+        if (before && std::any_of(slots.v.begin(), slots.v.end(), [](const Slot& x) { return x.give_back; }))
+          before->settle();
+      }
+    } settle{slots};
+    if (before) {
+      std::vector<void*> dst;
+      dst.reserve(slots.v.size());
+      for (const auto& x : slots.v) dst.push_back(static_cast<char*>(x.pb.slab->base()) + x.pb.block.offset);
+      settle.before = before;
+      before->run(dst);
+    }
+    const auto t2 = clock::now();
     const std::string holder = holder_of(cmd);
     const store::Answer r = publish(A, c, token, holder, slots);
+    if (log_level() >= LogLevel::debug) {
+      auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0); };
+      log(LogLevel::debug, "create_many of " + std::to_string(cmd.tensors.size()) + ": blocks " + ms(t1 - t0) +
+                               " ms, zero " + ms(tz - t1) + " ms, before publish " + ms(t2 - tz) + " ms, script " +
+                               ms(clock::now() - t2) + " ms");
+    }
     const std::string& st = r.status;
     if (st == "ok" || st == "replay") return take_ownership(A, c, r, st == "replay", holder, slots);
     refused(A, c, r, st, slots);

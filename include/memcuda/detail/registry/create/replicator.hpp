@@ -11,6 +11,8 @@
 
 #include "memcuda/config.hpp"
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -48,6 +50,10 @@ class Replicator {
   Replicator(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
+  // Where a call's references go once its copies are done (the core's
+  // release queue; set before any call). False: given back here.
+  using ReleaseLater = std::function<bool(std::vector<std::pair<std::string, std::uint64_t>>)>;
+  void set_release_later(ReleaseLater f) { release_later_ = std::move(f); }
   // Replicates `cmd.name` (every name under it when cmd.prefix) to the
   // devices `cmd.devices` (UUIDs); the source's own device is skipped: the
   // source serves it. -> one entry per replica, made or already current.
@@ -93,6 +99,7 @@ class Replicator {
     // replicas it made (held too until their copies are done).
     std::vector<TensorInfo> src;
     std::vector<std::pair<std::string, std::uint64_t>> made;
+    Phases ph;
     try {
       // Every source in one round trip; each one taken is in `src` before
       // the first refusal is thrown, so that it is given back.
@@ -117,13 +124,23 @@ class Replicator {
       for (const auto& s : src)
         if (s.backend != BackendKind::cuda)
           throw InvalidArgument("tensor '" + s.name + "' is host memory: replicas are per CUDA device");
+      ph.mark("acquire");
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
         Copies copies;  // waited for before any reference goes
-        out = copy_all(c, cmd, token, src, copies, made);
+        out = copy_all(c, cmd, token, src, copies, made, ph);
       }
-      give_back(c, src, made, false);
+      ph.mark("copies");
+      // The copies are done: the references go through the release queue,
+      // sent beside the caller's next steps, not before it may go on.
+      std::vector<std::pair<std::string, std::uint64_t>> refs = made;
+      for (const auto& s : src) refs.emplace_back(s.name, s.generation);
+      if (!release_later_ || !release_later_(std::move(refs))) give_back(c, src, made, false);
+      ph.mark("give back");
+      if (log_level() >= LogLevel::debug)
+        log(LogLevel::debug, "replicate '" + cmd.name + "': " + std::to_string(src.size()) + " source(s), " +
+                                 std::to_string(out.size()) + " replica(s):" + ph.text);
       return out;
 #else
       throw Unavailable("replicate: mem-cuda was built without CUDA");
@@ -135,6 +152,18 @@ class Replicator {
   }
 
  private:
+  // Where a call's time goes, for the debug log.
+  struct Phases {
+    std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+    std::string text;
+    void mark(const char* what) {
+      const auto now = std::chrono::steady_clock::now();
+      text += std::string(" ") + what + " " +
+              std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(now - t).count() / 1000.0) + " ms";
+      t = now;
+    }
+  };
+
   static bool gone(const std::exception_ptr& e) {
     try {
       std::rethrow_exception(e);
@@ -214,12 +243,19 @@ class Replicator {
     Copies(const Copies&) = delete;
     Copies& operator=(const Copies&) = delete;
     ~Copies() {
+      settle();
+      for (auto& [dev, st] : streams) {
+        DeviceGuard g(dev, std::nothrow);
+        MEMCUDA_CUDA_LOG(cudaStreamDestroy(st));
+      }
+    }
+    // Waits for every copy enqueued so far.
+    void settle() noexcept {
       for (const auto& r : runs)  // a failure may have come before a stream waited on one
         for (int d : r.devices()) MEMCUDA_CUDA_LOG(cudaEventSynchronize(r.event(d)));
       for (auto& [dev, st] : streams) {
         DeviceGuard g(dev, std::nothrow);
         MEMCUDA_CUDA_LOG(cudaStreamSynchronize(st));
-        MEMCUDA_CUDA_LOG(cudaStreamDestroy(st));
       }
     }
     cudaStream_t stream(int dev) {
@@ -247,7 +283,8 @@ class Replicator {
 
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
-                                              Copies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine) {
+                                              Copies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine,
+                                              Phases& ph) {
     std::vector<protocol::ReplyTensor> out;
     std::vector<Target> todo;
     // Fault point replicate.same_device: a replica beside its source, so
@@ -259,7 +296,10 @@ class Replicator {
         if (src[i].device_uuid != uuid || beside) todo.push_back({i, uuid, dev});
     }
     Found found = missing(c, todo, src, out, cmd.replicate_refresh);
+    ph.mark("find");
+    std::map<int, std::pair<std::string, std::string>> events;  // device -> its event, its path
     std::vector<Dest> dests = hold_stale(c, found.stale, cp, mine);
+    ph.mark("hold stale");
     if (!found.make.empty()) {
       protocol::Command many;
       many.op = protocol::Op::create_many;
@@ -283,15 +323,36 @@ class Replicator {
         e.idle_ms = cmd.idle_ms.value_or(0);
         many.tensors.push_back(std::move(e));
       }
-      auto made = BatchAllocator::create_many(alloc_, c, many);
+      // The copies (the stale replicas' too) are enqueued into the new
+      // blocks before the script publishes them, so that they run while it
+      // does; a replayed entry (a retried command) has its block elsewhere
+      // and is copied after.
+      BatchAllocator::BeforePublish early{
+          [&](const std::vector<void*>& dst) {
+            std::vector<Dest> all = dests;
+            for (std::size_t i = 0; i < dst.size(); ++i) all.push_back({found.make[i], many.tensors[i].name, 0, dst[i]});
+            events = enqueue(all, src, cp);
+            ph.mark("enqueue");
+          },
+          [&] { cp.settle(); }};
+      auto made = BatchAllocator::create_many(alloc_, c, many, &early);
+      std::vector<Dest> replayed;
       for (std::size_t i = 0; i < made.size(); ++i) {
         mine.emplace_back(many.tensors[i].name, made[i].generation);
-        dests.push_back({found.make[i], many.tensors[i].name, made[i].generation,
-                         target_pointer(c, made[i], many.tensors[i].name, cp)});
+        Dest d{found.make[i], many.tensors[i].name, made[i].generation, nullptr};
+        if (!made[i].block.slab) {
+          d.ptr = target_pointer(c, made[i], many.tensors[i].name, cp);
+          replayed.push_back(d);
+        }
+        dests.push_back(std::move(d));
       }
+      if (!replayed.empty()) events = enqueue(replayed, src, cp);  // recorded after the others: covers them
+      ph.mark("create");
+    } else if (!dests.empty()) {
+      events = enqueue(dests, src, cp);
+      ph.mark("enqueue");
     }
     if (dests.empty()) return out;
-    auto events = enqueue(dests, src, cp);
     // Marked per source: its replicas' records name their device's event.
     std::map<std::size_t, std::vector<store::ReplicaMark>> marks;
     for (const auto& d : dests)
@@ -310,6 +371,7 @@ class Replicator {
                           "it again");
     }
     for (const auto& d : dests) out.push_back({d.name, d.generation, 1});
+    ph.mark("ready");
     return out;
   }
 
@@ -469,6 +531,7 @@ class Replicator {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
+  ReleaseLater release_later_;
 #if MEMCUDA_HAS_CUDA()
   Broadcaster broadcaster_;
   std::mutex events_mu_;
