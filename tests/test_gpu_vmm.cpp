@@ -354,9 +354,13 @@ TEST_CASE("vmm: kill -9 of the allocator of record that made a replica: its read
   const std::string first = field(got, "gen");
   REQUIRE(standbys_synced(c, hget(c, "memcuda:tensor:m/w", "owner")));
 
+  const std::string src_gen = hget(c, "memcuda:tensor:m/w", "generation");
   a->kill(SIGKILL);
   a->wait();
   REQUIRE(eventually([&] { return s->ask("leader") == "OK leader=1"; }));
+  // adopted (a new generation) before the replicate: else it finds the
+  // replica of the generation it is about to leave current
+  REQUIRE(eventually([&] { return hget(c, "memcuda:tensor:m/w", "generation") != src_gen; }, 30s));
   CHECK(r->ask("sum m/w", 30s) == "OK sum=2000000 valid=1");
   REQUIRE(s->ask("replicate m/w 1", 60s) == "OK n=1");
   auto r2 = worker(srv, "vmm", {"--no-control"}, {"CUDA_VISIBLE_DEVICES=1"});
