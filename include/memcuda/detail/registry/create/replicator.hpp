@@ -35,11 +35,7 @@
 #include "memcuda/protocol/batch.hpp"
 #include "memcuda/protocol/command.hpp"
 
-#if MEMCUDA_HAS_CUDA()
-#include "memcuda/detail/cuda/broadcast.hpp"
-#include "memcuda/detail/cuda/ipc_event.hpp"
-#include "memcuda/detail/cuda/runtime.hpp"
-#endif
+#include "memcuda/detail/registry/create/replica_copies.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -128,7 +124,7 @@ class Replicator {
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
-        Copies copies;  // waited for before any reference goes
+        ReplicaCopies copies;  // waited for before any reference goes
         out = copy_all(c, cmd, token, src, copies, made, ph);
       }
       ph.mark("copies");
@@ -229,64 +225,12 @@ class Replicator {
   }
 
 #if MEMCUDA_HAS_CUDA()
-  // One call's streams (one per target device), events and the source
-  // mappings its copies read. Destroyed before the sources' references go
-  // (declared after Holds), it waits for the copies: a source freed and its
-  // block reused while a copy still reads would copy another tensor's
-  // bytes. Readers need not wait for that: their streams wait on the events.
-  struct Copies {
-    std::map<int, cudaStream_t> streams;
-    std::vector<std::shared_ptr<void>> keeps;
-    std::vector<BroadcastEvents> runs;
-    std::vector<UniqueEvent> gates;
-    Copies() = default;
-    Copies(const Copies&) = delete;
-    Copies& operator=(const Copies&) = delete;
-    ~Copies() {
-      settle();
-      for (auto& [dev, st] : streams) {
-        DeviceGuard g(dev, std::nothrow);
-        MEMCUDA_CUDA_LOG(cudaStreamDestroy(st));
-      }
-    }
-    // Waits for every copy enqueued so far.
-    void settle() noexcept {
-      for (const auto& r : runs)  // a failure may have come before a stream waited on one
-        for (int d : r.devices()) MEMCUDA_CUDA_LOG(cudaEventSynchronize(r.event(d)));
-      for (auto& [dev, st] : streams) {
-        DeviceGuard g(dev, std::nothrow);
-        MEMCUDA_CUDA_LOG(cudaStreamSynchronize(st));
-      }
-    }
-    cudaStream_t stream(int dev) {
-      auto& s = streams[dev];
-      if (!s) {
-        DeviceGuard g(dev);
-        MEMCUDA_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      }
-      return s;
-    }
-  };
-
-  struct Target {
-    std::size_t src;  // index into the sources
-    std::string uuid;
-    int device;
-  };
-  // A replica a copy writes: made now, or refreshed in place.
-  struct Dest {
-    Target t;
-    std::string name;
-    std::uint64_t generation;
-    void* ptr;
-  };
-
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
-                                              Copies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine,
+                                              ReplicaCopies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine,
                                               Phases& ph) {
     std::vector<protocol::ReplyTensor> out;
-    std::vector<Target> todo;
+    std::vector<ReplicaTarget> todo;
     // Fault point replicate.same_device: a replica beside its source, so
     // that a host with one GPU runs every step of a copy.
     const bool beside = MEMCUDA_FAULT("replicate.same_device");
@@ -298,61 +242,84 @@ class Replicator {
     Found found = missing(c, todo, src, out, cmd.replicate_refresh);
     ph.mark("find");
     std::map<int, std::pair<std::string, std::string>> events;  // device -> its event, its path
-    std::vector<Dest> dests = hold_stale(c, found.stale, cp, mine);
+    std::vector<ReplicaDest> dests = hold_stale(c, found.stale, cp, mine);
     ph.mark("hold stale");
     if (!found.make.empty()) {
-      protocol::Command many;
-      many.op = protocol::Op::create_many;
-      // Held by its name and, until its copy is done, by this process: an
-      // unlink meanwhile (a sweep, a drop, another replicate) must not free
-      // a block a copy still writes.
-      many.holder = ctx_.session;
-      many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
-      for (const auto& t : found.make) {
-        const auto& s = src[t.src];
-        protocol::CreateEntry e;
-        e.name = replica_name(t.uuid, s.name);
-        e.dtype = s.dtype;
-        e.shape = s.shape;
-        e.device = t.device;
-        e.device_uuid = t.uuid;
-        e.backend = BackendKind::cuda;
-        e.persistent = true;
-        e.replica_of = s.name;
-        e.source_generation = s.generation;
-        e.idle_ms = cmd.idle_ms.value_or(0);
-        many.tensors.push_back(std::move(e));
-      }
-      // The copies (the stale replicas' too) are enqueued into the new
-      // blocks before the script publishes them, so that they run while it
-      // does; a replayed entry (a retried command) has its block elsewhere
-      // and is copied after.
-      BatchAllocator::BeforePublish early{
-          [&](const std::vector<void*>& dst) {
-            std::vector<Dest> all = dests;
-            for (std::size_t i = 0; i < dst.size(); ++i) all.push_back({found.make[i], many.tensors[i].name, 0, dst[i]});
-            events = enqueue(all, src, cp);
-            ph.mark("enqueue");
-          },
-          [&] { cp.settle(); }};
-      auto made = BatchAllocator::create_many(alloc_, c, many, &early);
-      std::vector<Dest> replayed;
-      for (std::size_t i = 0; i < made.size(); ++i) {
-        mine.emplace_back(many.tensors[i].name, made[i].generation);
-        Dest d{found.make[i], many.tensors[i].name, made[i].generation, nullptr};
-        if (!made[i].block.slab) {
-          d.ptr = target_pointer(c, made[i], many.tensors[i].name, cp);
-          replayed.push_back(d);
-        }
-        dests.push_back(std::move(d));
-      }
-      if (!replayed.empty()) events = enqueue(replayed, src, cp);  // recorded after the others: covers them
-      ph.mark("create");
+      events = make_new(c, cmd, src, found.make, dests, cp, mine, ph);
     } else if (!dests.empty()) {
-      events = enqueue(dests, src, cp);
+      events = copier_.enqueue(dests, src, cp);
       ph.mark("enqueue");
     }
     if (dests.empty()) return out;
+    mark_ready(c, cmd, token, src, dests, events);
+    for (const auto& d : dests) out.push_back({d.name, d.generation, 1});
+    ph.mark("ready");
+    return out;
+  }
+
+  // Makes the missing replicas in one create many, their copies (and those
+  // of the stale ones in `dests`, which the new ones join) enqueued before
+  // the script publishes them. -> device -> {its event, its path}
+  std::map<int, std::pair<std::string, std::string>> make_new(
+      redis::Connection& c, const protocol::Command& cmd, const std::vector<TensorInfo>& src,
+      const std::vector<ReplicaTarget>& make, std::vector<ReplicaDest>& dests, ReplicaCopies& cp,
+      std::vector<std::pair<std::string, std::uint64_t>>& mine, Phases& ph) {
+    std::map<int, std::pair<std::string, std::string>> events;
+    protocol::Command many;
+    many.op = protocol::Op::create_many;
+    // Held by its name and, until its copy is done, by this process: an
+    // unlink meanwhile (a sweep, a drop, another replicate) must not free
+    // a block a copy still writes.
+    many.holder = ctx_.session;
+    many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
+    for (const auto& t : make) {
+      const auto& s = src[t.src];
+      protocol::CreateEntry e;
+      e.name = replica_name(t.uuid, s.name);
+      e.dtype = s.dtype;
+      e.shape = s.shape;
+      e.device = t.device;
+      e.device_uuid = t.uuid;
+      e.backend = BackendKind::cuda;
+      e.persistent = true;
+      e.replica_of = s.name;
+      e.source_generation = s.generation;
+      e.idle_ms = cmd.idle_ms.value_or(0);
+      many.tensors.push_back(std::move(e));
+    }
+    // The copies (the stale replicas' too) are enqueued into the new
+    // blocks before the script publishes them, so that they run while it
+    // does; a replayed entry (a retried command) has its block elsewhere
+    // and is copied after.
+    BatchAllocator::BeforePublish early{
+        [&](const std::vector<void*>& dst) {
+          std::vector<ReplicaDest> all = dests;
+          for (std::size_t i = 0; i < dst.size(); ++i) all.push_back({make[i], many.tensors[i].name, 0, dst[i]});
+          events = copier_.enqueue(all, src, cp);
+          ph.mark("enqueue");
+        },
+        [&] { cp.settle(); }};
+    auto made = BatchAllocator::create_many(alloc_, c, many, &early);
+    std::vector<ReplicaDest> replayed;
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      mine.emplace_back(many.tensors[i].name, made[i].generation);
+      ReplicaDest d{make[i], many.tensors[i].name, made[i].generation, nullptr};
+      if (!made[i].block.slab) {
+        d.ptr = target_pointer(c, made[i], many.tensors[i].name, cp);
+        replayed.push_back(d);
+      }
+      dests.push_back(std::move(d));
+    }
+    if (!replayed.empty()) events = copier_.enqueue(replayed, src, cp);  // recorded after the others: covers them
+    ph.mark("create");
+    return events;
+  }
+
+  // "Replica ready" of every source, each replica marked with its device's
+  // event; a refusal throws (a stale source only for an explicit replicate).
+  void mark_ready(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
+                  const std::vector<TensorInfo>& src, const std::vector<ReplicaDest>& dests,
+                  std::map<int, std::pair<std::string, std::string>>& events) {
     // Marked per source: its replicas' records name their device's event.
     std::map<std::size_t, std::vector<store::ReplicaMark>> marks;
     for (const auto& d : dests)
@@ -370,23 +337,20 @@ class Replicator {
         throw StaleHandle("tensor '" + name + "' was published or re-created while it was replicated; replicate "
                           "it again");
     }
-    for (const auto& d : dests) out.push_back({d.name, d.generation, 1});
-    ph.mark("ready");
-    return out;
   }
 
   // What a replicate finds per target: no replica (make one), or one of
   // this source generation copied before its last publish (stale: copied
   // again in place, so that its holders see the new bytes where they are).
   struct Found {
-    std::vector<Target> make;
-    std::vector<std::pair<Target, TensorInfo>> stale;
+    std::vector<ReplicaTarget> make;
+    std::vector<std::pair<ReplicaTarget, TensorInfo>> stale;
   };
 
   // The targets without a current replica; the current ones go to `out`.
   // A replica never copied, or of an older source, is unlinked, to be made
   // anew. With `refresh_only` (a publish's), none is made.
-  Found missing(redis::Connection& c, const std::vector<Target>& todo, const std::vector<TensorInfo>& src,
+  Found missing(redis::Connection& c, const std::vector<ReplicaTarget>& todo, const std::vector<TensorInfo>& src,
                 std::vector<protocol::ReplyTensor>& out, bool refresh_only) {
     std::vector<redis::Command> reads;
     for (const auto& t : todo) reads.push_back(store::read_record_cmd(ctx_.keys.tensor(replica_name(t.uuid, src[t.src].name))));
@@ -425,9 +389,9 @@ class Replicator {
   // References of this process on the stale replicas, so that no unlink
   // frees a block the copy writes: those still of the generation read.
   // -> their destinations
-  std::vector<Dest> hold_stale(redis::Connection& c, const std::vector<std::pair<Target, TensorInfo>>& stale,
-                               Copies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine) {
-    std::vector<Dest> out;
+  std::vector<ReplicaDest> hold_stale(redis::Connection& c, const std::vector<std::pair<ReplicaTarget, TensorInfo>>& stale,
+                               ReplicaCopies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine) {
+    std::vector<ReplicaDest> out;
     if (stale.empty()) return out;
     std::vector<std::string> names;
     for (const auto& [t, r] : stale) names.push_back(r.name);
@@ -443,88 +407,17 @@ class Replicator {
       }
       mine.emplace_back(now.name, now.generation);
       if (now.generation != stale[i].second.generation) continue;  // re-created meanwhile
-      out.push_back({stale[i].first, now.name, now.generation, pointer_of(now, cp)});
+      out.push_back({stale[i].first, now.name, now.generation, copier_.pointer_of(now, cp)});
     }
     return out;
   }
-
-  // Enqueues every copy through the broadcast engine: per source device
-  // and set of targets one chained broadcast (a device that has a chunk
-  // forwards it), which first waits for the sources' producers; then one
-  // interprocess event per target device, after its copies.
-  // -> device -> {its event's handle, "peer" | "host"}
-  std::map<int, std::pair<std::string, std::string>> enqueue(const std::vector<Dest>& dests,
-                                                             const std::vector<TensorInfo>& src, Copies& cp) {
-    // source -> (device -> destination), and the groups of one broadcast
-    std::map<std::size_t, std::map<int, void*>> dst;
-    for (const auto& d : dests) dst[d.t.src][d.t.device] = d.ptr;
-    std::map<std::pair<int, std::vector<int>>, std::vector<std::size_t>> groups;
-    for (const auto& [i, to] : dst) {
-      std::vector<int> devs;
-      for (const auto& [d, p] : to) devs.push_back(d);
-      groups[{ordinal_of_uuid(src[i].device_uuid, src[i].device), devs}].push_back(i);
-    }
-    std::map<int, std::pair<std::string, std::string>> out;
-    for (const auto& [key, members] : groups) {
-      const auto& [sdev, targets] = key;
-      std::vector<BroadcastSegment> segs;
-      cudaStream_t gate_stream = cp.stream(sdev);
-      DeviceGuard g(sdev);
-      std::set<std::string> waited;
-      for (auto i : members) {
-        const auto& s = src[i];
-        BroadcastSegment seg{reinterpret_cast<std::uint64_t>(pointer_of(s, cp)), {}, s.bytes};
-        for (int d : targets) seg.dst.push_back(reinterpret_cast<std::uint64_t>(dst[i][d]));
-        segs.push_back(std::move(seg));
-        if (!s.event_handle.empty() && waited.insert(s.event_handle).second)
-          stream_wait_ipc_event(gate_stream, s.event_handle);
-      }
-      auto& gate = cp.gates.emplace_back(sdev);
-      MEMCUDA_CUDA_TRY(cudaEventRecord(gate.get(), gate_stream));
-      const BroadcastPlan plan = broadcaster_.plan(sdev, targets, segs);
-      cp.runs.push_back(broadcaster_.run(plan, gate.get()));
-      for (int d : targets) {
-        bool relayed = false;
-        for (const auto& h : plan.hops) relayed |= h.to_device == d && h.path == HopPath::host;
-        DeviceGuard gd(d);
-        MEMCUDA_CUDA_TRY(cudaStreamWaitEvent(cp.stream(d), cp.runs.back().event(d), 0));
-        out[d].second = relayed || out[d].second == "host" ? "host" : "peer";
-      }
-    }
-    for (auto& [dev, mark] : out) mark.first = record_event(dev, cp.stream(dev));
-    return out;
-  }
-
 
   // A new replica's pointer: its block here, or (a replay) its record's
   // allocation through this process's cache.
-  void* target_pointer(redis::Connection& c, const OwnAllocator::Created& cr, const std::string& name, Copies& cp) {
+  void* target_pointer(redis::Connection& c, const OwnAllocator::Created& cr, const std::string& name, ReplicaCopies& cp) {
     if (cr.block.slab) return static_cast<char*>(cr.block.slab->base()) + cr.info.offset;
-    return pointer_of(
+    return copier_.pointer_of(
         protocol::decode_record(fields_from_reply(store::read_record(c, ctx_.keys.tensor(name)).view())), cp);
-  }
-  // A record's bytes, mapped through this process's cache while `cp` lives.
-  void* pointer_of(const TensorInfo& t, Copies& cp) {
-    auto [base, keep] = Process::get().cache().resolve(t.owner, t.alloc_id, [&] { return backend_for(t).open(t); });
-    cp.keeps.push_back(std::move(keep));
-    return static_cast<char*>(base) + t.offset;
-  }
-
-#endif
-
-#if MEMCUDA_HAS_CUDA()
-  // One interprocess event per device for the registry's life, recorded
-  // again by each replicate: the handle a replica's record names stays
-  // valid (a retired event is destroyed after a while, and this process
-  // cannot open its own handles). A reader waits on the latest record,
-  // which comes after its copy and, chained, after those of calls that
-  // ran beside it (a publish's refresh beside a replicate). -> the handle
-  std::string record_event(int dev, cudaStream_t s) {
-    std::lock_guard lk(events_mu_);  // leaf: no Redis under it
-    auto& ev = events_[dev];
-    if (!ev) ev = std::make_unique<ExportedEvent>(dev);
-    ev->record_after_last(s);
-    return ev->handle();
   }
 #endif
 
@@ -533,9 +426,7 @@ class Replicator {
   Allocator& alloc_;
   ReleaseLater release_later_;
 #if MEMCUDA_HAS_CUDA()
-  Broadcaster broadcaster_;
-  std::mutex events_mu_;
-  std::map<int, std::unique_ptr<ExportedEvent>> events_;
+  ReplicaCopier copier_;
 #endif
 };
 
