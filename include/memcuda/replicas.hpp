@@ -17,10 +17,11 @@
 // device, counted in its budget and statistics, and copies into them on its
 // own streams after the source's last published event. A replica is
 // current while its source keeps the generation and event version it was
-// copied from; a publish or re-create of the source makes it stale (readers
-// get the source until the next replicate), and it is removed with its
-// source, after `idle` unused, or by drop_replicas (docs/design.md,
-// "Replicas").
+// copied from. A publish of the source has the allocator of record copy it
+// into its replicas again, in place (readers get the source until that copy
+// is marked); a re-create makes them stale until the next replicate. A
+// replica is removed with its source, after `idle` unused, or by
+// drop_replicas (docs/design.md, "Replicas").
 #pragma once
 
 #include "memcuda/config.hpp"

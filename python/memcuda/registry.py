@@ -273,7 +273,8 @@ class Registry(ModelMethods, Scoped):
         every visible device) but the source's own, shared by every process of
         that device; ``get(name, local=True)`` there returns it. idle: seconds
         unused after which a copy is removed (default: kept while the source
-        lives). Returns the number of copies. Raises InvalidArgument (a host
+        lives). A later ``publish`` of the source copies it into them again, in
+        place. Returns the number of copies. Raises InvalidArgument (a host
         tensor), NotFound, Unavailable, NotZeroCopy, BudgetExceeded."""
         arr, count = _ordinals(devices)
         n = ctypes.c_size_t()

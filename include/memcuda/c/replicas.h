@@ -15,8 +15,9 @@ extern "C" {
  * `devices[0..n_devices)` (ordinals of this process; n_devices 0: every
  * visible device), skipping the source's own. idle_ms > 0: a replica nobody
  * holds for that long is removed; 0: kept while its source lives. *count
- * (may be NULL): the replicas made or found current. Returns once the
- * copies are enqueued. INVALID_ARGUMENT (a host tensor, a replica, no such
+ * (may be NULL): the replicas made, refreshed or found current. Returns
+ * once the copies are done and the replicas' records name their events; a
+ * later publish of the source refreshes them in place. INVALID_ARGUMENT (a host tensor, a replica, no such
  * device), NOT_FOUND, UNAVAILABLE (a device the allocator of record does
  * not see), NOT_ZERO_COPY (no peer path), BUDGET_EXCEEDED, STALE_HANDLE. */
 MEMCUDA_C_EXPORT int memcuda_replicate(memcuda_registry* reg, const char* name, int prefix, const int* devices,
