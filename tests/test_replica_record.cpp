@@ -198,6 +198,28 @@ TEST_CASE("a publish of a replicated tensor asks for a refresh in place on the l
   CHECK(c.command({"LLEN", k.lifecycle()}).integer() == 0);
 }
 
+// A `replicas` field another client wrote badly (a device listed twice, a
+// token that is no UUID, a device for a host tensor) makes the publish push
+// a refresh the allocator of record refuses: the publish itself succeeds,
+// the command leaves the list, and the allocator of record serves on.
+TEST_CASE("a publish whose replicas field is garbage still publishes, and the allocator of record serves on",
+          "[redis][replica]") {
+  World w;
+  TensorRegistry other{test::host_options(w.srv, false)};  // its creates go through the lifecycle list
+  auto src = w.leader.create<float>("m/w", {16}, persistent());
+  int n = 0;
+  for (const std::string bad : {std::string(kUuid) + " " + kUuid, std::string("not a uuid!"), std::string(kUuid)}) {
+    INFO(bad);
+    w.c.command({"HSET", w.k.tensor("m/w"), "replicas", bad});
+    const auto before = std::stoull(w.field("m/w", "event_version") == "nil" ? "0" : w.field("m/w", "event_version"));
+    CHECK(detail::store::publish_event(w.c, w.k, "m/w", src.generation(), std::string(64, 'p')) == before + 1);
+    CHECK(test::eventually([&] { return w.c.command({"LLEN", w.k.lifecycle()}).integer() == 0; }, 10s));
+    // served by the allocator of record's control thread
+    auto more = other.create<float>("m/after" + std::to_string(++n), {4});
+    CHECK(more.generation() > src.generation());
+  }
+}
+
 TEST_CASE("acquire local: a replica of another source generation, a broken one, or one of the wrong type is "
           "not used, the source's refusals are a get's",
           "[redis][replica]") {
