@@ -55,10 +55,10 @@ class Core : public std::enable_shared_from_this<Core> {
     (void)Process::get().releases();
     alloc.set_borrowed_free([this](std::uint64_t g) { return borrowed.drop(g); });
     client.set_replicator([this](redis::Connection& c, const protocol::Command& cmd) { return replicator.run(c, cmd); });
-    replicator.set_release_later([this](std::vector<std::pair<std::string, std::uint64_t>> refs) {
+    replicator.set_release_later([this](const std::vector<std::pair<std::string, std::uint64_t>>& refs) {
       auto self = weak_from_this().lock();
       if (!self) return false;  // not owned by a shared_ptr (being destroyed): the caller gives them back
-      for (auto& [name, gen] : refs) Process::get().releases().push(self, ctx, alloc, std::move(name), gen);
+      for (const auto& [name, gen] : refs) Process::get().releases().push(self, ctx, alloc, name, gen);
       return true;
     });
     if (ctx.opts.control_thread) {

@@ -190,11 +190,6 @@ inline redis::Command release_cmd(const ReleaseBatch& b, const std::string& sess
   return {"EVALSHA", script<lua::kRelease>().sha(), "6", b.keys.tensor(name), b.names, b.lifecycle, b.leader, b.refs,
           b.usage, std::to_string(gen), session, b.prefix, session, "", "", std::string(name)};
 }
-// Many release_cmd()s in one round trip; `errors` as Script::eval_each.
-inline std::vector<redis::Reply> release_each(redis::Connection& c, const std::vector<redis::Command>& cmds,
-                                              std::vector<std::exception_ptr>& errors) {
-  return script<lua::kRelease>(c).eval_each(c, cmds, &errors);
-}
 inline redis::Command dict_release_cmd(const ReleaseBatch& b, const std::string& session, std::uint64_t dict_id) {
   return {"EVALSHA", script<lua::kDictRelease>().sha(), "2", b.keys.dict(dict_id), b.dict_ids, session, "",
           std::to_string(dict_id)};

@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 #include <set>
 #include <string>
@@ -57,11 +56,8 @@ class BatchAllocator {
     // error) none: Slots' destructor gives back what is not published.
     Slots slots{&A};
     slots.v.resize(cmd.tensors.size());
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
     const Plan plan = sort_into_pools(A, cmd, epoch, slots);
     take_blocks(A, cmd, epoch, plan, slots);
-    const auto t1 = clock::now();
     // Every new tensor reads as zeros before the script publishes it (one
     // pass per pool; parked blocks were zeroed by their first attempt).
     for (const auto& [pool, idx] : plan.groups) {
@@ -69,7 +65,6 @@ class BatchAllocator {
       for (auto i : idx) blocks.emplace_back(&slots.v[i].pb, plan.bytes[i]);
       pool->zero(blocks);
     }
-    const auto tz = clock::now();
     // Destroyed before `slots`: blocks written by `before` go back only
     // once its writes are done.
     struct Settle {
@@ -87,15 +82,8 @@ class BatchAllocator {
       settle.before = before;
       before->run(dst);
     }
-    const auto t2 = clock::now();
     const std::string holder = holder_of(cmd);
     const store::Answer r = publish(A, c, token, holder, slots);
-    if (log_level() >= LogLevel::debug) {
-      auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0); };
-      log(LogLevel::debug, "create_many of " + std::to_string(cmd.tensors.size()) + ": blocks " + ms(t1 - t0) +
-                               " ms, zero " + ms(tz - t1) + " ms, before publish " + ms(t2 - tz) + " ms, script " +
-                               ms(clock::now() - t2) + " ms");
-    }
     const std::string& st = r.status;
     if (st == "ok" || st == "replay") return take_ownership(A, c, r, st == "replay", holder, slots);
     refused(A, c, r, st, slots);

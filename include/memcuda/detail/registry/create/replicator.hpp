@@ -48,7 +48,7 @@ class Replicator {
   Replicator& operator=(const Replicator&) = delete;
   // Where a call's references go once its copies are done (the core's
   // release queue; set before any call). False: given back here.
-  using ReleaseLater = std::function<bool(std::vector<std::pair<std::string, std::uint64_t>>)>;
+  using ReleaseLater = std::function<bool(const std::vector<std::pair<std::string, std::uint64_t>>&)>;
   void set_release_later(ReleaseLater f) { release_later_ = std::move(f); }
   // Replicates `cmd.name` (every name under it when cmd.prefix) to the
   // devices `cmd.devices` (UUIDs); the source's own device is skipped: the
@@ -128,11 +128,7 @@ class Replicator {
         out = copy_all(c, cmd, token, src, copies, made, ph);
       }
       ph.mark("copies");
-      // The copies are done: the references go through the release queue,
-      // sent beside the caller's next steps, not before it may go on.
-      std::vector<std::pair<std::string, std::uint64_t>> refs = made;
-      for (const auto& s : src) refs.emplace_back(s.name, s.generation);
-      if (!release_later_ || !release_later_(std::move(refs))) give_back(c, src, made, false);
+      give_back(c, src, made, false);  // queued: sent beside what the caller does next
       ph.mark("give back");
       if (log_level() >= LogLevel::debug)
         log(LogLevel::debug, "replicate '" + cmd.name + "': " + std::to_string(src.size()) + " source(s), " +
@@ -173,14 +169,16 @@ class Replicator {
   }
 
   // Drops this process's references to the sources and to the replicas it
-  // made (its own session's: no fence, so that they go after a lost lease
-  // too), in one round trip. A failed call also unlinks what it made: never
-  // copied, those would hold their device's memory until the source goes.
+  // made or refreshed (its own session's: no fence, so that they go after a
+  // lost lease too): after a success through the release queue, unless it
+  // cannot take them (a core being destroyed); after a failure here, so
+  // that the error leaves nothing held. Callers have waited for the copies.
+  // A failed call first unlinks what it made or refreshed: not copied,
+  // those would hold their device's memory until the source goes.
   void give_back(redis::Connection& c, const std::vector<TensorInfo>& src,
                  const std::vector<std::pair<std::string, std::uint64_t>>& made, bool failed) noexcept {
-    std::vector<std::pair<std::string, std::uint64_t>> refs;
-    for (const auto& [name, gen] : made) {
-      if (failed) {
+    if (failed) {
+      for (const auto& [name, gen] : made) {
         try {
           auto g = store::read_generation(c, ctx_.keys, name);
           if (!g.is_nil() && g.str() == std::to_string(gen)) unlink(c, name);
@@ -188,33 +186,20 @@ class Replicator {
           log(LogLevel::warn, "replicate: unlinking the replica '" + name + "' it failed to copy: " + e.what());
         }
       }
-      refs.emplace_back(name, gen);
     }
-    for (const auto& s : src) refs.emplace_back(s.name, s.generation);
-    if (refs.empty()) return;
-    const store::ReleaseBatch batch(ctx_.keys, ctx_.session);
-    std::vector<redis::Command> cmds;
-    cmds.reserve(refs.size());
-    for (const auto& [name, gen] : refs) cmds.push_back(store::release_cmd(batch, ctx_.session, name, gen));
-    std::vector<std::exception_ptr> errs;
-    std::vector<redis::Reply> replies;
     try {
-      replies = store::release_each(c, cmds, errs);
-    } catch (const std::exception& e) {
-      // Not sent again: what ran is unknown, and a second release could drop another reference of this
-      // session. What did not land goes with the session.
-      log(LogLevel::warn, "replicate: giving back " + std::to_string(refs.size()) + " reference(s) broke off: " +
-                              e.what());
-      return;
-    }
-    for (std::size_t i = 0; i < refs.size(); ++i) {
-      const auto& [name, gen] = refs[i];
-      try {
-        if (errs[i]) std::rethrow_exception(errs[i]);
-        alloc_.release_outcome(c, store::answer(std::move(replies[i])), name, gen, ctx_.session);
-      } catch (const std::exception& e) {
-        log(LogLevel::warn, "replicate: giving back the reference to '" + name + "': " + e.what());
+      std::vector<std::pair<std::string, std::uint64_t>> refs = made;
+      for (const auto& s : src) refs.emplace_back(s.name, s.generation);
+      if (!failed && release_later_ && release_later_(refs)) return;  // a refusal leaves nothing behind it
+      for (const auto& [name, gen] : refs) {
+        try {
+          alloc_.release(c, name, gen, ctx_.session, "");
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, "replicate: giving back the reference to '" + name + "': " + e.what());
+        }
       }
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("replicate: giving back its references: ") + e.what());
     }
   }
 
