@@ -106,6 +106,14 @@ struct ConnectionOptions {
   // Empty (default): the lifecycle list is plain `tensor_lifecycle`.
   std::string name_space;
 
+  // Several machines share this Redis (from_env: MEMCUDA_FLEET=1): each
+  // node has an allocator of record of its own (its lease and lifecycle
+  // list are "...@<node>"), which exposes its memory to the other nodes'
+  // through the byte mover, and a get of another node's tensor pulls it
+  // into a replica on this node (docs/scale-out.md). Every registry on the
+  // Redis and namespace must agree on it.
+  bool fleet = false;
+
   // How long a create sent to the allocator of record waits for its reply.
   std::chrono::milliseconds request_timeout{5000};
 

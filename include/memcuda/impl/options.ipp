@@ -24,6 +24,10 @@ RegistryOptions RegistryOptions::from_env() {
     if (*v != "0" && *v != "1") detail::bad_env("MEMCUDA_SHARE_REFERENCES", *v, "0 or 1");
     o.share_references = *v == "1";
   }
+  if (auto v = detail::env_value("MEMCUDA_FLEET")) {
+    if (*v != "0" && *v != "1") detail::bad_env("MEMCUDA_FLEET", *v, "0 or 1");
+    o.fleet = *v == "1";
+  }
   if (auto v = detail::env_value("MEMCUDA_RELEASE_LINGER_MS")) {
     long long ms = -1;
     auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), ms);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -26,8 +27,20 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 // container has a hostname of its own (its UTS namespace), a boot id it
 // shares with every container of the machine. The hostname part is there
 // for people reading records.
+// MEMCUDA_NODE_ID, when set, is the node id instead (letters, digits, '.',
+// '_', '-'; no '/', so that no boot id makes two such ids one node): for
+// machines whose hostnames are not unique, and for fake nodes on one
+// machine (separate namespaces without a shared socket directory, which
+// cannot pass fds to each other as containers of one node can).
 inline const std::string& node_id() {
   static const std::string id = [] {
+    if (const char* v = std::getenv("MEMCUDA_NODE_ID"); v && *v) {
+      std::string s(v);
+      bool ok = s.size() <= 64;
+      for (char c : s) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+      if (ok) return s;
+      std::fprintf(stderr, "mem-cuda: MEMCUDA_NODE_ID='%s' ignored: at most 64 letters, digits, '.', '_', '-'\n", v);
+    }
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     // Plain read(2), not <fstream>/<random>: those two headers alone cost

@@ -17,9 +17,15 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
+// A fleet (RegistryOptions::fleet: several machines on one Redis) gives
+// each node an allocator of record of its own: the keys of that role (the
+// lease, the lifecycle list and its processing lists, the pool statistics,
+// the owner uid, the fd allocations) carry "@<node>" (`node_scope`); the
+// records, names, sessions and generations stay shared by the nodes.
 class Keys {
  public:
-  explicit Keys(std::string_view ns = {}, bool cluster = false) {
+  explicit Keys(std::string_view ns = {}, bool cluster = false, std::string_view node_scope = {})
+      : scope_(node_scope.empty() ? std::string() : "@" + std::string(node_scope)) {
     for (char c : ns)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
         throw InvalidArgument("namespace '" + std::string(ns) +
@@ -30,7 +36,7 @@ class Keys {
   }
 
   const std::string& prefix() const noexcept { return prefix_; }
-  std::string lifecycle() const { return prefix_ + "tensor_lifecycle"; }
+  std::string lifecycle() const { return prefix_ + "tensor_lifecycle" + scope_; }
   std::string tensor(std::string_view name) const { return prefix_ + "memcuda:tensor:" + std::string(name); }
   std::string tensor_prefix() const { return prefix_ + "memcuda:tensor:"; }
   // Where a tensor's Hash goes when its name is unlinked while still held.
@@ -59,15 +65,15 @@ class Keys {
   std::string owners() const { return prefix_ + "memcuda:owners"; }
   // Counts and logical bytes of the named tensors per backend and device.
   std::string usage() const { return prefix_ + "memcuda:usage"; }
-  std::string leader() const { return prefix_ + "memcuda:leader"; }
-  std::string epoch() const { return prefix_ + "memcuda:epoch"; }
+  std::string leader() const { return prefix_ + "memcuda:leader" + scope_; }
+  std::string epoch() const { return prefix_ + "memcuda:epoch" + scope_; }
   // The effective uid of the namespace's allocators of record (owner_uid.hpp).
-  std::string owner_uid() const { return prefix_ + "memcuda:owner_uid"; }
+  std::string owner_uid() const { return prefix_ + "memcuda:owner_uid" + scope_; }
   std::string generation() const { return prefix_ + "memcuda:generation"; }
   std::string processing(std::uint64_t epoch) const {
-    return prefix_ + "memcuda:processing:" + std::to_string(epoch);
+    return prefix_ + "memcuda:processing" + scope_ + ":" + std::to_string(epoch);
   }
-  std::string processing_lists() const { return prefix_ + "memcuda:processing_lists"; }
+  std::string processing_lists() const { return prefix_ + "memcuda:processing_lists" + scope_; }
   std::string session(std::string_view sid) const { return prefix_ + "memcuda:session:" + std::string(sid); }
   std::string sessions() const { return prefix_ + "memcuda:sessions"; }
   std::string reply(std::string_view sid) const { return prefix_ + "memcuda:reply:" + std::string(sid); }
@@ -118,8 +124,8 @@ class Keys {
   static constexpr std::string_view kDictHolder = "@dict:";
   // The allocations Hash of cuda_vmm_fd fd sources, its version token, and
   // a standby's progress marker (detail/store/allocations.hpp).
-  std::string allocations() const { return prefix_ + "memcuda:allocations"; }
-  std::string allocations_version() const { return prefix_ + "memcuda:allocations_version"; }
+  std::string allocations() const { return prefix_ + "memcuda:allocations" + scope_; }
+  std::string allocations_version() const { return prefix_ + "memcuda:allocations_version" + scope_; }
   std::string standby_synced(std::string_view sid) const { return prefix_ + "memcuda:standby:" + std::string(sid); }
   // A standby's wake list: the allocator of record pushes to it when it
   // made an allocation the standby should hold at once.
@@ -127,7 +133,7 @@ class Keys {
   // Where a node's byte mover is reached (node_endpoints.hpp): one per node.
   std::string node(std::string_view node_id) const { return prefix_ + "memcuda:node:" + std::string(node_id); }
   // The leader's pool statistics, readable by any process.
-  std::string pool_stats() const { return prefix_ + "memcuda:pool_stats"; }
+  std::string pool_stats() const { return prefix_ + "memcuda:pool_stats" + scope_; }
   // SCAN pattern of every named record, and the name a record key is the
   // record of ("" for any other key: an unlinked record's).
   std::string tensor_pattern() const { return tensor_prefix() + "*"; }
@@ -163,7 +169,11 @@ class Keys {
   // The prefix every key of the registry itself starts with.
   std::string own_prefix() const { return prefix_ + "memcuda:"; }
 
+ // "@<node>" in a fleet, else empty.
+  const std::string& node_scope() const noexcept { return scope_; }
+
  private:
+  std::string scope_;
   std::string prefix_;
 };
 

@@ -127,7 +127,8 @@ inline constexpr Key kKeys[] = {
 // a name taken apart, another spelling of a key above.
 inline constexpr std::string_view kNotKeys[] = {"tensor_prefix", "tensor_pattern", "name_of",     "removed_pattern",
                                                 "removed_prefix", "moved_prefix",  "lost_prefix", "own_prefix",
-                                                "quarantine_of_id", "dict_of_holder", "reply",   "prefix"};
+                                                "quarantine_of_id", "dict_of_holder", "reply",   "prefix",
+                                                "node_scope"};
 
 // A fixed key as this namespace spells it, with its entry.
 struct Fixed {
