@@ -58,7 +58,9 @@ RANKS = {
 }
 # What a public header may reach into below it: the leaf helpers only, so
 # that a user's translation unit never parses the registry's internals.
-PUBLIC_MAY_INCLUDE = {"public", "base", "cuda"}
+# transfer: <memcuda/fleet.hpp> links a byte mover into the program that
+# includes it (its engine's header installs the mover factory).
+PUBLIC_MAY_INCLUDE = {"public", "base", "cuda", "transfer"}
 # The registry's shared layer (detail/registry/*.hpp). The process asking
 # (get/) and the allocator of record's jobs never include each other: they
 # meet here, in the interfaces one side implements and the other calls
@@ -70,7 +72,7 @@ SHARED = {"context.hpp", "liveness.hpp", "option_checks.hpp", "inbox.hpp", "rele
 # The allocator of record's job folders, lowest first: one includes its own
 # and lower ones only (an Allocator holds the Lease, GC frees through the
 # Allocator, a takeover scans orphans and frees through GC).
-JOBS = {"lease": 0, "create": 1, "gc": 2, "takeover": 3}
+JOBS = {"lease": 0, "create": 1, "gc": 2, "takeover": 3, "fleet": 4}
 # The process asking (get/: Client, Holdings, Invalidation, Recovery) stands
 # apart from JOBS: neither includes the other.
 APART = {"get"}

@@ -38,15 +38,24 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 class ExportedBlock {
  public:
   ExportedBlock(Backend& b, Allocation a) : backend_(&b), a_(std::move(a)) {}
-  ~ExportedBlock() { backend_->deallocate(a_); }
+  // The exposure to other nodes goes first: no peer may read memory being freed.
+  ~ExportedBlock() {
+    exposure_.reset();
+    backend_->deallocate(a_);
+  }
   ExportedBlock(const ExportedBlock&) = delete;
   ExportedBlock& operator=(const ExportedBlock&) = delete;
   const Allocation& allocation() const noexcept { return a_; }
   void* base() const noexcept { return a_.base; }
+  // The registration that exposes it to other nodes' byte movers (a fleet's
+  // node service sets it once; the allocator of record's thread only).
+  bool exposed() const noexcept { return exposure_ != nullptr; }
+  void set_exposure(std::shared_ptr<void> e) noexcept { exposure_ = std::move(e); }
 
  private:
   Backend* backend_;
   Allocation a_;
+  std::shared_ptr<void> exposure_;
 };
 
 class ProcessCache {

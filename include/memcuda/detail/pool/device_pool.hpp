@@ -273,6 +273,15 @@ class DevicePool {
     blocks_.reset_peak();
   }
 
+  // Every slab now (kept alive by the copies).
+  std::vector<std::shared_ptr<ExportedBlock>> slabs() const {
+    std::lock_guard lk(mu_);
+    std::vector<std::shared_ptr<ExportedBlock>> v;
+    v.reserve(slabs_.size());
+    for (const auto& [id, e] : slabs_) v.push_back(e.exported);
+    return v;
+  }
+
   // A graceful stop with a standby: every allocation whose memory can be
   // kept for the standby to adopt is marked (deallocate() then keeps its fd
   // served, see Allocation::retained). Returns how many allocations were retained.

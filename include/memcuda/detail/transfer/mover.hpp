@@ -8,6 +8,7 @@
 
 #include "memcuda/config.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +96,20 @@ class Mover {
   virtual void do_get(const RemoteRegion& src, std::uint64_t offset, void* dst, std::size_t n, Deadline deadline,
                       MemoryKind dst_kind) = 0;
 };
+
+// The mover a fleet's registries make (RegistryOptions::fleet): installed
+// by the engine's header where a program includes it (ucx_mover.hpp), so
+// that only programs that link an engine load it. Process-wide: which
+// engines a program was linked with is.
+using MoverFactory = std::unique_ptr<Mover> (*)();
+inline std::atomic<MoverFactory>& mover_factory() noexcept {
+  static std::atomic<MoverFactory> f{nullptr};
+  return f;
+}
+inline bool install_mover_factory(MoverFactory f) noexcept {
+  mover_factory().store(f);
+  return true;
+}
 
 // The range check every mover makes before it moves anything.
 inline void check_range(const RemoteRegion& src, std::uint64_t offset, std::size_t n) {

@@ -260,6 +260,13 @@ class UcxMover final : public Mover {
   std::jthread progress_;
 };
 
+// A program that includes this header (and links memcuda::ucx) gives a
+// fleet's registries UCX as their mover; UCX reads its own settings from
+// the environment (UCX_TLS, UCX_NET_DEVICES).
+inline const bool kUcxMoverInstalled = install_mover_factory(+[]() -> std::unique_ptr<Mover> {
+  return std::make_unique<UcxMover>();
+});
+
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail::transfer
 
 #endif  // MEMCUDA_HAS_UCX()

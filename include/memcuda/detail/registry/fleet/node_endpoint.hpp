@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -51,7 +52,18 @@ class NodePublisher {
 
   void publish(redis::Connection& c) {
     rec_.published_ms = now_ms();
-    store::publish_node_endpoint(c, keys_, rec_, ttl_);
+    store::publish_node_endpoint(c, keys_, rec_, ttl_, regions_);
+  }
+  // Adds (value) or removes ('' value) region fields, kept for every
+  // later publish of the record; written now through `c` when given (the
+  // whole record again when it is no longer this incarnation's).
+  void set_regions(redis::Connection* c, const std::map<std::string, std::string>& changes) {
+    if (changes.empty()) return;
+    for (const auto& [f, v] : changes) {
+      if (v.empty()) regions_.erase(f);
+      else regions_[f] = v;
+    }
+    if (c && !store::update_node_regions(*c, keys_, rec_.node, rec_.incarnation, changes)) publish(*c);
   }
   // Renews the TTL, publishing again when the record expired or was
   // replaced (a Redis that lost its data, a key of another type, or another
@@ -69,6 +81,7 @@ class NodePublisher {
   Keys keys_;
   std::chrono::milliseconds ttl_;
   store::NodeEndpoint rec_;
+  std::map<std::string, std::string> regions_;
 };
 
 // The live endpoint of `node` for a reader that took keys of its memory

@@ -1,0 +1,323 @@
+// A fleet node's allocator of record across machines (docs/scale-out.md,
+// section 2): it exposes its slabs through a byte mover and publishes them,
+// with the mover's endpoint, in the node's record (node_endpoint.hpp); and
+// it serves its own node's pulls: a get of another node's tensor copies it,
+// once, into a replica on this node (`.memcuda-rep/<node>/<name>`, an
+// ordinary record of this node's memory, shared zero-copy by every process
+// here), which later gets take while it is current (replica_scripts.hpp).
+//
+// Threads: the control loop's only (its tick and the pull command it
+// executes); nothing here takes a lock.
+#pragma once
+
+#include "memcuda/config.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/process/process.hpp"
+#include "memcuda/detail/registry/acquire_outcome.hpp"
+#include "memcuda/detail/registry/context.hpp"
+#include "memcuda/detail/registry/create/allocator.hpp"
+#include "memcuda/detail/registry/create/batch_allocator.hpp"
+#include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/liveness.hpp"
+#include "memcuda/detail/registry/fleet/node_endpoint.hpp"
+#include "memcuda/detail/store/records.hpp"
+#include "memcuda/detail/store/replica_scripts.hpp"
+#include "memcuda/detail/store/scripts.hpp"
+#include "memcuda/detail/transfer/mover.hpp"
+
+MEMCUDA_NAMESPACE_BEGIN namespace detail {
+
+class NodeService {
+ public:
+  NodeService(Context& ctx, Lease& lease, Allocator& alloc) : ctx_(ctx), lease_(lease), alloc_(alloc) {}
+  NodeService(const NodeService&) = delete;
+  NodeService& operator=(const NodeService&) = delete;
+
+  // The control loop's tick. As the allocator of record: the mover made
+  // (once), new slabs exposed, gone ones withdrawn, the record published or
+  // renewed; otherwise the record withdrawn if it was this process's.
+  void tick(redis::Connection& c, bool leader) {
+    if (!leader) return withdraw(c);
+    if (!start()) return;
+    sync(c);
+    if (!published_) {
+      pub_->publish(c);
+      published_ = true;
+    } else {
+      pub_->refresh(c);
+    }
+  }
+
+  // The lease is gone (or the registry stops): the record goes, so that no
+  // peer reads through this process's keys any more.
+  void withdraw(redis::Connection& c) noexcept {
+    if (!pub_ || !published_) return;
+    published_ = false;
+    try {
+      pub_->withdraw(c);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("fleet: withdrawing this node's endpoint: ") + e.what());
+    }
+  }
+
+  // Pulls from other nodes into this node's replicas, and their bytes.
+  std::uint64_t pulls() const noexcept { return pulls_.load(std::memory_order_relaxed); }
+  std::uint64_t pulled_bytes() const noexcept { return pulled_.load(std::memory_order_relaxed); }
+
+  // The pull command: makes this node's replica of `name` (another node's
+  // tensor) current, copying it from its node. -> the replica's name and
+  // generation. Throws what the source's acquire throws (NotFound, Lost...),
+  // Unavailable (no mover, the source's node publishes no key for it),
+  // Lost (the source's node stopped answering mid-pull: nothing published).
+  protocol::ReplyTensor pull(redis::Connection& c, const std::string& name) {
+    if (name.starts_with(kReplicaPrefix)) throw InvalidArgument("'" + name + "' is a replica: pull its source");
+    const auto& k = ctx_.keys;
+    const std::string rep = replica_name(ctx_.node, name);
+    if (!is_valid_name(rep)) throw InvalidArgument("pull of '" + name + "': the name is too long for a replica");
+    auto node = store::read_fields(c, k.tensor(name), store::field::node);
+    if (node.size() < 1 || node[0].is_nil()) throw NotFound("no tensor named '" + name + "'");
+    const std::string src_node(node[0].str());
+    if (same_node(src_node, ctx_.node)) return {name, 0, 0};  // ours after all: read in place
+    const auto token = lease_.current().first;
+    // A reference of this process while the bytes move: the source's
+    // memory stays where it is until it is given back.
+    TensorInfo src = acquired(ctx_, lease_, alloc_, store::acquire(c, k, name, ctx_.session, "", src_node, token),
+                              name, std::nullopt, ctx_.session);
+    std::vector<std::pair<std::string, std::uint64_t>> refs{{name, src.generation}};
+    try {
+      if (src.backend != BackendKind::host)
+        throw Unavailable("tensor '" + name + "' is device memory on node " + src.node +
+                          ": pulls across nodes move host memory only so far");
+      protocol::ReplyTensor out = pull_into(c, token, src, rep, refs);
+      give_back(c, refs);
+      return out;
+    } catch (...) {
+      give_back(c, refs);
+      throw;
+    }
+  }
+
+ private:
+  // The mover, made on the first tick that needs it (ucp_init reads the
+  // machine's devices: not in a constructor every registry runs).
+  bool start() {
+    if (mover_) return true;
+    if (failed_) return false;
+    try {
+      auto make = transfer::mover_factory().load();
+      if (!make)
+        throw Unavailable("this program links no byte mover (include <memcuda/fleet.hpp> and link memcuda::ucx; "
+                          "mem-cuda built with UCX)");
+      mover_ = make();
+      pub_.emplace(ctx_.keys, mover_->kind(), mover_->endpoint(), ctx_.session, kTtl, ctx_.node);
+      return true;
+    } catch (const std::exception& e) {
+      failed_ = true;
+      log(LogLevel::error, std::string("fleet: no byte mover, this node's tensors cannot be read from others: ") +
+                               e.what());
+      return false;
+    }
+  }
+
+  // Exposes every slab not exposed yet and withdraws the fields of those gone.
+  void sync(redis::Connection& c) {
+    std::map<std::string, std::string> changes;
+    std::map<std::uint64_t, std::weak_ptr<ExportedBlock>> now;
+    for (DevicePool* p : alloc_.pools()) {
+      for (auto& s : p->slabs()) {
+        const auto& a = s->allocation();
+        if (a.kind != BackendKind::host) continue;  // device memory: staging not built yet
+        now[a.alloc_id] = s;
+        if (s->exposed()) continue;
+        try {
+          transfer::Region r = mover_->expose(a.base, a.size, transfer::MemoryKind::host);
+          char head[64];
+          std::snprintf(head, sizeof head, "%" PRIu64 " %" PRIu64 " ", r.address(), static_cast<std::uint64_t>(r.size()));
+          changes[store::region_field(a.alloc_id)] = head + hex(r.key());
+          s->set_exposure(std::make_shared<transfer::Region>(std::move(r)));
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, "fleet: exposing allocation " + std::to_string(a.alloc_id) + ": " + e.what());
+        }
+      }
+    }
+    for (const auto& [id, w] : exposed_)
+      if (!now.count(id)) changes[store::region_field(id)] = "";
+    exposed_ = std::move(now);
+    pub_->set_regions(published_ ? &c : nullptr, changes);
+  }
+
+  // The source's bytes into this node's replica: the current one is kept,
+  // a stale one of the same source generation is copied again in place, any
+  // other is unlinked and a new one made (its bytes pulled before the
+  // create script publishes it).
+  protocol::ReplyTensor pull_into(redis::Connection& c, const std::string& token, const TensorInfo& src,
+                                  const std::string& rep, std::vector<std::pair<std::string, std::uint64_t>>& refs) {
+    const auto& k = ctx_.keys;
+    std::optional<TensorInfo> have;
+    if (auto r = store::read_record(c, k.tensor(rep)); r.size() > 0) {
+      try {
+        have = protocol::decode_record(fields_from_reply(r.view()));
+      } catch (const ProtocolError&) {
+        // not a record of ours: the create below names it
+      }
+    }
+    std::uint64_t gen = 0;
+    if (have && have->replica_of == src.name && have->source_generation == src.generation &&
+        have->state == TensorState::ready && same_node(have->node, ctx_.node) && have->copied_version) {
+      if (*have->copied_version == src.event_version) return {rep, have->generation, have->refcount};
+      // Stale: copied again where its readers already are.
+      auto a = store::acquire(c, k, rep, ctx_.session, "", ctx_.node, "");
+      TensorInfo mine = acquired(ctx_, lease_, alloc_, a, rep, std::nullopt, ctx_.session);
+      refs.emplace_back(rep, mine.generation);
+      auto [base, keep] = Process::get().cache().resolve(mine.owner, mine.alloc_id,
+                                                          [&] { return backend_for(mine).open(mine); });
+      fetch(c, src, static_cast<char*>(base) + mine.offset);
+      gen = mine.generation;
+    } else {
+      if (have) {
+        auto r = store::remove(c, k, rep, ctx_.session);
+        if (r.is("free")) alloc_.free_unlinked(c, reply_u64(r[1]), true);
+      }
+      protocol::Command many;
+      many.op = protocol::Op::create_many;
+      many.holder = ctx_.session;  // held by its name and, until marked, by this process
+      protocol::CreateEntry e;
+      e.name = rep;
+      e.dtype = src.dtype;
+      e.shape = src.shape;
+      e.device = -1;
+      e.backend = BackendKind::host;
+      e.persistent = true;
+      e.replica_of = src.name;
+      e.source_generation = src.generation;
+      many.tensors.push_back(std::move(e));
+      BatchAllocator::BeforePublish early{[&](const std::vector<void*>& dst) { fetch(c, src, dst[0]); }, [] {}, true};
+      auto made = BatchAllocator::create_many(alloc_, c, many, &early);
+      gen = made[0].generation;
+      refs.emplace_back(rep, gen);
+      if (!made[0].block.slab) {  // a replay: its block is elsewhere, copy there
+        TensorInfo t = protocol::decode_record(fields_from_reply(store::read_record(c, k.tensor(rep)).view()));
+        auto [base, keep] =
+            Process::get().cache().resolve(t.owner, t.alloc_id, [&] { return backend_for(t).open(t); });
+        fetch(c, src, static_cast<char*>(base) + t.offset);
+      }
+    }
+    const std::vector<store::ReplicaMark> marks{{ctx_.node, "", "node", gen}};
+    auto r = store::replica_ready(c, k, token, src.name, src.generation, src.event_version, marks);
+    if (r.is("notleader")) lease_.fail_status("replica ready", r.status, "pulling '" + src.name + "'", r[1].str());
+    if (r.is("stale"))
+      throw StaleHandle("tensor '" + src.name + "' was published or re-created on node " + src.node +
+                        " while it was pulled; get it again");
+    return {rep, gen, 1};
+  }
+
+  // Copies the source's bytes from its node into dst. Only the process that
+  // owns the source serves keys of its memory (its node's publisher); a
+  // field not there yet (a slab made since its last tick) is waited for.
+  void fetch(redis::Connection& c, const TensorInfo& src, void* dst) {
+    if (!start()) throw Unavailable("fleet: this node has no byte mover (see the log): cannot pull '" + src.name + "'");
+    const auto deadline = std::chrono::steady_clock::now() + ctx_.opts.request_timeout;
+    // The endpoint and the region in one read (one incarnation's); a node
+    // whose allocator of record has not ticked since it started, or since
+    // it made the slab, is waited for.
+    const std::string region = store::region_field(src.alloc_id);
+    redis::Reply r;
+    for (;;) {
+      r = c.command({"HMGET", ctx_.keys.node(src.node), "session", "mover", "endpoint", region});
+      const bool ready = r.size() == 4 && !r[0].is_nil() && r[0].str() == src.owner && !r[3].is_nil();
+      if (ready || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (r.size() != 4 || r[0].is_nil() || r[2].is_nil()) {
+      if (!owner_alive(ctx_, c, src.owner, 0))
+        throw Lost("tensor '" + src.name + "': node " + src.node + " is gone (no endpoint, its owner's session ended)");
+      throw Unavailable("node '" + src.node + "' publishes no endpoint (not running, or not reachable by transfer)");
+    }
+    if (r[0].str() != src.owner)
+      throw Unavailable("tensor '" + src.name + "': its owner is not node " + src.node +
+                        "'s allocator of record (a takeover there?); get it again");
+    if (r[3].is_nil())
+      throw Unavailable("node " + src.node + " exposes no memory of tensor '" + src.name + "' (allocation " +
+                        std::to_string(src.alloc_id) + ")");
+    const std::string mover(r[1].is_nil() ? std::string_view() : r[1].str());
+    if (mover != mover_->kind())
+      throw Unavailable("node " + src.node + " moves bytes with '" + mover + "', this node with '" +
+                        mover_->kind() + "'");
+    const std::string field(r[3].str());
+    transfer::RemoteRegion from;
+    from.endpoint = std::string(r[2].str());
+    const auto s1 = field.find(' '), s2 = s1 == std::string::npos ? s1 : field.find(' ', s1 + 1);
+    const auto addr = protocol::detail::parse_decimal<std::uint64_t>(field.substr(0, s1));
+    const auto size = s2 == std::string::npos ? std::nullopt
+                                              : protocol::detail::parse_decimal<std::uint64_t>(field.substr(s1 + 1, s2 - s1 - 1));
+    if (!addr || !size || s2 + 1 >= field.size())
+      throw Unavailable("node " + src.node + ": its region field of allocation " + std::to_string(src.alloc_id) +
+                        " is malformed ('" + field.substr(0, 80) + "')");
+    from.address = *addr;
+    from.size = *size;
+    from.key = unhex(std::string_view(field).substr(s2 + 1));
+    try {
+      mover_->get(from, src.offset, dst, src.bytes, deadline + std::chrono::seconds(60));
+    } catch (const transfer::TransferError& e) {
+      throw Lost("tensor '" + src.name + "': node " + src.node + " stopped serving it mid-pull (" + e.what() +
+                 "); nothing of it was published here");
+    }
+    pulled_.fetch_add(src.bytes, std::memory_order_relaxed);
+    pulls_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // The references a pull took, given back (its own session's: no fence).
+  void give_back(redis::Connection& c, const std::vector<std::pair<std::string, std::uint64_t>>& refs) noexcept {
+    for (const auto& [n, g] : refs) {
+      try {
+        alloc_.release(c, n, g, ctx_.session, "");
+      } catch (const std::exception& e) {
+        log(LogLevel::warn, "fleet: giving back the reference to '" + n + "': " + e.what());
+      }
+    }
+  }
+
+  static std::string hex(const std::string& b) {
+    static const char* d = "0123456789abcdef";
+    std::string out;
+    out.reserve(2 * b.size());
+    for (unsigned char ch : b) {
+      out += d[ch >> 4];
+      out += d[ch & 15];
+    }
+    return out;
+  }
+  static std::string unhex(std::string_view h) {
+    auto v = [](char ch) { return ch <= '9' ? ch - '0' : (ch | 0x20) - 'a' + 10; };
+    std::string out;
+    for (std::size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(v(h[i]) << 4 | v(h[i + 1]));
+    return out;
+  }
+
+  static constexpr std::chrono::milliseconds kTtl{5000};
+
+  Context& ctx_;
+  Lease& lease_;
+  Allocator& alloc_;
+  std::unique_ptr<transfer::Mover> mover_;
+  std::optional<NodePublisher> pub_;
+  bool published_ = false;
+  bool failed_ = false;
+  std::map<std::uint64_t, std::weak_ptr<ExportedBlock>> exposed_;
+  std::atomic<std::uint64_t> pulls_{0}, pulled_{0};
+};
+
+}  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
