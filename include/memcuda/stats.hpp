@@ -61,6 +61,10 @@ struct ProcessStats {
   // came back, or a holder re-registered it): docs/operations.md.
   std::uint64_t frees_held = 0;
   std::uint64_t frees_undone = 0;
+  // In a fleet (RegistryOptions::fleet), as its node's allocator of record:
+  // tensors of other nodes pulled into this node's replicas, and their bytes.
+  std::uint64_t pulls = 0;
+  std::uint64_t pulled_bytes = 0;
 };
 
 // The allocator of record's memory pool on one device and backend. The

@@ -103,7 +103,7 @@ struct TensorInfo {
   // ("replica_of", "source_generation"; empty and 0 for any other tensor),
   // the source event version its last copy reflects ("copied_version";
   // absent until the first copy is enqueued), how it was copied
-  // ("replica_path": "peer"), and the unused time after which it goes
+  // ("replica_path": "peer" or "host" on a device, "node" for a pull from another node), and the unused time after which it goes
   // ("idle_ms"; 0: kept while its source lives).
   std::string replica_of;
   std::uint64_t source_generation = 0;

@@ -158,6 +158,7 @@ json::array replicas_json(const std::vector<TensorInfo>& reps, const TensorInfo&
   for (const auto& r : reps)
     a.push_back(json::object{{"name", r.name},
                              {"device_uuid", r.device_uuid},
+                             {"node", r.node},
                              {"generation", r.generation},
                              {"bytes", r.bytes},
                              {"current", replica_current(r, src)},
@@ -168,10 +169,14 @@ json::array replicas_json(const std::vector<TensorInfo>& reps, const TensorInfo&
 void print_replicas(const std::vector<TensorInfo>& reps, const TensorInfo& src) {
   if (reps.empty()) return;
   std::cout << "replicas: " << reps.size() << "\n";
-  Table tab({{"  DEVICE"}, {"GENERATION", true}, {"BYTES", true}, {"CURRENT"}, {"READERS", true}});
+  // A device's replica, or (a fleet) another node's, pulled by its gets.
+  Table tab({{"  WHERE"}, {"GENERATION", true}, {"BYTES", true}, {"CURRENT"}, {"READERS", true}});
   for (const auto& r : reps)
-    tab.add({"  " + r.device_uuid, std::to_string(r.generation), human_bytes(r.bytes),
-             replica_current(r, src) ? "yes" : "no (stale: replicate again)",
+    tab.add({"  " + (r.replica_path == "node" ? "node " + r.node : r.device_uuid), std::to_string(r.generation),
+             human_bytes(r.bytes),
+             replica_current(r, src) ? "yes"
+             : r.replica_path == "node" ? "no (stale: that node's next get pulls again)"
+                                        : "no (stale: replicate again)",
              std::to_string(std::max<std::int64_t>(r.refcount - 1, 0))});
   std::cout << tab.render();
 }

@@ -32,10 +32,12 @@ MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 // dropped a tensor's refcount to 0 sends it so that the allocator of record
 // frees the memory. `create_many` creates several tensors, all or nothing
 // (docs/protocol.md, "Batch commands"). `replicate` copies a tensor (or
-// every tensor under a prefix) to other devices (replicas.hpp).
-enum class Op : std::uint8_t { create, get, release, free, create_many, replicate };
+// every tensor under a prefix) to other devices (replicas.hpp). `pull`
+// (a fleet's: RegistryOptions::fleet) makes the node's replica of another
+// node's tensor current (docs/scale-out.md).
+enum class Op : std::uint8_t { create, get, release, free, create_many, replicate, pull };
 
-// Wire names: "create", "get", "release", "free", "create_many", "replicate". "delete" is
+// Wire names: "create", "get", "release", "free", "create_many", "replicate", "pull". "delete" is
 // accepted as an alias of "release" (the seed's name; op_from_string).
 constexpr std::string_view to_string(Op op) noexcept {
   switch (op) {
@@ -45,6 +47,7 @@ constexpr std::string_view to_string(Op op) noexcept {
     case Op::free: return "free";
     case Op::create_many: return "create_many";
     case Op::replicate: return "replicate";
+    case Op::pull: return "pull";
   }
   return "";
 }
@@ -56,6 +59,7 @@ inline std::optional<Op> op_from_string(std::string_view s) noexcept {
   if (s == "free") return Op::free;
   if (s == "create_many") return Op::create_many;
   if (s == "replicate") return Op::replicate;
+  if (s == "pull") return Op::pull;
   return std::nullopt;
 }
 
@@ -209,7 +213,7 @@ inline Command decode_command(std::string_view text) {
   if (!parsed_op)
     fail(ProtocolErrc::unknown_op, "field \"op\": unknown operation \"" +
                                        memcuda::detail::rules::printable(op) +
-                                       "\"; expected create, get, release (or its alias delete), free, create_many or replicate");
+                                       "\"; expected create, get, release (or its alias delete), free, create_many, replicate or pull");
   c.op = *parsed_op;
   c.op_spelled_delete = op == "delete";
 
@@ -236,8 +240,7 @@ inline Command decode_command(std::string_view text) {
                                         "\" is not a pid namespace as /proc/self/ns/pid names it (pid:[4026531836])");
     c.pid_ns = ino;
   }
-  if (const json::value* v = detail::find(*o, "node"))
-    c.node = detail::get_token(*v, "node", kMaxNodeBytes);
+  if (const json::value* v = detail::find(*o, "node")) c.node = detail::get_token(*v, "node", kMaxNodeBytes);
   if (const json::value* v = detail::find(*o, "holder"))
     c.holder = detail::get_bounded_text(*v, "holder", kMaxHolderBytes);
 
@@ -263,6 +266,8 @@ inline Command decode_command(std::string_view text) {
       break;
     case Op::replicate:
       detail::decode_replicate(*o, c);
+      break;
+    case Op::pull:
       break;
   }
   return c;

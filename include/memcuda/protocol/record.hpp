@@ -333,7 +333,8 @@ class RecordReader {
     if (has(kCopiedVersion)) t.copied_version = as_u64(f::copied_version, v_[kCopiedVersion]);
     if (has(kReplicaPath)) {
       std::string_view v = v_[kReplicaPath];
-      if (v != "peer" && v != "host") bad(f::replica_path, "is " + shown(v) + ", expected \"peer\" or \"host\"");
+      if (v != "peer" && v != "host" && v != "node")
+        bad(f::replica_path, "is " + shown(v) + ", expected \"peer\", \"host\" or \"node\"");
       t.replica_path = std::string(v);
     }
   }

@@ -1,10 +1,8 @@
-// The thread every registry runs. It keeps the registry's session alive;
-// when the registry may be allocator of record it also campaigns for the
-// lease every ttl/3 (followers) or renews it, collects garbage and serves
-// `tensor_lifecycle` (the leader). docs/design.md, "The lifecycle list",
-// says how no command is lost or run twice: BLMOVE into its own processing
-// list, a pending command finished first, the list requeued after a failed
-// pass.
+// The thread every registry runs. It keeps the registry's session alive; when the registry may be
+// allocator of record it also campaigns for the lease every ttl/3 (followers) or renews it,
+// collects garbage and serves `tensor_lifecycle` (the leader). docs/design.md, "The lifecycle list",
+// says how no command is lost or run twice: BLMOVE into its own processing list, a pending command
+// finished first, the list requeued after a failed pass.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -158,6 +156,7 @@ class ControlLoop {
         task("publishing pool statistics", [&] { core_->alloc.publish_pool_stats(conn_); });
         task("reading the inbox", [&] { core_->drain_inbox(conn_); });
       }
+      if (core_->ctx.opts.fleet) task("this node's endpoint", [&] { core_->node.tick(conn_, core_->is_leader()); });
     }
     task("settling held frees", [&] { core_->alloc.settle_held_frees(conn_); });
     at.tick = now + period;
@@ -195,6 +194,7 @@ class ControlLoop {
     // the garbage collector drops what is left once the session is gone).
     (void)Process::get().releases().flush(std::min(opts.request_timeout, std::chrono::milliseconds(2000)));
     try {
+      core_->node.withdraw(conn_);
       if (core_->is_leader()) hand_over();
       core_->lease.release(conn_);
       core_->sessions.end(conn_);

@@ -33,6 +33,7 @@
 #include "memcuda/detail/registry/inbox.hpp"
 #include "memcuda/detail/registry/create/allocator.hpp"
 #include "memcuda/detail/registry/create/executor.hpp"
+#include "memcuda/detail/registry/fleet/node_service.hpp"
 #include "memcuda/detail/registry/lease/lease.hpp"
 #include "memcuda/detail/registry/takeover/migration.hpp"
 #include "memcuda/detail/registry/gc/sessions.hpp"
@@ -61,6 +62,8 @@ class Core : public std::enable_shared_from_this<Core> {
       for (const auto& [name, gen] : refs) Process::get().releases().push(self, ctx, alloc, name, gen);
       return true;
     });
+    if (ctx.opts.fleet)
+      executor.set_pull([this](redis::Connection& c, const std::string& name) { return node.pull(c, name); });
     if (ctx.opts.control_thread) {
       standby.start();
       alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });
@@ -79,6 +82,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Client client{ctx, lease, alloc, holdings};
   Replicator replicator{ctx, lease, alloc};
   Executor executor{ctx, lease, alloc, replicator};
+  NodeService node{ctx, lease, alloc};  // a fleet's: this node's memory to others, others' to this node
   Sessions sessions{ctx, alloc};
   Migration migration{ctx, lease, alloc};
   Recovery recovery{ctx, alloc, borrowed, holdings, dicts};
@@ -247,6 +251,8 @@ class Core : public std::enable_shared_from_this<Core> {
     s.process.fd_parked_hits = fp.hits();
     s.process.fd_parked_dropped = fp.dropped();
     s.process.replica_wait_misses = store::replica_wait_misses().load(std::memory_order_relaxed);
+    s.process.pulls = node.pulls();
+    s.process.pulled_bytes = node.pulled_bytes();
     return s;
   }
 

@@ -45,17 +45,22 @@ end
 // current, else (no replica, or one of an older source) on the source as
 // kAcquire does; a replica of the current generation still being copied
 // takes nothing.
+// With ARGV[10] = '1' (a fleet node's get), a source of another node is
+// served by this node's current replica (KEYS[2] is then the node's) and
+// refused with 'node' otherwise.
 // -> {'replica', HGETALL replica} | {'same', refcount} (the replica, cached)
 //    | {'copying', generation} | {'noreplica', HGETALL source}
 //    | kAcquire's refusals, of the source
 inline constexpr auto kAcquireLocal = join(kNodeFn, kIndexFn, kRefusalFn, kReplicaReadyFn, R"lua(
 local f, no = get_checks(KEYS[1], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3])
-if no then return no end
+local remote = no and no[1] == 'node' and ARGV[10] == '1'
+if no and not remote then return no end
 local ok, r = pcall(redis.call, 'HMGET', KEYS[2], 'state', 'replica_of', 'source_generation', 'copied_version',
                     'generation', 'event_version', 'refcount')
 if not ok then r = {} end  -- a key of another type: no replica
 local key, g, name = KEYS[1], f[4], ARGV[7]
 local current = replica_current(r, ARGV[7], f[4], f[6])
+if remote and not (current and tonumber(r[5]) and tonumber(r[7] or '0')) then return no end
 if current and tonumber(r[5]) and tonumber(r[7] or '0') then
   key, g, name = KEYS[2], r[5], ARGV[8]
   redis.call('HDEL', key, 'idle_since')
@@ -150,14 +155,16 @@ namespace store {
 // kAcquireLocal of `source` on the device `device_uuid` for `holder`, with a
 // cached replica's generation and event version ('' = none); `wait`: a
 // replica being copied answers 'copying' (else the source is taken).
+// `remote`: a fleet node's get (the replica of `device_uuid`, the node id
+// there, serves a source of another node).
 inline Answer acquire_local(redis::Connection& c, const Keys& k, std::string_view source, std::string_view device_uuid,
                             const std::string& holder, std::string_view dtype, const std::string& node,
                             const std::string& token, bool wait, const std::string& cached_gen = {},
-                            const std::string& cached_version = {}) {
+                            const std::string& cached_version = {}, bool remote = false) {
   const std::string rep = replica_name(device_uuid, source);
   return answer(eval<lua::kAcquireLocal>(
       c, {k.tensor(source), k.tensor(rep), k.leader(), k.lost(source), k.refs(holder), k.holders()},
-      {holder, dtype, node, token, cached_gen, cached_version, source, rep, wait ? "1" : "0"}));
+      {holder, dtype, node, token, cached_gen, cached_version, source, rep, wait ? "1" : "0", remote ? "1" : "0"}));
 }
 
 // One replica the copy reached: its device, the copy's event, its path.

@@ -36,9 +36,12 @@ class BatchAllocator {
   // that they overlap the script. `dst[i]` is entry i's memory. settle()
   // waits for what run() enqueued: called before any block it wrote goes
   // back to its pool (a refused batch, an entry answered by a replay).
+  // `covers_all`: run() writes every byte of every entry (a replica's copy,
+  // a pull), so the blocks are not zeroed first.
   struct BeforePublish {
     std::function<void(const std::vector<void*>& dst)> run;
     std::function<void()> settle;
+    bool covers_all = false;
   };
 
   // Allocates, exports and publishes every tensor of `cmd` (op
@@ -61,6 +64,7 @@ class BatchAllocator {
     // Every new tensor reads as zeros before the script publishes it (one
     // pass per pool; parked blocks were zeroed by their first attempt).
     for (const auto& [pool, idx] : plan.groups) {
+      if (before && before->covers_all) break;
       std::vector<std::pair<const PoolBlock*, std::uint64_t>> blocks;
       for (auto i : idx) blocks.emplace_back(&slots.v[i].pb, plan.bytes[i]);
       pool->zero(blocks);

@@ -1,11 +1,12 @@
 // The allocator of record's side of the lifecycle list: executes one
-// command (create, get, del, free, create_many, replicate) for a JSON client or another registry
+// command (create, get, del, free, create_many, replicate, pull) for a JSON client or another registry
 // and builds the reply. The registry's thread calls it, on its own
 // connection, while this process holds the lease.
 #pragma once
 
 #include "memcuda/config.hpp"
 
+#include <functional>
 #include <string>
 
 #include "memcuda/detail/registry/acquire_outcome.hpp"
@@ -30,11 +31,16 @@ class Executor {
   // replicate finds its replicas current or makes them again); the others
   // take or drop a reference.
   static bool idempotent(protocol::Op op) {
-    return op == protocol::Op::create || op == protocol::Op::create_many || op == protocol::Op::replicate;
+    return op == protocol::Op::create || op == protocol::Op::create_many || op == protocol::Op::replicate ||
+           op == protocol::Op::pull;
   }
 
   // A command that failed on a key of the wrong type or format (schema.hpp)
   // runs again once the keys are repaired; failing again, it says so.
+  // A fleet node's pull (fleet/node_service.hpp; set before any command).
+  using Pull = std::function<protocol::ReplyTensor(redis::Connection&, const std::string&)>;
+  void set_pull(Pull p) { pull_ = std::move(p); }
+
   protocol::Reply execute(redis::Connection& c, const protocol::Command& cmd) {
     try {
       return execute_once(c, cmd);
@@ -96,6 +102,10 @@ class Executor {
       }
       case protocol::Op::replicate:
         rep.tensors = replicator_.run(c, cmd);
+        break;
+      case protocol::Op::pull:
+        if (!pull_) throw InvalidArgument("pull: this registry is not in a fleet (RegistryOptions::fleet)");
+        rep.tensors.emplace({pull_(c, cmd.name)});
         break;
       case protocol::Op::free: {
         // Sent by the release that dropped a tensor's last reference, which
@@ -165,6 +175,7 @@ class Executor {
   Lease& lease_;
   Allocator& alloc_;
   Replicator& replicator_;
+  Pull pull_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -118,8 +118,13 @@ class Replicator {
         std::rethrow_exception(refused);
       }
       for (const auto& s : src)
-        if (s.backend != BackendKind::cuda)
+        if (s.backend != BackendKind::cuda) {
+          if (cmd.replicate_refresh) {  // a publish's, of a host tensor other nodes pulled: their next get pulls
+            give_back(c, src, made, false);
+            return {};
+          }
           throw InvalidArgument("tensor '" + s.name + "' is host memory: replicas are per CUDA device");
+        }
       ph.mark("acquire");
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
@@ -220,7 +225,16 @@ class Replicator {
     // that a host with one GPU runs every step of a copy.
     const bool beside = MEMCUDA_FAULT("replicate.same_device");
     for (const auto& uuid : cmd.devices) {
-      const int dev = ordinal_of_uuid(uuid, -1);  // Unavailable: this process does not see it
+      // Unavailable: this process does not see it. A publish's refresh
+      // skips it: a fleet's other nodes (their ids are in `replicas` too)
+      // pull again at their next get.
+      int dev = -1;
+      try {
+        dev = ordinal_of_uuid(uuid, -1);
+      } catch (const Unavailable&) {
+        if (cmd.replicate_refresh) continue;
+        throw;
+      }
       for (std::size_t i = 0; i < src.size(); ++i)
         if (src[i].device_uuid != uuid || beside) todo.push_back({i, uuid, dev});
     }
@@ -283,7 +297,7 @@ class Replicator {
           events = copier_.enqueue(all, src, cp);
           ph.mark("enqueue");
         },
-        [&] { cp.settle(); }};
+        [&] { cp.settle(); }, /*covers_all=*/true};
     auto made = BatchAllocator::create_many(alloc_, c, many, &early);
     std::vector<ReplicaDest> replayed;
     for (std::size_t i = 0; i < made.size(); ++i) {

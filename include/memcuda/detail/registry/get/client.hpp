@@ -61,6 +61,7 @@ class Client {
   // script skips sending the whole Hash.
   Opened acquire(std::string_view name, std::optional<DType> dtype, Holdings::Record cached) {
     ::memcuda::validate_name(name);
+    if (ctx_.opts.fleet) return acquire_in_fleet(name, dtype);
     std::string cgen, cver;
     if (cached) {
       cgen = std::to_string(cached->generation);
@@ -205,6 +206,30 @@ class Client {
     const std::string taken = r.is("replica") ? replica_name(device_uuid, name) : std::string(name);
     if (r.is("replica") || r.is("noreplica")) r.status = "ok";
     return opened(r, taken, dtype, std::move(cached));
+  }
+
+  // A fleet node's get: the tensor itself when it is on this node, else
+  // this node's replica of it when current, else the node's allocator of
+  // record pulls it first (fleet/node_service.hpp) and the get runs again.
+  Opened acquire_in_fleet(std::string_view name, std::optional<DType> dtype) {
+    const std::string want = dtype ? std::string(to_string(*dtype)) : std::string();
+    auto once = [&] {
+      return store::acquire_local(*ctx_.pool.acquire(), ctx_.keys, name, ctx_.node, ctx_.session, want, ctx_.node, "",
+                                  false, {}, {}, true);
+    };
+    auto r = once();
+    for (int tries = 0; r.is("node") && tries < 2; ++tries) {  // a publish between pull and get: once more
+      protocol::Command cmd;
+      cmd.op = protocol::Op::pull;
+      cmd.name = std::string(name);
+      cmd.holder = ctx_.session;
+      cmd.node = ctx_.node;
+      exchange(std::move(cmd));
+      r = once();
+    }
+    const std::string taken = r.is("replica") ? replica_name(ctx_.node, name) : std::string(name);
+    if (r.is("replica") || r.is("noreplica")) r.status = "ok";
+    return opened(r, taken, dtype, nullptr);
   }
 
   // The record an acquire script answered (the cached one for 'same'),
