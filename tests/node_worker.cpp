@@ -10,6 +10,14 @@
 //     reads N's endpoint as a reader that took the key under I, pulls the
 //     whole region and checks the pattern: "ok <bytes> <ms>", or
 //     "error <kind> <what>" (kind: an Error's code(), or "transfer").
+//   fleet --url U
+//     a registry of a fleet (MEMCUDA_FLEET=1 and MEMCUDA_NODE_ID come from
+//     the environment) driven over stdin, a reply line per command:
+//       create NAME ELEMS SEED  (a persistent host f32 tensor of a seeded pattern, held)
+//       rewrite NAME SEED       (the held tensor written anew and published in place)
+//       get NAME SEED           (checks the pattern: "ok gen=G name=TAKEN pulls=P pulled=B", held)
+//       release NAME | leader | exit
+//     "error <code> <what>" for a failure.
 #include <poll.h>
 #include <unistd.h>
 
@@ -19,11 +27,15 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "memcuda/detail/registry/node_endpoint.hpp"
+#include "memcuda/detail/registry/fleet/node_endpoint.hpp"
 #include "memcuda/detail/transfer/ucx_mover.hpp"
+#include "memcuda/fleet.hpp"
+#include "memcuda/memcuda.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "memcuda/redis/options.hpp"
 
@@ -109,6 +121,89 @@ int pull(std::map<std::string, std::string>& a) {
   return 0;
 }
 
+float fleet_value(std::size_t i, std::uint64_t seed) {  // exact in a float: below 2^24
+  return static_cast<float>((i * 2654435761u + seed) % 1000003u);
+}
+
+int fleet(std::map<std::string, std::string>& a) {
+  RegistryOptions o = RegistryOptions::from_env();
+  o.redis = redis::parse_url(a["url"]);
+  o.default_backend = BackendKind::host;
+  std::optional<TensorRegistry> reg;
+  try {
+    reg.emplace(o);
+  } catch (const Error& e) {
+    std::printf("error %s %s\n", e.code(), e.what());
+    return 1;
+  }
+  std::printf("ready leader=%d node=%s\n", reg->is_leader() ? 1 : 0, reg->node_id().c_str());
+  std::fflush(stdout);
+  std::multimap<std::string, SharedTensor<float>> held;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd, name;
+    in >> cmd >> name;
+    std::ostringstream out;
+    try {
+      if (cmd == "create") {
+        std::int64_t n = 0;
+        std::uint64_t seed = 0;
+        in >> n >> seed;
+        CreateOptions co;
+        co.persistent = true;
+        auto t = reg->create<float>(name, {n}, co);
+        std::vector<float> host(t.size());
+        for (std::size_t i = 0; i < host.size(); ++i) host[i] = fleet_value(i, seed);
+        t.copy_from_host(host);
+        t.publish();
+        out << "ok gen=" << t.generation();
+        held.emplace(name, std::move(t));
+      } else if (cmd == "rewrite") {
+        std::uint64_t seed = 0;
+        in >> seed;
+        auto it = held.find(name);
+        if (it == held.end()) throw NotFound("this worker holds no '" + name + "'");
+        std::vector<float> host(it->second.size());
+        for (std::size_t i = 0; i < host.size(); ++i) host[i] = fleet_value(i, seed);
+        it->second.copy_from_host(host);
+        out << "ok version=" << it->second.publish();
+      } else if (cmd == "get") {
+        std::uint64_t seed = 0;
+        in >> seed;
+        auto t = reg->get<float>(name);
+        std::vector<float> host(t.size());
+        t.copy_to_host(host);
+        for (std::size_t i = 0; i < host.size(); ++i)
+          if (host[i] != fleet_value(i, seed)) throw InternalError("pattern mismatch at element " + std::to_string(i));
+        const auto st = reg->stats();
+        out << "ok gen=" << t.generation() << " name=" << t.info().name << " pulls=" << st.process.pulls
+            << " pulled=" << st.process.pulled_bytes;
+        held.emplace(name, std::move(t));
+      } else if (cmd == "release") {
+        held.erase(name);
+        reg->flush();
+        out << "ok";
+      } else if (cmd == "leader") {
+        out << "ok leader=" << reg->is_leader();
+      } else if (cmd == "exit") {
+        held.clear();
+        reg.reset();
+        std::printf("ok\n");
+        return 0;
+      } else {
+        out << "error invalid_argument unknown command '" << cmd << "'";
+      }
+    } catch (const Error& e) {
+      out.str("");
+      out << "error " << e.code() << " " << e.what();
+    }
+    std::printf("%s\n", out.str().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,5 +213,6 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "serve") return serve(a);
   if (mode == "pull") return pull(a);
+  if (mode == "fleet") return fleet(a);
   return 2;
 }

@@ -3,7 +3,7 @@
 // its own hostname and so its own node id, its own /dev/shm, reaching
 // Redis through the shared socket and the other nodes over TCP loopback,
 // as other machines would be reached. What crosses: the node endpoint
-// records in Redis (detail/registry/node_endpoint.hpp) and bytes through
+// records in Redis (detail/registry/fleet/node_endpoint.hpp) and bytes through
 // the UCX mover (detail/transfer/ucx_mover.hpp). Where namespaces cannot be
 // made, or UCX was not built, those cases are reported skipped with why.
 #include <catch2/catch.hpp>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "memcuda/detail/registry/node_endpoint.hpp"
+#include "memcuda/detail/registry/fleet/node_endpoint.hpp"
 #include "memcuda/detail/transfer/ucx_mover.hpp"
 #include "support/pod.hpp"
 #include "support/redis_server.hpp"
@@ -63,6 +63,42 @@ TEST_CASE("nodes: an endpoint record is renewed, withdrawn and replaced only by 
   c.command({"SET", k.node("node-b/0000"), "junk"});
   CHECK(b.refresh(c));
   CHECK(detail::endpoint_of(c, k, "node-b/0000").incarnation == b.record().incarnation);
+
+  // Exposed regions: written as they come and go, and kept by a republish.
+  b.set_regions(&c, {{detail::store::region_field(1), "4096 256 ab"}, {detail::store::region_field(2), "8192 256 cd"}});
+  CHECK(detail::store::read_node_region(c, k, "node-b/0000", 1) == "4096 256 ab");
+  b.set_regions(&c, {{detail::store::region_field(1), ""}});
+  CHECK(detail::store::read_node_region(c, k, "node-b/0000", 1).empty());
+  c.command({"DEL", k.node("node-b/0000")});
+  CHECK(b.refresh(c));
+  CHECK(detail::store::read_node_region(c, k, "node-b/0000", 2) == "8192 256 cd");
+  CHECK(detail::store::read_node_region(c, k, "node-b/0000", 1).empty());
+  // Another incarnation's record is not written into: a republish replaces it.
+  detail::NodePublisher b2(k, "ucx", "addr-d", "s4", 2000ms, "node-b/0000");
+  b2.publish(c);
+  b.set_regions(&c, {{detail::store::region_field(3), "1 1 ee"}});
+  CHECK(detail::endpoint_of(c, k, "node-b/0000").incarnation == b.record().incarnation);
+  CHECK(detail::store::read_node_region(c, k, "node-b/0000", 3) == "1 1 ee");
+}
+
+TEST_CASE("nodes: a fleet scopes the allocator of record's keys to the node, and shares the rest", "[nodes][fleet]") {
+  const detail::Keys one, fleet("", false, "node-a"), tagged("prod", true, "node-a");
+  CHECK(one.lifecycle() == "tensor_lifecycle");  // the seed's name, unchanged outside a fleet
+  CHECK(one.leader() == "memcuda:leader");
+  CHECK(fleet.lifecycle() == "tensor_lifecycle@node-a");
+  CHECK(fleet.leader() == "memcuda:leader@node-a");
+  CHECK(fleet.epoch() == "memcuda:epoch@node-a");
+  CHECK(fleet.processing(7) == "memcuda:processing@node-a:7");
+  CHECK(fleet.processing_lists() == "memcuda:processing_lists@node-a");
+  CHECK(fleet.pool_stats() == "memcuda:pool_stats@node-a");
+  CHECK(fleet.allocations() == "memcuda:allocations@node-a");
+  // What names a tensor, a session or a generation is the fleet's.
+  CHECK(fleet.tensor("w") == one.tensor("w"));
+  CHECK(fleet.session("s") == one.session("s"));
+  CHECK(fleet.generation() == one.generation());
+  CHECK(fleet.names() == one.names());
+  // On a cluster the scope follows the hash tag: one slot still.
+  CHECK(tagged.lifecycle() == "{prod}:tensor_lifecycle@node-a");
 }
 
 #if MEMCUDA_HAS_UCX()
@@ -195,9 +231,116 @@ TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once 
   CHECK_THAT(got, StartsWith("error unavailable "));
 }
 
+namespace {
+
+// A process of fleet node `id` (MEMCUDA_NODE_ID) in a pod of hostname
+// `host`: pods of one id share that node's runtime directory (so they are
+// one node's containers), and nothing with other nodes but Redis and TCP.
+struct FleetProc {
+  std::unique_ptr<test::Child> proc;
+  bool leader = false;
+  std::string ask(const std::string& line, std::chrono::seconds t = 60s) {
+    proc->send(line);
+    auto l = proc->read_line(t);
+    while (l && test::starts_with(*l, "[")) l = proc->read_line(t);  // UCX's own log lines
+    return l.value_or("(no answer)");
+  }
+};
+
+FleetProc fleet_proc(const std::string& host, const std::string& id, const test::RedisServer& srv,
+                     const test::PodVolume& vol) {
+  FleetProc f;
+  f.proc = std::make_unique<test::Child>(test::pod_argv(
+      host,
+      {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + vol.dir + "/rt-" + id, "UCX_TLS=tcp",
+       "UCX_NET_DEVICES=lo"},
+      {test::sibling_program("memcuda_node_worker"), "fleet", "--url", srv.unix_url()}, /*share_network=*/true));
+  auto line = f.proc->read_line(60s);
+  while (line && test::starts_with(*line, "[")) line = f.proc->read_line(60s);
+  REQUIRE(line);
+  INFO(*line);
+  REQUIRE(test::starts_with(*line, "ready leader="));
+  f.leader = test::starts_with(*line, "ready leader=1");
+  REQUIRE_THAT(*line, Catch::Matchers::EndsWith("node=" + id));
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica its processes share", "[nodes][fleet]") {
+  if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
+  test::RedisServer srv;
+  test::PodVolume vol(srv);
+  auto c = srv.connect();
+  // Each node's first process is its own allocator of record.
+  FleetProc a = fleet_proc("node-a", "node-a", srv, vol);
+  FleetProc b1 = fleet_proc("node-b", "node-b", srv, vol);
+  FleetProc b2 = fleet_proc("node-b2", "node-b", srv, vol);  // a second container of node b
+  CHECK(a.leader);
+  CHECK(b1.leader);
+  CHECK_FALSE(b2.leader);
+  CHECK(c.command({"EXISTS", "memcuda:leader@node-a", "memcuda:leader@node-b"}).integer() == 2);
+
+  const std::string rep = ".memcuda-rep/node-b/w";
+  REQUIRE_THAT(a.ask("create w 1048576 7"), StartsWith("ok gen="));
+  // node b's first get pulls 4 MiB, its allocator of record counting them.
+  std::string got = b1.ask("get w 7");
+  REQUIRE_THAT(got, StartsWith("ok gen="));
+  CHECK_THAT(got, Catch::Matchers::Contains("name=" + rep + " pulls=1 pulled=4194304"));
+  const std::string gen = got.substr(7, got.find(' ', 7) - 7);
+  // The other container of node b takes the same replica: nothing moves.
+  got = b2.ask("get w 7");
+  CHECK_THAT(got, StartsWith("ok gen=" + gen + " name=" + rep));
+  CHECK_THAT(b1.ask("get w 7"), Catch::Matchers::Contains("pulls=1 pulled=4194304"));
+  // The source's record says where its replicas are.
+  CHECK(c.command({"HGET", "memcuda:tensor:w", "replicas"}).str() == "node-b");
+  CHECK(c.command({"HGET", "memcuda:tensor:" + rep, "node"}).str() == "node-b");
+
+  // A publish at the source: node b's next get copies it again, in place.
+  REQUIRE_THAT(a.ask("rewrite w 9"), StartsWith("ok version="));
+  CHECK_THAT(b2.ask("get w 9"), StartsWith("ok gen=" + gen + " name=" + rep));
+  CHECK_THAT(b1.ask("get w 9"), Catch::Matchers::Contains("pulls=2 pulled=8388608"));
+
+  // The other way round: node a pulls what node b made.
+  REQUIRE_THAT(b2.ask("create v 1000 3"), StartsWith("ok gen="));
+  CHECK_THAT(a.ask("get v 3"), Catch::Matchers::Contains("name=.memcuda-rep/node-a/v pulls=1 pulled=4000"));
+  // A tensor of the reader's own node is read in place, never pulled.
+  CHECK_THAT(b1.ask("get v 3"), Catch::Matchers::Contains("name=v pulls=2"));
+  // Garbage is a typed error, and leaves the node serving.
+  CHECK_THAT(b1.ask("get nosuch 1"), StartsWith("error not_found "));
+
+  // A hostile region field in node a's record: a typed error for the get
+  // that needs it; node b serves on.
+  REQUIRE_THAT(a.ask("create x 1000 5"), StartsWith("ok gen="));
+  auto rec = c.command({"HGETALL", "memcuda:node:node-a"});
+  for (std::size_t i = 0; i + 1 < rec.size(); i += 2)
+    if (test::starts_with(std::string(rec[i].str()), "region:"))
+      c.command({"HSET", "memcuda:node:node-a", std::string(rec[i].str()), "garbage"});
+  CHECK_THAT(b1.ask("get x 5"), StartsWith("error unavailable ") && Catch::Matchers::Contains("malformed"));
+  CHECK(c.command({"EXISTS", "memcuda:tensor:.memcuda-rep/node-b/x"}).integer() == 0);
+  CHECK_THAT(b2.ask("get w 9"), StartsWith("ok gen=" + gen));
+
+  // Node a dies (kill -9): a node that had pulled still reads its replica;
+  // one that had not gets Lost from its pull (nothing of it published).
+  a.proc->kill();
+  a.proc->wait();
+  CHECK_THAT(b2.ask("get w 9"), StartsWith("ok gen=" + gen + " name=" + rep));
+  FleetProc d = fleet_proc("node-d", "node-d", srv, vol);
+  got = d.ask("get w 9");
+  // Lost: the engine found no peer, or the record and session are gone; a
+  // node whose record lives on while its session expires is Unavailable.
+  CHECK_THAT(got, StartsWith("error lost ") || StartsWith("error unavailable "));
+  CHECK(c.command({"EXISTS", "memcuda:tensor:.memcuda-rep/node-d/w"}).integer() == 0);
+  CHECK_THAT(d.ask("leader"), StartsWith("ok leader=1"));
+}
+
 #else
 
 TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once A restarted", "[nodes]") {
+  MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
+}
+
+TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica its processes share", "[nodes][fleet]") {
   MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
 }
 

@@ -288,7 +288,15 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   Command del_alias = del;  // decoded from the alias "delete": encodes as it came
   del_alias.op_spelled_delete = true;
 
-  for (const Command& c : {create, get, del, del_alias, free_, minimal_get, scalar}) {
+  Command pull;  // a fleet node's: its name only (and the routing fields)
+  pull.op = Op::pull;
+  pull.name = "llm/w";
+  pull.holder = "h";
+  pull.node = "node-b";
+  pull.id = "p1";
+  pull.reply_to = "r";
+
+  for (const Command& c : {create, get, del, del_alias, free_, minimal_get, scalar, pull}) {
     std::string json = protocol::encode_command(c);
     INFO(json);
     CHECK(protocol::decode_command(json) == c);
@@ -298,6 +306,9 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   CHECK(protocol::encode_command(create).find(R"("id":"req-\"1\"")") != std::string::npos);
   CHECK(protocol::encode_command(del).find(R"("op":"release")") != std::string::npos);
   CHECK(protocol::encode_command(del_alias).find(R"("op":"delete")") != std::string::npos);
+  CHECK(protocol::encode_command(pull).find(R"("op":"pull")") != std::string::npos);
+  // A pull names its tensor: without a name it is malformed, like a get.
+  CHECK_THROWS_AS(protocol::decode_command(R"({"op":"pull"})"), ProtocolError);
 }
 
 TEST_CASE("a free of many generations round-trips, without a name, up to the batch limit", "[protocol]") {
