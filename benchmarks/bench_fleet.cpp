@@ -1,0 +1,241 @@
+// memcuda_bench_fleet: a get of another node's host tensor (a fleet's pull
+// into a node replica, docs/scale-out.md) beside UCX's own get of the same
+// bytes between two processes on the same path, in one run. "Nodes" are
+// processes with their own node id and runtime directory (no fd can pass
+// between them), on one Redis, UCX over TCP on the loopback unless UCX_TLS /
+// UCX_NET_DEVICES say otherwise.
+//
+//   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--url redis://...] [--json out.json]
+//
+// Rows per size: ucx_get (the yardstick: one ucp_get_nbx of the whole
+// region), fleet_pull (the first get on the other node: a new node replica,
+// its bytes pulled before it is published), fleet_refresh (a get after a
+// publish at the source: pulled again in place), fleet_get_current (a get
+// whose node replica is current: no bytes move). The ratio is UCX's time
+// over the row's (1.0: as fast as UCX alone).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "memcuda/detail/transfer/ucx_mover.hpp"
+#include "memcuda/fleet.hpp"
+#include "memcuda/implementation.hpp"
+#include "memcuda/memcuda.hpp"
+
+namespace mb = memcuda::bench;
+namespace tr = memcuda::detail::transfer;
+namespace json = boost::json;
+using namespace memcuda;
+
+namespace {
+
+std::string hex(const std::string& b) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char ch : b) {
+    out += d[ch >> 4];
+    out += d[ch & 15];
+  }
+  return out;
+}
+std::string unhex(const std::string& h) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+double ms_since(std::int64_t t0) { return (mb::now_ns() - t0) / 1e6; }
+
+// --child ucx-serve --bytes N: exposes N bytes, prints "ready <endpoint hex>
+// <address> <size> <key hex>", serves until stdin closes.
+int ucx_serve(const mb::Args& a) {
+  const std::uint64_t n = mb::parse_size(a.get_or("--bytes", "64M"));
+  std::vector<char> mem(n, 7);
+  tr::UcxMover m;
+  tr::Region r = m.expose(mem.data(), n);
+  std::cout << "ready " << hex(m.endpoint()) << " " << r.address() << " " << r.size() << " " << hex(r.key())
+            << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
+// --child ucx-pull: reads "get <endpoint> <address> <size> <key>" lines,
+// answers each with the milliseconds of one whole get.
+int ucx_pull(const mb::Args&) {
+  tr::UcxMover m;
+  std::vector<char> dst;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string w, ep, key;
+    std::uint64_t addr = 0, size = 0;
+    in >> w >> ep >> addr >> size >> key;
+    if (w != "get") break;
+    dst.resize(size);
+    const tr::RemoteRegion src{unhex(ep), addr, size, unhex(key)};
+    const auto t0 = mb::now_ns();
+    m.get(src, 0, dst.data(), size, std::chrono::steady_clock::now() + std::chrono::minutes(5));
+    std::cout << "ms " << ms_since(t0) << std::endl;
+  }
+  return 0;
+}
+
+// --child node: a fleet registry (its node from the environment) that
+// answers "create NAME BYTES", "rewrite NAME" (written and published in
+// place) and "get NAME" ("ms <get> pulled <bytes>") on stdin.
+int node(const mb::Args& a) {
+  RegistryOptions o = RegistryOptions::from_env();
+  o.redis = redis::parse_url(a.get_or("--url", ""));
+  o.default_backend = BackendKind::host;
+  o.request_timeout = std::chrono::seconds(120);  // a pull of gigabytes is one command
+  TensorRegistry reg(o);
+  std::map<std::string, SharedTensor<std::uint8_t>> held;
+  std::cout << "ready" << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd, name;
+    std::uint64_t n = 0;
+    in >> cmd >> name >> n;
+    if (cmd == "create") {
+      CreateOptions co;
+      co.persistent = true;
+      auto t = reg.create<std::uint8_t>(name, {static_cast<std::int64_t>(n)}, co);
+      std::memset(t.data(), 3, t.size());
+      t.publish();
+      held.insert_or_assign(name, std::move(t));
+      std::cout << "ok" << std::endl;
+    } else if (cmd == "rewrite") {
+      auto& t = held.at(name);
+      std::memset(t.data(), 5, t.size());
+      t.publish();
+      std::cout << "ok" << std::endl;
+    } else if (cmd == "get") {
+      const auto t0 = mb::now_ns();
+      auto t = reg.get<std::uint8_t>(name);
+      const double ms = ms_since(t0);
+      std::cout << "ms " << ms << " pulled " << reg.stats().process.pulled_bytes << std::endl;
+    } else if (cmd == "remove") {
+      held.erase(name);
+      reg.remove(name);
+      reg.flush();
+      std::cout << "ok" << std::endl;
+    } else {
+      break;
+    }
+  }
+  return 0;
+}
+
+// The next answer of `p` to `line` (none: its first line, "ready ...").
+std::string ask(mb::ChildProcess& p, const std::string& line) {
+  if (!line.empty()) p.write(line + "\n");
+  for (;;) {
+    auto l = p.read_line(std::chrono::minutes(5));
+    if (!l) throw std::runtime_error("no answer to '" + line + "'");
+    if (!l->empty() && (*l)[0] == '[') continue;  // UCX's own log lines
+    if (l->rfind("ms ", 0) != 0 && *l != "ok" && l->rfind("ready", 0) != 0)
+      throw std::runtime_error("'" + line + "': " + *l);
+    return *l;
+  }
+}
+double ms_of(const std::string& l) { return std::stod(l.substr(3)); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int parent(const mb::Args& a) {
+  const auto sizes = mb::parse_size_list(a.get_or("--sizes", "64M,1G"));
+  const int reps = std::stoi(a.get_or("--reps", "3"));
+  std::optional<mb::PrivateRedis> own;
+  std::string url = a.get_or("--url", "");
+  if (url.empty()) {
+    own.emplace(mb::find_on_path("redis-server"));
+    url = own->url();
+  }
+  char tmpl[] = "/tmp/memcuda-fleet-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  const std::string dir = tmpl;
+  std::vector<std::string> ucx_env;
+  if (!std::getenv("UCX_TLS")) ucx_env.push_back("UCX_TLS=tcp");
+  if (!std::getenv("UCX_NET_DEVICES")) ucx_env.push_back("UCX_NET_DEVICES=lo");
+  auto node_env = [&](const std::string& id) {
+    auto e = ucx_env;
+    e.insert(e.end(), {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + dir + "/" + id});
+    return e;
+  };
+  const std::string self = mb::self_exe().string();
+  mb::ChildProcess na({self, "--child", "node", "--url", url}, node_env("bench-a"));
+  mb::ChildProcess nb({self, "--child", "node", "--url", url}, node_env("bench-b"));
+  ask(na, "");  // its "ready"
+  ask(nb, "");
+  mb::Table table({"size", "row", "median ms", "GB/s", "ratio to ucx_get"}, "llrrr");
+  json::array out;
+  auto row = [&](std::uint64_t size, const std::string& name, double ms, double ucx_ms) {
+    table.add({mb::format_size(size), name, mb::fmt(ms, 2), mb::fmt(size / ms / 1e6, 2),
+               ucx_ms > 0 ? mb::fmt(ucx_ms / ms, 2) : "-"});
+    out.push_back(json::object{{"size", size}, {"row", name}, {"median_ms", ms}, {"gb_per_s", size / ms / 1e6}});
+  };
+  for (std::uint64_t size : sizes) {
+    std::vector<double> ucx, pull, refresh, current;
+    {
+      mb::ChildProcess serve({self, "--child", "ucx-serve", "--bytes", std::to_string(size)}, ucx_env);
+      mb::ChildProcess get({self, "--child", "ucx-pull"}, ucx_env);
+      const std::string r = ask(serve, "");
+      for (int i = 0; i <= reps; ++i) {
+        const double ms = ms_of(ask(get, "get" + r.substr(5)));
+        if (i) ucx.push_back(ms);  // the first connects the endpoint
+      }
+      serve.close_stdin();
+      get.close_stdin();
+      serve.wait();
+      get.wait();
+    }
+    for (int i = 0; i < reps; ++i) {
+      const std::string name = "bench/" + std::to_string(size) + "/" + std::to_string(i);
+      ask(na, "create " + name + " " + std::to_string(size));
+      pull.push_back(ms_of(ask(nb, "get " + name)));
+      current.push_back(ms_of(ask(nb, "get " + name)));
+      ask(na, "rewrite " + name);
+      refresh.push_back(ms_of(ask(nb, "get " + name)));
+      ask(na, "remove " + name);
+    }
+    const double u = median(ucx);
+    row(size, "ucx_get", u, u);
+    row(size, "fleet_pull", median(pull), u);
+    row(size, "fleet_refresh", median(refresh), u);
+    row(size, "fleet_get_current", median(current), u);
+  }
+  na.close_stdin();
+  nb.close_stdin();
+  na.wait();
+  nb.wait();
+  std::cout << table.str();
+  if (auto j = a.get("--json")) mb::write_file(*j, json::serialize(out) + "\n");
+  return 0;
+}
+
+int child(const mb::Args& a) {
+  const std::string role = a.get_or("--child", "");
+  if (role == "ucx-serve") return ucx_serve(a);
+  if (role == "ucx-pull") return ucx_pull(a);
+  if (role == "node") return node(a);
+  throw std::invalid_argument("unknown --child role '" + role + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mb::parent_or_child(argc, argv, "memcuda_bench_fleet", "child", child, parent);
+}
