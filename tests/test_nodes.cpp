@@ -17,8 +17,11 @@
 
 #include "memcuda/detail/registry/fleet/node_endpoint.hpp"
 #include "memcuda/detail/transfer/ucx_mover.hpp"
+#include "memcuda/memcuda.hpp"
+#include "memcuda/protocol.hpp"
 #include "support/pod.hpp"
 #include "support/redis_server.hpp"
+#include "support/registry_options.hpp"
 #include "support/skip.hpp"
 #include "support/text.hpp"
 
@@ -99,6 +102,59 @@ TEST_CASE("nodes: a fleet scopes the allocator of record's keys to the node, and
   CHECK(fleet.names() == one.names());
   // On a cluster the scope follows the hash tag: one slot still.
   CHECK(tagged.lifecycle() == "{prod}:tensor_lifecycle@node-a");
+}
+
+TEST_CASE("nodes: a pull sent as JSON is refused where it must be, and the allocator of record serves on",
+          "[nodes][fleet]") {
+  test::RedisServer srv;
+  auto c = srv.connect();
+  auto send = [&](const std::string& list, const std::string& name) {
+    c.command({"DEL", "test:reply"});
+    c.command({"LPUSH", list, R"({"op":"pull","name":")" + name + R"(","id":"p","reply_to":"test:reply"})"});
+    auto r = c.command({"BLPOP", "test:reply", "20"});
+    REQUIRE(!r.is_nil());
+    return protocol::decode_reply(r[1].str());
+  };
+  {
+    TensorRegistry one(test::host_options(srv));  // not a fleet
+    REQUIRE(one.is_leader());
+    auto r = send("tensor_lifecycle", "x");
+    REQUIRE_FALSE(r.ok);
+    CHECK(r.error->code == "invalid_argument");
+    CHECK_THAT(r.error->message, Catch::Contains("not in a fleet"));
+  }
+  auto o = test::host_options(srv);
+  o.fleet = true;
+  o.name_space = "fl";
+  o.request_timeout = 600ms;
+  TensorRegistry reg(o);
+  REQUIRE(reg.is_leader());
+  const std::string list = "fl:tensor_lifecycle@" + reg.node_id();
+  auto w = reg.create<float>("w", {16}, test::persistent());
+  // This node's own tensor: nothing to pull.
+  auto r = send(list, "w");
+  CHECK(r.ok);
+  CHECK(c.command({"EXISTS", "fl:memcuda:tensor:.memcuda-rep/" + reg.node_id() + "/w"}).integer() == 0);
+  r = send(list, "nope");
+  CHECK(r.error->code == "not_found");
+  r = send(list, ".memcuda-rep/n/w");
+  CHECK(r.error->code == "invalid_argument");
+  // A record that names a node nobody runs (hostile, or a node gone while
+  // its owner's session lives): unavailable once the wait for its endpoint
+  // ends; the reference the pull took is given back, nothing is made.
+  (void)reg.create<float>("v", {16}, test::persistent());  // held by its name only
+  reg.flush();
+  c.command({"HSET", "fl:memcuda:tensor:v", "node", "nowhere"});
+  r = send(list, "v");
+  REQUIRE_FALSE(r.ok);
+  CHECK(r.error->code == "unavailable");
+  CHECK_THAT(r.error->message, Catch::Contains("nowhere"));
+  reg.flush();
+  CHECK(std::string(c.command({"HGET", "fl:memcuda:tensor:v", "refcount"}).str()) == "1");
+  CHECK(c.command({"EXISTS", "fl:memcuda:tensor:.memcuda-rep/" + reg.node_id() + "/v"}).integer() == 0);
+  // The registry's own get of it pulls the same way, and fails the same way.
+  CHECK_THROWS_AS(reg.get<float>("v"), Unavailable);
+  CHECK(reg.get<float>("w").size() == 16);  // still serving
 }
 
 #if MEMCUDA_HAS_UCX()
