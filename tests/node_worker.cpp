@@ -16,7 +16,7 @@
 //       create NAME ELEMS SEED  (a persistent host f32 tensor of a seeded pattern, held)
 //       rewrite NAME SEED       (the held tensor written anew and published in place)
 //       get NAME SEED           (checks the pattern: "ok gen=G name=TAKEN pulls=P pulled=B", held)
-//       release NAME | leader | exit
+//       release NAME | leader | refcount NAME | gc | exit   (fleet --session-ttl MS: a short session)
 //     "error <code> <what>" for a failure.
 #include <poll.h>
 #include <unistd.h>
@@ -129,6 +129,7 @@ int fleet(std::map<std::string, std::string>& a) {
   RegistryOptions o = RegistryOptions::from_env();
   o.redis = redis::parse_url(a["url"]);
   o.default_backend = BackendKind::host;
+  if (a.count("session-ttl")) o.session_ttl = std::chrono::milliseconds(std::stoll(a["session-ttl"]));
   std::optional<TensorRegistry> reg;
   try {
     reg.emplace(o);
@@ -186,6 +187,11 @@ int fleet(std::map<std::string, std::string>& a) {
         out << "ok";
       } else if (cmd == "leader") {
         out << "ok leader=" << reg->is_leader();
+      } else if (cmd == "refcount") {
+        out << "ok refcount=" << reg->info(name).refcount;
+      } else if (cmd == "gc") {
+        auto g = reg->collect_garbage();
+        out << "ok dead=" << g.dead_holders << " dropped=" << g.references_dropped;
       } else if (cmd == "exit") {
         held.clear();
         reg.reset();

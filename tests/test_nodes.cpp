@@ -304,13 +304,13 @@ struct FleetProc {
 };
 
 FleetProc fleet_proc(const std::string& host, const std::string& id, const test::RedisServer& srv,
-                     const test::PodVolume& vol) {
+                     const test::PodVolume& vol, std::vector<std::string> env = {}) {
   FleetProc f;
+  env.insert(env.end(), {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + vol.dir + "/rt-" + id,
+                         "UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
   f.proc = std::make_unique<test::Child>(test::pod_argv(
-      host,
-      {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + vol.dir + "/rt-" + id, "UCX_TLS=tcp",
-       "UCX_NET_DEVICES=lo"},
-      {test::sibling_program("memcuda_node_worker"), "fleet", "--url", srv.unix_url()}, /*share_network=*/true));
+      host, env, {test::sibling_program("memcuda_node_worker"), "fleet", "--url", srv.unix_url()},
+      /*share_network=*/true));
   auto line = f.proc->read_line(60s);
   while (line && test::starts_with(*line, "[")) line = f.proc->read_line(60s);
   REQUIRE(line);
@@ -390,6 +390,34 @@ TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica i
   CHECK_THAT(d.ask("leader"), StartsWith("ok leader=1"));
 }
 
+TEST_CASE("nodes: a node killed while it pulls: its reference on the source is collected, the node's next "
+          "process pulls", "[nodes][fleet]") {
+  if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
+  test::RedisServer srv;
+  test::PodVolume vol(srv);
+  FleetProc a = fleet_proc("node-a", "node-a", srv, vol);
+  REQUIRE_THAT(a.ask("create w 1000 7"), StartsWith("ok gen="));
+  CHECK(a.ask("refcount w") == "ok refcount=2");  // its name's, a's handle
+  // Node b's allocator of record dies (SIGKILL) right after its pull took
+  // a reference on w.
+  FleetProc b = fleet_proc("node-b", "node-b", srv, vol, {"MEMCUDA_FAULTS=pull.after_acquire=die"});
+  b.proc->send("get w 7");
+  b.proc->wait();
+  CHECK(a.ask("refcount w") == "ok refcount=3");
+  // Node a's garbage collector drops it once b's session has expired.
+  std::string rc;
+  for (int i = 0; i < 100 && rc != "ok refcount=2"; ++i) {
+    std::this_thread::sleep_for(100ms);
+    (void)a.ask("gc");
+    rc = a.ask("refcount w");
+  }
+  CHECK(rc == "ok refcount=2");
+  // Node b again: its new process takes the lease over and pulls.
+  FleetProc b2 = fleet_proc("node-b", "node-b", srv, vol);
+  CHECK_THAT(b2.ask("get w 7"), StartsWith("ok gen=") && Catch::Matchers::Contains("pulls=1"));
+  CHECK(a.ask("refcount w") == "ok refcount=2");  // the pull gave its reference back: b's readers hold the replica
+}
+
 #else
 
 TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once A restarted", "[nodes]") {
@@ -397,6 +425,11 @@ TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once 
 }
 
 TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica its processes share", "[nodes][fleet]") {
+  MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
+}
+
+TEST_CASE("nodes: a node killed while it pulls: its reference on the source is collected, the node's next "
+          "process pulls", "[nodes][fleet]") {
   MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
 }
 

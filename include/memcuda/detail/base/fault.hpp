@@ -74,7 +74,10 @@ struct Registry {
     std::lock_guard lk(mu);
     auto it = left.find(name);
     if (it == left.end()) return false;
-    if (die.count(name)) ::kill(::getpid(), SIGKILL);
+    if (die.count(name)) {
+      ::kill(::getpid(), SIGKILL);
+      ::_exit(128 + SIGKILL);  // the first process of a pid namespace ignores its own SIGKILL: gone all the same
+    }
     if (it->second > 0 && --it->second == 0) {
       left.erase(it);
       armed.fetch_sub(1, std::memory_order_relaxed);

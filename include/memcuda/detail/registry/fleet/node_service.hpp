@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "memcuda/detail/backend/select.hpp"
+#include "memcuda/detail/base/fault.hpp"
 #include "memcuda/detail/process/process.hpp"
 #include "memcuda/detail/registry/acquire_outcome.hpp"
 #include "memcuda/detail/registry/context.hpp"
@@ -98,6 +99,9 @@ class NodeService {
                               name, std::nullopt, ctx_.session);
     std::vector<std::pair<std::string, std::uint64_t>> refs{{name, src.generation}};
     try {
+      // Fault point pull.after_acquire: this node dies (=die) holding a
+      // reference on another node's tensor; that node's GC collects it.
+      if (MEMCUDA_FAULT("pull.after_acquire")) throw ConnectionError("fault point pull.after_acquire");
       if (src.backend != BackendKind::host)
         throw Unavailable("tensor '" + name + "' is device memory on node " + src.node +
                           ": pulls across nodes move host memory only so far");
