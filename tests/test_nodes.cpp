@@ -129,12 +129,15 @@ TEST_CASE("nodes: a pull sent as JSON is refused where it must be, and the alloc
   o.request_timeout = 600ms;
   TensorRegistry reg(o);
   REQUIRE(reg.is_leader());
-  const std::string list = "fl:tensor_lifecycle@" + reg.node_id();
+  // Scoped by the machine: the boot id of a default node id ("host/boot").
+  const std::string list = "fl:tensor_lifecycle@" + detail::node_scope(reg.node_id());
+  CHECK(detail::node_scope("host-a/1a2b3c4d") == "1a2b3c4d");
+  CHECK(detail::node_scope("node-b") == "node-b");
   auto w = reg.create<float>("w", {16}, test::persistent());
   // This node's own tensor: nothing to pull.
   auto r = send(list, "w");
   CHECK(r.ok);
-  CHECK(c.command({"EXISTS", "fl:memcuda:tensor:.memcuda-rep/" + reg.node_id() + "/w"}).integer() == 0);
+  CHECK(c.command({"EXISTS", "fl:memcuda:tensor:.memcuda-rep/" + detail::node_scope(reg.node_id()) + "/w"}).integer() == 0);
   r = send(list, "nope");
   CHECK(r.error->code == "not_found");
   r = send(list, ".memcuda-rep/n/w");
@@ -151,7 +154,7 @@ TEST_CASE("nodes: a pull sent as JSON is refused where it must be, and the alloc
   CHECK_THAT(r.error->message, Catch::Contains("nowhere"));
   reg.flush();
   CHECK(std::string(c.command({"HGET", "fl:memcuda:tensor:v", "refcount"}).str()) == "1");
-  CHECK(c.command({"EXISTS", "fl:memcuda:tensor:.memcuda-rep/" + reg.node_id() + "/v"}).integer() == 0);
+  CHECK(c.command({"EXISTS", "fl:memcuda:tensor:.memcuda-rep/" + detail::node_scope(reg.node_id()) + "/v"}).integer() == 0);
   // The registry's own get of it pulls the same way, and fails the same way.
   CHECK_THROWS_AS(reg.get<float>("v"), Unavailable);
   CHECK(reg.get<float>("w").size() == 16);  // still serving

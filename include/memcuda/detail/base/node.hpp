@@ -70,6 +70,15 @@ inline bool same_node(std::string_view a, std::string_view b) noexcept {
   return !ba.empty() && ba == bb;
 }
 
+// What a fleet scopes the allocator of record's keys by (store/keys.hpp):
+// the machine, as same_node judges it: the boot id of a default node id
+// (containers of one machine have hostnames of their own, one boot id),
+// the whole id when it has no boot part (MEMCUDA_NODE_ID).
+inline std::string node_scope(std::string_view id) {
+  const auto s = id.rfind('/');
+  return std::string(s == std::string_view::npos || s + 1 == id.size() ? id : id.substr(s + 1));
+}
+
 // This process's pid namespace as the kernel names it ("pid:[4026531836]"),
 // or empty when /proc cannot say. With the node id it tells whether a pid
 // another process wrote means the same process here (namespace inodes are

@@ -33,7 +33,7 @@ class Context {
       : opts(validated(std::move(o))),
         fd_pin(FdService::pin(FdAccess{opts.runtime_dir, opts.allowed_uids, opts.allowed_gids})),
         live(LiveLock::acquire()),
-        keys(opts.name_space, !opts.redis.cluster.empty(), opts.fleet ? std::string_view(node_id()) : std::string_view()),
+        keys(opts.name_space, !opts.redis.cluster.empty(), opts.fleet ? node_scope(node_id()) : std::string()),
         session(new_session_id()),
         node(node_id()),
         pool(opts.redis, redis::PoolOptions{opts.client_connections, opts.request_timeout * 2}),

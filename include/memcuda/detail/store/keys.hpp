@@ -20,8 +20,9 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 // A fleet (RegistryOptions::fleet: several machines on one Redis) gives
 // each node an allocator of record of its own: the keys of that role (the
 // lease, the lifecycle list and its processing lists, the pool statistics,
-// the owner uid, the fd allocations) carry "@<node>" (`node_scope`); the
-// records, names, sessions and generations stay shared by the nodes.
+// the owner uid, the fd allocations) carry "@<node scope>" (base/node.hpp:
+// the boot id, or MEMCUDA_NODE_ID); the records, names, sessions and
+// generations stay shared by the nodes.
 class Keys {
  public:
   explicit Keys(std::string_view ns = {}, bool cluster = false, std::string_view node_scope = {})

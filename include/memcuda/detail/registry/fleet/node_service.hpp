@@ -2,7 +2,7 @@
 // section 2): it exposes its slabs through a byte mover and publishes them,
 // with the mover's endpoint, in the node's record (node_endpoint.hpp); and
 // it serves its own node's pulls: a get of another node's tensor copies it,
-// once, into a replica on this node (`.memcuda-rep/<node>/<name>`, an
+// once, into a replica on this node (`.memcuda-rep/<node scope>/<name>`, an
 // ordinary record of this node's memory, shared zero-copy by every process
 // here), which later gets take while it is current (replica_scripts.hpp).
 //
@@ -86,7 +86,7 @@ class NodeService {
   protocol::ReplyTensor pull(redis::Connection& c, const std::string& name) {
     if (name.starts_with(kReplicaPrefix)) throw InvalidArgument("'" + name + "' is a replica: pull its source");
     const auto& k = ctx_.keys;
-    const std::string rep = replica_name(ctx_.node, name);
+    const std::string rep = replica_name(node_scope(ctx_.node), name);  // the machine's, whichever container asks
     if (!is_valid_name(rep)) throw InvalidArgument("pull of '" + name + "': the name is too long for a replica");
     auto node = store::read_fields(c, k.tensor(name), store::field::node);
     if (node.size() < 1 || node[0].is_nil()) throw NotFound("no tensor named '" + name + "'");
@@ -219,7 +219,7 @@ class NodeService {
         fetch(c, src, static_cast<char*>(base) + t.offset);
       }
     }
-    const std::vector<store::ReplicaMark> marks{{ctx_.node, "", "node", gen}};
+    const std::vector<store::ReplicaMark> marks{{node_scope(ctx_.node), "", "node", gen}};
     auto r = store::replica_ready(c, k, token, src.name, src.generation, src.event_version, marks);
     if (r.is("notleader")) lease_.fail_status("replica ready", r.status, "pulling '" + src.name + "'", r[1].str());
     if (r.is("stale"))

@@ -213,8 +213,9 @@ class Client {
   // record pulls it first (fleet/node_service.hpp) and the get runs again.
   Opened acquire_in_fleet(std::string_view name, std::optional<DType> dtype) {
     const std::string want = dtype ? std::string(to_string(*dtype)) : std::string();
+    const std::string scope = node_scope(ctx_.node);  // the node's replica: the machine's, not the container's
     auto once = [&] {
-      return store::acquire_local(*ctx_.pool.acquire(), ctx_.keys, name, ctx_.node, ctx_.session, want, ctx_.node, "",
+      return store::acquire_local(*ctx_.pool.acquire(), ctx_.keys, name, scope, ctx_.session, want, ctx_.node, "",
                                   false, {}, {}, true);
     };
     auto r = once();
@@ -227,7 +228,7 @@ class Client {
       exchange(std::move(cmd));
       r = once();
     }
-    const std::string taken = r.is("replica") ? replica_name(ctx_.node, name) : std::string(name);
+    const std::string taken = r.is("replica") ? replica_name(scope, name) : std::string(name);
     if (r.is("replica") || r.is("noreplica")) r.status = "ok";
     return opened(r, taken, dtype, nullptr);
   }
