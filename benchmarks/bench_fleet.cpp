@@ -36,20 +36,6 @@ using namespace memcuda;
 
 namespace {
 
-std::string hex(const std::string& b) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char ch : b) {
-    out += d[ch >> 4];
-    out += d[ch & 15];
-  }
-  return out;
-}
-std::string unhex(const std::string& h) {
-  std::string out;
-  for (std::size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
-  return out;
-}
 
 double ms_since(std::int64_t t0) { return (mb::now_ns() - t0) / 1e6; }
 
@@ -60,7 +46,7 @@ int ucx_serve(const mb::Args& a) {
   std::vector<char> mem(n, 7);
   tr::UcxMover m;
   tr::Region r = m.expose(mem.data(), n);
-  std::cout << "ready " << hex(m.endpoint()) << " " << r.address() << " " << r.size() << " " << hex(r.key())
+  std::cout << "ready " << tr::to_hex(m.endpoint()) << " " << r.address() << " " << r.size() << " " << tr::to_hex(r.key())
             << std::endl;
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -81,7 +67,7 @@ int ucx_pull(const mb::Args&) {
     in >> w >> ep >> addr >> size >> key;
     if (w != "get") break;
     dst.resize(size);
-    const tr::RemoteRegion src{unhex(ep), addr, size, unhex(key)};
+    const tr::RemoteRegion src{tr::from_hex(ep), addr, size, tr::from_hex(key)};
     const auto t0 = mb::now_ns();
     m.get(src, 0, dst.data(), size, std::chrono::steady_clock::now() + std::chrono::minutes(5));
     std::cout << "ms " << ms_since(t0) << std::endl;

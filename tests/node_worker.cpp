@@ -46,20 +46,6 @@ namespace {
 
 std::uint64_t pattern(std::uint64_t i, std::uint64_t seed) { return (i * 0x9E3779B97F4A7C15ull) ^ seed; }
 
-std::string hex(const std::string& b) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : b) {
-    out += d[c >> 4];
-    out += d[c & 15];
-  }
-  return out;
-}
-std::string unhex(const std::string& h) {
-  std::string out;
-  for (std::size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
-  return out;
-}
 
 tr::UcxOptions loopback() { return {"tcp", "lo"}; }
 
@@ -75,7 +61,7 @@ int serve(std::map<std::string, std::string>& a) {
   detail::NodePublisher pub(detail::Keys{}, mover.kind(), mover.endpoint(), "node-worker", ttl);
   pub.publish(c);
   std::printf("ready %s %s %llu %zu %s\n", pub.record().node.c_str(), pub.record().incarnation.c_str(),
-              static_cast<unsigned long long>(region.address()), region.size(), hex(region.key()).c_str());
+              static_cast<unsigned long long>(region.address()), region.size(), tr::to_hex(region.key()).c_str());
   std::fflush(stdout);
   std::string line;
   for (;;) {
@@ -101,7 +87,7 @@ int pull(std::map<std::string, std::string>& a) {
     const auto ep = detail::endpoint_of(c, detail::Keys{}, a["node"], a["incarnation"]);
     tr::UcxMover mover(loopback());
     if (ep.mover != mover.kind()) throw Unavailable("node's mover is " + ep.mover);
-    tr::RemoteRegion src{ep.endpoint, std::stoull(a["address"]), std::stoull(a["size"]), unhex(a["key"])};
+    tr::RemoteRegion src{ep.endpoint, std::stoull(a["address"]), std::stoull(a["size"]), tr::from_hex(a["key"])};
     std::vector<std::uint64_t> dst(src.size / 8);
     const auto t0 = std::chrono::steady_clock::now();
     mover.get(src, 0, dst.data(), dst.size() * 8, t0 + std::chrono::milliseconds(std::stoll(a["timeout-ms"])));

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "memcuda/error.hpp"
@@ -109,6 +110,26 @@ inline std::atomic<MoverFactory>& mover_factory() noexcept {
 inline bool install_mover_factory(MoverFactory f) noexcept {
   mover_factory().store(f);
   return true;
+}
+
+// Endpoints and keys are bytes; where they travel as text (a node record's
+// region fields, a test's or benchmark's pipe) they are lower-case hex.
+inline std::string to_hex(std::string_view b) {
+  static constexpr char d[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * b.size());
+  for (unsigned char ch : b) {
+    out += d[ch >> 4];
+    out += d[ch & 15];
+  }
+  return out;
+}
+inline std::string from_hex(std::string_view h) {
+  auto v = [](char ch) { return ch <= '9' ? ch - '0' : (ch | 0x20) - 'a' + 10; };
+  std::string out;
+  out.reserve(h.size() / 2);
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(v(h[i]) << 4 | v(h[i + 1]));
+  return out;
 }
 
 // The range check every mover makes before it moves anything.

@@ -150,7 +150,7 @@ class NodeService {
           transfer::Region r = mover_->expose(a.base, a.size, transfer::MemoryKind::host);
           char head[64];
           std::snprintf(head, sizeof head, "%" PRIu64 " %" PRIu64 " ", r.address(), static_cast<std::uint64_t>(r.size()));
-          changes[store::region_field(a.alloc_id)] = head + hex(r.key());
+          changes[store::region_field(a.alloc_id)] = head + transfer::to_hex(r.key());
           s->set_exposure(std::make_shared<transfer::Region>(std::move(r)));
         } catch (const std::exception& e) {
           log(LogLevel::warn, "fleet: exposing allocation " + std::to_string(a.alloc_id) + ": " + e.what());
@@ -272,7 +272,7 @@ class NodeService {
                         " is malformed ('" + field.substr(0, 80) + "')");
     from.address = *addr;
     from.size = *size;
-    from.key = unhex(std::string_view(field).substr(s2 + 1));
+    from.key = transfer::from_hex(std::string_view(field).substr(s2 + 1));
     try {
       mover_->get(from, src.offset, dst, src.bytes, deadline + std::chrono::seconds(60));
     } catch (const transfer::TransferError& e) {
@@ -292,23 +292,6 @@ class NodeService {
         log(LogLevel::warn, "fleet: giving back the reference to '" + n + "': " + e.what());
       }
     }
-  }
-
-  static std::string hex(const std::string& b) {
-    static const char* d = "0123456789abcdef";
-    std::string out;
-    out.reserve(2 * b.size());
-    for (unsigned char ch : b) {
-      out += d[ch >> 4];
-      out += d[ch & 15];
-    }
-    return out;
-  }
-  static std::string unhex(std::string_view h) {
-    auto v = [](char ch) { return ch <= '9' ? ch - '0' : (ch | 0x20) - 'a' + 10; };
-    std::string out;
-    for (std::size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(v(h[i]) << 4 | v(h[i + 1]));
-    return out;
   }
 
   static constexpr std::chrono::milliseconds kTtl{5000};
