@@ -48,13 +48,26 @@ class ExportedBlock {
   const Allocation& allocation() const noexcept { return a_; }
   void* base() const noexcept { return a_.base; }
   // The registration that exposes it to other nodes' byte movers (a fleet's
-  // node service sets it once; the allocator of record's thread only).
-  bool exposed() const noexcept { return exposure_ != nullptr; }
-  void set_exposure(std::shared_ptr<void> e) noexcept { exposure_ = std::move(e); }
+  // node service makes it once, on whichever thread needs it first: the
+  // create that made the slab or the control loop's tick).
+  std::shared_ptr<void> exposure() const {
+    std::lock_guard lk(exposure_mu_);
+    return exposure_;
+  }
+  // The exposure, made by `make` unless there is one; -> it, and whether
+  // this call made it. `make` runs under a leaf lock: local work only.
+  template <class F>
+  std::pair<std::shared_ptr<void>, bool> expose_once(F&& make) {
+    std::lock_guard lk(exposure_mu_);
+    if (exposure_) return {exposure_, false};
+    exposure_ = make();
+    return {exposure_, true};
+  }
 
  private:
   Backend* backend_;
   Allocation a_;
+  mutable std::mutex exposure_mu_;  // leaf: guards exposure_
   std::shared_ptr<void> exposure_;
 };
 

@@ -62,8 +62,10 @@ class Core : public std::enable_shared_from_this<Core> {
       for (const auto& [name, gen] : refs) Process::get().releases().push(self, ctx, alloc, name, gen);
       return true;
     });
-    if (ctx.opts.fleet)
+    if (ctx.opts.fleet) {
       executor.set_pull([this](redis::Connection& c, const std::string& name) { return node.pull(c, name); });
+      alloc.set_new_slab([this](redis::Connection& c, ExportedBlock& s) { node.expose_new(c, s); });
+    }
     if (ctx.opts.control_thread) {
       standby.start();
       alloc.set_after_create([this](redis::Connection& c) { secure_new_allocations(c); });

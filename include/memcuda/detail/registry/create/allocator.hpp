@@ -50,6 +50,9 @@ class Allocator final : public OwnAllocator {
       : ctx_(ctx), lease_(lease), held_(ctx.opts.redis.replicated(), ctx.opts.heartbeat_period()) {}
   // Runs after a create published, before it returns (Core::secure_new_allocations); set before threads start.
   void set_after_create(std::function<void(redis::Connection&)> f) { after_create_ = std::move(f); }
+  // Runs for each block of a create before its script publishes it (a
+  // fleet's: the node service exposes a new slab there); set before threads start.
+  void set_new_slab(std::function<void(redis::Connection&, ExportedBlock&)> f) { new_slab_ = std::move(f); }
   // Drops the keep-alive of a buffer this process shared (get/borrowed.hpp); set before threads start.
   void set_borrowed_free(std::function<bool(std::uint64_t)> f) { borrowed_free_ = std::move(f); }
 
@@ -76,6 +79,7 @@ class Allocator final : public OwnAllocator {
     PoolBlock pb = parked ? parked->pb : pool.allocate(bytes);
     Giveback giveback{&pool, &pb};  // until the script has published it, the block is ours to give back
     if (!parked) pool.zero({{&pb, bytes}});  // a new tensor reads as zeros (a parked one was zeroed before)
+    if (new_slab_) new_slab_(c, *pb.slab);
 
     TensorInfo t = parked ? parked->info  // exactly what the lost attempt sent
                           : new_record(cmd.name, *cmd.dtype, *cmd.shape, bytes, kind, pb, ctx_, epoch, create_id);
@@ -438,6 +442,7 @@ class Allocator final : public OwnAllocator {
   std::atomic<std::uint64_t> creates_{0}, frees_{0};
   std::atomic<std::uint64_t> stats_failures_{0};
   std::function<void(redis::Connection&)> after_create_;
+  std::function<void(redis::Connection&, ExportedBlock&)> new_slab_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

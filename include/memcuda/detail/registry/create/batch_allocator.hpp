@@ -61,6 +61,14 @@ class BatchAllocator {
     slots.v.resize(cmd.tensors.size());
     const Plan plan = sort_into_pools(A, cmd, epoch, slots);
     take_blocks(A, cmd, epoch, plan, slots);
+    if (A.new_slab_) {
+      const ExportedBlock* last = nullptr;  // blocks of one pool pass share slabs: each once
+      for (auto& x : slots.v) {
+        if (x.pb.slab.get() == last) continue;
+        last = x.pb.slab.get();
+        A.new_slab_(c, *x.pb.slab);
+      }
+    }
     // Every new tensor reads as zeros before the script publishes it (one
     // pass per pool; parked blocks were zeroed by their first attempt).
     for (const auto& [pool, idx] : plan.groups) {

@@ -6,8 +6,10 @@
 // ordinary record of this node's memory, shared zero-copy by every process
 // here), which later gets take while it is current (replica_scripts.hpp).
 //
-// Threads: the control loop's only (its tick and the pull command it
-// executes); nothing here takes a lock.
+// Threads: the control loop's (its tick and the pull command it executes),
+// except expose_new(), which a create on any thread of the allocator of
+// record calls so that a slab it made is readable before its tensor is
+// published. The one lock (pub_mu_) is a leaf held for no I/O.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -57,9 +60,30 @@ class NodeService {
     if (!published_) {
       pub_->publish(c);
       published_ = true;
+      set_incarnation(pub_->record().incarnation);
     } else {
       pub_->refresh(c);
     }
+  }
+
+  // A create's new host slab, exposed and its region field written before
+  // the create script publishes a tensor in it: a peer's pull then never
+  // waits for the next tick. Any thread; a no-op before the mover exists
+  // (the first tick exposes it) or once the slab is exposed.
+  void expose_new(redis::Connection& c, ExportedBlock& slab) {
+    transfer::Mover* m = live_.load(std::memory_order_acquire);
+    if (!m || slab.allocation().kind != BackendKind::host) return;
+    auto [e, made] = expose(*m, slab);
+    if (!made || !e) return;
+    std::string incarnation;
+    {
+      std::lock_guard lk(pub_mu_);
+      incarnation = incarnation_;
+    }
+    if (incarnation.empty()) return;  // not published yet: the tick's publish carries it
+    const auto& a = slab.allocation();
+    (void)store::update_node_regions(c, ctx_.keys, ctx_.node, incarnation,
+                                     {{store::region_field(a.alloc_id), region_text(*e)}});
   }
 
   // The lease is gone (or the registry stops): the record goes, so that no
@@ -67,6 +91,7 @@ class NodeService {
   void withdraw(redis::Connection& c) noexcept {
     if (!pub_ || !published_) return;
     published_ = false;
+    set_incarnation({});
     try {
       pub_->withdraw(c);
     } catch (const std::exception& e) {
@@ -127,6 +152,7 @@ class NodeService {
                           "mem-cuda built with UCX)");
       mover_ = make();
       pub_.emplace(ctx_.keys, mover_->kind(), mover_->endpoint(), ctx_.session, kTtl, ctx_.node);
+      live_.store(mover_.get(), std::memory_order_release);
       return true;
     } catch (const std::exception& e) {
       failed_ = true;
@@ -136,7 +162,8 @@ class NodeService {
     }
   }
 
-  // Exposes every slab not exposed yet and withdraws the fields of those gone.
+  // Exposes every slab not exposed yet (a create may have done it first)
+  // and withdraws the fields of those gone.
   void sync(redis::Connection& c) {
     std::map<std::string, std::string> changes;
     std::map<std::uint64_t, std::weak_ptr<ExportedBlock>> now;
@@ -145,22 +172,42 @@ class NodeService {
         const auto& a = s->allocation();
         if (a.kind != BackendKind::host) continue;  // device memory: staging not built yet
         now[a.alloc_id] = s;
-        if (s->exposed()) continue;
-        try {
-          transfer::Region r = mover_->expose(a.base, a.size, transfer::MemoryKind::host);
-          char head[64];
-          std::snprintf(head, sizeof head, "%" PRIu64 " %" PRIu64 " ", r.address(), static_cast<std::uint64_t>(r.size()));
-          changes[store::region_field(a.alloc_id)] = head + transfer::to_hex(r.key());
-          s->set_exposure(std::make_shared<transfer::Region>(std::move(r)));
-        } catch (const std::exception& e) {
-          log(LogLevel::warn, "fleet: exposing allocation " + std::to_string(a.alloc_id) + ": " + e.what());
-        }
+        if (exposed_.count(a.alloc_id)) continue;
+        if (auto e = expose(*mover_, *s).first) changes[store::region_field(a.alloc_id)] = region_text(*e);
       }
     }
     for (const auto& [id, w] : exposed_)
       if (!now.count(id)) changes[store::region_field(id)] = "";
     exposed_ = std::move(now);
     pub_->set_regions(published_ ? &c : nullptr, changes);
+  }
+
+  // The slab's exposure, made once; -> it (null when the engine refused:
+  // logged) and whether this call made it.
+  static std::pair<std::shared_ptr<transfer::Region>, bool> expose(transfer::Mover& m, ExportedBlock& s) {
+    const auto& a = s.allocation();
+    try {
+      auto [e, made] = s.expose_once([&] {
+        return std::static_pointer_cast<void>(
+            std::make_shared<transfer::Region>(m.expose(a.base, a.size, transfer::MemoryKind::host)));
+      });
+      return {std::static_pointer_cast<transfer::Region>(e), made};
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, "fleet: exposing allocation " + std::to_string(a.alloc_id) + ": " + e.what());
+      return {nullptr, false};
+    }
+  }
+
+  // A region field's value: "<address> <size> <key in hex>".
+  static std::string region_text(const transfer::Region& r) {
+    char head[64];
+    std::snprintf(head, sizeof head, "%" PRIu64 " %" PRIu64 " ", r.address(), static_cast<std::uint64_t>(r.size()));
+    return head + transfer::to_hex(r.key());
+  }
+
+  void set_incarnation(std::string i) {
+    std::lock_guard lk(pub_mu_);
+    incarnation_ = std::move(i);
   }
 
   // The source's bytes into this node's replica: the current one is kept,
@@ -303,7 +350,10 @@ class NodeService {
   std::optional<NodePublisher> pub_;
   bool published_ = false;
   bool failed_ = false;
-  std::map<std::uint64_t, std::weak_ptr<ExportedBlock>> exposed_;
+  std::map<std::uint64_t, std::weak_ptr<ExportedBlock>> exposed_;  // those whose field the publisher has
+  std::atomic<transfer::Mover*> live_{nullptr};  // mover_, once made: what expose_new reads
+  std::mutex pub_mu_;        // leaf: guards incarnation_
+  std::string incarnation_;  // the published record's; empty when none is
   std::atomic<std::uint64_t> pulls_{0}, pulled_{0};
 };
 
