@@ -14,6 +14,7 @@
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/generation_fn.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
+#include "memcuda/detail/store/node_fn.hpp"
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/script_call.hpp"
@@ -70,12 +71,12 @@ end
 // -> {'ok', generation, refcount} | {'free', generation} (the caller owns it:
 //    record deleted, free now) | {'queued', generation} (another owner frees
 //    it: the caller sends the free) | {'notfound'} | {'stray', key type}
-inline constexpr char kRemoveFn[] = R"lua(
+inline constexpr auto kRemoveFn = join(kOwnerListFn, R"lua(
 local function remove_one(p, names, usage, tkey, caller)
   if redis.call('EXISTS', tkey) == 0 then return {'notfound'} end
   local rg, ty = record_generation(tkey)
   if not rg then return {'stray', ty} end
-  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner', 'dict')
+  local f = redis.call('HMGET', tkey, 'generation', 'name', 'owner', 'dict', 'node')
   unlink_dict(p, f[4])
   local rkey = p .. 'memcuda:removed:' .. f[1]
   local pc = tonumber(redis.call('HGET', tkey, 'holder:@name') or '0')
@@ -96,9 +97,9 @@ local function remove_one(p, names, usage, tkey, caller)
     redis.call('DEL', rkey)
     return {'free', f[1]}
   end
-  return {'queued', f[1], f[2]}
+  return {'queued', f[1], f[2], f[5]}
 end
-)lua";
+)lua");
 
 // Takes one reference of a holder to each of many tensors, atomically. Each
 // name is checked like kAcquire (state, dtype, node); a refused name takes
@@ -243,20 +244,17 @@ return out
 //     | {name, 'queued', generation} | {name, 'notfound'}
 //     | {name, 'stray', key type} (not a record of ours: left as it is), ...}
 inline constexpr auto kRemoveMany = join(kUnlinkDictFn, kStrayFn, kIndexFn, kRemoveFn, R"lua(
-local queued = {}
+local queued = {}  -- by lifecycle list
 local function rm(name, tkey)
   local r = remove_one(ARGV[1], KEYS[1], KEYS[3], tkey, ARGV[2])
-  if r[1] == 'queued' then queued[#queued + 1] = r[2] end
+  if r[1] == 'queued' then
+    frees_add(queued, KEYS[2], r[4], r[2])
+    r[4] = nil
+  end
   table.insert(r, 1, name)
   return r
 end
-local function send_frees()
-  -- one command per 1000 generations (a free holds at most 2048)
-  for i = 1, #queued, 1000 do
-    redis.call('LPUSH', KEYS[2],
-               '{"op":"free","generations":[' .. table.concat(queued, ',', i, math.min(i + 999, #queued)) .. ']}')
-  end
-end
+local function send_frees() frees_send(queued) end
 local out = {}
 if ARGV[3] == 'names' then
   for i = 4, #KEYS do out[#out + 1] = rm(ARGV[1 + i], KEYS[i]) end

@@ -71,12 +71,12 @@ end
 // retire_under(p, names, lifecycle, usage, hidden prefix): every name under the
 // prefix goes as kRemove retires it; the memory goes with its last holder
 // (a free is pushed for a record nobody holds). Returns how many went.
-inline constexpr char kRetireUnderFn[] = R"lua(
+inline constexpr auto kRetireUnderFn = join(kOwnerListFn, R"lua(
 local function retire_under(p, names, lifecycle, usage, hp)
   local n = 0
   for _, name in ipairs(names_under(names, hp)) do
     local key = p .. 'memcuda:tensor:' .. name
-    local f = redis.call('HMGET', key, 'generation', 'owner', 'dict')
+    local f = redis.call('HMGET', key, 'generation', 'owner', 'dict', 'node')
     if f[1] then
       unlink_dict(p, f[3])
       local pc = tonumber(redis.call('HGET', key, 'holder:@name') or '0')
@@ -94,13 +94,14 @@ local function retire_under(p, names, lifecycle, usage, hp)
         if mf then
           for g in string.gmatch(mf, '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
         end
-        redis.call('LPUSH', lifecycle, '{"op":"free","name":' .. cjson.encode(name) .. ',"generation":' .. f[1] .. '}')
+        redis.call('LPUSH', owner_list(lifecycle, f[4]),
+                   '{"op":"free","name":' .. cjson.encode(name) .. ',"generation":' .. f[1] .. '}')
       end
     end
   end
   return n
 end
-)lua";
+)lua");
 
 // Reserves the staging of a new set. Refused while another live session
 // stages one (a dead one's staging is taken over: its tensors go with its

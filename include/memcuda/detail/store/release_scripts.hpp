@@ -15,6 +15,7 @@
 #include "memcuda/detail/store/dict_scripts.hpp"
 #include "memcuda/detail/store/index_fn.hpp"
 #include "memcuda/detail/store/keys.hpp"
+#include "memcuda/detail/store/node_fn.hpp"
 #include "memcuda/detail/store/script_call.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -31,9 +32,10 @@ namespace lua {
 // forwarding keys of a generation are derived from the key prefix p (the
 // generation is only known once the forwards were followed).
 // -> {'ok', refcount} | {'free', generation} (caller owns it: record deleted,
-//    free now) | {'queued', generation, name} (the caller sends the free)
+//    free now) | {'queued', generation, name, node} (the caller sends the
+//    free to owner_list(lifecycle, node))
 //    | {'notfound'} | {'notholder'}; and the references dropped
-inline constexpr auto kReleaseFn = join(kIndexFn, R"lua(
+inline constexpr auto kReleaseFn = join(kIndexFn, kOwnerListFn, R"lua(
 local function release_one(p, names, tkey, gen0, name, holder, all, caller, refs, usage)
   local gen = gen0
   local key, linked, held
@@ -68,7 +70,7 @@ local function release_one(p, names, tkey, gen0, name, holder, all, caller, refs
   end
   local rc = redis.call('HINCRBY', key, 'refcount', -drop)
   if rc > 0 then return {'ok', rc}, drop end
-  local f = redis.call('HMGET', key, 'name', 'owner', 'migrated_from')
+  local f = redis.call('HMGET', key, 'name', 'owner', 'migrated_from', 'node')
   if f[3] then
     for g in string.gmatch(f[3], '%d+') do redis.call('DEL', p .. 'memcuda:moved:' .. g) end
   end
@@ -81,7 +83,7 @@ local function release_one(p, names, tkey, gen0, name, holder, all, caller, refs
     return {'free', gen}, drop
   end
   if linked then redis.call('RENAME', key, p .. 'memcuda:removed:' .. gen) end
-  return {'queued', gen, f[1]}, drop
+  return {'queued', gen, f[1], f[4]}, drop
 end
 )lua");
 
@@ -97,7 +99,8 @@ local r = release_one(ARGV[3], KEYS[2], KEYS[1], ARGV[1], ARGV[7] or '', ARGV[2]
                       KEYS[6])
 if r[1] == 'queued' then
   -- generations pass 2^47: written as digits, not through cjson's 14-digit numbers
-  redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(r[3]) .. ',"generation":' .. r[2] .. '}')
+  redis.call('LPUSH', owner_list(KEYS[3], r[4]),
+             '{"op":"free","name":' .. cjson.encode(r[3]) .. ',"generation":' .. r[2] .. '}')
   return {'queued', r[2]}
 end
 return r
@@ -116,7 +119,7 @@ if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then
 end
 local p = ARGV[3]
 local out = {'ok', 0, 0}
-local queued = {}
+local queued = {}  -- by lifecycle list
 for i = 5, #ARGV do
   local m = ARGV[i]
   local c = string.find(m, ':', 1, true)
@@ -129,14 +132,12 @@ for i = 5, #ARGV do
       out[#out + 1] = r[2]
     elseif r[1] == 'queued' then
       out[3] = out[3] + 1
-      queued[#queued + 1] = r[2]
+      frees_add(queued, KEYS[2], r[4], r[2])
     end
   end
   redis.pcall('SREM', KEYS[4], m)  -- an index of the wrong type: GC moves it aside
 end
-if #queued > 0 then
-  redis.call('LPUSH', KEYS[2], '{"op":"free","generations":[' .. table.concat(queued, ',') .. ']}')
-end
+frees_send(queued)
 if redis.call('EXISTS', KEYS[4]) == 0 then redis.pcall('SREM', KEYS[5], ARGV[2]) end
 return out
 )lua");

@@ -138,13 +138,11 @@ for i = 5, #KEYS, 2 do
       local out = remove_one(ARGV[2], KEYS[2], KEYS[3], KEYS[i], ARGV[3])
       if out[1] ~= 'notfound' and out[1] ~= 'stray' then removed[#removed + 1] = r[6] end
       if out[1] == 'free' then freed[#freed + 1] = out[2] end
-      if out[1] == 'queued' then queued[#queued + 1] = out[2] end
+      if out[1] == 'queued' then frees_add(queued, KEYS[4], out[4], out[2]) end
     end
   end
 end
-if #queued > 0 then
-  redis.call('LPUSH', KEYS[4], '{"op":"free","generations":[' .. table.concat(queued, ',') .. ']}')
-end
+frees_send(queued)
 return {'ok', removed, freed}
 )lua");
 

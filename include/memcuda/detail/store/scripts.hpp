@@ -106,7 +106,8 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 inline constexpr auto kRemove = join(kUnlinkDictFn, kStrayFn, kIndexFn, kRemoveFn, R"lua(
 local r = remove_one(ARGV[1], KEYS[2], KEYS[4], KEYS[1], ARGV[2])
 if r[1] ~= 'queued' then return r end
-redis.call('LPUSH', KEYS[3], '{"op":"free","name":' .. cjson.encode(r[3]) .. ',"generation":' .. r[2] .. '}')
+redis.call('LPUSH', owner_list(KEYS[3], r[4]),
+           '{"op":"free","name":' .. cjson.encode(r[3]) .. ',"generation":' .. r[2] .. '}')
 return {'queued', r[2]}
 )lua");
 
