@@ -17,6 +17,10 @@
 //       rewrite NAME SEED       (the held tensor written anew and published in place)
 //       get NAME SEED           (checks the pattern: "ok gen=G name=TAKEN pulls=P pulled=B", held)
 //       release NAME | leader | refcount NAME | gc | exit   (fleet --session-ttl MS: a short session)
+//       publish PREFIX N ELEMS SEED  (A/B version of N host f32 tensors t0.., tensor i of seed SEED + i)
+//       open PREFIX SEED    (open_model, pinned: every tensor checked; "ok version=V tensors=N pulls=P pulled=B")
+//       check PREFIX SEED   (the pinned version's tensors checked again)
+//       advance PREFIX SEED (advance, then checked: "ok moved=M version=V pulls=P pulled=B")
 //     "error <code> <what>" for a failure.
 #include <poll.h>
 #include <unistd.h>
@@ -126,6 +130,25 @@ int fleet(std::map<std::string, std::string>& a) {
   std::printf("ready leader=%d node=%s\n", reg->is_leader() ? 1 : 0, reg->node_id().c_str());
   std::fflush(stdout);
   std::multimap<std::string, SharedTensor<float>> held;
+  std::map<std::string, PinnedModel> models;
+  // Tensor i of a model version of seed `seed` holds the pattern of seed + i.
+  const auto check_model = [](const PinnedModel& m, std::uint64_t seed) {
+    std::size_t i = 0;
+    for (const auto& [n, t] : m.tensors()) {
+      if (n != "t" + std::to_string(i)) throw InternalError("unexpected tensor '" + n + "' in the model");
+      std::vector<float> host(t.info().bytes / sizeof(float));
+      t.template as<float>().copy_to_host(host);
+      for (std::size_t j = 0; j < host.size(); ++j)
+        if (host[j] != fleet_value(j, seed + i))
+          throw InternalError("tensor " + n + ": pattern mismatch at element " + std::to_string(j));
+      ++i;
+    }
+    return i;
+  };
+  const auto pulls = [&] {
+    const auto st = reg->stats();
+    return " pulls=" + std::to_string(st.process.pulls) + " pulled=" + std::to_string(st.process.pulled_bytes);
+  };
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -167,6 +190,38 @@ int fleet(std::map<std::string, std::string>& a) {
         out << "ok gen=" << t.generation() << " name=" << t.info().name << " pulls=" << st.process.pulls
             << " pulled=" << st.process.pulled_bytes;
         held.emplace(name, std::move(t));
+      } else if (cmd == "publish") {
+        std::size_t n = 0;
+        std::int64_t elems = 0;
+        std::uint64_t seed = 0;
+        in >> n >> elems >> seed;
+        std::vector<std::vector<float>> data(n, std::vector<float>(static_cast<std::size_t>(elems)));
+        std::vector<StateDictEntry> entries;
+        for (std::size_t i = 0; i < n; ++i) {
+          for (std::size_t j = 0; j < data[i].size(); ++j) data[i][j] = fleet_value(j, seed + i);
+          StateDictEntry e;
+          e.name = "t" + std::to_string(i);
+          e.shape = {elems};
+          e.data = data[i].data();
+          entries.push_back(std::move(e));
+        }
+        out << "ok version=" << publish_model(*reg, name, entries);
+      } else if (cmd == "open") {
+        std::uint64_t seed = 0;
+        in >> seed;
+        auto m = open_model(*reg, name, nullptr);
+        const std::size_t n = check_model(m, seed);
+        out << "ok version=" << m.version() << " tensors=" << n << pulls();
+        models.insert_or_assign(name, std::move(m));
+      } else if (cmd == "check" || cmd == "advance") {
+        std::uint64_t seed = 0;
+        in >> seed;
+        auto it = models.find(name);
+        if (it == models.end()) throw NotFound("this worker has no model '" + name + "' open");
+        const bool moved = cmd == "advance" && it->second.advance(nullptr);
+        check_model(it->second, seed);
+        out << "ok " << (cmd == "advance" ? "moved=" + std::to_string(moved) + " " : "")
+            << "version=" << it->second.version() << pulls();
       } else if (cmd == "release") {
         held.erase(name);
         reg->flush();

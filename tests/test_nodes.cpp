@@ -8,7 +8,10 @@
 // made, or UCX was not built, those cases are reported skipped with why.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -300,6 +303,9 @@ struct FleetProc {
   bool leader = false;
   std::string ask(const std::string& line, std::chrono::seconds t = 60s) {
     proc->send(line);
+    return answer(t);
+  }
+  std::string answer(std::chrono::seconds t = 60s) {
     auto l = proc->read_line(t);
     while (l && test::starts_with(*l, "[")) l = proc->read_line(t);  // UCX's own log lines
     return l.value_or("(no answer)");
@@ -379,17 +385,19 @@ TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica i
   CHECK(c.command({"EXISTS", "memcuda:tensor:.memcuda-rep/node-b/x"}).integer() == 0);
   CHECK_THAT(b2.ask("get w 9"), StartsWith("ok gen=" + gen));
 
-  // Node a dies (kill -9): a node that had pulled still reads its replica;
-  // one that had not gets Lost from its pull (nothing of it published).
+  // Node a dies (kill -9): a node that had pulled still reads its replica,
+  // and one that had not pulls it from there.
   a.proc->kill();
   a.proc->wait();
   CHECK_THAT(b2.ask("get w 9"), StartsWith("ok gen=" + gen + " name=" + rep));
   FleetProc d = fleet_proc("node-d", "node-d", srv, vol);
-  got = d.ask("get w 9");
-  // Lost: the engine found no peer, or the record and session are gone; a
-  // node whose record lives on while its session expires is Unavailable.
+  CHECK_THAT(d.ask("get w 9"), StartsWith("ok gen=") && Catch::Matchers::Contains("name=.memcuda-rep/node-d/w pulls=1"));
+  // Nobody left that has x: Lost (the engine found no peer, or the record
+  // and session are gone), or Unavailable (a node whose record lives on
+  // while its session expires); nothing of it published.
+  got = d.ask("get x 5");
   CHECK_THAT(got, StartsWith("error lost ") || StartsWith("error unavailable "));
-  CHECK(c.command({"EXISTS", "memcuda:tensor:.memcuda-rep/node-d/w"}).integer() == 0);
+  CHECK(c.command({"EXISTS", "memcuda:tensor:.memcuda-rep/node-d/x"}).integer() == 0);
   CHECK_THAT(d.ask("leader"), StartsWith("ok leader=1"));
 }
 
@@ -421,6 +429,76 @@ TEST_CASE("nodes: a node killed while it pulls: its reference on the source is c
   CHECK(a.ask("refcount w") == "ok refcount=2");  // the pull gave its reference back: b's readers hold the replica
 }
 
+TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each, a node gone mid-pull is passed over, "
+          "and a late node pulls from any node that has the version", "[nodes][fleet]") {
+  if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
+  test::RedisServer srv;
+  test::PodVolume vol(srv);
+  auto c = srv.connect();
+  FleetProc a = fleet_proc("node-a", "node-a", srv, vol);
+  FleetProc b = fleet_proc("node-b", "node-b", srv, vol);
+  FleetProc cc = fleet_proc("node-c", "node-c", srv, vol);
+  FleetProc d = fleet_proc("node-d", "node-d", srv, vol);
+  constexpr int kBytes = 4 * 4 * 262144;  // 4 tensors of 1 MiB
+  // Version 1 on node a; each other node's first open pulls all of it,
+  // once, into replicas its processes share.
+  REQUIRE(a.ask("publish m/ 4 262144 10") == "ok version=1");
+  for (FleetProc* p : {&b, &cc, &d}) {
+    const std::string got = p->ask("open m/ 10");
+    CHECK_THAT(got, StartsWith("ok version=1 tensors=4 pulls=4 pulled=" + std::to_string(kBytes)));
+  }
+  // Version 2: every pinned reader keeps reading version 1 where it is,
+  // though node a retired it; a reader that advances reads version 2.
+  REQUIRE(a.ask("publish m/ 4 262144 20") == "ok version=2");
+  for (FleetProc* p : {&b, &cc, &d}) CHECK_THAT(p->ask("check m/ 10"), StartsWith("ok version=1 "));
+  CHECK_THAT(b.ask("advance m/ 20"), StartsWith("ok moved=1 version=2 pulls=8 pulled=" + std::to_string(2 * kBytes)));
+  CHECK_THAT(cc.ask("advance m/ 20"), StartsWith("ok moved=1 version=2 pulls=8 "));
+  CHECK_THAT(d.ask("check m/ 10"), StartsWith("ok version=1 "));
+  // Node b's replicas of version 1 go once its reader moved on: unlinked
+  // (their source is gone) and freed by node b, which owns them.
+  auto rep_keys = [&](const std::string& node) {
+    return c.command({"KEYS", "memcuda:tensor:.memcuda-rep/" + node + "/*"}).size();
+  };
+  std::size_t left = 99, removed = 99;
+  for (int i = 0; i < 100 && (left != 4 || removed > 4); ++i) {
+    (void)a.ask("gc");
+    left = rep_keys("node-b");
+    removed = c.command({"KEYS", "memcuda:removed:*"}).size();
+    if (left != 4 || removed > 4) std::this_thread::sleep_for(100ms);
+  }
+  CHECK(left == 4);     // version 2's only
+  CHECK(removed <= 4);  // node d's pinned version 1 (unlinked, held): nothing else waits to be freed
+
+  // Node e opens version 2 and waits right after it took the reference on
+  // its first source; meanwhile the nodes that have it (b, c) are killed.
+  // Its pull passes them over and reads from node a.
+  const std::string gate = vol.dir + "/gate";
+  FleetProc e = fleet_proc("node-e", "node-e", srv, vol,
+                           {"MEMCUDA_FAULTS=pull.after_acquire=wait", "MEMCUDA_FAULT_GATE=" + gate});
+  e.proc->send("open m/ 20");
+  bool reached = false;
+  for (int i = 0; i < 600 && !reached; ++i) {
+    reached = ::access((gate + ".reached").c_str(), F_OK) == 0;
+    if (!reached) std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(reached);
+  b.proc->kill();
+  cc.proc->kill();
+  b.proc->wait();
+  cc.proc->wait();
+  { std::ofstream go(gate + ".go"); }
+  std::string got = e.answer(120s);
+  CHECK_THAT(got, StartsWith("ok version=2 tensors=4 pulls=4 pulled=" + std::to_string(kBytes)));
+  // The source's node goes too: a late node f pulls version 2 from node e,
+  // the one live node that has it.
+  a.proc->kill();
+  a.proc->wait();
+  FleetProc f = fleet_proc("node-f", "node-f", srv, vol);
+  CHECK_THAT(f.ask("open m/ 20", 120s), StartsWith("ok version=2 tensors=4 pulls=4 "));
+  // Node d's reader still reads version 1.
+  CHECK_THAT(d.ask("check m/ 10"), StartsWith("ok version=1 "));
+}
+
 #else
 
 TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once A restarted", "[nodes]") {
@@ -433,6 +511,11 @@ TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica i
 
 TEST_CASE("nodes: a node killed while it pulls: its reference on the source is collected, the node's next "
           "process pulls", "[nodes][fleet]") {
+  MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
+}
+
+TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each, a node gone mid-pull is passed over, "
+          "and a late node pulls from any node that has the version", "[nodes][fleet]") {
   MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
 }
 

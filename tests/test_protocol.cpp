@@ -296,7 +296,11 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   pull.id = "p1";
   pull.reply_to = "r";
 
-  for (const Command& c : {create, get, del, del_alias, free_, minimal_get, scalar, pull}) {
+  Command pull_many = pull;  // a fleet node's batch get: several names, no name
+  pull_many.name.clear();
+  pull_many.names = {"llm/a", "llm/b", ".memcuda-ab/4/llm//v2/c"};
+
+  for (const Command& c : {create, get, del, del_alias, free_, minimal_get, scalar, pull, pull_many}) {
     std::string json = protocol::encode_command(c);
     INFO(json);
     CHECK(protocol::decode_command(json) == c);
@@ -309,6 +313,16 @@ TEST_CASE("commands of every op round-trip with every field", "[protocol]") {
   CHECK(protocol::encode_command(pull).find(R"("op":"pull")") != std::string::npos);
   // A pull names its tensor: without a name it is malformed, like a get.
   CHECK_THROWS_AS(protocol::decode_command(R"({"op":"pull"})"), ProtocolError);
+  CHECK(protocol::encode_command(pull_many).find("\"name\"") == std::string::npos);
+  // "names": an array of 1..kMaxBatchEntries valid names, not beside "name".
+  for (const char* bad : {R"({"op":"pull","names":[]})", R"({"op":"pull","names":"w"})", R"({"op":"pull","names":[7]})",
+                          R"({"op":"pull","names":[""]})", R"({"op":"pull","names":["w"],"name":"w"})"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(protocol::decode_command(bad), ProtocolError);
+  }
+  std::string big = R"({"op":"pull","names":[)";
+  for (std::size_t i = 0; i <= protocol::kMaxBatchEntries; ++i) big += (i ? ",\"w" : "\"w") + std::to_string(i) + "\"";
+  CHECK_THROWS_AS(protocol::decode_command(big + "]}"), ProtocolError);
 }
 
 TEST_CASE("a free of many generations round-trips, without a name, up to the batch limit", "[protocol]") {

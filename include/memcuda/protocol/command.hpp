@@ -34,7 +34,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace protocol {
 // (docs/protocol.md, "Batch commands"). `replicate` copies a tensor (or
 // every tensor under a prefix) to other devices (replicas.hpp). `pull`
 // (a fleet's: RegistryOptions::fleet) makes the node's replica of another
-// node's tensor current (docs/scale-out.md).
+// node's tensor (or of each of several: "names") current (docs/scale-out.md).
 enum class Op : std::uint8_t { create, get, release, free, create_many, replicate, pull };
 
 // Wire names: "create", "get", "release", "free", "create_many", "replicate", "pull". "delete" is
@@ -103,6 +103,9 @@ struct Command {
   bool replicate_prefix = false;
   bool replicate_refresh = false;
   std::optional<std::int64_t> idle_ms;
+  // pull of many (1..kMaxBatchEntries) names at once ("names": what a
+  // fleet node's batch get sends); `name` is then optional (and unused).
+  std::vector<std::string> names;
 
   friend bool operator==(const Command&, const Command&) = default;
 };
@@ -113,7 +116,7 @@ inline bool is_command_field(std::string_view k) noexcept {
   static constexpr std::string_view kFields[] = {
       "op",  "name", "dtype",    "shape",      "device", "backend",     "persistent",
       "pid", "pidns", "node", "reply_to", "generation", "holder", "device_uuid", "id", "tensors", "generations",
-      "devices", "prefix", "idle_ms", "refresh"};
+      "devices", "prefix", "idle_ms", "refresh", "names"};
   for (std::string_view f : kFields)
     if (k == f) return true;
   return false;
@@ -161,6 +164,25 @@ inline void decode_replicate(const boost::json::object& o, Command& c) {
   if (const json::value* v = find(o, "idle_ms")) c.idle_ms = get_int(*v, "idle_ms", 0, kMaxIdleMs);
 }
 
+// A pull of several names ("names").
+inline void decode_pull_names(const boost::json::object& o, Command& c) {
+  namespace json = boost::json;
+  if (find(o, "name")) fail(ProtocolErrc::bad_value, "command \"pull\": give \"name\" or \"names\", not both");
+  const json::value& nv = *find(o, "names");
+  const json::array* a = nv.if_array();
+  if (!a) wrong_type("names", "an array", nv);
+  if (a->empty() || a->size() > kMaxBatchEntries)
+    fail(ProtocolErrc::bad_value, "field \"names\": " + std::to_string(a->size()) + " entries; a pull names 1.." +
+                                      std::to_string(kMaxBatchEntries));
+  c.names.reserve(a->size());
+  for (const auto& v : *a) {
+    if (!v.is_string()) wrong_type("names", "an array of strings", v);
+    std::string_view n(v.get_string().data(), v.get_string().size());
+    memcuda::detail::rules::validate_name(n, "field \"names\"");
+    c.names.emplace_back(n);
+  }
+}
+
 // A create_many's defaults and entries.
 inline void decode_create_many(const boost::json::object& o, Command& c) {
   namespace json = boost::json;
@@ -204,7 +226,7 @@ inline Command decode_command(std::string_view text) {
            "command: unknown field \"" + memcuda::detail::rules::printable(k) +
                "\"; the fields are op, name, dtype, shape, device, device_uuid, backend, "
                "persistent, pid, pidns, node, holder, generation, generations, id, reply_to, tensors, devices, "
-               "prefix, idle_ms, refresh");
+               "prefix, idle_ms, refresh, names");
   }
 
   Command c;
@@ -217,8 +239,10 @@ inline Command decode_command(std::string_view text) {
   c.op = *parsed_op;
   c.op_spelled_delete = op == "delete";
 
-  const bool many_frees = c.op == Op::free && detail::find(*o, "generations");
-  if ((c.op != Op::create_many && !many_frees) || detail::find(*o, "name")) {
+  // A free of "generations", a pull of "names" and a create_many need no name.
+  const char* list = c.op == Op::free ? "generations" : c.op == Op::pull ? "names" : nullptr;
+  const bool many = list && detail::find(*o, list);
+  if ((c.op != Op::create_many && !many) || detail::find(*o, "name")) {
     std::string_view name = detail::get_string(detail::require(*o, "name", "command"), "name");
     memcuda::detail::rules::validate_name(name, "field \"name\"");
     c.name = std::string(name);
@@ -254,12 +278,8 @@ inline Command decode_command(std::string_view text) {
         c.generation = detail::get_uint(*v, "generation");
       break;
     case Op::free:
-      if (many_frees) {
-        detail::decode_free_many(*o, c);
-        break;
-      }
-      c.generation =
-          detail::get_uint(detail::require(*o, "generation", "command \"free\""), "generation");
+      if (many) detail::decode_free_many(*o, c);
+      else c.generation = detail::get_uint(detail::require(*o, "generation", "command \"free\""), "generation");
       break;
     case Op::create_many:
       detail::decode_create_many(*o, c);
@@ -268,6 +288,7 @@ inline Command decode_command(std::string_view text) {
       detail::decode_replicate(*o, c);
       break;
     case Op::pull:
+      if (many) detail::decode_pull_names(*o, c);
       break;
   }
   return c;
@@ -282,7 +303,8 @@ inline std::string encode_command(const Command& c) {
   json::object o;
   const std::string_view op = c.op_spelled_delete ? std::string_view("delete") : to_string(c.op);
   o["op"] = detail::sv(op);
-  const bool nameless = c.op == Op::create_many || (c.op == Op::free && !c.generations.empty());
+  const bool nameless = c.op == Op::create_many || (c.op == Op::free && !c.generations.empty()) ||
+                        (c.op == Op::pull && !c.names.empty());
   if (!nameless || !c.name.empty()) o["name"] = detail::sv(c.name);
   if (c.op == Op::create || c.op == Op::create_many) {
     if (c.op == Op::create && c.dtype) o["dtype"] = detail::sv(to_string(*c.dtype));
@@ -308,6 +330,11 @@ inline std::string encode_command(const Command& c) {
     if (c.replicate_prefix) o["prefix"] = true;
     if (c.replicate_refresh) o["refresh"] = true;
     if (c.idle_ms) o["idle_ms"] = *c.idle_ms;
+  }
+  if (c.op == Op::pull && !c.names.empty()) {
+    json::array a;
+    for (const auto& n : c.names) a.emplace_back(detail::sv(n));
+    o["names"] = std::move(a);
   }
   if (c.pid) o["pid"] = *c.pid;
   if (c.pid_ns) o["pidns"] = "pid:[" + std::to_string(*c.pid_ns) + "]";

@@ -63,7 +63,7 @@ class Core : public std::enable_shared_from_this<Core> {
       return true;
     });
     if (ctx.opts.fleet) {
-      executor.set_pull([this](redis::Connection& c, const std::string& name) { return node.pull(c, name); });
+      executor.set_pull([this](redis::Connection& c, const std::vector<std::string>& names) { return node.pull(c, names); });
       alloc.set_new_slab([this](redis::Connection& c, ExportedBlock& s) { node.expose_new(c, s); });
     }
     if (ctx.opts.control_thread) {

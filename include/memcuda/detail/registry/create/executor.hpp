@@ -7,6 +7,7 @@
 #include "memcuda/config.hpp"
 
 #include <functional>
+#include <vector>
 #include <string>
 
 #include "memcuda/detail/registry/acquire_outcome.hpp"
@@ -38,7 +39,7 @@ class Executor {
   // A command that failed on a key of the wrong type or format (schema.hpp)
   // runs again once the keys are repaired; failing again, it says so.
   // A fleet node's pull (fleet/node_service.hpp; set before any command).
-  using Pull = std::function<protocol::ReplyTensor(redis::Connection&, const std::string&)>;
+  using Pull = std::function<std::vector<protocol::ReplyTensor>(redis::Connection&, const std::vector<std::string>&)>;
   void set_pull(Pull p) { pull_ = std::move(p); }
 
   protocol::Reply execute(redis::Connection& c, const protocol::Command& cmd) {
@@ -105,7 +106,7 @@ class Executor {
         break;
       case protocol::Op::pull:
         if (!pull_) throw InvalidArgument("pull: this registry is not in a fleet (RegistryOptions::fleet)");
-        rep.tensors.emplace({pull_(c, cmd.name)});
+        rep.tensors = pull_(c, cmd.names.empty() ? std::vector<std::string>{cmd.name} : cmd.names);
         break;
       case protocol::Op::free: {
         // Sent by the release that dropped a tensor's last reference, which

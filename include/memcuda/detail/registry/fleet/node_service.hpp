@@ -14,14 +14,17 @@
 
 #include "memcuda/config.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -55,14 +58,22 @@ class NodeService {
   // renewed; otherwise the record withdrawn if it was this process's.
   void tick(redis::Connection& c, bool leader) {
     if (!leader) return withdraw(c);
+    serve(c);
+  }
+
+  // The mover made, the slabs exposed, the record published or renewed:
+  // the tick's, and a pull's first step (what it pulls is served onward
+  // from the moment it is marked ready, not from the next tick on).
+  void serve(redis::Connection& c) {
     if (!start()) return;
     sync(c);
     if (!published_) {
       pub_->publish(c);
       published_ = true;
       set_incarnation(pub_->record().incarnation);
-    } else {
-      pub_->refresh(c);
+      log(LogLevel::debug, "fleet: published this node's endpoint (incarnation " + pub_->record().incarnation + ")");
+    } else if (pub_->refresh(c)) {
+      log(LogLevel::debug, "fleet: this node's endpoint had expired or was replaced: published again");
     }
   }
 
@@ -92,6 +103,7 @@ class NodeService {
     if (!pub_ || !published_) return;
     published_ = false;
     set_incarnation({});
+    log(LogLevel::debug, "fleet: withdrawing this node's endpoint");
     try {
       pub_->withdraw(c);
     } catch (const std::exception& e) {
@@ -103,12 +115,39 @@ class NodeService {
   std::uint64_t pulls() const noexcept { return pulls_.load(std::memory_order_relaxed); }
   std::uint64_t pulled_bytes() const noexcept { return pulled_.load(std::memory_order_relaxed); }
 
-  // The pull command: makes this node's replica of `name` (another node's
-  // tensor) current, copying it from its node. -> the replica's name and
+  // The pull command of one name or many, each pulled as pull_one() does,
+  // in an order that starts at a place of the list given by this node: the
+  // nodes that pull one set at once take different tensors first, and then
+  // read them from each other (a node that has one serves it onward). Every
+  // name is tried; the first failure is thrown once all were (what was
+  // pulled stays: a get of it finds its replica current).
+  std::vector<protocol::ReplyTensor> pull(redis::Connection& c, const std::vector<std::string>& names) {
+    std::vector<protocol::ReplyTensor> out(names.size());
+    const std::size_t n = names.size(), start = n ? std::hash<std::string>{}(node_scope(ctx_.node)) % n : 0;
+    std::exception_ptr first;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = (start + k) % n;
+      try {
+        out[i] = pull_one(c, names[i]);
+      } catch (const IoError&) {
+        throw;  // Redis away: the command is retried whole
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    return out;
+  }
+
+  // Makes this node's replica of `name` (another node's tensor) current,
+  // copying it from a node that has it: one whose replica of it is current
+  // (in random order), else the source's. -> the replica's name and
   // generation. Throws what the source's acquire throws (NotFound, Lost...),
   // Unavailable (no mover, the source's node publishes no key for it),
-  // Lost (the source's node stopped answering mid-pull: nothing published).
-  protocol::ReplyTensor pull(redis::Connection& c, const std::string& name) {
+  // Lost (the source's node stopped answering mid-pull and no other node
+  // has it: nothing published).
+  protocol::ReplyTensor pull_one(redis::Connection& c, const std::string& name) {
+    if (!published_) serve(c);
     if (name.starts_with(kReplicaPrefix)) throw InvalidArgument("'" + name + "' is a replica: pull its source");
     const auto& k = ctx_.keys;
     const std::string rep = replica_name(node_scope(ctx_.node), name);  // the machine's, whichever container asks
@@ -125,7 +164,8 @@ class NodeService {
     std::vector<std::pair<std::string, std::uint64_t>> refs{{name, src.generation}};
     try {
       // Fault point pull.after_acquire: this node dies (=die) holding a
-      // reference on another node's tensor; that node's GC collects it.
+      // reference on another node's tensor, and that node's GC collects it;
+      // or waits (=wait) while a test kills the nodes it would read from.
       if (MEMCUDA_FAULT("pull.after_acquire")) throw ConnectionError("fault point pull.after_acquire");
       if (src.backend != BackendKind::host)
         throw Unavailable("tensor '" + name + "' is device memory on node " + src.node +
@@ -235,7 +275,7 @@ class NodeService {
       refs.emplace_back(rep, mine.generation);
       auto [base, keep] = Process::get().cache().resolve(mine.owner, mine.alloc_id,
                                                           [&] { return backend_for(mine).open(mine); });
-      fetch(c, src, static_cast<char*>(base) + mine.offset);
+      fetch_any(c, src, static_cast<char*>(base) + mine.offset, refs);
       gen = mine.generation;
     } else {
       if (have) {
@@ -255,7 +295,8 @@ class NodeService {
       e.replica_of = src.name;
       e.source_generation = src.generation;
       many.tensors.push_back(std::move(e));
-      BatchAllocator::BeforePublish early{[&](const std::vector<void*>& dst) { fetch(c, src, dst[0]); }, [] {}, true};
+      BatchAllocator::BeforePublish early{[&](const std::vector<void*>& dst) { fetch_any(c, src, dst[0], refs); },
+                                          [] {}, true};
       auto made = BatchAllocator::create_many(alloc_, c, many, &early);
       gen = made[0].generation;
       refs.emplace_back(rep, gen);
@@ -263,7 +304,7 @@ class NodeService {
         TensorInfo t = protocol::decode_record(fields_from_reply(store::read_record(c, k.tensor(rep)).view()));
         auto [base, keep] =
             Process::get().cache().resolve(t.owner, t.alloc_id, [&] { return backend_for(t).open(t); });
-        fetch(c, src, static_cast<char*>(base) + t.offset);
+        fetch_any(c, src, static_cast<char*>(base) + t.offset, refs);
       }
     }
     const std::vector<store::ReplicaMark> marks{{node_scope(ctx_.node), "", "node", gen}};
@@ -275,58 +316,121 @@ class NodeService {
     return {rep, gen, 1};
   }
 
-  // Copies the source's bytes from its node into dst. Only the process that
-  // owns the source serves keys of its memory (its node's publisher); a
-  // field not there yet (a slab made since its last tick) is waited for.
-  void fetch(redis::Connection& c, const TensorInfo& src, void* dst) {
+  // Copies the source's bytes into dst from a node that has them: another
+  // node's current replica of it (in random order, so that late nodes
+  // spread over those that have it), else the source's node. A node that
+  // fails (gone, restarted, stopped mid-copy) is passed over: the next one
+  // writes every byte again, and nothing is published before one has. The
+  // source's failure is what is thrown when every node failed.
+  void fetch_any(redis::Connection& c, const TensorInfo& src, void* dst,
+                 std::vector<std::pair<std::string, std::uint64_t>>& refs) {
     if (!start()) throw Unavailable("fleet: this node has no byte mover (see the log): cannot pull '" + src.name + "'");
+    for (const std::string& peer : peers_of(c, src)) {
+      std::optional<TensorInfo> from;
+      try {
+        from = current_replica(c, src, peer, refs);
+        if (!from) continue;
+        fetch(c, *from, src.name, dst, false);
+        return;
+      } catch (const IoError&) {
+        throw;
+      } catch (const std::exception& e) {
+        log(LogLevel::info, "fleet: node " + (from ? from->node : peer) + " did not serve '" + src.name + "' (" +
+                                e.what() + "); trying another");
+      }
+    }
+    fetch(c, src, src.name, dst, true);
+  }
+
+  // The node scopes the source's record lists as having a replica of it,
+  // this node's left out, shuffled.
+  std::vector<std::string> peers_of(redis::Connection& c, const TensorInfo& src) {
+    auto f = store::read_fields(c, ctx_.keys.tensor(src.name), "replicas");
+    std::vector<std::string> out;
+    if (f.size() < 1 || f[0].is_nil()) return out;
+    const std::string mine = node_scope(ctx_.node), all(f[0].str());
+    for (std::size_t at = 0; at < all.size();) {
+      const auto sp = std::min(all.find(' ', at), all.size());
+      std::string t = all.substr(at, sp - at);
+      if (!t.empty() && t != mine && t != node_scope(src.node)) out.push_back(std::move(t));
+      at = sp + 1;
+    }
+    std::shuffle(out.begin(), out.end(), std::mt19937_64(std::random_device{}()));
+    return out;
+  }
+
+  // Node `peer`'s replica of the source when it is current (the same
+  // generation and publish, ready, host memory, another node's), with a
+  // reference of this process (in `refs`: given back with the others).
+  std::optional<TensorInfo> current_replica(redis::Connection& c, const TensorInfo& src, const std::string& peer,
+                                            std::vector<std::pair<std::string, std::uint64_t>>& refs) {
+    const std::string rep = replica_name(peer, src.name);
+    if (!is_valid_name(rep)) return std::nullopt;
+    auto node = store::read_fields(c, ctx_.keys.tensor(rep), store::field::node);
+    if (node.size() < 1 || node[0].is_nil() || same_node(std::string(node[0].str()), ctx_.node)) return std::nullopt;
+    TensorInfo t = acquired(ctx_, lease_, alloc_,
+                            store::acquire(c, ctx_.keys, rep, ctx_.session, "", std::string(node[0].str()), ""), rep,
+                            std::nullopt, ctx_.session);
+    refs.emplace_back(rep, t.generation);
+    const bool current = t.replica_of == src.name && t.source_generation == src.generation && t.copied_version &&
+                         *t.copied_version == src.event_version && t.state == TensorState::ready &&
+                         t.backend == BackendKind::host && t.bytes == src.bytes;
+    if (!current) return std::nullopt;
+    return t;
+  }
+
+  // Copies the bytes of `from` (the source `name`, or a replica of it)
+  // from its node into dst. Only the process that owns them serves keys of
+  // their memory (its node's publisher). With `wait`, a field not there yet
+  // (a node whose allocator of record has not ticked since it started) is
+  // waited for while its owner lives.
+  void fetch(redis::Connection& c, const TensorInfo& from, const std::string& name, void* dst, bool wait) {
     const auto deadline = std::chrono::steady_clock::now() + ctx_.opts.request_timeout;
-    // The endpoint and the region in one read (one incarnation's); a node
-    // whose allocator of record has not ticked since it started, or since
-    // it made the slab, is waited for.
-    const std::string region = store::region_field(src.alloc_id);
+    // The endpoint and the region in one read (one incarnation's).
+    const std::string region = store::region_field(from.alloc_id);
     redis::Reply r;
     for (;;) {
-      r = c.command({"HMGET", ctx_.keys.node(src.node), "session", "mover", "endpoint", region});
-      const bool ready = r.size() == 4 && !r[0].is_nil() && r[0].str() == src.owner && !r[3].is_nil();
-      if (ready || std::chrono::steady_clock::now() >= deadline) break;
+      r = c.command({"HMGET", ctx_.keys.node(from.node), "session", "mover", "endpoint", region});
+      const bool ready = r.size() == 4 && !r[0].is_nil() && r[0].str() == from.owner && !r[3].is_nil();
+      if (ready || !wait || std::chrono::steady_clock::now() >= deadline) break;
+      if (!owner_alive(ctx_, c, from.owner, 0)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     if (r.size() != 4 || r[0].is_nil() || r[2].is_nil()) {
-      if (!owner_alive(ctx_, c, src.owner, 0))
-        throw Lost("tensor '" + src.name + "': node " + src.node + " is gone (no endpoint, its owner's session ended)");
-      throw Unavailable("node '" + src.node + "' publishes no endpoint (not running, or not reachable by transfer)");
+      if (!owner_alive(ctx_, c, from.owner, 0))
+        throw Lost("tensor '" + name + "': node " + from.node + " is gone (no endpoint, its owner's session ended)");
+      throw Unavailable("node '" + from.node + "' publishes no endpoint (not running, or not reachable by transfer)");
     }
-    if (r[0].str() != src.owner)
-      throw Unavailable("tensor '" + src.name + "': its owner is not node " + src.node +
+    if (r[0].str() != from.owner)
+      throw Unavailable("tensor '" + name + "': its owner is not node " + from.node +
                         "'s allocator of record (a takeover there?); get it again");
     if (r[3].is_nil())
-      throw Unavailable("node " + src.node + " exposes no memory of tensor '" + src.name + "' (allocation " +
-                        std::to_string(src.alloc_id) + ")");
+      throw Unavailable("node " + from.node + " exposes no memory of tensor '" + name + "' (allocation " +
+                        std::to_string(from.alloc_id) + ")");
     const std::string mover(r[1].is_nil() ? std::string_view() : r[1].str());
     if (mover != mover_->kind())
-      throw Unavailable("node " + src.node + " moves bytes with '" + mover + "', this node with '" +
+      throw Unavailable("node " + from.node + " moves bytes with '" + mover + "', this node with '" +
                         mover_->kind() + "'");
     const std::string field(r[3].str());
-    transfer::RemoteRegion from;
-    from.endpoint = std::string(r[2].str());
+    transfer::RemoteRegion src;
+    src.endpoint = std::string(r[2].str());
     const auto s1 = field.find(' '), s2 = s1 == std::string::npos ? s1 : field.find(' ', s1 + 1);
     const auto addr = protocol::detail::parse_decimal<std::uint64_t>(field.substr(0, s1));
     const auto size = s2 == std::string::npos ? std::nullopt
                                               : protocol::detail::parse_decimal<std::uint64_t>(field.substr(s1 + 1, s2 - s1 - 1));
     if (!addr || !size || s2 + 1 >= field.size())
-      throw Unavailable("node " + src.node + ": its region field of allocation " + std::to_string(src.alloc_id) +
+      throw Unavailable("node " + from.node + ": its region field of allocation " + std::to_string(from.alloc_id) +
                         " is malformed ('" + field.substr(0, 80) + "')");
-    from.address = *addr;
-    from.size = *size;
-    from.key = transfer::from_hex(std::string_view(field).substr(s2 + 1));
+    src.address = *addr;
+    src.size = *size;
+    src.key = transfer::from_hex(std::string_view(field).substr(s2 + 1));
     try {
-      mover_->get(from, src.offset, dst, src.bytes, deadline + std::chrono::seconds(60));
+      mover_->get(src, from.offset, dst, from.bytes, deadline + std::chrono::seconds(60));
     } catch (const transfer::TransferError& e) {
-      throw Lost("tensor '" + src.name + "': node " + src.node + " stopped serving it mid-pull (" + e.what() +
+      throw Lost("tensor '" + name + "': node " + from.node + " stopped serving it mid-pull (" + e.what() +
                  "); nothing of it was published here");
     }
-    pulled_.fetch_add(src.bytes, std::memory_order_relaxed);
+    pulled_.fetch_add(from.bytes, std::memory_order_relaxed);
     pulls_.fetch_add(1, std::memory_order_relaxed);
   }
 

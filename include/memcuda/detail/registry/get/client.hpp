@@ -233,6 +233,28 @@ class Client {
     return opened(r, taken, dtype, nullptr);
   }
 
+  // A fleet node's batch get: its allocator of record pulls every name of
+  // another node's (in commands of at most kPullChunk names, so that none
+  // holds the control loop long). A refusal is not thrown: the get of each
+  // name that follows pulls what is still missing again, and says why.
+  void pull_many(const std::vector<std::string>& names) {
+    for (std::size_t at = 0; at < names.size(); at += kPullChunk) {
+      protocol::Command cmd;
+      cmd.op = protocol::Op::pull;
+      cmd.names.assign(names.begin() + static_cast<std::ptrdiff_t>(at),
+                       names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), at + kPullChunk)));
+      cmd.holder = ctx_.session;
+      cmd.node = ctx_.node;
+      try {
+        exchange(std::move(cmd));
+      } catch (const IoError&) {
+        throw;
+      } catch (const Error&) {
+        // each name's get below
+      }
+    }
+  }
+
   // The record an acquire script answered (the cached one for 'same'),
   // its reference adopted; a refusal throws.
   Opened opened(const store::Answer& r, const std::string& name, std::optional<DType> dtype,
@@ -431,6 +453,9 @@ class Client {
   OwnAllocator& alloc_;
   Holdings& holdings_;
   std::atomic<std::uint64_t> seq_{0};  // request and wait ids of this session
+  // Names per pull command: 64 tensors of a 7B model are some 3 GB, a few
+  // seconds of the control loop on a fast link.
+  static constexpr std::size_t kPullChunk = 64;
   Replicate replicator_;
 };
 

@@ -22,6 +22,7 @@
 #include "memcuda/batch.hpp"
 #include "memcuda/detail/backend/record_fd_batch.hpp"
 #include "memcuda/detail/registry/core.hpp"
+#include "memcuda/detail/registry/ops/shared_get.hpp"
 #include "memcuda/detail/store/selection.hpp"
 #include "memcuda/detail/registry/create/batch_allocator.hpp"
 #include "memcuda/detail/store/reply.hpp"
@@ -46,10 +47,15 @@ class BatchClient {
     // Records first, then the maps: the fds of the allocations to open are
     // fetched a chunk at a time, one request per owner (record_fd_batch.hpp).
     std::vector<TensorInfo> taken;
+    std::vector<std::string> remote;  // a fleet's: tensors of other nodes, read through this node's replicas
     for (std::size_t i = 0; i < r.size(); ++i) {
       redis::ReplyView e = r[i];
       std::string name(e[0].str());
       const std::string st(e[1].str());
+      if (st == "node" && ctx_.opts.fleet) {
+        remote.push_back(std::move(name));
+        continue;
+      }
       if (st != "ok" && st != "desc") {
         out.errors.emplace(name, refusal(e, name, dtype));
         continue;
@@ -74,7 +80,24 @@ class BatchClient {
         out.errors.emplace(name, current_error(ex));
       }
     }
+    if (!remote.empty()) get_remote(remote, dtype, out);
     return out;
+  }
+
+  // Another node's tensors of a fleet's batch: this node pulls them (one
+  // command per chunk of names), then each is taken as a get takes it,
+  // through the node's replica; keyed by the name asked for.
+  void get_remote(const std::vector<std::string>& names, std::optional<DType> dtype, BatchGetResult& out) {
+    c_.client.pull_many(names);
+    for (const auto& name : names) {
+      try {
+        out.tensors.emplace(name, SharedTensor<void>(handle_of(core_, c_.client.acquire(name, dtype, nullptr))));
+      } catch (const IoError&) {
+        throw;
+      } catch (const std::exception& ex) {
+        out.errors.emplace(name, current_error(ex));
+      }
+    }
   }
 
   // The fds of records [from, from + kPrefetchChunk), fetched ahead; never throws.
