@@ -5,21 +5,25 @@
 // between them), on one Redis, UCX over TCP on the loopback unless UCX_TLS /
 // UCX_NET_DEVICES say otherwise.
 //
-//   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--url redis://...] [--json out.json]
+//   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--model 16x64M] [--url redis://...] [--json out.json]
 //
 // Rows per size: ucx_get (the yardstick: one ucp_get_nbx of the whole
 // region), fleet_pull (the first get on the other node: a new node replica,
 // its bytes pulled before it is published), fleet_refresh (a get after a
 // publish at the source: pulled again in place), fleet_get_current (a get
 // whose node replica is current: no bytes move). The ratio is UCX's time
-// over the row's (1.0: as fast as UCX alone).
+// over the row's (1.0: as fast as UCX alone). Then a model version of
+// --model tensors (an A/B version published on node A) opened on one other
+// node (model_1_node), then on three more at once (model_3_nodes: until the
+// last has it); the ratio there is the one-node time over the row's.
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -85,6 +89,7 @@ int node(const mb::Args& a) {
   o.request_timeout = std::chrono::seconds(120);  // a pull of gigabytes is one command
   TensorRegistry reg(o);
   std::map<std::string, SharedTensor<std::uint8_t>> held;
+  std::map<std::string, PinnedModel> models;
   std::cout << "ready" << std::endl;
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -109,6 +114,20 @@ int node(const mb::Args& a) {
       const auto t0 = mb::now_ns();
       auto t = reg.get<std::uint8_t>(name);
       const double ms = ms_since(t0);
+      std::cout << "ms " << ms << " pulled " << reg.stats().process.pulled_bytes << std::endl;
+    } else if (cmd == "publish") {  // publish PREFIX N BYTES: an A/B version of N tensors
+      std::uint64_t bytes = 0;
+      in >> bytes;
+      std::vector<std::uint8_t> data(bytes, 7);
+      std::vector<StateDictEntry> e(n);
+      for (std::uint64_t i = 0; i < n; ++i) e[i] = {"t" + std::to_string(i), DType::u8, {static_cast<std::int64_t>(bytes)}, data.data()};
+      publish_model(reg, name, e);
+      std::cout << "ok" << std::endl;
+    } else if (cmd == "open") {  // open PREFIX: every tensor of its current version here
+      const auto t0 = mb::now_ns();
+      auto m = open_model(reg, name, nullptr);
+      const double ms = ms_since(t0);
+      models.insert_or_assign(name, std::move(m));
       std::cout << "ms " << ms << " pulled " << reg.stats().process.pulled_bytes << std::endl;
     } else if (cmd == "remove") {
       held.erase(name);
@@ -202,6 +221,29 @@ int parent(const mb::Args& a) {
     row(size, "fleet_pull", median(pull), u);
     row(size, "fleet_refresh", median(refresh), u);
     row(size, "fleet_get_current", median(current), u);
+  }
+  // A model version on one other node, then on three more at once.
+  const std::string model = a.get_or("--model", "16x64M");
+  const auto x = model.find('x');
+  const std::uint64_t tensors = std::stoull(model.substr(0, x)), each = mb::parse_size(model.substr(x + 1));
+  ask(na, "publish m/ " + std::to_string(tensors) + " " + std::to_string(each));
+  const double one = ms_of(ask(nb, "open m/"));
+  std::vector<std::unique_ptr<mb::ChildProcess>> more;
+  for (const char* id : {"bench-c", "bench-d", "bench-e"}) {
+    more.push_back(std::make_unique<mb::ChildProcess>(std::vector<std::string>{self, "--child", "node", "--url", url},
+                                                      node_env(id)));
+    ask(*more.back(), "");
+  }
+  const auto t0 = mb::now_ns();
+  for (auto& p : more) p->write("open m/\n");
+  for (auto& p : more) ask(*p, "");
+  const double three = ms_since(t0);
+  const std::uint64_t total = tensors * each;
+  row(total, "model_1_node", one, one);
+  row(total, "model_3_nodes", three, one);
+  for (auto& p : more) {
+    p->close_stdin();
+    p->wait();
   }
   na.close_stdin();
   nb.close_stdin();
