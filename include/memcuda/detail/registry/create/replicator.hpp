@@ -6,7 +6,9 @@
 // so nothing is imported for the copy. The copies go along a chain of
 // devices (detail/cuda/broadcast.hpp) and are enqueued, not waited for by
 // readers: each replica's record names an interprocess event of its device,
-// recorded after its copy, on which its readers' streams wait.
+// recorded after its copy, on which its readers' streams wait. Many sources
+// go in growing parts, so that the copies of one part overlap the Redis
+// scripts of the next.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -72,7 +74,6 @@ class Replicator {
 
   std::vector<protocol::ReplyTensor> run(redis::Connection& c, const protocol::Command& cmd) {
     const auto token = lease_.current().first;
-    const auto& k = ctx_.keys;
     if (cmd.name.starts_with(kReplicaPrefix))
       throw InvalidArgument("'" + cmd.name + "' is a replica: replicate its source instead");
     if (cmd.devices.empty()) throw InvalidArgument("replicate '" + cmd.name + "': no devices given");
@@ -97,40 +98,29 @@ class Replicator {
     std::vector<std::pair<std::string, std::uint64_t>> made;
     Phases ph;
     try {
-      // Every source in one round trip; each one taken is in `src` before
-      // the first refusal is thrown, so that it is given back.
-      std::vector<std::exception_ptr> errs;
-      const auto answers = store::acquire_each(c, k, names, ctx_.session, ctx_.node, token, errs);
-      std::exception_ptr refused;
-      for (std::size_t i = 0; i < names.size(); ++i) {
-        try {
-          if (errs[i]) std::rethrow_exception(errs[i]);
-          src.push_back(acquired(ctx_, lease_, alloc_, answers[i], names[i], std::nullopt, ctx_.session));
-        } catch (...) {
-          if (!refused) refused = std::current_exception();
-        }
-      }
-      if (refused) {
-        if (cmd.replicate_refresh && gone(refused)) {  // a publish's, for a source gone since: nothing to refresh
-          give_back(c, src, made, false);
-          return {};
-        }
-        std::rethrow_exception(refused);
-      }
-      for (const auto& s : src)
-        if (s.backend != BackendKind::cuda) {
-          if (cmd.replicate_refresh) {  // a publish's, of a host tensor other nodes pulled: their next get pulls
-            give_back(c, src, made, false);
-            return {};
-          }
-          throw InvalidArgument("tensor '" + s.name + "' is host memory: replicas are per CUDA device");
-        }
-      ph.mark("acquire");
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
         ReplicaCopies copies;  // waited for before any reference goes
-        out = copy_all(c, cmd, token, src, copies, made, ph);
+        // In growing parts (8, 16, 32... names), each taken, made and marked
+        // before the next: the copies of a part run while the scripts of
+        // the next do, and the first start after a few sources' scripts,
+        // not after all of them.
+        std::size_t part = kFirstPart;
+        for (std::size_t at = 0; at < names.size(); at += part, part *= 2) {
+          const std::vector<std::string> some(names.begin() + static_cast<std::ptrdiff_t>(at),
+                                              names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), at + part)));
+          std::vector<TensorInfo> taken;
+          const bool go = take(c, cmd, token, some, src, taken);
+          ph.mark("acquire");
+          if (!go) {  // a publish's refresh of a source gone or of host memory: nothing more to do
+            copies.settle();  // the parts before it: copied before their sources' references go
+            give_back(c, src, made, false);
+            return out;
+          }
+          auto o = copy_all(c, cmd, token, taken, copies, made, ph, at);
+          out.insert(out.end(), o.begin(), o.end());
+        }
       }
       ph.mark("copies");
       give_back(c, src, made, false);  // queued: sent beside what the caller does next
@@ -140,6 +130,11 @@ class Replicator {
                                  std::to_string(out.size()) + " replica(s):" + ph.text);
       return out;
 #else
+      std::vector<TensorInfo> taken;
+      if (!take(c, cmd, token, names, src, taken)) {
+        give_back(c, src, made, false);
+        return {};
+      }
       throw Unavailable("replicate: mem-cuda was built without CUDA");
 #endif
     } catch (...) {
@@ -160,6 +155,38 @@ class Replicator {
       t = now;
     }
   };
+
+  static constexpr std::size_t kFirstPart = 8;
+
+  // A reference to each of `names` in one round trip, each taken one in
+  // `all` (given back by the caller) and in `taken` before the first
+  // refusal is thrown. False: a publish's refresh whose source is gone or
+  // host memory (other nodes pulled it: their next get pulls again).
+  bool take(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
+            const std::vector<std::string>& names, std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken) {
+    std::vector<std::exception_ptr> errs;
+    const auto answers = store::acquire_each(c, ctx_.keys, names, ctx_.session, ctx_.node, token, errs);
+    std::exception_ptr refused;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      try {
+        if (errs[i]) std::rethrow_exception(errs[i]);
+        all.push_back(acquired(ctx_, lease_, alloc_, answers[i], names[i], std::nullopt, ctx_.session));
+        taken.push_back(all.back());
+      } catch (...) {
+        if (!refused) refused = std::current_exception();
+      }
+    }
+    if (refused) {
+      if (cmd.replicate_refresh && gone(refused)) return false;
+      std::rethrow_exception(refused);
+    }
+    for (const auto& s : taken)
+      if (s.backend != BackendKind::cuda) {
+        if (cmd.replicate_refresh) return false;
+        throw InvalidArgument("tensor '" + s.name + "' is host memory: replicas are per CUDA device");
+      }
+    return true;
+  }
 
   static bool gone(const std::exception_ptr& e) {
     try {
@@ -218,7 +245,7 @@ class Replicator {
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
                                               ReplicaCopies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine,
-                                              Phases& ph) {
+                                              Phases& ph, std::size_t part) {
     std::vector<protocol::ReplyTensor> out;
     std::vector<ReplicaTarget> todo;
     // Fault point replicate.same_device: a replica beside its source, so
@@ -244,7 +271,7 @@ class Replicator {
     std::vector<ReplicaDest> dests = hold_stale(c, found.stale, cp, mine);
     ph.mark("hold stale");
     if (!found.make.empty()) {
-      events = make_new(c, cmd, src, found.make, dests, cp, mine, ph);
+      events = make_new(c, cmd, src, found.make, dests, cp, mine, ph, part);
     } else if (!dests.empty()) {
       events = copier_.enqueue(dests, src, cp);
       ph.mark("enqueue");
@@ -262,7 +289,7 @@ class Replicator {
   std::map<int, std::pair<std::string, std::string>> make_new(
       redis::Connection& c, const protocol::Command& cmd, const std::vector<TensorInfo>& src,
       const std::vector<ReplicaTarget>& make, std::vector<ReplicaDest>& dests, ReplicaCopies& cp,
-      std::vector<std::pair<std::string, std::uint64_t>>& mine, Phases& ph) {
+      std::vector<std::pair<std::string, std::uint64_t>>& mine, Phases& ph, std::size_t part) {
     std::map<int, std::pair<std::string, std::string>> events;
     protocol::Command many;
     many.op = protocol::Op::create_many;
@@ -270,7 +297,8 @@ class Replicator {
     // unlink meanwhile (a sweep, a drop, another replicate) must not free
     // a block a copy still writes.
     many.holder = ctx_.session;
-    many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas") : std::nullopt;
+    // One id per part (the entries' create ids, which park blocks, derive from it).
+    many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas/" + std::to_string(part)) : std::nullopt;
     for (const auto& t : make) {
       const auto& s = src[t.src];
       protocol::CreateEntry e;
