@@ -60,6 +60,9 @@ struct ReplicaRef {
 // the allocator of record does not see), NotZeroCopy (no peer path between
 // the source's device and a target), BudgetExceeded, StaleHandle (the source
 // was published or re-created meanwhile), NotLeader/TimeoutError as create.
+// A prefix is replicated in parts of growing size: after a refusal, the
+// replicas of the parts before it are made and current (a retry finds
+// them), those of its part and after are not.
 std::vector<ReplicaRef> replicate(TensorRegistry& reg, std::string_view name, const ReplicateOptions& opts = {});
 
 // Unlinks the replicas of `name` (which.prefix: of every tensor under it) on

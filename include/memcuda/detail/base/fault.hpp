@@ -130,6 +130,9 @@ inline void disarm(std::string_view name) {
     r.left.erase(it);
     r.armed.fetch_sub(1, std::memory_order_relaxed);
   }
+  const std::string n(name);
+  r.die.erase(n);
+  r.wait.erase(n);
 }
 
 // Whether the point fires on this pass (and counts the pass).

@@ -96,6 +96,7 @@ class Replicator {
     // replicas it made (held too until their copies are done).
     std::vector<TensorInfo> src;
     std::vector<std::pair<std::string, std::uint64_t>> made;
+    std::size_t done = 0;  // made[0, done): replicas of parts copied and marked, kept when a later part fails
     Phases ph;
     try {
 #if MEMCUDA_HAS_CUDA()
@@ -120,6 +121,7 @@ class Replicator {
           }
           auto o = copy_all(c, cmd, token, taken, copies, made, ph, at);
           out.insert(out.end(), o.begin(), o.end());
+          done = made.size();
         }
       }
       ph.mark("copies");
@@ -138,7 +140,7 @@ class Replicator {
       throw Unavailable("replicate: mem-cuda was built without CUDA");
 #endif
     } catch (...) {
-      give_back(c, src, made, true);
+      give_back(c, src, made, true, done);
       throw;
     }
   }
@@ -205,12 +207,15 @@ class Replicator {
   // lost lease too): after a success through the release queue, unless it
   // cannot take them (a core being destroyed); after a failure here, so
   // that the error leaves nothing held. Callers have waited for the copies.
-  // A failed call first unlinks what it made or refreshed: not copied,
-  // those would hold their device's memory until the source goes.
+  // A failed call first unlinks what it made or refreshed past `done` (the
+  // parts before the failing one are copied and marked: they stay): not
+  // copied, those would hold their device's memory until the source goes.
   void give_back(redis::Connection& c, const std::vector<TensorInfo>& src,
-                 const std::vector<std::pair<std::string, std::uint64_t>>& made, bool failed) noexcept {
+                 const std::vector<std::pair<std::string, std::uint64_t>>& made, bool failed,
+                 std::size_t done = 0) noexcept {
     if (failed) {
-      for (const auto& [name, gen] : made) {
+      for (std::size_t i = done; i < made.size(); ++i) {
+        const auto& [name, gen] = made[i];
         try {
           auto g = store::read_generation(c, ctx_.keys, name);
           if (!g.is_nil() && g.str() == std::to_string(gen)) unlink(c, name);

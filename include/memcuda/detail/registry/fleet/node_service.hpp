@@ -147,7 +147,7 @@ class NodeService {
   // Lost (the source's node stopped answering mid-pull and no other node
   // has it: nothing published).
   protocol::ReplyTensor pull_one(redis::Connection& c, const std::string& name) {
-    if (!published_) serve(c);
+    if (!published_ && lease_.held()) serve(c);
     if (name.starts_with(kReplicaPrefix)) throw InvalidArgument("'" + name + "' is a replica: pull its source");
     const auto& k = ctx_.keys;
     const std::string rep = replica_name(node_scope(ctx_.node), name);  // the machine's, whichever container asks
@@ -211,9 +211,14 @@ class NodeService {
       for (auto& s : p->slabs()) {
         const auto& a = s->allocation();
         if (a.kind != BackendKind::host) continue;  // device memory: staging not built yet
-        now[a.alloc_id] = s;
-        if (exposed_.count(a.alloc_id)) continue;
-        if (auto e = expose(*mover_, *s).first) changes[store::region_field(a.alloc_id)] = region_text(*e);
+        if (exposed_.count(a.alloc_id)) {
+          now[a.alloc_id] = s;
+          continue;
+        }
+        if (auto e = expose(*mover_, *s).first) {  // one the engine refused is tried again next tick
+          now[a.alloc_id] = s;
+          changes[store::region_field(a.alloc_id)] = region_text(*e);
+        }
       }
     }
     for (const auto& [id, w] : exposed_)
@@ -330,7 +335,9 @@ class NodeService {
       try {
         from = current_replica(c, src, peer, refs);
         if (!from) continue;
-        fetch(c, *from, src.name, dst, false);
+        // A peer that stalls is left for the next one: it gets 5 s and what
+        // the bytes take at 100 MB/s, the source the whole request timeout.
+        fetch(c, *from, src.name, dst, std::chrono::seconds(5) + std::chrono::milliseconds(from->bytes / 100000));
         return;
       } catch (const IoError&) {
         throw;
@@ -339,7 +346,7 @@ class NodeService {
                                 e.what() + "); trying another");
       }
     }
-    fetch(c, src, src.name, dst, true);
+    fetch(c, src, src.name, dst, std::nullopt);
   }
 
   // The node scopes the source's record lists as having a replica of it,
@@ -366,8 +373,12 @@ class NodeService {
                                             std::vector<std::pair<std::string, std::uint64_t>>& refs) {
     const std::string rep = replica_name(peer, src.name);
     if (!is_valid_name(rep)) return std::nullopt;
-    auto node = store::read_fields(c, ctx_.keys.tensor(rep), store::field::node);
-    if (node.size() < 1 || node[0].is_nil() || same_node(std::string(node[0].str()), ctx_.node)) return std::nullopt;
+    // A device replica (the source's `replicas` lists devices too) or one of
+    // this node: not a peer, and no reference taken on it.
+    auto node = store::read_fields(c, ctx_.keys.tensor(rep), store::field::node, store::field::replica_path);
+    if (node.size() < 2 || node[0].is_nil() || node[1].is_nil() || node[1].str() != "node" ||
+        same_node(std::string(node[0].str()), ctx_.node))
+      return std::nullopt;
     TensorInfo t = acquired(ctx_, lease_, alloc_,
                             store::acquire(c, ctx_.keys, rep, ctx_.session, "", std::string(node[0].str()), ""), rep,
                             std::nullopt, ctx_.session);
@@ -381,10 +392,13 @@ class NodeService {
 
   // Copies the bytes of `from` (the source `name`, or a replica of it)
   // from its node into dst. Only the process that owns them serves keys of
-  // their memory (its node's publisher). With `wait`, a field not there yet
-  // (a node whose allocator of record has not ticked since it started) is
-  // waited for while its owner lives.
-  void fetch(redis::Connection& c, const TensorInfo& from, const std::string& name, void* dst, bool wait) {
+  // their memory (its node's publisher). The source's (no `limit`): a field
+  // not there yet (a node whose allocator of record has not ticked since it
+  // started) is waited for while its owner lives, and the copy may take the
+  // request timeout and a minute; a peer's gets `limit`, and no wait.
+  void fetch(redis::Connection& c, const TensorInfo& from, const std::string& name, void* dst,
+             std::optional<std::chrono::milliseconds> limit) {
+    const bool wait = !limit;
     const auto deadline = std::chrono::steady_clock::now() + ctx_.opts.request_timeout;
     // The endpoint and the region in one read (one incarnation's).
     const std::string region = store::region_field(from.alloc_id);
@@ -425,7 +439,8 @@ class NodeService {
     src.size = *size;
     src.key = transfer::from_hex(std::string_view(field).substr(s2 + 1));
     try {
-      mover_->get(src, from.offset, dst, from.bytes, deadline + std::chrono::seconds(60));
+      mover_->get(src, from.offset, dst, from.bytes,
+                  limit ? std::chrono::steady_clock::now() + *limit : deadline + std::chrono::seconds(60));
     } catch (const transfer::TransferError& e) {
       throw Lost("tensor '" + name + "': node " + from.node + " stopped serving it mid-pull (" + e.what() +
                  "); nothing of it was published here");

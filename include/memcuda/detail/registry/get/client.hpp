@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -235,9 +237,12 @@ class Client {
 
   // A fleet node's batch get: its allocator of record pulls every name of
   // another node's (in commands of at most kPullChunk names, so that none
-  // holds the control loop long). A refusal is not thrown: the get of each
-  // name that follows pulls what is still missing again, and says why.
-  void pull_many(const std::vector<std::string>& names) {
+  // holds the control loop long). A name's refusal is not thrown: the get of
+  // each name that follows pulls what is still missing again, and says why.
+  // -> the names of the commands nobody answered (NotLeader), with that
+  // error: pulling them one by one would wait as long again for each.
+  std::map<std::string, std::exception_ptr> pull_many(const std::vector<std::string>& names) {
+    std::map<std::string, std::exception_ptr> unanswered;
     for (std::size_t at = 0; at < names.size(); at += kPullChunk) {
       protocol::Command cmd;
       cmd.op = protocol::Op::pull;
@@ -245,14 +250,18 @@ class Client {
                        names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), at + kPullChunk)));
       cmd.holder = ctx_.session;
       cmd.node = ctx_.node;
+      const std::vector<std::string> asked = cmd.names;
       try {
         exchange(std::move(cmd));
       } catch (const IoError&) {
         throw;
+      } catch (const NotLeader&) {
+        for (const auto& n : asked) unanswered.emplace(n, std::current_exception());
       } catch (const Error&) {
         // each name's get below
       }
     }
+    return unanswered;
   }
 
   // The record an acquire script answered (the cached one for 'same'),

@@ -88,9 +88,10 @@ class BatchClient {
   // command per chunk of names), then each is taken as a get takes it,
   // through the node's replica; keyed by the name asked for.
   void get_remote(const std::vector<std::string>& names, std::optional<DType> dtype, BatchGetResult& out) {
-    c_.client.pull_many(names);
+    const auto unanswered = c_.client.pull_many(names);
     for (const auto& name : names) {
       try {
+        if (auto it = unanswered.find(name); it != unanswered.end()) std::rethrow_exception(it->second);
         out.tensors.emplace(name, SharedTensor<void>(handle_of(core_, c_.client.acquire(name, dtype, nullptr))));
       } catch (const IoError&) {
         throw;
