@@ -289,6 +289,37 @@ inline redis::Reply acquire_many(redis::Connection& c, const Keys& k, const Sele
   return eval<lua::kAcquireMany>(c, keys, args);
 }
 
+// A record from its HGETALL reply, read in place (`gen`, when given, is
+// set from the generation field before anything can throw on decoding).
+inline TensorInfo decode_hash(redis::ReplyView h, std::uint64_t* gen = nullptr) {
+  protocol::RecordReader rr;
+  for (std::size_t j = 0; j + 1 < h.size(); j += 2) {
+    const std::string_view k = h[j].str(), v = h[j + 1].str();
+    if (gen && k == protocol::record_field::generation)
+      *gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
+    rr.add(k, v);
+  }
+  return rr.finish();
+}
+
+// Decodes the record of a name the acquire script took, straight from the
+// reply (no copy of the fields, no map): its desc and the fields that
+// change, or its HGETALL. Sets `gen` first, so that a record that does
+// not decode can still be given back.
+inline TensorInfo decode_taken(redis::ReplyView e, std::string_view st, std::uint64_t& gen) {
+  if (st == "desc") {
+    protocol::LiveFields live;
+    live.generation = e[3].str();
+    gen = protocol::detail::parse_decimal<std::uint64_t>(live.generation).value_or(0);
+    live.epoch = e[4].str();
+    live.refcount = e[5].integer();
+    if (!e[6].is_nil()) live.event_handle = e[6].str();
+    if (!e[7].is_nil()) live.event_version = e[7].str();
+    return protocol::decode_desc(e[2].str(), live);
+  }
+  return decode_hash(e[2], &gen);
+}
+
 inline redis::Reply remove_many(redis::Connection& c, const Keys& k, const Selection& sel, const std::string& session) {
   std::vector<redis::Arg> keys{k.names(), k.lifecycle(), k.usage()};
   std::vector<redis::Arg> args{k.prefix(), session, sel.mode, sel.arg};

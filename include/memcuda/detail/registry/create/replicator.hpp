@@ -30,6 +30,7 @@
 #include "memcuda/detail/registry/create/allocator.hpp"
 #include "memcuda/detail/registry/create/batch_allocator.hpp"
 #include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/store/batch_scripts.hpp"
 #include "memcuda/detail/store/name_index.hpp"
 #include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/replica_scripts.hpp"
@@ -160,20 +161,30 @@ class Replicator {
 
   static constexpr std::size_t kFirstPart = 8;
 
-  // A reference to each of `names` in one round trip, each taken one in
-  // `all` (given back by the caller) and in `taken` before the first
-  // refusal is thrown. False: a publish's refresh whose source is gone or
-  // host memory (other nodes pulled it: their next get pulls again).
+  // A reference to each of `names` in one script (the batch acquire: each
+  // record's short desc, not its whole Hash), each taken one in `all`
+  // (given back by the caller) and in `taken` before the first refusal is
+  // thrown. False: a publish's refresh whose source is gone or host memory
+  // (other nodes pulled it: their next get pulls again).
   bool take(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
             const std::vector<std::string>& names, std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken) {
-    std::vector<std::exception_ptr> errs;
-    const auto answers = store::acquire_each(c, ctx_.keys, names, ctx_.session, ctx_.node, token, errs);
+    const redis::Reply r = store::acquire_many(c, ctx_.keys, Selection::of(names), ctx_.session, ctx_.node, token, "");
+    if (r.size() > 0 && !r[0].is_array())  // {'notleader', holder}
+      lease_.fail_status("acquire_many", r[0].str(), "replicating '" + cmd.name + "'",
+                         r.size() > 1 ? r[1].str() : std::string_view());
     std::exception_ptr refused;
-    for (std::size_t i = 0; i < names.size(); ++i) {
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      const redis::ReplyView e = r[i];
+      const std::string name(e[0].str()), st(e[1].str());
+      std::uint64_t gen = 0;
       try {
-        if (errs[i]) std::rethrow_exception(errs[i]);
-        all.push_back(acquired(ctx_, lease_, alloc_, answers[i], names[i], std::nullopt, ctx_.session));
+        if (st != "ok" && st != "desc")
+          store::throw_refused("acquire_many", st, e.size() > 2 ? e[2] : e[1], name, std::nullopt, ctx_.node);
+        all.push_back(store::decode_taken(e, st, gen));
         taken.push_back(all.back());
+      } catch (const ProtocolError&) {
+        if (gen) alloc_.release(c, name, gen, ctx_.session, "");  // taken, but no record of ours: back
+        if (!refused) refused = std::current_exception();
       } catch (...) {
         if (!refused) refused = std::current_exception();
       }

@@ -65,7 +65,7 @@ class BatchClient {
       // still end in handles (bad_alloc included).
       std::uint64_t gen = 0;
       try {
-        taken.push_back(decode_taken(e, st, gen));
+        taken.push_back(store::decode_taken(e, st, gen));
       } catch (const std::exception& ex) {
         c_.client.release_now(name, gen);  // a corrupt record: give the reference back
         out.errors.emplace(name, current_error(ex));
@@ -202,37 +202,6 @@ class BatchClient {
     return out;
   }
 
-  // Decodes the record of a name the acquire script took, straight from the
-  // reply (no copy of the fields, no map): its desc and the fields that
-  // change, or its HGETALL. Sets `gen` first, so that a record that does
-  // not decode can still be given back.
-  static TensorInfo decode_taken(redis::ReplyView e, std::string_view st, std::uint64_t& gen) {
-    if (st == "desc") {
-      protocol::LiveFields live;
-      live.generation = e[3].str();
-      gen = protocol::detail::parse_decimal<std::uint64_t>(live.generation).value_or(0);
-      live.epoch = e[4].str();
-      live.refcount = e[5].integer();
-      if (!e[6].is_nil()) live.event_handle = e[6].str();
-      if (!e[7].is_nil()) live.event_version = e[7].str();
-      return protocol::decode_desc(e[2].str(), live);
-    }
-    return decode_hash(e[2], &gen);
-  }
-
-  // A record from its HGETALL reply, read in place (`gen`, when given, is
-  // set from the generation field before anything can throw on decoding).
-  static TensorInfo decode_hash(redis::ReplyView h, std::uint64_t* gen = nullptr) {
-    protocol::RecordReader rr;
-    for (std::size_t j = 0; j + 1 < h.size(); j += 2) {
-      const std::string_view k = h[j].str(), v = h[j + 1].str();
-      if (gen && k == protocol::record_field::generation)
-        *gen = protocol::detail::parse_decimal<std::uint64_t>(v).value_or(0);
-      rr.add(k, v);
-    }
-    return rr.finish();
-  }
-
   template <class E>
   static NameError error_of(const E& e) {
     return NameError{e.code(), e.what(), std::make_exception_ptr(e)};
@@ -322,7 +291,7 @@ class BatchClient {
         i_taken_over = false;
         const std::string& name = cmd.tensors[i].name;
         if (rs[i].size() == 0) throw NotFound("tensor '" + name + "' vanished right after its creation");
-        TensorInfo t = decode_hash(rs[i].view());
+        TensorInfo t = store::decode_hash(rs[i].view());
         if (t.generation != gens[i]) throw StaleHandle("tensor '" + name + "' was replaced right after its creation");
         i_taken_over = true;  // adopt(), then its handle, gives the reference back if anything throws
         out.emplace(name, SharedTensor<void>(adopt(std::move(t))));
