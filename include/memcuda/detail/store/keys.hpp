@@ -90,6 +90,10 @@ class Keys {
   std::string batch_reply(std::string_view sid, std::uint64_t seq) const {
     return reply(sid) + ":batch:" + std::to_string(seq);
   }
+  // Where a fleet node's stager answers one ask of this session (protocol/stage.hpp).
+  std::string stage_reply(std::string_view sid, std::uint64_t seq) const {
+    return reply(sid) + ":stage:" + std::to_string(seq);
+  }
   // Where holders answer a migrate request of this session (the leader).
   std::string migrate_reply(std::string_view sid) const { return reply(sid) + ":migrate"; }
   // A wait()er's private list, and the set of them per name (the create
@@ -133,6 +137,9 @@ class Keys {
   std::string standby_wake(std::string_view sid) const { return prefix_ + "memcuda:standby_wake:" + std::string(sid); }
   // Where a node's byte mover is reached (node_endpoints.hpp): one per node.
   std::string node(std::string_view node_id) const { return prefix_ + "memcuda:node:" + std::string(node_id); }
+  // A fleet node's staging list (protocol/stage.hpp): other nodes ask its
+  // allocator of record for chunks of its device memory there.
+  std::string stage(std::string_view scope) const { return prefix_ + "memcuda:stage@" + std::string(scope); }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats" + scope_; }
   // SCAN pattern of every named record, and the name a record key is the

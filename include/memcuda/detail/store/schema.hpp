@@ -97,6 +97,8 @@ inline constexpr Key kKeys[] = {
      "the reply is not delivered: that one request fails"},
     {"batch_reply", "memcuda:reply:<session>:batch:<n>", "list", "the leader", Fix::none,
      "the reply is not delivered: that one batch fails"},
+    {"stage_reply", "memcuda:reply:<session>:stage:<n>", "list", "a fleet node's stager", Fix::none,
+     "the answer is not delivered: that pull fails"},
     {"migrate_reply", "memcuda:reply:<session>:migrate", "list", "holders", Fix::none,
      "the answer is not delivered: the migration is retried"},
     {"wait_list", "memcuda:reply:<session>:wait:<n>", "list", "create script", Fix::none,
@@ -119,6 +121,8 @@ inline constexpr Key kKeys[] = {
      "its next pass's SET replaces it"},
     {"standby_wake", "memcuda:standby_wake:<session>", "list", "the leader", Fix::none,
      "not repaired: the leader's wake of that standby fails"},
+    {"stage", "memcuda:stage@<node scope>", "list", "other nodes' pulls (LPUSH), that node's allocator of record",
+     Fix::none, "that node's stager deletes it when its pop meets WRONGTYPE; the pulls waiting on it fail"},
     {"node", "memcuda:node:<node>", "hash", "that node's publisher", Fix::none,
      "its publisher's next refresh fails and it publishes again (DEL first); a read meets WRONGTYPE until then"},
 };

@@ -8,16 +8,22 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "memcuda/detail/base/node.hpp"
 #include "memcuda/detail/store/keys.hpp"
 #include "memcuda/detail/store/node_endpoints.hpp"
+#include "memcuda/detail/transfer/mover.hpp"
+#include "memcuda/protocol/limits.hpp"
 #include "memcuda/error.hpp"
 #include "memcuda/redis/connection.hpp"
 
@@ -83,6 +89,50 @@ class NodePublisher {
   store::NodeEndpoint rec_;
   std::map<std::string, std::string> regions_;
 };
+
+// A node record's field of an exposed region ("region:<alloc_id>", or
+// "stage" for its staging ring): "<address> <size> <key in hex>".
+inline constexpr std::string_view kStageField = "stage";
+inline std::string region_text(const transfer::Region& r) {
+  char head[64];
+  std::snprintf(head, sizeof head, "%" PRIu64 " %" PRIu64 " ", r.address(), static_cast<std::uint64_t>(r.size()));
+  return head + transfer::to_hex(r.key());
+}
+// Throws Unavailable for a malformed field (another client's writing).
+inline transfer::RemoteRegion parse_region(std::string_view field, const std::string& node, const std::string& name) {
+  const auto s1 = field.find(' '), s2 = s1 == std::string_view::npos ? s1 : field.find(' ', s1 + 1);
+  const auto addr = protocol::detail::parse_decimal<std::uint64_t>(field.substr(0, s1));
+  const auto size = s2 == std::string_view::npos
+                        ? std::nullopt
+                        : protocol::detail::parse_decimal<std::uint64_t>(field.substr(s1 + 1, s2 - s1 - 1));
+  if (!addr || !size || s2 + 1 >= field.size())
+    throw Unavailable("node " + node + ": its field '" + name + "' is malformed ('" +
+                      std::string(field.substr(0, 80)) + "')");
+  transfer::RemoteRegion r;
+  r.address = *addr;
+  r.size = *size;
+  r.key = transfer::from_hex(field.substr(s2 + 1));
+  return r;
+}
+
+// The node scopes the record of `name` (made on `source`) lists as having
+// a replica of it, `mine` and the source's left out, shuffled: the nodes a
+// pull on node `mine` may read it from before the source.
+inline std::vector<std::string> replica_peers(redis::Connection& c, const Keys& k, const std::string& name,
+                                              const std::string& source, const std::string& mine) {
+  auto f = c.command({"HMGET", k.tensor(name), "replicas"});
+  std::vector<std::string> out;
+  if (f.size() < 1 || f[0].is_nil()) return out;
+  const std::string me = node_scope(mine), src = node_scope(source), all(f[0].str());
+  for (std::size_t at = 0; at < all.size();) {
+    const auto sp = std::min(all.find(' ', at), all.size());
+    std::string t = all.substr(at, sp - at);
+    if (!t.empty() && t != me && t != src) out.push_back(std::move(t));
+    at = sp + 1;
+  }
+  std::shuffle(out.begin(), out.end(), std::mt19937_64(std::random_device{}()));
+  return out;
+}
 
 // The live endpoint of `node` for a reader that took keys of its memory
 // under `incarnation` (empty: any, for a reader that takes them now).

@@ -40,6 +40,8 @@
 #include "memcuda/detail/registry/lease/lease.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/registry/fleet/node_endpoint.hpp"
+#include "memcuda/detail/registry/fleet/staged_read.hpp"
+#include "memcuda/detail/registry/fleet/stager.hpp"
 #include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/replica_scripts.hpp"
 #include "memcuda/detail/store/scripts.hpp"
@@ -103,6 +105,7 @@ class NodeService {
     if (!pub_ || !published_) return;
     published_ = false;
     set_incarnation({});
+    stop_stager();
     log(LogLevel::debug, "fleet: withdrawing this node's endpoint");
     try {
       pub_->withdraw(c);
@@ -167,9 +170,9 @@ class NodeService {
       // reference on another node's tensor, and that node's GC collects it;
       // or waits (=wait) while a test kills the nodes it would read from.
       if (MEMCUDA_FAULT("pull.after_acquire")) throw ConnectionError("fault point pull.after_acquire");
-      if (src.backend != BackendKind::host)
+      if (src.backend != BackendKind::host && !cuda_usable())
         throw Unavailable("tensor '" + name + "' is device memory on node " + src.node +
-                          ": pulls across nodes move host memory only so far");
+                          ", and this node has no usable GPU for its replica");
       protocol::ReplyTensor out = pull_into(c, token, src, rep, refs);
       give_back(c, refs);
       return out;
@@ -210,7 +213,10 @@ class NodeService {
     for (DevicePool* p : alloc_.pools()) {
       for (auto& s : p->slabs()) {
         const auto& a = s->allocation();
-        if (a.kind != BackendKind::host) continue;  // device memory: staging not built yet
+        if (a.kind != BackendKind::host) {  // device memory: read through the staging ring
+          start_stager(changes);
+          continue;
+        }
         if (exposed_.count(a.alloc_id)) {
           now[a.alloc_id] = s;
           continue;
@@ -227,6 +233,40 @@ class NodeService {
     pub_->set_regions(published_ ? &c : nullptr, changes);
   }
 
+  // A device replica's ordinal here: the source's where this node has it,
+  // else 0 (nodes of unlike shapes).
+  static int local_device([[maybe_unused]] int d) {
+#if MEMCUDA_HAS_CUDA()
+    return d >= 0 && d < device_count() ? d : 0;
+#else
+    return 0;
+#endif
+  }
+
+  // The staging ring of this node's device memory (stager.hpp), made with
+  // its first device slab; its region is the record's "stage" field.
+  void start_stager([[maybe_unused]] std::map<std::string, std::string>& changes) {
+#if MEMCUDA_HAS_CUDA()
+    if (stager_ || stage_failed_) return;
+    try {
+      stager_ = std::make_unique<Stager>(ctx_, *mover_);
+      changes[std::string(kStageField)] = region_text(stager_->region());
+      log(LogLevel::debug, "fleet: staging this node's device memory for other nodes");
+    } catch (const std::exception& e) {
+      stage_failed_ = true;
+      log(LogLevel::error, std::string("fleet: no staging ring, this node's device tensors cannot be read from "
+                                       "others: ") + e.what());
+    }
+#endif
+  }
+  void stop_stager() noexcept {
+#if MEMCUDA_HAS_CUDA()
+    if (!stager_) return;
+    stager_.reset();
+    if (pub_) pub_->set_regions(nullptr, {{std::string(kStageField), ""}});
+#endif
+  }
+
   // The slab's exposure, made once; -> it (null when the engine refused:
   // logged) and whether this call made it.
   static std::pair<std::shared_ptr<transfer::Region>, bool> expose(transfer::Mover& m, ExportedBlock& s) {
@@ -241,13 +281,6 @@ class NodeService {
       log(LogLevel::warn, "fleet: exposing allocation " + std::to_string(a.alloc_id) + ": " + e.what());
       return {nullptr, false};
     }
-  }
-
-  // A region field's value: "<address> <size> <key in hex>".
-  static std::string region_text(const transfer::Region& r) {
-    char head[64];
-    std::snprintf(head, sizeof head, "%" PRIu64 " %" PRIu64 " ", r.address(), static_cast<std::uint64_t>(r.size()));
-    return head + transfer::to_hex(r.key());
   }
 
   void set_incarnation(std::string i) {
@@ -280,7 +313,7 @@ class NodeService {
       refs.emplace_back(rep, mine.generation);
       auto [base, keep] = Process::get().cache().resolve(mine.owner, mine.alloc_id,
                                                           [&] { return backend_for(mine).open(mine); });
-      fetch_any(c, src, static_cast<char*>(base) + mine.offset, refs);
+      fetch_any(c, src, static_cast<char*>(base) + mine.offset, mine.device, refs);
       gen = mine.generation;
     } else {
       if (have) {
@@ -294,13 +327,14 @@ class NodeService {
       e.name = rep;
       e.dtype = src.dtype;
       e.shape = src.shape;
-      e.device = -1;
-      e.backend = BackendKind::host;
+      const int dev = src.backend == BackendKind::host ? -1 : local_device(src.device);
+      e.device = dev;
+      e.backend = src.backend;
       e.persistent = true;
       e.replica_of = src.name;
       e.source_generation = src.generation;
       many.tensors.push_back(std::move(e));
-      BatchAllocator::BeforePublish early{[&](const std::vector<void*>& dst) { fetch_any(c, src, dst[0], refs); },
+      BatchAllocator::BeforePublish early{[&](const std::vector<void*>& dst) { fetch_any(c, src, dst[0], dev, refs); },
                                           [] {}, true};
       auto made = BatchAllocator::create_many(alloc_, c, many, &early);
       gen = made[0].generation;
@@ -309,7 +343,7 @@ class NodeService {
         TensorInfo t = protocol::decode_record(fields_from_reply(store::read_record(c, k.tensor(rep)).view()));
         auto [base, keep] =
             Process::get().cache().resolve(t.owner, t.alloc_id, [&] { return backend_for(t).open(t); });
-        fetch_any(c, src, static_cast<char*>(base) + t.offset, refs);
+        fetch_any(c, src, static_cast<char*>(base) + t.offset, t.device, refs);
       }
     }
     const std::vector<store::ReplicaMark> marks{{node_scope(ctx_.node), "", "node", gen}};
@@ -327,17 +361,17 @@ class NodeService {
   // fails (gone, restarted, stopped mid-copy) is passed over: the next one
   // writes every byte again, and nothing is published before one has. The
   // source's failure is what is thrown when every node failed.
-  void fetch_any(redis::Connection& c, const TensorInfo& src, void* dst,
+  void fetch_any(redis::Connection& c, const TensorInfo& src, void* dst, int device,
                  std::vector<std::pair<std::string, std::uint64_t>>& refs) {
     if (!start()) throw Unavailable("fleet: this node has no byte mover (see the log): cannot pull '" + src.name + "'");
-    for (const std::string& peer : peers_of(c, src)) {
+    for (const std::string& peer : replica_peers(c, ctx_.keys, src.name, src.node, ctx_.node)) {
       std::optional<TensorInfo> from;
       try {
         from = current_replica(c, src, peer, refs);
         if (!from) continue;
         // A peer that stalls is left for the next one: it gets 5 s and what
         // the bytes take at 100 MB/s, the source the whole request timeout.
-        fetch(c, *from, src.name, dst, std::chrono::seconds(5) + std::chrono::milliseconds(from->bytes / 100000));
+        fetch(c, *from, src.name, dst, device, std::chrono::seconds(5) + std::chrono::milliseconds(from->bytes / 100000));
         return;
       } catch (const IoError&) {
         throw;
@@ -346,24 +380,7 @@ class NodeService {
                                 e.what() + "); trying another");
       }
     }
-    fetch(c, src, src.name, dst, std::nullopt);
-  }
-
-  // The node scopes the source's record lists as having a replica of it,
-  // this node's left out, shuffled.
-  std::vector<std::string> peers_of(redis::Connection& c, const TensorInfo& src) {
-    auto f = store::read_fields(c, ctx_.keys.tensor(src.name), "replicas");
-    std::vector<std::string> out;
-    if (f.size() < 1 || f[0].is_nil()) return out;
-    const std::string mine = node_scope(ctx_.node), all(f[0].str());
-    for (std::size_t at = 0; at < all.size();) {
-      const auto sp = std::min(all.find(' ', at), all.size());
-      std::string t = all.substr(at, sp - at);
-      if (!t.empty() && t != mine && t != node_scope(src.node)) out.push_back(std::move(t));
-      at = sp + 1;
-    }
-    std::shuffle(out.begin(), out.end(), std::mt19937_64(std::random_device{}()));
-    return out;
+    fetch(c, src, src.name, dst, device, std::nullopt);
   }
 
   // Node `peer`'s replica of the source when it is current (the same
@@ -385,7 +402,7 @@ class NodeService {
     refs.emplace_back(rep, t.generation);
     const bool current = t.replica_of == src.name && t.source_generation == src.generation && t.copied_version &&
                          *t.copied_version == src.event_version && t.state == TensorState::ready &&
-                         t.backend == BackendKind::host && t.bytes == src.bytes;
+                         t.backend == src.backend && t.bytes == src.bytes;
     if (!current) return std::nullopt;
     return t;
   }
@@ -397,11 +414,12 @@ class NodeService {
   // started) is waited for while its owner lives, and the copy may take the
   // request timeout and a minute; a peer's gets `limit`, and no wait.
   void fetch(redis::Connection& c, const TensorInfo& from, const std::string& name, void* dst,
-             std::optional<std::chrono::milliseconds> limit) {
-    const bool wait = !limit;
+             [[maybe_unused]] int device, std::optional<std::chrono::milliseconds> limit) {
+    const bool wait = !limit, staged = from.backend != BackendKind::host;
     const auto deadline = std::chrono::steady_clock::now() + ctx_.opts.request_timeout;
-    // The endpoint and the region in one read (one incarnation's).
-    const std::string region = store::region_field(from.alloc_id);
+    // The endpoint and the region in one read (one incarnation's): the
+    // allocation's, or for device memory the staging ring's.
+    const std::string region = staged ? std::string(kStageField) : store::region_field(from.alloc_id);
     redis::Reply r;
     for (;;) {
       r = c.command({"HMGET", ctx_.keys.node(from.node), "session", "mover", "endpoint", region});
@@ -419,31 +437,26 @@ class NodeService {
       throw Unavailable("tensor '" + name + "': its owner is not node " + from.node +
                         "'s allocator of record (a takeover there?); get it again");
     if (r[3].is_nil())
-      throw Unavailable("node " + from.node + " exposes no memory of tensor '" + name + "' (allocation " +
-                        std::to_string(from.alloc_id) + ")");
+      throw Unavailable("node " + from.node + (staged ? " stages no device memory" : " exposes no memory") +
+                        " of tensor '" + name + "' (allocation " + std::to_string(from.alloc_id) + ")");
     const std::string mover(r[1].is_nil() ? std::string_view() : r[1].str());
     if (mover != mover_->kind())
       throw Unavailable("node " + from.node + " moves bytes with '" + mover + "', this node with '" +
                         mover_->kind() + "'");
-    const std::string field(r[3].str());
-    transfer::RemoteRegion src;
+    transfer::RemoteRegion src = parse_region(r[3].str(), from.node, region);
     src.endpoint = std::string(r[2].str());
-    const auto s1 = field.find(' '), s2 = s1 == std::string::npos ? s1 : field.find(' ', s1 + 1);
-    const auto addr = protocol::detail::parse_decimal<std::uint64_t>(field.substr(0, s1));
-    const auto size = s2 == std::string::npos ? std::nullopt
-                                              : protocol::detail::parse_decimal<std::uint64_t>(field.substr(s1 + 1, s2 - s1 - 1));
-    if (!addr || !size || s2 + 1 >= field.size())
-      throw Unavailable("node " + from.node + ": its region field of allocation " + std::to_string(from.alloc_id) +
-                        " is malformed ('" + field.substr(0, 80) + "')");
-    src.address = *addr;
-    src.size = *size;
-    src.key = transfer::from_hex(std::string_view(field).substr(s2 + 1));
-    try {
-      mover_->get(src, from.offset, dst, from.bytes,
-                  limit ? std::chrono::steady_clock::now() + *limit : deadline + std::chrono::seconds(60));
-    } catch (const transfer::TransferError& e) {
-      throw Lost("tensor '" + name + "': node " + from.node + " stopped serving it mid-pull (" + e.what() +
-                 "); nothing of it was published here");
+    const auto until = limit ? std::chrono::steady_clock::now() + *limit : deadline + std::chrono::seconds(60);
+    if (staged) {
+#if MEMCUDA_HAS_CUDA()
+      staged_.read(c, ctx_.keys, ctx_.session, *mover_, src, from, dst, device, until);
+#endif
+    } else {
+      try {
+        mover_->get(src, from.offset, dst, from.bytes, until);
+      } catch (const transfer::TransferError& e) {
+        throw Lost("tensor '" + name + "': node " + from.node + " stopped serving it mid-pull (" + e.what() +
+                   "); nothing of it was published here");
+      }
     }
     pulled_.fetch_add(from.bytes, std::memory_order_relaxed);
     pulls_.fetch_add(1, std::memory_order_relaxed);
@@ -474,6 +487,11 @@ class NodeService {
   std::mutex pub_mu_;        // leaf: guards incarnation_
   std::string incarnation_;  // the published record's; empty when none is
   std::atomic<std::uint64_t> pulls_{0}, pulled_{0};
+#if MEMCUDA_HAS_CUDA()
+  std::unique_ptr<Stager> stager_;  // after mover_: stopped before it goes
+  bool stage_failed_ = false;
+  StagedReader staged_;
+#endif
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail
