@@ -10,10 +10,10 @@
 //     reads N's endpoint as a reader that took the key under I, pulls the
 //     whole region and checks the pattern: "ok <bytes> <ms>", or
 //     "error <kind> <what>" (kind: an Error's code(), or "transfer").
-//   fleet --url U
+//   fleet --url U [--backend cuda]
 //     a registry of a fleet (MEMCUDA_FLEET=1 and MEMCUDA_NODE_ID come from
 //     the environment) driven over stdin, a reply line per command:
-//       create NAME ELEMS SEED  (a persistent host f32 tensor of a seeded pattern, held)
+//       create NAME ELEMS SEED  (a persistent f32 tensor of a seeded pattern, held; on device 0 with --backend cuda)
 //       rewrite NAME SEED       (the held tensor written anew and published in place)
 //       get NAME SEED           (checks the pattern: "ok gen=G name=TAKEN pulls=P pulled=B", held)
 //       release NAME | leader | refcount NAME | gc | exit   (fleet --session-ttl MS: a short session)
@@ -118,7 +118,7 @@ float fleet_value(std::size_t i, std::uint64_t seed) {  // exact in a float: bel
 int fleet(std::map<std::string, std::string>& a) {
   RegistryOptions o = RegistryOptions::from_env();
   o.redis = redis::parse_url(a["url"]);
-  o.default_backend = BackendKind::host;
+  o.default_backend = a.count("backend") && a["backend"] == "cuda" ? BackendKind::cuda : BackendKind::host;
   if (a.count("session-ttl")) o.session_ttl = std::chrono::milliseconds(std::stoll(a["session-ttl"]));
   std::optional<TensorRegistry> reg;
   try {

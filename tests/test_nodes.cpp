@@ -22,6 +22,7 @@
 #include "memcuda/detail/transfer/ucx_mover.hpp"
 #include "memcuda/memcuda.hpp"
 #include "memcuda/protocol.hpp"
+#include "support/fleet_proc.hpp"
 #include "support/pod.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
@@ -31,6 +32,8 @@
 using namespace memcuda;
 using namespace std::chrono_literals;
 using Catch::Matchers::StartsWith;
+using test::FleetProc;
+using test::fleet_proc;
 
 TEST_CASE("nodes: an endpoint record is renewed, withdrawn and replaced only by its own incarnation", "[nodes]") {
   test::RedisServer srv;
@@ -293,44 +296,6 @@ TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once 
   CHECK_THAT(got, StartsWith("error unavailable "));
 }
 
-namespace {
-
-// A process of fleet node `id` (MEMCUDA_NODE_ID) in a pod of hostname
-// `host`: pods of one id share that node's runtime directory (so they are
-// one node's containers), and nothing with other nodes but Redis and TCP.
-struct FleetProc {
-  std::unique_ptr<test::Child> proc;
-  bool leader = false;
-  std::string ask(const std::string& line, std::chrono::seconds t = 60s) {
-    proc->send(line);
-    return answer(t);
-  }
-  std::string answer(std::chrono::seconds t = 60s) {
-    auto l = proc->read_line(t);
-    while (l && test::starts_with(*l, "[")) l = proc->read_line(t);  // UCX's own log lines
-    return l.value_or("(no answer)");
-  }
-};
-
-FleetProc fleet_proc(const std::string& host, const std::string& id, const test::RedisServer& srv,
-                     const test::PodVolume& vol, std::vector<std::string> env = {}) {
-  FleetProc f;
-  env.insert(env.end(), {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + vol.dir + "/rt-" + id,
-                         "UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
-  f.proc = std::make_unique<test::Child>(test::pod_argv(
-      host, env, {test::sibling_program("memcuda_node_worker"), "fleet", "--url", srv.unix_url()},
-      /*share_network=*/true));
-  auto line = f.proc->read_line(60s);
-  while (line && test::starts_with(*line, "[")) line = f.proc->read_line(60s);
-  REQUIRE(line);
-  INFO(*line);
-  REQUIRE(test::starts_with(*line, "ready leader="));
-  f.leader = test::starts_with(*line, "ready leader=1");
-  REQUIRE_THAT(*line, Catch::Matchers::EndsWith("node=" + id));
-  return f;
-}
-
-}  // namespace
 
 TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica its processes share", "[nodes][fleet]") {
   if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
