@@ -5,7 +5,8 @@
 // between them), on one Redis, UCX over TCP on the loopback unless UCX_TLS /
 // UCX_NET_DEVICES say otherwise.
 //
-//   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--model 16x64M] [--url redis://...] [--json out.json]
+//   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--model 16x64M] [--backend host|cuda] [--gpus N]
+//                       [--url redis://...] [--json out.json]
 //
 // Rows per size: ucx_get (the yardstick: one ucp_get_nbx of the whole
 // region), fleet_pull (the first get on the other node: a new node replica,
@@ -16,6 +17,13 @@
 // --model tensors (an A/B version published on node A) opened on one other
 // node (model_1_node), then on three more at once (model_3_nodes: until the
 // last has it); the ratio there is the one-node time over the row's.
+//
+// --backend cuda: the tensors are device memory, node i on GPU i % --gpus
+// (CUDA_VISIBLE_DEVICES). A pull then goes through the source's staging
+// ring (device to pinned host there, the mover, pinned host to device
+// here, overlapped); the rows add staging_path: UCX's get plus a device to
+// host and a host to device copy of the same bytes, one after the other
+// (the path's parts without overlap), and the ratio to it.
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +40,9 @@
 #include "memcuda/fleet.hpp"
 #include "memcuda/implementation.hpp"
 #include "memcuda/memcuda.hpp"
+#if MEMCUDA_HAS_CUDA()
+#include <cuda_runtime_api.h>
+#endif
 
 namespace mb = memcuda::bench;
 namespace tr = memcuda::detail::transfer;
@@ -42,6 +53,29 @@ namespace {
 
 
 double ms_since(std::int64_t t0) { return (mb::now_ns() - t0) / 1e6; }
+
+// A device to pinned host copy of `n` bytes, then the way back, on GPU 0:
+// the staging path's two copies, in ms (0 without CUDA).
+double staging_copies_ms([[maybe_unused]] std::uint64_t n) {
+#if MEMCUDA_HAS_CUDA()
+  void* d = nullptr;
+  void* h = nullptr;
+  if (cudaMalloc(&d, n) != cudaSuccess || cudaMallocHost(&h, n) != cudaSuccess)
+    throw std::runtime_error("staging_copies_ms: no memory for " + std::to_string(n) + " bytes");
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = mb::now_ns();
+    cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
+    cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    best = std::min(best, ms_since(t0));
+  }
+  cudaFree(d);
+  cudaFreeHost(h);
+  return best;
+#else
+  return 0;
+#endif
+}
 
 // --child ucx-serve --bytes N: exposes N bytes, prints "ready <endpoint hex>
 // <address> <size> <key hex>", serves until stdin closes.
@@ -85,7 +119,7 @@ int ucx_pull(const mb::Args&) {
 int node(const mb::Args& a) {
   RegistryOptions o = RegistryOptions::from_env();
   o.redis = redis::parse_url(a.get_or("--url", ""));
-  o.default_backend = BackendKind::host;
+  o.default_backend = a.get_or("--backend", "host") == "cuda" ? BackendKind::cuda : BackendKind::host;
   o.request_timeout = std::chrono::seconds(120);  // a pull of gigabytes is one command
   TensorRegistry reg(o);
   std::map<std::string, SharedTensor<std::uint8_t>> held;
@@ -101,13 +135,13 @@ int node(const mb::Args& a) {
       CreateOptions co;
       co.persistent = true;
       auto t = reg.create<std::uint8_t>(name, {static_cast<std::int64_t>(n)}, co);
-      std::memset(t.data(), 3, t.size());
+      t.copy_from_host(std::vector<std::uint8_t>(t.size(), 3));
       t.publish();
       held.insert_or_assign(name, std::move(t));
       std::cout << "ok" << std::endl;
     } else if (cmd == "rewrite") {
       auto& t = held.at(name);
-      std::memset(t.data(), 5, t.size());
+      t.copy_from_host(std::vector<std::uint8_t>(t.size(), 5));
       t.publish();
       std::cout << "ok" << std::endl;
     } else if (cmd == "get") {
@@ -162,6 +196,10 @@ double median(std::vector<double> v) {
 
 int parent(const mb::Args& a) {
   const auto sizes = mb::parse_size_list(a.get_or("--sizes", "64M,1G"));
+  const std::string backend = a.get_or("--backend", "host");
+  const int gpus = std::stoi(a.get_or("--gpus", "1"));
+  if (backend != "host" && backend != "cuda") throw std::invalid_argument("--backend is host or cuda");
+  int nodes = 0;
   const int reps = std::stoi(a.get_or("--reps", "3"));
   std::optional<mb::PrivateRedis> own;
   std::string url = a.get_or("--url", "");
@@ -178,14 +216,15 @@ int parent(const mb::Args& a) {
   auto node_env = [&](const std::string& id) {
     auto e = ucx_env;
     e.insert(e.end(), {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + dir + "/" + id});
+    if (backend == "cuda") e.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(nodes++ % gpus));
     return e;
   };
   const std::string self = mb::self_exe().string();
-  mb::ChildProcess na({self, "--child", "node", "--url", url}, node_env("bench-a"));
-  mb::ChildProcess nb({self, "--child", "node", "--url", url}, node_env("bench-b"));
+  mb::ChildProcess na({self, "--child", "node", "--url", url, "--backend", backend}, node_env("bench-a"));
+  mb::ChildProcess nb({self, "--child", "node", "--url", url, "--backend", backend}, node_env("bench-b"));
   ask(na, "");  // its "ready"
   ask(nb, "");
-  mb::Table table({"size", "row", "median ms", "GB/s", "ratio to ucx_get"}, "llrrr");
+  mb::Table table({"size", "row", "median ms", "GB/s", "ratio"}, "llrrr");
   json::array out;
   auto row = [&](std::uint64_t size, const std::string& name, double ms, double ucx_ms) {
     table.add({mb::format_size(size), name, mb::fmt(ms, 2), mb::fmt(size / ms / 1e6, 2),
@@ -218,6 +257,12 @@ int parent(const mb::Args& a) {
     }
     const double u = median(ucx);
     row(size, "ucx_get", u, u);
+    if (backend == "cuda") {
+      const double path = u + staging_copies_ms(size);
+      row(size, "staging_path", path, u);
+      row(size, "fleet_pull / staging_path", median(pull), path);
+      row(size, "fleet_refresh / staging_path", median(refresh), path);
+    }
     row(size, "fleet_pull", median(pull), u);
     row(size, "fleet_refresh", median(refresh), u);
     row(size, "fleet_get_current", median(current), u);
@@ -230,7 +275,7 @@ int parent(const mb::Args& a) {
   const double one = ms_of(ask(nb, "open m/"));
   std::vector<std::unique_ptr<mb::ChildProcess>> more;
   for (const char* id : {"bench-c", "bench-d", "bench-e"}) {
-    more.push_back(std::make_unique<mb::ChildProcess>(std::vector<std::string>{self, "--child", "node", "--url", url},
+    more.push_back(std::make_unique<mb::ChildProcess>(std::vector<std::string>{self, "--child", "node", "--url", url, "--backend", backend},
                                                       node_env(id)));
     ask(*more.back(), "");
   }
