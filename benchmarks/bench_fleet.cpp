@@ -3,7 +3,8 @@
 // bytes between two processes on the same path, in one run. "Nodes" are
 // processes with their own node id and runtime directory (no fd can pass
 // between them), on one Redis, UCX over TCP on the loopback unless UCX_TLS /
-// UCX_NET_DEVICES say otherwise.
+// UCX_NET_DEVICES say otherwise, with TCP segments of 512 KiB unless
+// UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE say otherwise.
 //
 //   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--model 16x64M] [--backend host|cuda] [--gpus N]
 //                       [--url redis://...] [--json out.json]
@@ -213,6 +214,11 @@ int parent(const mb::Args& a) {
   std::vector<std::string> ucx_env;
   if (!std::getenv("UCX_TLS")) ucx_env.push_back("UCX_TLS=tcp");
   if (!std::getenv("UCX_NET_DEVICES")) ucx_env.push_back("UCX_NET_DEVICES=lo");
+  // UCX emulates a get over TCP with messages of its segment size; its
+  // defaults (8 KiB out, 64 KiB in) hold the loopback to about 1.2-1.4 GB/s
+  // (docs/operations.md, "Fleets"). The yardstick and the nodes alike.
+  if (!std::getenv("UCX_TCP_TX_SEG_SIZE") && !std::getenv("UCX_TCP_RX_SEG_SIZE"))
+    ucx_env.insert(ucx_env.end(), {"UCX_TCP_TX_SEG_SIZE=512k", "UCX_TCP_RX_SEG_SIZE=512k"});
   auto node_env = [&](const std::string& id) {
     auto e = ucx_env;
     e.insert(e.end(), {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=" + id, "MEMCUDA_RUNTIME_DIR=" + dir + "/" + id});

@@ -235,7 +235,8 @@ class ModelVersions {
   // version: it is read here through node replicas, whose bytes were on
   // this node's device before they were marked ready, and the source's
   // stager waited for this event before it staged them.
-  static void order_after(Context& ctx, std::string_view prefix, const ModelRecord& rec, StreamHandle stream) {
+  static void order_after(Context& ctx, [[maybe_unused]] std::string_view prefix, const ModelRecord& rec,
+                          StreamHandle stream) {
     if (rec.event_handle.empty() || !same_node(rec.node, ctx.node)) return;
 #if MEMCUDA_HAS_CUDA()
     (void)ordinal_of_uuid(rec.device_uuid, rec.device);  // Unavailable when this process cannot see it
