@@ -24,6 +24,7 @@ from setuptools.dist import Distribution
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 LIBNAME = "libmemcuda_c.so"
+PLUGIN = "libmemcuda_ucx.so"
 # Everything but the library and what it links: no tests, tools or install rules.
 CONFIGURE = ["-DCMAKE_BUILD_TYPE=Release", "-DMEMCUDA_BUILD_C_API=ON", "-DMEMCUDA_BUILD_TESTS=OFF",
              "-DMEMCUDA_BUILD_EXAMPLES=OFF", "-DMEMCUDA_BUILD_BENCHMARKS=OFF", "-DMEMCUDA_BUILD_FUZZERS=OFF",
@@ -65,6 +66,11 @@ class BuildWithLibrary(build_py):
         dest = os.path.join(HERE if getattr(self, "editable_mode", False) else self.build_lib, "memcuda")
         os.makedirs(dest, exist_ok=True)
         self.copy_file(lib, os.path.join(dest, LIBNAME))
+        # The UCX byte mover of fleets, where mem-cuda was built with UCX: a
+        # plugin libmemcuda_c loads from beside itself when it needs one.
+        plugin = os.path.join(os.path.dirname(lib), PLUGIN)
+        if os.path.isfile(plugin):
+            self.copy_file(plugin, os.path.join(dest, PLUGIN))
 
 
 class NoSdist(sdist):

@@ -121,10 +121,19 @@ TEST_CASE("nodes: a device tensor reaches other nodes' GPUs through the staging 
   }
   CHECK(type == "none");
 
-  // A third node reads it from node b or node a; with node a gone, a
-  // fourth from the nodes that have it.
+  // A third node reads it from node b or node a.
   test::FleetProc d = test::fleet_proc("node-c", "node-c", srv, vol, on(0), cuda);
   CHECK_THAT(d.ask("get w 9"), Contains("name=.memcuda-rep/node-c/w pulls=1 pulled=" + one));
+  // A model version of device tensors on node a reaches nodes b and c, a
+  // pinned reader on each; version 2 is read where a reader advances.
+  REQUIRE(a.ask("publish m/ 3 1000000 10") == "ok version=1");
+  CHECK_THAT(b.ask("open m/ 10"), StartsWith("ok version=1 tensors=3 "));
+  CHECK_THAT(d.ask("open m/ 10"), StartsWith("ok version=1 tensors=3 "));
+  REQUIRE(a.ask("publish m/ 3 1000000 20") == "ok version=2");
+  CHECK_THAT(b.ask("check m/ 10"), StartsWith("ok version=1 "));
+  CHECK_THAT(d.ask("advance m/ 20"), StartsWith("ok moved=1 version=2 "));
+  CHECK_THAT(b.ask("check m/ 10"), StartsWith("ok version=1 "));
+  // With node a gone, a fourth node gets w from the nodes that have it.
   a.proc->kill();
   a.proc->wait();
   test::FleetProc e = test::fleet_proc("node-e", "node-e", srv, vol, on(1), cuda);

@@ -9,7 +9,9 @@
 // and links memcuda::ucx (mem-cuda built with UCX, the default where
 // libucx-dev is found): that is what gives its registries UCX as their
 // mover. A program without it can read and create on its own node, and its
-// node's pulls are served by another process there that has it.
+// node's pulls are served by another process there that has it, or loads
+// it as a plugin (libmemcuda_ucx.so, detail/transfer/mover_plugin.hpp) as
+// the C library and the Python package do.
 #pragma once
 
 #include "memcuda/config.hpp"

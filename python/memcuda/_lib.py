@@ -138,7 +138,7 @@ class StatsC(ctypes.Structure):
     ] + [(f, c_uint64) for f in (
         "sessions", "tensors", "bytes", "queue_length", "pools", "pool_in_use", "pool_reserved",
         "owned_allocations", "owned_bytes", "creates", "frees", "live_imports", "import_opens", "import_hits",
-        "copies", "copied_bytes")]
+        "copies", "copied_bytes", "pulls", "pulled_bytes")]
 
 
 class GcReportC(ctypes.Structure):

@@ -41,6 +41,8 @@ class Stats:
     import_hits: int
     copies: int  # copies made in place of zero copy, opted in (allow_copy=True)
     copied_bytes: int
+    pulls: int  # a fleet node's allocator of record: tensors pulled from other nodes
+    pulled_bytes: int
 
 
 @dataclass(frozen=True)

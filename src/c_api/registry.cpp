@@ -70,6 +70,8 @@ void fill_stats(memcuda_stats* s, const memcuda::RegistryStats& st) {
   s->import_hits = st.process.import_hits;
   s->copies = st.process.copies;
   s->copied_bytes = st.process.copied_bytes;
+  s->pulls = st.process.pulls;
+  s->pulled_bytes = st.process.pulled_bytes;
 }
 
 }  // namespace

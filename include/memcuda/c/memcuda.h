@@ -233,6 +233,8 @@ typedef struct memcuda_stats {
   uint64_t import_hits;
   uint64_t copies;       /* opted-in copies in place of zero copy (c/zero_copy.h) */
   uint64_t copied_bytes;
+  uint64_t pulls;        /* a fleet node's allocator of record: tensors pulled from other nodes */
+  uint64_t pulled_bytes; /* and their bytes */
 } memcuda_stats;
 
 MEMCUDA_C_EXPORT void memcuda_stats_init(memcuda_stats* stats);

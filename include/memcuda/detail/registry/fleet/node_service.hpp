@@ -46,6 +46,7 @@
 #include "memcuda/detail/store/replica_scripts.hpp"
 #include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/detail/transfer/mover.hpp"
+#include "memcuda/detail/transfer/mover_plugin.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
@@ -189,11 +190,12 @@ class NodeService {
     if (mover_) return true;
     if (failed_) return false;
     try {
-      auto make = transfer::mover_factory().load();
-      if (!make)
-        throw Unavailable("this program links no byte mover (include <memcuda/fleet.hpp> and link memcuda::ucx; "
-                          "mem-cuda built with UCX)");
-      mover_ = make();
+      std::string why;
+      if (auto make = transfer::mover_factory().load()) mover_ = make();
+      else mover_ = transfer::load_mover_plugin(why);
+      if (!mover_)
+        throw Unavailable("this program links no byte mover (include <memcuda/fleet.hpp> and link memcuda::ucx) "
+                          "and loads none (" + why + ")");
       pub_.emplace(ctx_.keys, mover_->kind(), mover_->endpoint(), ctx_.session, kTtl, ctx_.node);
       live_.store(mover_.get(), std::memory_order_release);
       return true;
