@@ -469,17 +469,24 @@ TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each,
 TEST_CASE("nodes: a Python process of another node gets a tensor and follows model versions, libmemcuda_c loading "
           "the UCX mover plugin", "[nodes][fleet][python]") {
   if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
-  // Debian's interpreter, as the pytest suite's (a pyenv python3 on PATH may lack numpy).
-  const std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-  if (std::system((python + " -c 'import numpy' >/dev/null 2>&1").c_str()) != 0)
-    MEMCUDA_SKIP("needs " << python << " with numpy");
+  // Debian's interpreter first, as the pytest suite's (a pyenv python3 on
+  // PATH may lack numpy), else the one on PATH.
+  std::string python;
+  for (const char* p : {"/usr/bin/python3", "python3"})
+    if (python.empty() && std::system((std::string(p) + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0)
+      python = p;
+  if (python.empty()) MEMCUDA_SKIP("needs python3 with numpy");
   // The C library and its plugin beside it in the build tree (src/c_api/).
   const std::string lib_dir = std::filesystem::path(test::sibling_program("memcuda_node_worker")).parent_path().string() +
                               "/../src/c_api/";
   if (::access((lib_dir + "libmemcuda_c.so").c_str(), R_OK) != 0 ||
       ::access((lib_dir + "libmemcuda_ucx.so").c_str(), R_OK) != 0)
     MEMCUDA_SKIP("libmemcuda_c.so or libmemcuda_ucx.so not built (build targets memcuda_c and memcuda_ucx)");
-  const std::string root = std::string(MEMCUDA_TEST_SOURCE_DIR) + "/..";
+  // The package: the working directory's when it is a checkout (GPU hosts
+  // run from there), else the tree this binary was built from.
+  const std::string root = ::access("python/memcuda/__init__.py", R_OK) == 0
+                               ? std::filesystem::current_path().string()
+                               : std::string(MEMCUDA_TEST_SOURCE_DIR) + "/..";
   test::RedisServer srv;
   test::PodVolume vol(srv);
   auto c = srv.connect();
