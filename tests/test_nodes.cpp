@@ -469,45 +469,15 @@ TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each,
 TEST_CASE("nodes: a Python process of another node gets a tensor and follows model versions, libmemcuda_c loading "
           "the UCX mover plugin", "[nodes][fleet][python]") {
   if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
-  // Debian's interpreter first, as the pytest suite's (a pyenv python3 on
-  // PATH may lack numpy), else the one on PATH.
-  std::string python;
-  for (const char* p : {"/usr/bin/python3", "python3"})
-    if (python.empty() && std::system((std::string(p) + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0)
-      python = p;
-  if (python.empty()) MEMCUDA_SKIP("needs python3 with numpy");
-  // The C library and its plugin beside it in the build tree (src/c_api/).
-  const std::string lib_dir = std::filesystem::path(test::sibling_program("memcuda_node_worker")).parent_path().string() +
-                              "/../src/c_api/";
-  if (::access((lib_dir + "libmemcuda_c.so").c_str(), R_OK) != 0 ||
-      ::access((lib_dir + "libmemcuda_ucx.so").c_str(), R_OK) != 0)
-    MEMCUDA_SKIP("libmemcuda_c.so or libmemcuda_ucx.so not built (build targets memcuda_c and memcuda_ucx)");
-  // The package: the working directory's when it is a checkout (GPU hosts
-  // run from there), else the tree this binary was built from.
-  const std::string root = ::access("python/memcuda/__init__.py", R_OK) == 0
-                               ? std::filesystem::current_path().string()
-                               : std::string(MEMCUDA_TEST_SOURCE_DIR) + "/..";
+  if (auto why = test::python_node_unavailable("numpy")) MEMCUDA_SKIP(*why);
   test::RedisServer srv;
   test::PodVolume vol(srv);
   auto c = srv.connect();
   FleetProc a = fleet_proc("node-a", "node-a", srv, vol);
   REQUIRE_THAT(a.ask("create w 100000 7"), StartsWith("ok gen="));
   REQUIRE(a.ask("publish m/ 3 4096 10") == "ok version=1");
-  test::Child py(test::pod_argv(
-      "node-p",
-      {"MEMCUDA_FLEET=1", "MEMCUDA_NODE_ID=node-p", "MEMCUDA_RUNTIME_DIR=" + vol.dir + "/rt-node-p", "UCX_TLS=tcp",
-       "UCX_NET_DEVICES=lo", "MEMCUDA_LIBRARY=" + lib_dir + "libmemcuda_c.so", "PYTHONPATH=" + root + "/python",
-       "PYTHONDONTWRITEBYTECODE=1"},
-      {python, root + "/python/tests/fleet_node.py", srv.unix_url()}, /*share_network=*/true));
-  auto ask = [&](const std::string& line) {
-    py.send(line);
-    auto l = py.read_line(60s);
-    while (l && test::starts_with(*l, "[")) l = py.read_line(60s);  // UCX's own log lines
-    return l.value_or("(no answer)");
-  };
-  auto first = py.read_line(60s);
-  while (first && test::starts_with(*first, "[")) first = py.read_line(60s);
-  REQUIRE(first.value_or("(none)") == "ready");
+  FleetProc py = test::python_fleet_proc("node-p", srv, vol);
+  auto ask = [&](const std::string& line) { return py.ask(line); };
   CHECK(ask("get w 7") == "ok pulls=1 pulled=400000");
   CHECK(c.command({"EXISTS", "memcuda:tensor:.memcuda-rep/node-p/w"}).integer() == 1);
   CHECK(ask("open m/ 10") == "ok version=1 tensors=3");
@@ -516,8 +486,8 @@ TEST_CASE("nodes: a Python process of another node gets a tensor and follows mod
   CHECK(ask("check m/ 10") == "ok version=1");
   CHECK(ask("advance m/ 20") == "ok moved=1 version=2");
   CHECK_THAT(ask("get nosuch 1"), StartsWith("error NotFound "));
-  py.send("exit");
-  CHECK(py.wait() == 0);
+  py.proc->send("exit");
+  CHECK(py.proc->wait() == 0);
 }
 
 #else

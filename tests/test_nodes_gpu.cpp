@@ -133,12 +133,22 @@ TEST_CASE("nodes: a device tensor reaches other nodes' GPUs through the staging 
   CHECK_THAT(b.ask("check m/ 10"), StartsWith("ok version=1 "));
   CHECK_THAT(d.ask("advance m/ 20"), StartsWith("ok moved=1 version=2 "));
   CHECK_THAT(b.ask("check m/ 10"), StartsWith("ok version=1 "));
+  // A PyTorch module on a Python node attaches to it (A/B), on its GPU,
+  // and moves to version 3 published meanwhile.
+  const auto no_torch = test::python_node_unavailable("numpy, torch");
+  if (!no_torch) {
+    test::FleetProc py = test::python_fleet_proc("node-p", srv, vol, on(1), "numpy, torch");
+    CHECK(py.ask("attach m/ 20 3 1000000") == "ok version=2 device=cuda");
+    REQUIRE(a.ask("publish m/ 3 1000000 30") == "ok version=3");
+    CHECK(py.ask("attach-advance m/ 30") == "ok moved=1 version=3");
+  }
   // With node a gone, a fourth node gets w from the nodes that have it.
   a.proc->kill();
   a.proc->wait();
   test::FleetProc e = test::fleet_proc("node-e", "node-e", srv, vol, on(1), cuda);
   CHECK_THAT(e.ask("get w 9"), Contains("name=.memcuda-rep/node-e/w pulls=1 pulled=" + one));
   CHECK_THAT(b.ask("get w 9"), StartsWith("ok "));
+  if (no_torch) MEMCUDA_SKIP("the PyTorch node's steps did not run: " << *no_torch);
 }
 
 #else

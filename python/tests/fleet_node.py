@@ -7,6 +7,10 @@ answers one line per command on stdin:
     open PREFIX SEED     open_model (numpy), every tensor checked: "ok version=V tensors=N"
     check PREFIX SEED    the pinned version checked again: "ok version=V"
     advance PREFIX SEED  advance, then checked: "ok moved=M version=V"
+    attach PREFIX SEED N ELEMS  a torch module of N parameters t0.. of ELEMS
+                         float32 attached with versions="ab", checked:
+                         "ok version=V device=D"
+    attach-advance PREFIX SEED  its advance(), then checked: "ok moved=M version=V"
 or "error <ExceptionType> <message>". Tensor i of a version of seed S holds
 the pattern of seed S + i, element j being (j * 2654435761 + seed) % 1000003
 (tests/node_worker.cpp's)."""
@@ -34,10 +38,15 @@ def check_model(m, prefix: str, seed: int) -> int:
     return len(names)
 
 
+def check_module(mod, seed: int) -> None:
+    for i, (n, p) in enumerate(mod.named_parameters()):
+        check(n, p.detach().cpu().numpy(), seed + i)
+
+
 def main() -> int:
     import memcuda
     reg = memcuda.Registry(sys.argv[1])
-    held, models = [], {}
+    held, models, attached = [], {}, {}
     print("ready", flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -60,6 +69,21 @@ def main() -> int:
                 check_model(m, name, seed)
                 out = ("" if moved is None else f"moved={int(moved)} ") + f"version={m.version}"
                 out = "ok " + out
+            elif cmd == "attach":
+                import torch
+                from memcuda.torch import attach
+                mod = torch.nn.Module()
+                for i in range(int(words[3])):
+                    mod.register_parameter(f"t{i}", torch.nn.Parameter(torch.empty(int(words[4])), requires_grad=False))
+                att = attach(mod, reg, name, versions="ab")
+                attached[name] = (mod, att)
+                check_module(mod, seed)
+                out = f"ok version={att.version} device={next(mod.parameters()).device.type}"
+            elif cmd == "attach-advance":
+                mod, att = attached[name]
+                moved = att.advance()
+                check_module(mod, seed)
+                out = f"ok moved={int(moved)} version={att.version}"
             elif cmd == "exit":
                 break
             else:
