@@ -54,12 +54,12 @@ namespace {
 // An ask sent by hand to a node's stager: its answer, "ok" or the error's code.
 std::string stage_by_hand(redis::Connection& c, const std::string& node, const std::string& body) {
   c.command({"DEL", "memcuda:reply:t:stage:1"});
-  c.command({"LPUSH", "memcuda:stage@" + node, body});
+  c.command({"RPUSH", "memcuda:stage@" + node, body});
   auto r = c.blocking(2s, {"BLPOP", "memcuda:reply:t:stage:1", "2"});
   if (r.is_nil()) return "(no answer)";
   try {
     const auto g = protocol::decode_grant(r[1].str());
-    c.command({"LPUSH", "memcuda:stage@" + node, protocol::encode_unstage({g.slot, g.ticket})});
+    c.command({"RPUSH", "memcuda:stage@" + node, protocol::encode_unstage({g.slot, g.ticket})});
     return "ok";
   } catch (const Error& e) {
     return e.code();

@@ -204,6 +204,8 @@ for i = 1, n do
     redis.call('HINCRBY', KEYS[9 + i], 'refcount', 1)
   end
   redis.call('HSET', KEYS[9 + i], 'dict', id)
+  -- the version's event orders what copies a member elsewhere (a fleet's stager) after its writes
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[9 + i], 'event_handle', ARGV[5]) end
   redis.call('HINCRBY', KEYS[9 + i], pin, 1)
   redis.call('HINCRBY', KEYS[9 + i], 'refcount', 1)
   hold(p, '@dict:' .. id, ARGV[11 + 2 * i], ARGV[10 + 2 * i])

@@ -121,7 +121,7 @@ inline constexpr Key kKeys[] = {
      "its next pass's SET replaces it"},
     {"standby_wake", "memcuda:standby_wake:<session>", "list", "the leader", Fix::none,
      "not repaired: the leader's wake of that standby fails"},
-    {"stage", "memcuda:stage@<node scope>", "list", "other nodes' pulls (LPUSH), that node's allocator of record",
+    {"stage", "memcuda:stage@<node scope>", "list", "other nodes' pulls (RPUSH), that node's allocator of record",
      Fix::none, "that node's stager deletes it when its pop meets WRONGTYPE; the pulls waiting on it fail"},
     {"node", "memcuda:node:<node>", "hash", "that node's publisher", Fix::none,
      "its publisher's next refresh fails and it publishes again (DEL first); a read meets WRONGTYPE until then"},

@@ -19,10 +19,14 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail::transfer {
 
-#define MEMCUDA_PP_STR_(x) #x
-#define MEMCUDA_PP_STR(x) MEMCUDA_PP_STR_(x)
-// The plugin's Mover must be of this very build's layout.
-inline constexpr const char* kMoverPluginAbi = MEMCUDA_PP_STR(MEMCUDA_ABI_NAMESPACE);
+#define MEMCUDA_MOVER_PLUGIN_STR_(x) #x
+#define MEMCUDA_MOVER_PLUGIN_STR(x) MEMCUDA_MOVER_PLUGIN_STR_(x)
+// The plugin's Mover must be of this very build's layout. Its errors
+// (TransferError, Unavailable) cross the boundary as exceptions: one C++
+// runtime on both sides (GCC's libstdc++ matches their types by name).
+inline constexpr const char* kMoverPluginAbi = MEMCUDA_MOVER_PLUGIN_STR(MEMCUDA_ABI_NAMESPACE);
+#undef MEMCUDA_MOVER_PLUGIN_STR
+#undef MEMCUDA_MOVER_PLUGIN_STR_
 inline constexpr const char* kMoverPlugin = "libmemcuda_ucx.so";
 
 // A mover from the plugin; null, with what was tried in `why`, when none
@@ -45,7 +49,10 @@ inline std::unique_ptr<Mover> load_mover_plugin(std::string& why) {
       continue;
     }
     auto make = reinterpret_cast<Entry>(::dlsym(h, "memcuda_ucx_mover"));
-    if (!make) throw Unavailable(path + " has no entry 'memcuda_ucx_mover'");
+    if (!make) {
+      why += std::string(why.empty() ? "" : "; ") + path + " has no entry 'memcuda_ucx_mover'";
+      continue;
+    }
     char err[512] = {};
     void* m = make(kMoverPluginAbi, err, sizeof err);
     if (!m) throw Unavailable(path + ": " + err);

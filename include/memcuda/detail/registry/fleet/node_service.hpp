@@ -103,16 +103,16 @@ class NodeService {
   // The lease is gone (or the registry stops): the record goes, so that no
   // peer reads through this process's keys any more.
   void withdraw(redis::Connection& c) noexcept {
-    if (!pub_ || !published_) return;
+    if (!pub_ || !published_) return stop_stager();
     published_ = false;
     set_incarnation({});
-    stop_stager();
     log(LogLevel::debug, "fleet: withdrawing this node's endpoint");
     try {
       pub_->withdraw(c);
     } catch (const std::exception& e) {
       log(LogLevel::warn, std::string("fleet: withdrawing this node's endpoint: ") + e.what());
     }
+    stop_stager();  // after the record: no peer reads the ring once it goes
   }
 
   // Pulls from other nodes into this node's replicas, and their bytes.
@@ -256,6 +256,7 @@ class NodeService {
       log(LogLevel::debug, "fleet: staging this node's device memory for other nodes");
     } catch (const std::exception& e) {
       stage_failed_ = true;
+      changes[std::string(kStageField)] = "none";  // pulls fail at once rather than wait for a ring
       log(LogLevel::error, std::string("fleet: no staging ring, this node's device tensors cannot be read from "
                                        "others: ") + e.what());
     }
@@ -445,12 +446,17 @@ class NodeService {
     if (mover != mover_->kind())
       throw Unavailable("node " + from.node + " moves bytes with '" + mover + "', this node with '" +
                         mover_->kind() + "'");
+    if (staged && r[3].str() == "none")
+      throw Unavailable("node " + from.node + " could not make its staging ring (its log says why): its device "
+                        "tensors cannot be read from other nodes");
     transfer::RemoteRegion src = parse_region(r[3].str(), from.node, region);
     src.endpoint = std::string(r[2].str());
     const auto until = limit ? std::chrono::steady_clock::now() + *limit : deadline + std::chrono::seconds(60);
     if (staged) {
 #if MEMCUDA_HAS_CUDA()
       staged_.read(c, ctx_.keys, ctx_.session, *mover_, src, from, dst, device, until);
+#else
+      throw Unavailable("tensor '" + name + "' is device memory: mem-cuda was built without CUDA");
 #endif
     } else {
       try {

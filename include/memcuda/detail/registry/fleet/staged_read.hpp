@@ -2,8 +2,9 @@
 // device tensor copied into this process's device memory a chunk at a
 // time. Three stages overlap: that node copies chunk i+1 into its ring
 // while the mover reads chunk i into one of two pinned landing buffers
-// here, and chunk i-1 goes from the other onto the device. Two asks are
-// out at most, so this node holds at most two of the ring's slots.
+// here, and chunk i-1 goes from the other onto the device. The next two
+// asks go out before a chunk is read, so a pull holds at most three of the
+// ring's slots.
 //
 // The control thread's (one pull at a time): the landing buffers are made
 // on the first staged read and kept.
@@ -56,10 +57,10 @@ class StagedReader {
       protocol::StageRequest q{from.name, from.generation, i * kChunk, std::min<std::uint64_t>(kChunk, from.bytes - i * kChunk),
                                k.stage_reply(session, ++seq_)};
       out.push_back({q.reply_to, std::chrono::steady_clock::now()});
-      c.command({"LPUSH", list, protocol::encode_stage(q)});
+      c.command({"RPUSH", list, protocol::encode_stage(q)});
     };
     auto unstage = [&]() {
-      if (held) c.command({"LPUSH", list, protocol::encode_unstage(*held)});
+      if (held) c.command({"RPUSH", list, protocol::encode_unstage(*held)});
       held.reset();
     };
     UniqueStream stream(device);

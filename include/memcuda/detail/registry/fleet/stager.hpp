@@ -11,6 +11,7 @@
 // A slot is the asker's until it says "unstage" or its lease passes; an
 // asker reads it only within the lease counted from before it asked, so a
 // slot given to another never has two readers' bytes in it at once.
+// Asks are served in their order (askers RPUSH, the stager pops the left).
 //
 // Its own thread and Redis connection: a pull of this node, which runs on
 // the control thread and may wait on another node's stager, never waits on
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -75,6 +77,7 @@ class Stager {
     std::chrono::steady_clock::time_point until;
   };
   static constexpr std::chrono::milliseconds kPoll{200};
+  static constexpr std::size_t kMaxAsks = 256;  // waiting asks; more are dropped (their askers time out)
 
   void run(const std::stop_token& st) {
     std::optional<redis::Connection> c;
@@ -82,13 +85,17 @@ class Stager {
       try {
         if (!c) c.emplace(ctx_.opts.redis);
         const bool busy = !asks_.empty();  // waiting for a slot: poll the list briefly
-        auto r = store::pop_wait(*c, list_, busy ? std::chrono::milliseconds(10) : kPoll);
+        redis::Reply r;
+        try {
+          r = store::pop_wait(*c, list_, busy ? std::chrono::milliseconds(10) : kPoll);
+        } catch (const ReplyError& e) {
+          if (e.prefix() != "WRONGTYPE") throw;
+          drop_list(*c);  // only the pop's own WRONGTYPE says the list is another client's key
+          continue;
+        }
         if (!r.is_nil()) take(r[1].str());
         serve(*c);
-      } catch (const ReplyError& e) {
-        if (e.prefix() == "WRONGTYPE") drop_list(*c);
-        else log(LogLevel::warn, std::string("fleet stager: ") + e.what());
-      } catch (const std::exception& e) {
+      } catch (const std::exception& e) {  // Redis away, a replica that refuses writes, ...
         log(LogLevel::warn, std::string("fleet stager: ") + e.what());
         c.reset();
         std::this_thread::sleep_for(kPoll);
@@ -119,6 +126,11 @@ class Stager {
         slots_[m.unstage->slot].ticket = 0;
       return;
     }
+    if (asks_.size() >= kMaxAsks) {
+      log(LogLevel::warn, "fleet stager: " + std::to_string(kMaxAsks) + " asks wait already: dropped one for '" +
+                              m.stage->name.substr(0, 80) + "'");
+      return;
+    }
     asks_.push_back(std::move(*m.stage));
   }
 
@@ -142,15 +154,33 @@ class Stager {
       std::string answer;
       try {
         stage(c, q, i);
-        slots_[i] = {++tickets_, std::chrono::steady_clock::now() + kLease};
+        slots_[i] = {next_ticket(), std::chrono::steady_clock::now() + kLease};
         answer = protocol::encode_grant({i, slots_[i].ticket, i * kChunk, static_cast<std::uint64_t>(kLease.count())});
       } catch (const IoError&) {
+        asks_.push_front(std::move(q));  // served again once Redis answers
         throw;
       } catch (const std::exception& e) {
         answer = protocol::encode_reply(protocol::make_error_reply(nullptr, e));
       }
-      c.pipeline({{"RPUSH", q.reply_to, answer}, {"PEXPIRE", q.reply_to, "60000"}});
+      try {
+        c.pipeline({{"RPUSH", q.reply_to, answer}, {"PEXPIRE", q.reply_to, "60000"}});
+      } catch (const ReplyError& e) {  // a reply key of another type: that asker's loss alone
+        slots_[i].ticket = 0;
+        log(LogLevel::warn, "fleet stager: answering on '" + q.reply_to.substr(0, 80) + "': " + e.what());
+      } catch (const IoError&) {
+        slots_[i].ticket = 0;
+        asks_.push_front(std::move(q));
+        throw;
+      }
     }
+  }
+
+  // Tickets start at a random point per stager, so that an unstage left
+  // over from an earlier stager of this session (a lease lost and won
+  // back), or guessed, does not free a slot someone is reading.
+  std::uint64_t next_ticket() {
+    if (tickets_ == 0) tickets_ = (std::uint64_t{std::random_device{}()} << 32 | std::random_device{}()) | 1;
+    return ++tickets_;
   }
 
   // Copies the asked bytes of a ready device tensor this process owns

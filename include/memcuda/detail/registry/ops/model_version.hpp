@@ -150,6 +150,12 @@ class ModelVersions {
       if (registered) store::remove_waiter(*c, ws, wl);
     }
     if (rec.version <= after) return std::nullopt;
+    // An in-place version changes bytes under unchanged records: another
+    // node's replicas of them would look current. A/B versions cross nodes.
+    if (!rec.node.empty() && !same_node(rec.node, ctx.node))
+      throw Unavailable("model '" + std::string(prefix) + "' version " + std::to_string(rec.version) +
+                        " was published in place on node " + rec.node + ", this is " + ctx.node +
+                        ": in-place versions are not followed across nodes (publish A/B versions)");
     order_after(ctx, prefix, rec, stream);
     return rec.version;
   }
@@ -231,10 +237,11 @@ class ModelVersions {
  public:
   // Makes `stream` wait for the producer's event; nothing on the host
   // backend (the producer's writes happened before its publish, which
-  // happened before our read of the version), nor for another node's
+  // happened before our read of the version), nor for another node's A/B
   // version: it is read here through node replicas, whose bytes were on
   // this node's device before they were marked ready, and the source's
-  // stager waited for this event before it staged them.
+  // stager waited for this event (the commit writes it into every member's
+  // record) before it staged them.
   static void order_after(Context& ctx, [[maybe_unused]] std::string_view prefix, const ModelRecord& rec,
                           StreamHandle stream) {
     if (rec.event_handle.empty() || !same_node(rec.node, ctx.node)) return;
