@@ -100,8 +100,7 @@ class NodeService {
                                      {{store::region_field(a.alloc_id), region_text(*e)}});
   }
 
-  // The lease is gone (or the registry stops): the record goes, so that no
-  // peer reads through this process's keys any more.
+  // The lease is gone (or the registry stops): the record goes, and no peer reads through its keys.
   void withdraw(redis::Connection& c) noexcept {
     if (!pub_ || !published_) return stop_stager();
     published_ = false;
@@ -115,7 +114,7 @@ class NodeService {
     stop_stager();  // after the record: no peer reads the ring once it goes
   }
 
-  // Pulls from other nodes into this node's replicas, and their bytes.
+  // Pulls into this node's replicas, and their bytes.
   std::uint64_t pulls() const noexcept { return pulls_.load(std::memory_order_relaxed); }
   std::uint64_t pulled_bytes() const noexcept { return pulled_.load(std::memory_order_relaxed); }
 
@@ -235,14 +234,12 @@ class NodeService {
     pub_->set_regions(published_ ? &c : nullptr, changes);
   }
 
-  // A device replica's ordinal here: the source's where this node has it,
-  // else 0 (nodes of unlike shapes).
+  // A device replica's ordinal: the source's where this node has it, else 0.
   static int local_device([[maybe_unused]] int d) {
 #if MEMCUDA_HAS_CUDA()
-    return d >= 0 && d < device_count() ? d : 0;
-#else
-    return 0;
+    if (d >= 0 && d < device_count()) return d;
 #endif
+    return 0;
   }
 
   // The staging ring of this node's device memory (stager.hpp), made with
@@ -264,14 +261,12 @@ class NodeService {
   }
   void stop_stager() noexcept {
 #if MEMCUDA_HAS_CUDA()
-    if (!stager_) return;
+    if (stager_ && pub_) pub_->set_regions(nullptr, {{std::string(kStageField), ""}});
     stager_.reset();
-    if (pub_) pub_->set_regions(nullptr, {{std::string(kStageField), ""}});
 #endif
   }
 
-  // The slab's exposure, made once; -> it (null when the engine refused:
-  // logged) and whether this call made it.
+  // The slab's exposure, made once: it (null: the engine refused, logged) and whether this call made it.
   static std::pair<std::shared_ptr<transfer::Region>, bool> expose(transfer::Mover& m, ExportedBlock& s) {
     const auto& a = s.allocation();
     try {
@@ -410,12 +405,11 @@ class NodeService {
     return t;
   }
 
-  // Copies the bytes of `from` (the source `name`, or a replica of it)
-  // from its node into dst. Only the process that owns them serves keys of
-  // their memory (its node's publisher). The source's (no `limit`): a field
-  // not there yet (a node whose allocator of record has not ticked since it
-  // started) is waited for while its owner lives, and the copy may take the
-  // request timeout and a minute; a peer's gets `limit`, and no wait.
+  // Copies the bytes of `from` (the source `name`, or a replica of it) from
+  // its node into dst (device `device` when staged), keys served only by
+  // their owner. The source's (no `limit`): a field not there yet is waited
+  // for while its owner lives, the copy takes the request timeout and a
+  // minute at most; a peer's gets `limit`, and no wait.
   void fetch(redis::Connection& c, const TensorInfo& from, const std::string& name, void* dst,
              [[maybe_unused]] int device, std::optional<std::chrono::milliseconds> limit) {
     const bool wait = !limit, staged = from.backend != BackendKind::host;
