@@ -75,7 +75,8 @@ inline std::string encode_unstage(const StageRelease& r) {
   return json::serialize(o);
 }
 
-// Strict as decode_command: ProtocolError for anything else.
+// Strict about JSON and the types of the fields it knows (unknown fields are
+// ignored, as decode_reply does): ProtocolError for anything else.
 inline StageMessage decode_stage_message(std::string_view text) {
   namespace json = boost::json;
   json::value doc = detail::parse_object(text, "stage message", kMaxCommandBytes);
