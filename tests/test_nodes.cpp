@@ -298,7 +298,6 @@ TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once 
   CHECK_THAT(got, StartsWith("error unavailable "));
 }
 
-
 TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica its processes share", "[nodes][fleet]") {
   if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
   test::RedisServer srv;

@@ -31,8 +31,8 @@ def check(name: str, a: np.ndarray, seed: int) -> None:
         raise ValueError(f"{name}: pattern mismatch at element {bad}")
 
 
-def check_model(m, prefix: str, seed: int) -> int:
-    names = sorted(m.tensors, key=lambda n: int(n[len(prefix):].lstrip("t") if n.startswith(prefix) else n.lstrip("t")))
+def check_model(m, seed: int) -> int:
+    names = sorted(m.tensors, key=lambda n: int(n.rsplit("/", 1)[-1].lstrip("t")))  # "t3" or "m/t3"
     for i, n in enumerate(names):
         check(n, np.asarray(m.tensors[n]), seed + i)
     return len(names)
@@ -62,11 +62,11 @@ def main() -> int:
             elif cmd == "open":
                 m = reg.open_model(name, "numpy")
                 models[name] = m
-                out = f"ok version={m.version} tensors={check_model(m, name, seed)}"
+                out = f"ok version={m.version} tensors={check_model(m, seed)}"
             elif cmd in ("check", "advance"):
                 m = models[name]
                 moved = m.advance() if cmd == "advance" else None
-                check_model(m, name, seed)
+                check_model(m, seed)
                 out = ("" if moved is None else f"moved={int(moved)} ") + f"version={m.version}"
                 out = "ok " + out
             elif cmd == "attach":
