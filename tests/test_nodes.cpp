@@ -197,10 +197,31 @@ TEST_CASE("nodes: the UCX mover pulls exposed host memory between two movers, an
   CHECK_THROWS_AS(a->expose(nullptr, 0), InvalidArgument);
   // Device memory through a UCX without CUDA transports: refused, typed.
   CHECK_THROWS_AS(b.get(rr, 0, part.data(), 8, deadline(), tr::MemoryKind::cuda), Unavailable);
+  // Movers of other lane counts read each other's stripes: 3 lanes from 1
+  // and 1 from 3, a size no lane count divides.
+  {
+    tr::UcxMover one(tr::UcxOptions{"tcp", "lo", 1}), three(tr::UcxOptions{"tcp", "lo", 3});
+    CHECK(one.lanes() == 1);
+    CHECK(three.lanes() == 3);
+    const std::size_t odd = src.size() * 4 - 12;
+    std::vector<std::uint32_t> got(src.size(), 0);
+    three.get(rr, 4, got.data(), odd, deadline());
+    CHECK(std::equal(got.begin(), got.begin() + odd / 4, src.begin() + 1));
+    tr::Region r3 = three.expose(src.data(), src.size() * 4);
+    std::fill(got.begin(), got.end(), 0);
+    one.get({three.endpoint(), r3.address(), r3.size(), r3.key()}, 0, got.data(), src.size() * 4, deadline());
+    CHECK(got == src);
+    CHECK_THROWS_AS(tr::UcxMover(tr::UcxOptions{"tcp", "lo", 17}), InvalidArgument);
+  }
+  // An endpoint that is not one (the registry stores them: a hostile write
+  // could change one): refused before UCX sees it. (A packed key carries no
+  // length, so a garbage one is not something a mover can check; the
+  // registry's incarnation check is what keeps stale keys away: next case.)
+  for (std::string bad : {std::string(), std::string("\x01\x00", 2), a->endpoint() + "x", a->endpoint().substr(0, 9),
+                          std::string(1, '\0') + a->endpoint().substr(1)})
+    CHECK_THROWS_AS(b.get({bad, r.address(), r.size(), r.key()}, 0, part.data(), 8, deadline()), Unavailable);
   // The peer gone: the engine's error, typed, with its status text, by the
-  // deadline at the latest. (A packed key or address carries no length, so
-  // a garbage one is not something a mover can check; the registry's
-  // incarnation check is what keeps stale keys away: next case.)
+  // deadline at the latest.
   r = tr::Region();
   a.reset();
   try {
