@@ -235,12 +235,12 @@ class ControlLoop {
     return std::max(2 * o.heartbeat_period(), std::chrono::milliseconds(500));
   }
 
-  // Whether the loop has completed no pass for serve_stall_timeout. Such a
-  // leader gives its lease up (heartbeat) and does not campaign again until
-  // a pass completes.
+  // Whether no pass (or a fleet pull's progress) came for serve_stall_timeout:
+  // such a leader gives its lease up (heartbeat) until a pass completes.
   bool stalled() const {
     const auto limit = core_->ctx.opts.serve_stall_timeout;
-    return limit.count() > 0 && std::chrono::steady_clock::now() - last_pass_.load() > limit;
+    const auto last = std::max(last_pass_.load(), core_->node.last_progress());
+    return limit.count() > 0 && std::chrono::steady_clock::now() - last > limit;
   }
 
   // A graceful stop of the allocator of record. With a standby, what this

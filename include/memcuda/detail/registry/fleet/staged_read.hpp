@@ -6,8 +6,8 @@
 // asks go out before a chunk is read, so a pull holds at most three of the
 // ring's slots.
 //
-// The control thread's (one pull at a time): the landing buffers are made
-// on the first staged read and kept.
+// One pull lane's at a time (puller.hpp): the landing buffers are made on
+// the first staged read and kept.
 #pragma once
 
 #include "memcuda/config.hpp"
@@ -15,6 +15,7 @@
 #if MEMCUDA_HAS_CUDA()
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -35,6 +36,10 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 class StagedReader {
  public:
   using Deadline = std::chrono::steady_clock::time_point;
+
+  // `seq` numbers the reply lists of the session's asks (shared by its
+  // readers); `progress` is set each time a chunk has landed.
+  StagedReader(std::atomic<std::uint64_t>& seq, std::atomic<Deadline>& progress) : seq_(seq), progress_(progress) {}
 
   // Copies the `bytes` of `from` (a ready device tensor of node `from.node`,
   // whose stager's ring is `ring`) into dst, device memory of `device` in
@@ -91,6 +96,7 @@ class StagedReader {
                      "); nothing of it was published here");
         }
         unstage();
+        progress_.store(std::chrono::steady_clock::now());
         MEMCUDA_CUDA_TRY(cudaMemcpyAsync(static_cast<char*>(dst) + i * kChunk, land, len, cudaMemcpyHostToDevice,
                                          stream.get()));
         MEMCUDA_CUDA_TRY(cudaEventRecord(landed[i % 2].get(), stream.get()));
@@ -112,7 +118,8 @@ class StagedReader {
 
  private:
   std::optional<PinnedBuffer> landing_;
-  std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t>& seq_;
+  std::atomic<Deadline>& progress_;
 };
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

@@ -51,7 +51,7 @@ MEMCUDA_NAMESPACE_BEGIN namespace detail {
 class Stager {
  public:
   static constexpr std::size_t kChunk = protocol::kStageChunkBytes;
-  static constexpr std::size_t kSlots = 8;
+  static constexpr std::size_t kSlots = 16;
   static constexpr std::chrono::milliseconds kLease{10000};
 
   // Makes the ring (pinned, exposed through `m`) and starts serving.
