@@ -9,12 +9,15 @@
 //   memcuda_bench_fleet [--sizes 64M,1G] [--reps 3] [--model 16x64M] [--backend host|cuda] [--gpus N]
 //                       [--url redis://...] [--json out.json]
 //
-// Rows per size: ucx_get (the yardstick: one ucp_get_nbx of the whole
-// region), fleet_pull (the first get on the other node: a new node replica,
+// Rows per size: ucx_get (the yardstick: one get of the whole region by
+// UCX alone, ucp_get_nbx striped over the mover's lanes as the nodes' are,
+// MEMCUDA_UCX_LANES of them, 4 by default), fleet_pull (the first get on the other node: a new node replica,
 // its bytes pulled before it is published), fleet_refresh (a get after a
 // publish at the source: pulled again in place), fleet_get_current (a get
-// whose node replica is current: no bytes move). The ratio is UCX's time
-// over the row's (1.0: as fast as UCX alone). Then a model version of
+// whose node replica is current: no bytes move), and ucx_get with three
+// pairs of processes getting at once (until the last has its bytes: the
+// host's own limit when three nodes pull). The ratio is UCX's time over
+// the row's (1.0: as fast as UCX alone). Then a model version of
 // --model tensors (an A/B version published on node A) opened on one other
 // node (model_1_node), then on three more at once (model_3_nodes: until the
 // last has it); the ratio there is the one-node time over the row's.
@@ -261,8 +264,33 @@ int parent(const mb::Args& a) {
       refresh.push_back(ms_of(ask(nb, "get " + name)));
       ask(na, "remove " + name);
     }
+    // Three pairs at once: what UCX alone moves on this host when three
+    // readers pull (the yardstick of model_3_nodes: "nodes" here share
+    // the host's cores, memory and loopback).
+    std::vector<double> ucx3;
+    {
+      std::vector<std::unique_ptr<mb::ChildProcess>> serves, gets;
+      std::vector<std::string> r;
+      for (int i = 0; i < 3; ++i) {
+        serves.push_back(std::make_unique<mb::ChildProcess>(
+            std::vector<std::string>{self, "--child", "ucx-serve", "--bytes", std::to_string(size)}, ucx_env));
+        gets.push_back(std::make_unique<mb::ChildProcess>(std::vector<std::string>{self, "--child", "ucx-pull"}, ucx_env));
+        r.push_back(ask(*serves.back(), ""));
+      }
+      for (int i = 0; i <= reps; ++i) {
+        const auto t0 = mb::now_ns();
+        for (int j = 0; j < 3; ++j) gets[j]->write("get" + r[j].substr(5) + "\n");
+        for (auto& g : gets) ask(*g, "");
+        if (i) ucx3.push_back(ms_since(t0));  // the first connects the endpoints
+      }
+      for (auto* v : {&serves, &gets})
+        for (auto& p : *v) p->close_stdin();
+      for (auto* v : {&serves, &gets})
+        for (auto& p : *v) p->wait();
+    }
     const double u = median(ucx);
     row(size, "ucx_get", u, u);
+    row(size, "ucx_get, 3 pairs at once", median(ucx3), u);
     if (backend == "cuda") {
       const double path = u + staging_copies_ms(size);
       row(size, "staging_path", path, u);
