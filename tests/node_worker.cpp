@@ -10,7 +10,7 @@
 //     reads N's endpoint as a reader that took the key under I, pulls the
 //     whole region and checks the pattern: "ok <bytes> <ms>", or
 //     "error <kind> <what>" (kind: an Error's code(), or "transfer").
-//   fleet --url U [--backend cuda]
+//   fleet --url U [--backend cuda] [--stall-ms MS (serve_stall_timeout)]
 //     a registry of a fleet (MEMCUDA_FLEET=1 and MEMCUDA_NODE_ID come from
 //     the environment) driven over stdin, a reply line per command:
 //       create NAME ELEMS SEED  (a persistent f32 tensor of a seeded pattern, held; on device 0 with --backend cuda)
@@ -120,6 +120,7 @@ int fleet(std::map<std::string, std::string>& a) {
   o.redis = redis::parse_url(a["url"]);
   o.default_backend = a.count("backend") && a["backend"] == "cuda" ? BackendKind::cuda : BackendKind::host;
   if (a.count("session-ttl")) o.session_ttl = std::chrono::milliseconds(std::stoll(a["session-ttl"]));
+  if (a.count("stall-ms")) o.serve_stall_timeout = std::chrono::milliseconds(std::stoll(a["stall-ms"]));
   std::optional<TensorRegistry> reg;
   try {
     reg.emplace(o);

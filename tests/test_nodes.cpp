@@ -486,6 +486,32 @@ TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each,
   CHECK_THAT(d.ask("check m/ 10"), StartsWith("ok version=1 "));
 }
 
+TEST_CASE("nodes: a pull that outlasts serve_stall_timeout keeps its node's lease", "[nodes][fleet]") {
+  if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
+  test::RedisServer srv;
+  test::PodVolume vol(srv);
+  FleetProc a = fleet_proc("node-a", "node-a", srv, vol);
+  REQUIRE_THAT(a.ask("create w 1000 7"), StartsWith("ok gen="));
+  // Node b's pull holds (the gate) for five times its stall timeout, as a
+  // slow network or a slow source would: its heartbeat must not take the
+  // control thread running it for a stuck one.
+  const std::string gate = vol.dir + "/gate";
+  FleetProc b = fleet_proc("node-b", "node-b", srv, vol,
+                           {"MEMCUDA_FAULTS=pull.after_acquire=wait", "MEMCUDA_FAULT_GATE=" + gate}, {"--stall-ms", "300"});
+  b.proc->send("get w 7");
+  bool reached = false;
+  for (int i = 0; i < 600 && !reached; ++i) {
+    reached = ::access((gate + ".reached").c_str(), F_OK) == 0;
+    if (!reached) std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(reached);
+  std::this_thread::sleep_for(1500ms);
+  { std::ofstream go(gate + ".go"); }
+  CHECK_THAT(b.answer(60s), StartsWith("ok gen=") && Catch::Matchers::Contains("pulls=1"));
+  CHECK(b.ask("leader") == "ok leader=1");
+  // (A stall outside a pull still gives the lease up: test_resilience.cpp.)
+}
+
 TEST_CASE("nodes: a Python process of another node gets a tensor and follows model versions, libmemcuda_c loading "
           "the UCX mover plugin", "[nodes][fleet][python]") {
   if (auto why = test::pods_unavailable()) MEMCUDA_SKIP(*why);
@@ -527,6 +553,10 @@ TEST_CASE("nodes: a node killed while it pulls: its reference on the source is c
 
 TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each, a node gone mid-pull is passed over, "
           "and a late node pulls from any node that has the version", "[nodes][fleet]") {
+  MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
+}
+
+TEST_CASE("nodes: a pull that outlasts serve_stall_timeout keeps its node's lease", "[nodes][fleet]") {
   MEMCUDA_SKIP("built without UCX (MEMCUDA_UCX=OFF, or libucx-dev not found)");
 }
 

@@ -235,11 +235,12 @@ class ControlLoop {
     return std::max(2 * o.heartbeat_period(), std::chrono::milliseconds(500));
   }
 
-  // Whether no pass (or a fleet pull's progress) came for serve_stall_timeout:
-  // such a leader gives its lease up (heartbeat) until a pass completes.
+  // No pass for serve_stall_timeout (a fleet pull: its bound from its last move): give the lease up.
   bool stalled() const {
-    const auto limit = core_->ctx.opts.serve_stall_timeout;
-    const auto last = std::max(last_pass_.load(), core_->node.last_progress());
+    auto limit = core_->ctx.opts.serve_stall_timeout;
+    auto last = last_pass_.load();
+    if (const Puller& p = core_->node.puller(); limit.count() > 0 && p.running())
+      last = std::max(last, p.last_progress()), limit = std::max(limit, p.wait_bound());
     return limit.count() > 0 && std::chrono::steady_clock::now() - last > limit;
   }
 
@@ -489,8 +490,7 @@ class ControlLoop {
   bool auth_failing_ = false;     // this thread's only
   std::string last_auth_error_;   // this thread's only: logged once per change
   std::map<std::string, std::uint64_t> task_failures_;  // this thread's only
-  // When the loop last completed a pass (the heartbeat reads it: stall watch).
-  std::atomic<std::chrono::steady_clock::time_point> last_pass_{std::chrono::steady_clock::now()};
+  std::atomic<std::chrono::steady_clock::time_point> last_pass_{std::chrono::steady_clock::now()};  // stall watch's
   static constexpr auto kHandoverWait = std::chrono::milliseconds(2000);
   static constexpr auto kRecoverWindow = std::chrono::milliseconds(Sessions::kRepublishGraceMs);
   std::atomic<bool> recover_{false};

@@ -94,7 +94,7 @@ class NodeService {
   // Pulls into this node's replicas, and their bytes.
   std::uint64_t pulls() const noexcept { return puller_.pulls(); }
   std::uint64_t pulled_bytes() const noexcept { return puller_.pulled_bytes(); }
-  std::chrono::steady_clock::time_point last_progress() const noexcept { return puller_.last_progress(); }
+  const Puller& puller() const noexcept { return puller_; }
 
   // The pull command (puller.hpp), after this node's record is published:
   // what it pulls is served onward from the moment it is marked ready, not

@@ -57,11 +57,17 @@ class Puller {
   // Pulls into this node's replicas, and their bytes.
   std::uint64_t pulls() const noexcept { return pulls_.load(std::memory_order_relaxed); }
   std::uint64_t pulled_bytes() const noexcept { return pulled_.load(std::memory_order_relaxed); }
-  // When a pull last moved (a chunk, a piece of a get, a tensor done): the
-  // control loop's stall watch takes a pull that moves for a pass that
-  // completes, so a model of many gigabytes over a slow network does not
-  // cost the node its lease (docs/operations.md, "Fleets").
+  // Whether a pull runs, and when it last moved (a chunk landed, a piece of
+  // a get, a node tried, a tensor done or failed). The control loop's stall
+  // watch gives a running pull the longest of its waits (wait_bound()) from
+  // its last move, not serve_stall_timeout from the last pass: a version of
+  // many gigabytes, or a node that stops answering, does not cost this node
+  // its lease (docs/operations.md, "Fleets").
+  bool running() const noexcept { return running_.load() > 0; }
   std::chrono::steady_clock::time_point last_progress() const noexcept { return progress_.load(); }
+  // Every wait of a pull ends by then: the source's copy gets the request
+  // timeout to start and a minute more (fetch()); a peer less.
+  std::chrono::milliseconds wait_bound() const noexcept { return ctx_.opts.request_timeout + std::chrono::seconds(61); }
 
   // The pull command of one name or many, each pulled as pull_one() does,
   // through `mover` (null: this node has none, and pulls fail), on up to
@@ -75,6 +81,12 @@ class Puller {
   std::vector<protocol::ReplyTensor> pull(redis::Connection& c, transfer::Mover* mover,
                                           const std::vector<std::string>& names) {
     const std::size_t n = names.size(), start = n ? std::hash<std::string>{}(node_scope(ctx_.node)) % n : 0;
+    moved();
+    running_.fetch_add(1);
+    struct Done {
+      std::atomic<int>& r;
+      ~Done() { r.fetch_sub(1); }
+    } done{running_};
     std::vector<protocol::ReplyTensor> out(n);
     std::vector<std::exception_ptr> failed(n);
     std::atomic<std::size_t> next{0};
@@ -87,13 +99,13 @@ class Puller {
         const std::size_t i = (start + k) % n;
         try {
           out[i] = pull_one(j, names[i]);
-          progress_.store(std::chrono::steady_clock::now());
         } catch (const IoError&) {
           failed[i] = std::current_exception();
           redis_failed.store(true);
         } catch (...) {
           failed[i] = std::current_exception();
         }
+        moved();
       }
     };
     {
@@ -129,6 +141,8 @@ class Puller {
     StagedReader* staged;  // null without CUDA
   };
   static constexpr std::size_t kPiece = std::size_t{256} << 20;  // a host get's progress step
+
+  void moved() noexcept { progress_.store(std::chrono::steady_clock::now()); }
 
   // Lane `lane`'s staged reader, made once and kept (its landing buffers are
   // pinned memory).
@@ -282,6 +296,7 @@ class Puller {
         log(LogLevel::info, "fleet: node " + (from ? from->node : peer) + " did not serve '" + src.name + "' (" +
                                 e.what() + "); trying another");
       }
+      moved();
     }
     fetch(j, src, src.name, dst, device, std::nullopt);
   }
@@ -363,7 +378,7 @@ class Puller {
         for (std::uint64_t at = 0; at < from.bytes; at += kPiece) {
           j.mover->get(src, from.offset + at, static_cast<char*>(dst) + at, std::min<std::uint64_t>(kPiece, from.bytes - at),
                        until);
-          progress_.store(std::chrono::steady_clock::now());
+          moved();
         }
       } catch (const transfer::TransferError& e) {
         throw Lost("tensor '" + name + "': node " + from.node + " stopped serving it mid-pull (" + e.what() +
@@ -391,6 +406,7 @@ class Puller {
   std::atomic<std::uint64_t> pulls_{0}, pulled_{0};
   std::atomic<std::uint64_t> seq_{0};  // the staged asks' reply lists, unique in the session
   std::atomic<std::chrono::steady_clock::time_point> progress_{};
+  std::atomic<int> running_{0};
 #if MEMCUDA_HAS_CUDA()
   std::vector<std::unique_ptr<StagedReader>> staged_;  // one per lane; pull()'s (the control thread's)
 #endif
