@@ -96,12 +96,21 @@ class NodeService {
   std::uint64_t pulled_bytes() const noexcept { return puller_.pulled_bytes(); }
   const Puller& puller() const noexcept { return puller_; }
 
-  // The pull command (puller.hpp), after this node's record is published:
-  // what it pulls is served onward from the moment it is marked ready, not
-  // from the next tick on.
+  // The pull command (puller.hpp), after this node's record is published
+  // and, where a GPU is, its staging ring made: what it pulls is served
+  // onward from the moment it is marked ready, not from the next tick on
+  // (nodes that pull one version at once read from each other).
   std::vector<protocol::ReplyTensor> pull(redis::Connection& c, const std::vector<std::string>& names) {
     if (!published_ && lease_.held()) serve(c);
-    return puller_.pull(c, start() ? mover_.get() : nullptr, names);
+    if (!start()) return puller_.pull(c, nullptr, names);
+#if MEMCUDA_HAS_CUDA()
+    if (!stager_ && !stage_failed_ && cuda_usable()) {
+      std::map<std::string, std::string> changes;
+      start_stager(changes);
+      pub_->set_regions(published_ ? &c : nullptr, changes);
+    }
+#endif
+    return puller_.pull(c, mover_.get(), names);
   }
 
   // The lease is gone (or the registry stops): the record goes, and no peer reads through its keys.
