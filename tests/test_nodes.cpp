@@ -276,6 +276,16 @@ std::string pull(const std::string& host, const test::RedisServer& srv, const Se
   return line.value_or("(no answer)");
 }
 
+// Whether a process armed with MEMCUDA_FAULTS=<point>=wait reached its
+// gate (fault.hpp) within 30 s.
+bool gate_reached(const std::string& gate) {
+  for (int i = 0; i < 600; ++i) {
+    if (::access((gate + ".reached").c_str(), F_OK) == 0) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("nodes: node B pulls 64 MiB node A exposed, and refuses A's keys once A restarted", "[nodes]") {
@@ -463,12 +473,7 @@ TEST_CASE("nodes: a model version reaches three nodes with a pinned reader each,
   FleetProc e = fleet_proc("node-e", "node-e", srv, vol,
                            {"MEMCUDA_FAULTS=pull.after_acquire=wait", "MEMCUDA_FAULT_GATE=" + gate});
   e.proc->send("open m/ 20");
-  bool reached = false;
-  for (int i = 0; i < 600 && !reached; ++i) {
-    reached = ::access((gate + ".reached").c_str(), F_OK) == 0;
-    if (!reached) std::this_thread::sleep_for(50ms);
-  }
-  REQUIRE(reached);
+  REQUIRE(gate_reached(gate));
   b.proc->kill();
   cc.proc->kill();
   b.proc->wait();
@@ -499,12 +504,7 @@ TEST_CASE("nodes: a pull that outlasts serve_stall_timeout keeps its node's leas
   FleetProc b = fleet_proc("node-b", "node-b", srv, vol,
                            {"MEMCUDA_FAULTS=pull.after_acquire=wait", "MEMCUDA_FAULT_GATE=" + gate}, {"--stall-ms", "300"});
   b.proc->send("get w 7");
-  bool reached = false;
-  for (int i = 0; i < 600 && !reached; ++i) {
-    reached = ::access((gate + ".reached").c_str(), F_OK) == 0;
-    if (!reached) std::this_thread::sleep_for(50ms);
-  }
-  REQUIRE(reached);
+  REQUIRE(gate_reached(gate));
   std::this_thread::sleep_for(1500ms);
   { std::ofstream go(gate + ".go"); }
   CHECK_THAT(b.answer(60s), StartsWith("ok gen=") && Catch::Matchers::Contains("pulls=1"));
