@@ -368,6 +368,18 @@ TEST_CASE("nodes: a fleet node pulls another node's tensor once into a replica i
   CHECK_THAT(a.ask("get v 3"), Catch::Matchers::Contains("name=.memcuda-rep/node-a/v pulls=1 pulled=4000"));
   // A tensor of the reader's own node is read in place, never pulled.
   CHECK_THAT(b1.ask("get v 3"), Catch::Matchers::Contains("name=v pulls=2"));
+  // A pull claims its name while it runs, and no claim outlives it.
+  CHECK(c.command({"EXISTS", "memcuda:pulling:w", "memcuda:pulling:v"}).integer() == 0);
+  // Another node's claim (a node gone mid-pull): the get waits for it to
+  // lapse, then pulls. A key of another type there is no claim: no wait.
+  REQUIRE_THAT(a.ask("create u 1000 4"), StartsWith("ok gen="));
+  REQUIRE_THAT(a.ask("create t 1000 6"), StartsWith("ok gen="));
+  c.command({"SET", "memcuda:pulling:u", "node-z", "PX", "1500"});
+  c.command({"HSET", "memcuda:pulling:t", "f", "x"});
+  CHECK_THAT(b1.ask("get u 4"), StartsWith("ok gen=") && Catch::Matchers::Contains("name=.memcuda-rep/node-b/u"));
+  CHECK(c.command({"EXISTS", "memcuda:pulling:u"}).integer() == 0);
+  CHECK_THAT(b1.ask("get t 6"), StartsWith("ok gen=") && Catch::Matchers::Contains("name=.memcuda-rep/node-b/t"));
+  CHECK(c.command({"TYPE", "memcuda:pulling:t"}).str() == "hash");
   // Garbage is a typed error, and leaves the node serving.
   CHECK_THAT(b1.ask("get nosuch 1"), StartsWith("error not_found "));
 

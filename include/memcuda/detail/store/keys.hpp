@@ -140,6 +140,9 @@ class Keys {
   // A fleet node's staging list (protocol/stage.hpp): other nodes ask its
   // allocator of record for chunks of its device memory there.
   std::string stage(std::string_view scope) const { return prefix_ + "memcuda:stage@" + std::string(scope); }
+  // Which node pulls a tensor now (a hint with a TTL: the others pull it
+  // later, from that node's replica).
+  std::string pulling(std::string_view name) const { return prefix_ + "memcuda:pulling:" + std::string(name); }
   // The leader's pool statistics, readable by any process.
   std::string pool_stats() const { return prefix_ + "memcuda:pool_stats" + scope_; }
   // SCAN pattern of every named record, and the name a record key is the

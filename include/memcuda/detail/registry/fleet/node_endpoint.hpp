@@ -59,6 +59,7 @@ class NodePublisher {
   void publish(redis::Connection& c) {
     rec_.published_ms = now_ms();
     store::publish_node_endpoint(c, keys_, rec_, ttl_, regions_);
+    dirty_ = false;
   }
   // Adds (value) or removes ('' value) region fields, kept for every
   // later publish of the record; written now through `c` when given (the
@@ -69,14 +70,17 @@ class NodePublisher {
       if (v.empty()) regions_.erase(f);
       else regions_[f] = v;
     }
-    if (c && !store::update_node_regions(*c, keys_, rec_.node, rec_.incarnation, changes)) publish(*c);
+    if (!c) return;
+    dirty_ = true;  // until written: a write Redis failed under is the next refresh's
+    if (!store::update_node_regions(*c, keys_, rec_.node, rec_.incarnation, changes)) publish(*c);
+    dirty_ = false;
   }
   // Renews the TTL, publishing again when the record expired or was
   // replaced (a Redis that lost its data, a key of another type, or another
   // publisher on this node, whose record this one then replaces: the node's
   // newest live process wins at its next beat). Returns whether it had to.
   bool refresh(redis::Connection& c) {
-    if (store::refresh_node_endpoint(c, keys_, rec_.node, rec_.incarnation, ttl_)) return false;
+    if (!dirty_ && store::refresh_node_endpoint(c, keys_, rec_.node, rec_.incarnation, ttl_)) return false;
     publish(c);
     return true;
   }
@@ -88,6 +92,7 @@ class NodePublisher {
   std::chrono::milliseconds ttl_;
   store::NodeEndpoint rec_;
   std::map<std::string, std::string> regions_;
+  bool dirty_ = false;  // regions_ has changes Redis may lack
 };
 
 // A node record's field of an exposed region ("region:<alloc_id>", or

@@ -67,7 +67,7 @@ class NodeService {
       set_incarnation(pub_->record().incarnation);
       log(LogLevel::debug, "fleet: published this node's endpoint (incarnation " + pub_->record().incarnation + ")");
     } else if (pub_->refresh(c)) {
-      log(LogLevel::debug, "fleet: this node's endpoint had expired or was replaced: published again");
+      log(LogLevel::debug, "fleet: this node's endpoint had expired, was replaced or missed a change: published again");
     }
   }
 
@@ -97,20 +97,24 @@ class NodeService {
   const Puller& puller() const noexcept { return puller_; }
 
   // The pull command (puller.hpp), after this node's record is published
-  // and, where a GPU is, its staging ring made: what it pulls is served
+  // and, where a GPU is, its staging ring started: what it pulls is served
   // onward from the moment it is marked ready, not from the next tick on
-  // (nodes that pull one version at once read from each other).
+  // (nodes that pull one version at once read from each other). The ring's
+  // field is written between the pull's tensors once the ring is made.
   std::vector<protocol::ReplyTensor> pull(redis::Connection& c, const std::vector<std::string>& names) {
+    Puller::Running running(puller_);
     if (!published_ && lease_.held()) serve(c);
     if (!start()) return puller_.pull(c, nullptr, names);
 #if MEMCUDA_HAS_CUDA()
-    if (!stager_ && !stage_failed_ && cuda_usable()) {
-      std::map<std::string, std::string> changes;
-      start_stager(changes);
-      pub_->set_regions(published_ ? &c : nullptr, changes);
-    }
+    if (cuda_usable()) start_stager();
 #endif
-    return puller_.pull(c, mover_.get(), names);
+    auto between = [this](redis::Connection& conn) {
+      std::map<std::string, std::string> changes;
+      show_stage(changes);
+      pub_->set_regions(published_ ? &conn : nullptr, changes);
+    };
+    between(c);
+    return puller_.pull(c, mover_.get(), names, between);
   }
 
   // The lease is gone (or the registry stops): the record goes, and no peer reads through its keys.
@@ -160,7 +164,7 @@ class NodeService {
       for (auto& s : p->slabs()) {
         const auto& a = s->allocation();
         if (a.kind != BackendKind::host) {  // device memory: read through the staging ring
-          start_stager(changes);
+          start_stager();
           continue;
         }
         if (exposed_.count(a.alloc_id)) {
@@ -176,30 +180,45 @@ class NodeService {
     for (const auto& [id, w] : exposed_)
       if (!now.count(id)) changes[store::region_field(id)] = "";
     exposed_ = std::move(now);
+    show_stage(changes);
     pub_->set_regions(published_ ? &c : nullptr, changes);
   }
 
-  // The staging ring of this node's device memory (stager.hpp), made with
-  // its first device slab; its region is the record's "stage" field.
-  void start_stager([[maybe_unused]] std::map<std::string, std::string>& changes) {
+  // The staging ring of this node's device memory (stager.hpp), started
+  // with its first device slab or pull. Its thread makes the ring; this one
+  // waits a second for it (usually some 100 ms), so that the field goes out
+  // with this tick or pull, and leaves the rest to a later one.
+  void start_stager() {
 #if MEMCUDA_HAS_CUDA()
     if (stager_ || stage_failed_) return;
-    try {
-      stager_ = std::make_unique<Stager>(ctx_, *mover_);
-      changes[std::string(kStageField)] = region_text(stager_->region());
+    stager_ = std::make_unique<Stager>(ctx_, *mover_);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!stager_->region() && stager_->failure().empty() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+#endif
+  }
+  // The record's "stage" field, once the stager made its ring or failed to
+  // ("none": pulls fail at once rather than wait for a ring).
+  void show_stage([[maybe_unused]] std::map<std::string, std::string>& changes) {
+#if MEMCUDA_HAS_CUDA()
+    if (!stager_ || stage_shown_) return;
+    if (const transfer::Region* r = stager_->region()) {
+      changes[std::string(kStageField)] = region_text(*r);
+      stage_shown_ = true;
       log(LogLevel::debug, "fleet: staging this node's device memory for other nodes");
-    } catch (const std::exception& e) {
+    } else if (std::string why = stager_->failure(); !why.empty()) {
+      stager_.reset();
       stage_failed_ = true;
-      changes[std::string(kStageField)] = "none";  // pulls fail at once rather than wait for a ring
-      log(LogLevel::error, std::string("fleet: no staging ring, this node's device tensors cannot be read from "
-                                       "others: ") + e.what());
+      changes[std::string(kStageField)] = "none";
+      log(LogLevel::error, "fleet: no staging ring, this node's device tensors cannot be read from others: " + why);
     }
 #endif
   }
   void stop_stager() noexcept {
 #if MEMCUDA_HAS_CUDA()
-    if (stager_ && pub_) pub_->set_regions(nullptr, {{std::string(kStageField), ""}});
+    if (stage_shown_ && pub_) pub_->set_regions(nullptr, {{std::string(kStageField), ""}});
     stager_.reset();
+    stage_shown_ = false;
 #endif
   }
 
@@ -239,6 +258,7 @@ class NodeService {
   Puller puller_{ctx_, lease_, alloc_};
 #if MEMCUDA_HAS_CUDA()
   std::unique_ptr<Stager> stager_;  // after mover_: stopped before it goes
+  bool stage_shown_ = false;        // the record has its ring's field
   bool stage_failed_ = false;
 #endif
 };

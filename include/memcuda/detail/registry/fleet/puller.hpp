@@ -3,8 +3,8 @@
 // (`.memcuda-rep/<node scope>/<name>`, an ordinary record of this node's
 // memory, shared zero-copy by every process here), which later gets take
 // while it is current (replica_scripts.hpp). The bytes come through the
-// node's mover from a node that has them: a peer's current replica, else
-// the source; device memory through that node's staging ring.
+// node's mover from a node that has them, the source's or a peer's current
+// replica; device memory through that node's staging ring.
 //
 // Threads: pull() runs on the control thread (the pull command), and pulls
 // the names of one command on up to kLanes threads at once, each with its
@@ -20,7 +20,9 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -36,6 +38,7 @@
 #include "memcuda/detail/registry/lease/lease.hpp"
 #include "memcuda/detail/registry/liveness.hpp"
 #include "memcuda/detail/registry/fleet/node_endpoint.hpp"
+#include "memcuda/detail/registry/fleet/pull_claim.hpp"
 #include "memcuda/detail/registry/fleet/staged_read.hpp"
 #include "memcuda/detail/store/records.hpp"
 #include "memcuda/detail/store/replica_scripts.hpp"
@@ -68,47 +71,74 @@ class Puller {
   // Every wait of a pull ends by then: the source's copy gets the request
   // timeout to start and a minute more (fetch()); a peer less.
   std::chrono::milliseconds wait_bound() const noexcept { return ctx_.opts.request_timeout + std::chrono::seconds(61); }
+  // A pull's span for the stall watch (they nest): pull() holds one, and
+  // the node's steps before it (the process's first CUDA use among them:
+  // seconds, a minute under compute-sanitizer) hold their own.
+  class Running {
+   public:
+    explicit Running(Puller& p) : p_(p) {
+      p_.moved();
+      p_.running_.fetch_add(1);
+    }
+    ~Running() { p_.running_.fetch_sub(1); }
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+
+   private:
+    Puller& p_;
+  };
 
   // The pull command of one name or many, each pulled as pull_one() does,
   // through `mover` (null: this node has none, and pulls fail), on up to
-  // kLanes threads, in an order that starts at a place of the list given by
-  // this node: the nodes that pull one set at once take different tensors
-  // first, and then read them from each other (a node that has one serves
-  // it onward). Every name is tried; the first failure (in the list's
-  // order) is thrown once all were (what was pulled stays: a get of it finds
-  // its replica current); Redis failing under any lane is thrown as such
-  // (the command is retried whole).
+  // kLanes threads. The nodes that pull one set at once spread over it: each
+  // starts at a place of the list given by its node, and a name another
+  // node is pulling now (its claim, keys.pulling) is left for a second
+  // round, which reads it from that node's replica. `between` runs on this
+  // thread (with `c`) after each name. Every name is tried; the first
+  // failure (in the list's order) is thrown once all were (what was pulled
+  // stays: a get of it finds its replica current); Redis failing under any
+  // lane is thrown as such (the command is retried whole).
   std::vector<protocol::ReplyTensor> pull(redis::Connection& c, transfer::Mover* mover,
-                                          const std::vector<std::string>& names) {
+                                          const std::vector<std::string>& names,
+                                          const std::function<void(redis::Connection&)>& between = {}) {
     const std::size_t n = names.size(), start = n ? std::hash<std::string>{}(node_scope(ctx_.node)) % n : 0;
-    moved();
-    running_.fetch_add(1);
-    struct Done {
-      std::atomic<int>& r;
-      ~Done() { r.fetch_sub(1); }
-    } done{running_};
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::uint64_t bytes0 = pulled_bytes(), peers0 = from_peers_.load();
+    Running running(*this);
     std::vector<protocol::ReplyTensor> out(n);
     std::vector<std::exception_ptr> failed(n);
-    std::atomic<std::size_t> next{0};
+    std::vector<char> io(n, 0);  // failed[i] is Redis failing
     std::atomic<bool> redis_failed{false};
-    std::vector<StagedReader*> readers;  // made here: the lanes only use them
-    for (std::size_t lane = 0; lane < std::clamp<std::size_t>(n, 1, kLanes); ++lane) readers.push_back(reader(lane));
-    auto work = [&](redis::Connection& conn, std::size_t lane) {
-      Job j{conn, mover, readers[lane]};
-      for (std::size_t k; !redis_failed.load() && (k = next.fetch_add(1)) < n;) {
-        const std::size_t i = (start + k) % n;
-        try {
-          out[i] = pull_one(j, names[i]);
-        } catch (const IoError&) {
-          failed[i] = std::current_exception();
-          redis_failed.store(true);
-        } catch (...) {
-          failed[i] = std::current_exception();
+    std::mutex mu;                          // leaf: guards later
+    std::vector<std::size_t> first(n), later;  // the second round: names another node pulled
+    for (std::size_t k = 0; k < n; ++k) first[k] = (start + k) % n;
+    auto round = [&](const std::vector<std::size_t>& items, bool may_defer) {
+      std::atomic<std::size_t> next{0};
+      std::vector<StagedReader*> readers;  // made here: the lanes only use them
+      for (std::size_t lane = 0; lane < std::clamp<std::size_t>(items.size(), 1, kLanes); ++lane)
+        readers.push_back(reader(lane));
+      auto work = [&](redis::Connection& conn, std::size_t lane) {
+        Job j{conn, mover, readers[lane]};
+        for (std::size_t k; !redis_failed.load() && (k = next.fetch_add(1)) < items.size();) {
+          const std::size_t i = items[k];
+          try {
+            if (auto r = pull_one(j, names[i], may_defer)) {
+              out[i] = std::move(*r);
+            } else {
+              std::lock_guard lk(mu);
+              later.push_back(i);
+            }
+            if (lane == 0 && between) between(conn);
+          } catch (const IoError&) {
+            failed[i] = std::current_exception();
+            io[i] = 1;
+            redis_failed.store(true);
+          } catch (...) {
+            failed[i] = std::current_exception();
+          }
+          moved();
         }
-        moved();
-      }
-    };
-    {
+      };
       std::vector<std::jthread> lanes;
       for (std::size_t lane = 1; lane < readers.size(); ++lane)
         lanes.emplace_back([&, lane] {
@@ -120,14 +150,17 @@ class Puller {
           }
         });
       work(c, 0);
-    }  // every lane joined
-    for (const auto& e : failed)
-      if (e) try {
-          std::rethrow_exception(e);
-        } catch (const IoError&) {
-          throw;
-        } catch (...) {
-        }
+    };  // every lane joined
+    round(first, true);
+    const std::size_t second = later.size();
+    if (second && !redis_failed.load()) round(later, false);
+    log(LogLevel::debug, "fleet: pulled " + std::to_string(n) + " name(s), " + std::to_string((pulled_bytes() - bytes0) >> 20) +
+                             " MiB in " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                            std::chrono::steady_clock::now() - t0).count()) +
+                             " ms: " + std::to_string(from_peers_.load() - peers0) + " from other nodes' replicas, " +
+                             std::to_string(second) + " in a second round" + staged_times());
+    for (std::size_t i = 0; i < n; ++i)
+      if (io[i]) std::rethrow_exception(failed[i]);
     for (const auto& e : failed)
       if (e) std::rethrow_exception(e);
     return out;
@@ -144,6 +177,23 @@ class Puller {
 
   void moved() noexcept { progress_.store(std::chrono::steady_clock::now()); }
 
+  // The staged reads' times since the last call, summed over the lanes.
+  std::string staged_times() {
+#if MEMCUDA_HAS_CUDA()
+    StagedReader::Times sum;
+    for (auto& r : staged_) {
+      auto t = r->take_times();
+      sum.waited += t.waited, sum.got += t.got, sum.landing += t.landing, sum.chunks += t.chunks;
+    }
+    if (!sum.chunks) return {};
+    auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+    return "; " + std::to_string(sum.chunks) + " staged chunk(s): " + ms(sum.waited) + " ms waiting for grants, " +
+           ms(sum.got) + " ms in gets, " + ms(sum.landing) + " ms waiting for a landing buffer (lanes summed)";
+#else
+    return {};
+#endif
+  }
+
   // Lane `lane`'s staged reader, made once and kept (its landing buffers are
   // pinned memory).
   StagedReader* reader([[maybe_unused]] std::size_t lane) {
@@ -158,27 +208,35 @@ class Puller {
   // Makes this node's replica of `name` (another node's tensor) current,
   // copying it from a node that has it: one whose replica of it is current
   // (in random order), else the source's. -> the replica's name and
-  // generation. Throws what the source's acquire throws (NotFound, Lost...),
-  // Unavailable (no mover, the source's node publishes no key for it),
-  // Lost (the source's node stopped answering mid-pull and no other node
-  // has it: nothing published).
-  protocol::ReplyTensor pull_one(Job& j, const std::string& name) {
+  // generation; nothing when `may_defer` and another node claimed the name
+  // (it pulls it now). Throws what the source's acquire throws (NotFound,
+  // Lost...), Unavailable (no mover, the source's node publishes no key for
+  // it), Lost (the source's node stopped answering mid-pull and no other
+  // node has it: nothing published).
+  std::optional<protocol::ReplyTensor> pull_one(Job& j, const std::string& name, bool may_defer) {
     redis::Connection& c = j.c;
     if (name.starts_with(kReplicaPrefix)) throw InvalidArgument("'" + name + "' is a replica: pull its source");
     const auto& k = ctx_.keys;
     const std::string rep = replica_name(node_scope(ctx_.node), name);  // the machine's, whichever container asks
-    if (!is_valid_name(rep)) throw InvalidArgument("pull of '" + name + "': the name is too long for a replica");
-    auto node = store::read_fields(c, k.tensor(name), store::field::node);
-    if (node.size() < 1 || node[0].is_nil()) throw NotFound("no tensor named '" + name + "'");
+    if (!is_valid_name(rep)) throw InvalidArgument("'" + name + "': the name is too long for a replica");
+    auto node = store::read_fields(c, k.tensor(name), store::field::node, store::field::bytes);
+    if (node.size() < 2 || node[0].is_nil()) throw NotFound("no tensor named '" + name + "'");
     const std::string src_node(node[0].str());
-    if (same_node(src_node, ctx_.node)) return {name, 0, 0};  // ours after all: read in place
+    if (same_node(src_node, ctx_.node)) return protocol::ReplyTensor{name, 0, 0};  // ours after all: read in place
+    const auto ttl = claim_ttl(node[1]);
+    if (may_defer && !claim_pull(c, k, name, node_scope(ctx_.node), ttl)) return std::nullopt;
+    if (!may_defer) wait_for_claim(c, k, name, ttl, [this] { moved(); });
+    auto unclaim = [&]() noexcept {
+      if (may_defer) unclaim_pull(c, k, name);
+    };
     const auto token = lease_.current().first;
-    // A reference of this process while the bytes move: the source's
-    // memory stays where it is until it is given back.
-    TensorInfo src = acquired(ctx_, lease_, alloc_, store::acquire(c, k, name, ctx_.session, "", src_node, token),
-                              name, std::nullopt, ctx_.session);
-    std::vector<std::pair<std::string, std::uint64_t>> refs{{name, src.generation}};
+    std::vector<std::pair<std::string, std::uint64_t>> refs;
     try {
+      // A reference of this process while the bytes move: the source's
+      // memory stays where it is until it is given back.
+      TensorInfo src = acquired(ctx_, lease_, alloc_, store::acquire(c, k, name, ctx_.session, "", src_node, token),
+                                name, std::nullopt, ctx_.session);
+      refs.emplace_back(name, src.generation);
       // Fault point pull.after_acquire: this node dies (=die) holding a
       // reference on another node's tensor, and that node's GC collects it;
       // or waits (=wait) while a test kills the nodes it would read from.
@@ -187,9 +245,11 @@ class Puller {
         throw Unavailable("tensor '" + name + "' is device memory on node " + src.node +
                           ", and this node has no usable GPU for its replica");
       protocol::ReplyTensor out = pull_into(j, token, src, rep, refs);
+      unclaim();
       give_back(c, refs);
       return out;
     } catch (...) {
+      unclaim();
       give_back(c, refs);
       throw;
     }
@@ -271,24 +331,36 @@ class Puller {
     return {rep, gen, 1};
   }
 
-  // Copies the source's bytes into dst from a node that has them: another
-  // node's current replica of it (in random order, so that late nodes
-  // spread over those that have it), else the source's node. A node that
-  // fails (gone, restarted, stopped mid-copy) is passed over: the next one
-  // writes every byte again, and nothing is published before one has. The
-  // source's failure is what is thrown when every node failed.
+  // Copies the source's bytes into dst from a node that has them: the
+  // source's node or another node's current replica of it, in random order,
+  // so that the nodes pulling at once spread over every node that has the
+  // bytes (one node's staging serves some 12 GB/s: all reading from one is
+  // that for all of them together). A node that fails (gone, restarted,
+  // stopped mid-copy) is passed over: the next one writes every byte again,
+  // and nothing is published before one has. A peer, and the source before
+  // the last turn, gets 5 s and what the bytes take at 100 MB/s; the source
+  // last of all gets the whole request timeout, and its failure is thrown.
   void fetch_any(Job& j, const TensorInfo& src, void* dst, int device,
                  std::vector<std::pair<std::string, std::uint64_t>>& refs) {
     if (!j.mover) throw Unavailable("fleet: this node has no byte mover (see the log): cannot pull '" + src.name + "'");
     redis::Connection& c = j.c;
-    for (const std::string& peer : replica_peers(c, ctx_.keys, src.name, src.node, ctx_.node)) {
+    const auto peers = replica_peers(c, ctx_.keys, src.name, src.node, ctx_.node);
+    const std::size_t turn = std::uniform_int_distribution<std::size_t>(0, peers.size())(rng());  // the source's
+    auto limit = [](std::uint64_t bytes) { return std::chrono::seconds(5) + std::chrono::milliseconds(bytes / 100000); };
+    for (std::size_t i = 0, p = 0; p < peers.size(); ++i) {
+      const bool source = i == turn;
+      const std::string& peer = source ? src.node : peers[p++];
       std::optional<TensorInfo> from;
       try {
+        if (source) {
+          from = src;
+          fetch(j, src, src.name, dst, device, limit(src.bytes));
+          return;
+        }
         from = current_replica(c, src, peer, refs);
         if (!from) continue;
-        // A peer that stalls is left for the next one: it gets 5 s and what
-        // the bytes take at 100 MB/s, the source the whole request timeout.
-        fetch(j, *from, src.name, dst, device, std::chrono::seconds(5) + std::chrono::milliseconds(from->bytes / 100000));
+        fetch(j, *from, src.name, dst, device, limit(from->bytes));
+        from_peers_.fetch_add(1, std::memory_order_relaxed);
         return;
       } catch (const IoError&) {
         throw;
@@ -299,6 +371,11 @@ class Puller {
       moved();
     }
     fetch(j, src, src.name, dst, device, std::nullopt);
+  }
+
+  static std::mt19937_64& rng() {
+    thread_local std::mt19937_64 r{std::random_device{}()};
+    return r;
   }
 
   // Node `peer`'s replica of the source when it is current (the same
@@ -403,7 +480,7 @@ class Puller {
   Context& ctx_;
   Lease& lease_;
   Allocator& alloc_;
-  std::atomic<std::uint64_t> pulls_{0}, pulled_{0};
+  std::atomic<std::uint64_t> pulls_{0}, pulled_{0}, from_peers_{0};
   std::atomic<std::uint64_t> seq_{0};  // the staged asks' reply lists, unique in the session
   std::atomic<std::chrono::steady_clock::time_point> progress_{};
   std::atomic<int> running_{0};

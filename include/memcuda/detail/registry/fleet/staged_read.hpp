@@ -77,7 +77,9 @@ class StagedReader {
         const Ask a = out.front();
         out.pop_front();
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        auto t = std::chrono::steady_clock::now();
         auto r = store::pop_wait(c, a.reply, std::max(left, std::chrono::milliseconds(1)));
+        times_.waited += std::chrono::steady_clock::now() - t;
         if (r.is_nil())
           throw Lost("tensor '" + from.name + "': node " + from.node + " did not stage chunk " + std::to_string(i) +
                      " in time; nothing of it was published here");
@@ -86,7 +88,10 @@ class StagedReader {
         if (i + 2 < n) ask(i + 2);
         const std::size_t len = std::min<std::uint64_t>(kChunk, from.bytes - i * kChunk);
         unsigned char* land = landing_->get() + (i % 2) * kChunk;
+        t = std::chrono::steady_clock::now();
         MEMCUDA_CUDA_TRY(cudaEventSynchronize(landed[i % 2].get()));  // its last chunk is on the device
+        times_.landing += std::chrono::steady_clock::now() - t;
+        t = std::chrono::steady_clock::now();
         // Read within the slot's lease, counted from before the ask.
         const auto until = std::min(deadline, a.sent + std::chrono::milliseconds(g.lease_ms) - std::chrono::seconds(1));
         try {
@@ -95,6 +100,8 @@ class StagedReader {
           throw Lost("tensor '" + from.name + "': node " + from.node + " stopped serving it mid-pull (" + e.what() +
                      "); nothing of it was published here");
         }
+        times_.got += std::chrono::steady_clock::now() - t;
+        ++times_.chunks;
         unstage();
         progress_.store(std::chrono::steady_clock::now());
         MEMCUDA_CUDA_TRY(cudaMemcpyAsync(static_cast<char*>(dst) + i * kChunk, land, len, cudaMemcpyHostToDevice,
@@ -116,7 +123,16 @@ class StagedReader {
     }
   }
 
+  // Where its reads spent their time (the debug log's): waiting for the
+  // stager's grants, in the mover's gets, waiting for a landing buffer.
+  struct Times {
+    std::chrono::steady_clock::duration waited{}, got{}, landing{};
+    std::uint64_t chunks = 0;
+  };
+  Times take_times() noexcept { return std::exchange(times_, {}); }
+
  private:
+  Times times_;
   std::optional<PinnedBuffer> landing_;
   std::atomic<std::uint64_t>& seq_;
   std::atomic<Deadline>& progress_;

@@ -22,9 +22,12 @@
 
 #if MEMCUDA_HAS_CUDA()
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -54,29 +57,63 @@ class Stager {
   static constexpr std::size_t kSlots = 16;
   static constexpr std::chrono::milliseconds kLease{10000};
 
-  // Makes the ring (pinned, exposed through `m`) and starts serving.
-  // Throws CudaError, Unavailable (the mover refused the ring).
-  Stager(Context& ctx, transfer::Mover& m)
-      : ctx_(ctx), list_(ctx.keys.stage(node_scope(ctx.node))), ring_(kSlots * kChunk),
-        region_(m.expose(ring_.get(), ring_.bytes(), transfer::MemoryKind::host)), slots_(kSlots) {
-    thread_ = std::jthread([this](std::stop_token st) { run(st); });
+  // Starts the thread, which makes the ring (pinned, exposed through `m`)
+  // and then serves: pinning 256 MiB takes long where the driver is slow
+  // (seconds under compute-sanitizer), and the control thread, which
+  // must renew its lease, does not wait for it. `m` outlives the stager.
+  Stager(Context& ctx, transfer::Mover& m) : ctx_(ctx), list_(ctx.keys.stage(node_scope(ctx.node))), slots_(kSlots) {
+    thread_ = std::jthread([this, &m](std::stop_token st) {
+      if (make_ring(m)) run(st);
+    });
   }
   // Stops the thread (its pop returns within kPoll); no network I/O here.
   ~Stager() {
     thread_.request_stop();
     if (thread_.joinable()) thread_.join();
+    if (served_)
+      log(LogLevel::debug, "fleet stager: served " + std::to_string(served_) + " chunk(s) in " +
+                               std::to_string(batches_) + " batch(es), busy " +
+                               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(busy_).count()) +
+                               " ms");
   }
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
-  const transfer::Region& region() const noexcept { return region_; }
+  // The ring's region once it is made (null before, and when it failed).
+  const transfer::Region* region() const noexcept {
+    return state_.load(std::memory_order_acquire) == State::ready ? &*region_ : nullptr;
+  }
+  // Why the ring could not be made (empty while it is made or being made).
+  std::string failure() const {
+    return state_.load(std::memory_order_acquire) == State::failed ? why_ : std::string();
+  }
 
  private:
   struct Slot {
     std::uint64_t ticket = 0;  // 0: free
     std::chrono::steady_clock::time_point until;
   };
+  enum class State { making, ready, failed };
   static constexpr std::chrono::milliseconds kPoll{200};
+
+  bool make_ring(transfer::Mover& m) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      ring_.emplace(kSlots * kChunk);
+      region_.emplace(m.expose(ring_->get(), ring_->bytes(), transfer::MemoryKind::host));
+    } catch (const std::exception& e) {  // CudaError, Unavailable (the mover refused the ring)
+      region_.reset();
+      ring_.reset();
+      why_ = e.what();
+      state_.store(State::failed, std::memory_order_release);
+      return false;
+    }
+    state_.store(State::ready, std::memory_order_release);
+    log(LogLevel::debug, "fleet stager: ring of " + std::to_string(kSlots * kChunk >> 20) + " MiB made in " +
+                             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                std::chrono::steady_clock::now() - t0).count()) + " ms");
+    return true;
+  }
   static constexpr std::size_t kMaxAsks = 256;  // waiting asks; more are dropped (their askers time out)
 
   void run(const std::stop_token& st) {
@@ -93,7 +130,17 @@ class Stager {
           drop_list(*c);  // only the pop's own WRONGTYPE says the list is another client's key
           continue;
         }
-        if (!r.is_nil()) take(r[1].str());
+        if (!r.is_nil()) {
+          take(r[1].str());
+          // The rest waiting, in one round trip: a batch. (A Redis before
+          // 6.2 has no count: the pops above take them one at a time.)
+          redis::Reply more;
+          try {
+            more = c->command({"LPOP", list_, std::to_string(kSlots * 4)});
+          } catch (const ReplyError&) {
+          }
+          for (std::size_t i = 0; i < more.size(); ++i) take(more[i].str());
+        }
         serve(*c);
       } catch (const std::exception& e) {  // Redis away, a replica that refuses writes, ...
         log(LogLevel::warn, std::string("fleet stager: ") + e.what());
@@ -134,45 +181,130 @@ class Stager {
     asks_.push_back(std::move(*m.stage));
   }
 
+  // An ask being served: its slot, and its answer once it has one.
+  struct Item {
+    protocol::StageRequest q;
+    std::size_t slot;
+    std::string answer;    // set: an error, or the grant
+    std::size_t read = 0;  // its record's reply, 1-based (0: none read)
+  };
+
   // Serves the waiting asks while a slot is free (those whose lease passed
-  // are free again).
+  // are free again), a batch at a time: the batch's records in one round
+  // trip, its copies on one stream per device with one wait, its answers
+  // in one round trip (a chunk alone costs three round trips and a wait,
+  // which made one stager the limit of every node reading from it).
   void serve(redis::Connection& c) {
     const auto now = std::chrono::steady_clock::now();
     for (auto& s : slots_)
       if (s.ticket && now >= s.until) s.ticket = 0;
     while (!asks_.empty()) {
-      std::size_t i = 0;
-      while (i < slots_.size() && slots_[i].ticket) ++i;
-      if (i == slots_.size()) return;
-      protocol::StageRequest q = std::move(asks_.front());
-      asks_.pop_front();
-      if (!q.reply_to.starts_with(ctx_.keys.reply(""))) {
-        log(LogLevel::warn, "fleet stager: dropped an ask whose reply list '" + q.reply_to.substr(0, 80) +
-                                "' is not a reply list of this namespace");
-        continue;
-      }
-      std::string answer;
+      std::vector<Item> batch = next_batch();
+      if (batch.empty()) return;
+      struct Busy {
+        Stager& s;
+        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+        ~Busy() { s.busy_ += std::chrono::steady_clock::now() - t0; }
+      } busy{*this};
+      ++batches_;
       try {
-        stage(c, q, i);
-        slots_[i] = {next_ticket(), std::chrono::steady_clock::now() + kLease};
-        answer = protocol::encode_grant({i, slots_[i].ticket, i * kChunk, static_cast<std::uint64_t>(kLease.count())});
-      } catch (const IoError&) {
-        asks_.push_front(std::move(q));  // served again once Redis answers
-        throw;
-      } catch (const std::exception& e) {
-        answer = protocol::encode_reply(protocol::make_error_reply(nullptr, e));
-      }
-      try {
-        c.pipeline({{"RPUSH", q.reply_to, answer}, {"PEXPIRE", q.reply_to, "60000"}});
-      } catch (const ReplyError& e) {  // a reply key of another type: that asker's loss alone
-        slots_[i].ticket = 0;
-        log(LogLevel::warn, "fleet stager: answering on '" + q.reply_to.substr(0, 80) + "': " + e.what());
-      } catch (const IoError&) {
-        slots_[i].ticket = 0;
-        asks_.push_front(std::move(q));
+        answer(c, batch, stage_batch(c, batch));
+      } catch (const IoError&) {  // served again once Redis answers
+        for (auto it = batch.rbegin(); it != batch.rend(); ++it) asks_.push_front(std::move(it->q));
         throw;
       }
     }
+  }
+
+  // The waiting asks, one per free slot (those whose reply list is not one
+  // of this namespace's dropped).
+  std::vector<Item> next_batch() {
+    std::vector<Item> batch;
+    for (std::size_t i = 0; i < slots_.size() && !asks_.empty(); ++i) {
+      if (slots_[i].ticket) continue;
+      while (!asks_.empty()) {
+        protocol::StageRequest q = std::move(asks_.front());
+        asks_.pop_front();
+        if (q.reply_to.starts_with(ctx_.keys.reply(""))) {
+          batch.push_back({std::move(q), i, {}});
+          break;
+        }
+        log(LogLevel::warn, "fleet stager: dropped an ask whose reply list '" + q.reply_to.substr(0, 80) +
+                                "' is not a reply list of this namespace");
+      }
+    }
+    return batch;
+  }
+
+  // The batch's records read and its copies made: -> the items copied (the
+  // others have their error answer).
+  std::vector<Item*> stage_batch(redis::Connection& c, std::vector<Item>& batch) {
+    std::vector<redis::Command> reads;
+    for (auto& it : batch) {
+      if (!is_valid_name(it.q.name)) {
+        it.answer = error_answer(InvalidArgument("stage: '" + it.q.name.substr(0, 80) + "' is no tensor name"));
+        continue;
+      }
+      reads.push_back(store::read_record_cmd(ctx_.keys.tensor(it.q.name)));
+      it.read = reads.size();
+    }
+    std::vector<std::exception_ptr> errs;
+    const std::vector<redis::Reply> recs = c.pipeline(reads, &errs);
+    std::vector<Item*> staged;
+    std::vector<std::shared_ptr<void>> keep;  // the mappings, until the copies are done
+    for (auto& it : batch) {
+      if (!it.read) continue;
+      try {
+        if (errs[it.read - 1]) std::rethrow_exception(errs[it.read - 1]);
+        stage(it.q, recs[it.read - 1], it.slot, keep);
+        staged.push_back(&it);
+      } catch (const std::exception& e) {
+        it.answer = error_answer(e);
+      }
+    }
+    try {
+      for (auto& [dev, st] : streams_) MEMCUDA_CUDA_TRY(cudaStreamSynchronize(st.get()));
+    } catch (const std::exception& e) {
+      for (Item* it : staged) it->answer = error_answer(e);
+      staged.clear();
+    }
+    return staged;
+  }
+
+  // The slots of `staged` granted, and every item's answer pushed.
+  void answer(redis::Connection& c, std::vector<Item>& batch, const std::vector<Item*>& staged) {
+    const auto granted = std::chrono::steady_clock::now();
+    served_ += staged.size();
+    for (Item* it : staged) {
+      slots_[it->slot] = {next_ticket(), granted + kLease};
+      it->answer = protocol::encode_grant(
+          {it->slot, slots_[it->slot].ticket, it->slot * kChunk, static_cast<std::uint64_t>(kLease.count())});
+    }
+    std::vector<redis::Command> answers;
+    for (auto& it : batch) {
+      answers.push_back({"RPUSH", it.q.reply_to, it.answer});
+      answers.push_back({"PEXPIRE", it.q.reply_to, "60000"});
+    }
+    std::vector<std::exception_ptr> errs;
+    try {
+      c.pipeline(answers, &errs);
+    } catch (const IoError&) {
+      for (Item* it : staged) slots_[it->slot].ticket = 0;
+      throw;
+    }
+    for (std::size_t k = 0; k < batch.size(); ++k)
+      if (errs[2 * k]) {  // a reply key of another type: that asker's loss alone
+        slots_[batch[k].slot].ticket = 0;
+        try {
+          std::rethrow_exception(errs[2 * k]);
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, "fleet stager: answering on '" + batch[k].q.reply_to.substr(0, 80) + "': " + e.what());
+        }
+      }
+  }
+
+  static std::string error_answer(const std::exception& e) {
+    return protocol::encode_reply(protocol::make_error_reply(nullptr, e));
   }
 
   // Tickets start at a random point per stager, so that an unstage left
@@ -183,11 +315,11 @@ class Stager {
     return ++tickets_;
   }
 
-  // Copies the asked bytes of a ready device tensor this process owns
-  // into slot `slot`, after the producer's last published writes.
-  void stage(redis::Connection& c, const protocol::StageRequest& q, std::size_t slot) {
-    if (!is_valid_name(q.name)) throw InvalidArgument("stage: '" + q.name.substr(0, 80) + "' is no tensor name");
-    auto r = store::read_record(c, ctx_.keys.tensor(q.name));
+  // Enqueues the copy of the asked bytes of a ready device tensor this
+  // process owns (its record `r`) into slot `slot`, after the producer's
+  // last published writes; serve() waits for it.
+  void stage(const protocol::StageRequest& q, const redis::Reply& r, std::size_t slot,
+             std::vector<std::shared_ptr<void>>& keep) {
     if (r.size() == 0) throw NotFound("stage: no tensor named '" + q.name + "'");
     const TensorInfo t = protocol::decode_record(fields_from_reply(r.view()));
     if (t.generation != q.generation)
@@ -200,26 +332,32 @@ class Stager {
     if (q.bytes == 0 || q.bytes > kChunk || q.at > t.bytes || q.bytes > t.bytes - q.at)
       throw InvalidArgument("stage: bytes [" + std::to_string(q.at) + ", +" + std::to_string(q.bytes) +
                             ") outside '" + q.name + "' or over the chunk of " + std::to_string(kChunk));
-    auto [base, keep] = Process::get().cache().resolve(t.owner, t.alloc_id, []() -> std::unique_ptr<Mapping> {
+    auto [base, mapping] = Process::get().cache().resolve(t.owner, t.alloc_id, []() -> std::unique_ptr<Mapping> {
       throw Unavailable("stage: the allocation is not this process's");
     });
+    auto st = streams_.find(t.device);
+    if (st == streams_.end()) st = streams_.emplace(t.device, UniqueStream(t.device)).first;
     DeviceGuard g(t.device);
-    if (!stream_ || stream_->device() != t.device) stream_.emplace(t.device);
-    if (!t.event_handle.empty()) stream_wait_ipc_event(stream_->get(), t.event_handle);
-    MEMCUDA_CUDA_TRY(cudaMemcpyAsync(ring_.get() + slot * kChunk, static_cast<const char*>(base) + t.offset + q.at,
-                                     q.bytes, cudaMemcpyDeviceToHost, stream_->get()));
-    MEMCUDA_CUDA_TRY(cudaStreamSynchronize(stream_->get()));
+    if (!t.event_handle.empty()) stream_wait_ipc_event(st->second.get(), t.event_handle);
+    MEMCUDA_CUDA_TRY(cudaMemcpyAsync(ring_->get() + slot * kChunk, static_cast<const char*>(base) + t.offset + q.at,
+                                     q.bytes, cudaMemcpyDeviceToHost, st->second.get()));
+    keep.push_back(std::move(mapping));  // mapped until the copy is done
   }
 
   Context& ctx_;
   const std::string list_;
-  PinnedBuffer ring_;
-  transfer::Region region_;  // after ring_: unregistered before it is freed
+  std::atomic<State> state_{State::making};
+  std::string why_;  // written before state_ says failed
+  // Made by the thread before state_ says ready, then only read:
+  std::optional<PinnedBuffer> ring_;
+  std::optional<transfer::Region> region_;  // after ring_: unregistered before it is freed
   // The thread's alone:
   std::vector<Slot> slots_;
   std::deque<protocol::StageRequest> asks_;
   std::uint64_t tickets_ = 0;
-  std::optional<UniqueStream> stream_;
+  std::map<int, UniqueStream> streams_;  // a device's copies
+  std::uint64_t served_ = 0, batches_ = 0;  // the debug log's
+  std::chrono::steady_clock::duration busy_{};
   std::jthread thread_;  // last: stopped before the rest goes
 };
 
