@@ -172,6 +172,7 @@ class Puller {
     redis::Connection& c;
     transfer::Mover* mover;
     StagedReader* staged;  // null without CUDA
+    std::string prefer = {};  // the node that claimed the name (second round): asked first
   };
   static constexpr std::size_t kPiece = std::size_t{256} << 20;  // a host get's progress step
 
@@ -225,7 +226,7 @@ class Puller {
     if (same_node(src_node, ctx_.node)) return protocol::ReplyTensor{name, 0, 0};  // ours after all: read in place
     const auto ttl = claim_ttl(node[1]);
     if (may_defer && !claim_pull(c, k, name, node_scope(ctx_.node), ttl)) return std::nullopt;
-    if (!may_defer) wait_for_claim(c, k, name, ttl, [this] { moved(); });
+    j.prefer = may_defer ? std::string() : wait_for_claim(c, k, name, ttl, [this] { moved(); });
     auto unclaim = [&]() noexcept {
       if (may_defer) unclaim_pull(c, k, name);
     };
@@ -344,8 +345,12 @@ class Puller {
                  std::vector<std::pair<std::string, std::uint64_t>>& refs) {
     if (!j.mover) throw Unavailable("fleet: this node has no byte mover (see the log): cannot pull '" + src.name + "'");
     redis::Connection& c = j.c;
-    const auto peers = replica_peers(c, ctx_.keys, src.name, src.node, ctx_.node);
-    const std::size_t turn = std::uniform_int_distribution<std::size_t>(0, peers.size())(rng());  // the source's
+    auto peers = replica_peers(c, ctx_.keys, src.name, src.node, ctx_.node);
+    // The claimer first (it has served least), then the rest in random order.
+    auto mine = std::find(peers.begin(), peers.end(), std::exchange(j.prefer, {}));
+    const bool first = mine != peers.end();
+    if (first) std::rotate(peers.begin(), mine, mine + 1);
+    const std::size_t turn = std::uniform_int_distribution<std::size_t>(first, peers.size())(rng());  // the source's
     auto limit = [](std::uint64_t bytes) { return std::chrono::seconds(5) + std::chrono::milliseconds(bytes / 100000); };
     for (std::size_t i = 0, p = 0; p < peers.size(); ++i) {
       const bool source = i == turn;
