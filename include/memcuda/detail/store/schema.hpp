@@ -123,6 +123,8 @@ inline constexpr Key kKeys[] = {
      "not repaired: the leader's wake of that standby fails"},
     {"stage", "memcuda:stage@<node scope>", "list", "other nodes' pulls (RPUSH), that node's allocator of record",
      Fix::none, "that node's stager deletes it when its pop meets WRONGTYPE; the pulls waiting on it fail"},
+    {"pulling", "memcuda:pulling:<name>", "string", "a pulling node's allocator of record", Fix::none,
+     "no claim: a pull meets it as another node's and goes on (a TTL is waited out, none is not)"},
     {"node", "memcuda:node:<node>", "hash", "that node's publisher", Fix::none,
      "its publisher's next refresh fails and it publishes again (DEL first); a read meets WRONGTYPE until then"},
 };

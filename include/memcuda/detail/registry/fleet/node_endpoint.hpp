@@ -71,8 +71,9 @@ class NodePublisher {
       else regions_[f] = v;
     }
     if (!c) return;
-    dirty_ = true;  // until written: a write Redis failed under is the next refresh's
-    if (!store::update_node_regions(*c, keys_, rec_.node, rec_.incarnation, changes)) publish(*c);
+    if (dirty_) return publish(*c);  // an earlier change Redis failed under: the whole record
+    dirty_ = true;                   // until written: else the next refresh's
+    if (!store::update_node_regions(*c, keys_, rec_.node, rec_.incarnation, changes)) return publish(*c);
     dirty_ = false;
   }
   // Renews the TTL, publishing again when the record expired or was

@@ -191,7 +191,14 @@ class NodeService {
   void start_stager() {
 #if MEMCUDA_HAS_CUDA()
     if (stager_ || stage_failed_) return;
-    stager_ = std::make_unique<Stager>(ctx_, *mover_);
+    try {
+      stager_ = std::make_unique<Stager>(ctx_, *mover_);
+    } catch (const std::exception& e) {  // no thread: pulls of its device memory wait for a field, and fail
+      stage_failed_ = true;
+      log(LogLevel::error, std::string("fleet: no stager, this node's device tensors cannot be read from others: ") +
+                               e.what());
+      return;
+    }
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (!stager_->region() && stager_->failure().empty() && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -48,19 +48,22 @@ inline void unclaim_pull(redis::Connection& c, const Keys& k, const std::string&
 }
 
 // Waits while another node's claim on `name` stands, for `bound` at most,
-// calling `tick` each time round; a key without a TTL is no claim. -> the
+// calling `tick` each time round; a key without a TTL is no claim, and
+// one of node `mine` (left by an earlier try) is not waited for. -> the
 // claimer's node scope ("" when there was no claim).
 inline std::string wait_for_claim(redis::Connection& c, const Keys& k, const std::string& name,
-                                  std::chrono::milliseconds bound, const std::function<void()>& tick) {
+                                  const std::string& mine, std::chrono::milliseconds bound,
+                                  const std::function<void()>& tick) {
   const std::string key = k.pulling(name);
   std::vector<std::exception_ptr> errs;  // a key of another type: GET's error, no claim
   auto r = c.pipeline({{"PTTL", key}, {"GET", key}}, &errs);
   if (errs[1] || !r[0].is_integer() || reply_int(r[0].view()) <= 0 || !r[1].is_string()) return {};
   std::string claimer(r[1].str());
+  if (claimer == mine) return {};
   const auto until = std::chrono::steady_clock::now() + bound;
   while (std::chrono::steady_clock::now() < until) {
     tick();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     auto t = c.command({"PTTL", key});
     if (!t.is_integer() || reply_int(t.view()) <= 0) break;
   }

@@ -128,7 +128,6 @@ class Puller {
               std::lock_guard lk(mu);
               later.push_back(i);
             }
-            if (lane == 0 && between) between(conn);
           } catch (const IoError&) {
             failed[i] = std::current_exception();
             io[i] = 1;
@@ -137,6 +136,13 @@ class Puller {
             failed[i] = std::current_exception();
           }
           moved();
+          if (lane == 0 && between) try {
+              between(conn);
+            } catch (const IoError&) {
+              redis_failed.store(true);  // the command is retried whole
+            } catch (const std::exception& e) {
+              log(LogLevel::warn, std::string("fleet: between pulls: ") + e.what());
+            }
         }
       };
       std::vector<std::jthread> lanes;
@@ -182,14 +188,8 @@ class Puller {
   std::string staged_times() {
 #if MEMCUDA_HAS_CUDA()
     StagedReader::Times sum;
-    for (auto& r : staged_) {
-      auto t = r->take_times();
-      sum.waited += t.waited, sum.got += t.got, sum.landing += t.landing, sum.chunks += t.chunks;
-    }
-    if (!sum.chunks) return {};
-    auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
-    return "; " + std::to_string(sum.chunks) + " staged chunk(s): " + ms(sum.waited) + " ms waiting for grants, " +
-           ms(sum.got) + " ms in gets, " + ms(sum.landing) + " ms waiting for a landing buffer (lanes summed)";
+    for (auto& r : staged_) sum += r->take_times();
+    return sum.describe();
 #else
     return {};
 #endif
@@ -226,7 +226,9 @@ class Puller {
     if (same_node(src_node, ctx_.node)) return protocol::ReplyTensor{name, 0, 0};  // ours after all: read in place
     const auto ttl = claim_ttl(node[1]);
     if (may_defer && !claim_pull(c, k, name, node_scope(ctx_.node), ttl)) return std::nullopt;
-    j.prefer = may_defer ? std::string() : wait_for_claim(c, k, name, ttl, [this] { moved(); });
+    j.prefer = may_defer ? std::string()
+                         : wait_for_claim(c, k, name, node_scope(ctx_.node), std::min(ttl, wait_bound()),
+                                          [this] { moved(); });
     auto unclaim = [&]() noexcept {
       if (may_defer) unclaim_pull(c, k, name);
     };

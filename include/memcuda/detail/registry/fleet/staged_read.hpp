@@ -128,6 +128,16 @@ class StagedReader {
   struct Times {
     std::chrono::steady_clock::duration waited{}, got{}, landing{};
     std::uint64_t chunks = 0;
+    Times& operator+=(const Times& t) noexcept {
+      waited += t.waited, got += t.got, landing += t.landing, chunks += t.chunks;
+      return *this;
+    }
+    std::string describe() const {  // "" when nothing was staged
+      if (!chunks) return {};
+      auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+      return "; " + std::to_string(chunks) + " staged chunk(s): " + ms(waited) + " ms waiting for grants, " + ms(got) +
+             " ms in gets, " + ms(landing) + " ms waiting for a landing buffer (lanes summed)";
+    }
   };
   Times take_times() noexcept { return std::exchange(times_, {}); }
 

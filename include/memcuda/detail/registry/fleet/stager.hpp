@@ -22,10 +22,12 @@
 
 #if MEMCUDA_HAS_CUDA()
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -136,7 +138,8 @@ class Stager {
           // 6.2 has no count: the pops above take them one at a time.)
           redis::Reply more;
           try {
-            more = c->command({"LPOP", list_, std::to_string(kSlots * 4)});
+            if (asks_.size() < kMaxAsks)
+              more = c->command({"LPOP", list_, std::to_string(std::min(kSlots * 4, kMaxAsks - asks_.size()))});
           } catch (const ReplyError&) {
           }
           for (std::size_t i = 0; i < more.size(); ++i) take(more[i].str());
@@ -262,10 +265,20 @@ class Stager {
         it.answer = error_answer(e);
       }
     }
-    try {
-      for (auto& [dev, st] : streams_) MEMCUDA_CUDA_TRY(cudaStreamSynchronize(st.get()));
-    } catch (const std::exception& e) {
-      for (Item* it : staged) it->answer = error_answer(e);
+    std::exception_ptr failed;  // every stream waited for before the mappings and slots go
+    for (auto& [dev, st] : streams_) {
+      try {
+        MEMCUDA_CUDA_TRY(cudaStreamSynchronize(st.get()));
+      } catch (const std::exception&) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) {
+      try {
+        std::rethrow_exception(failed);
+      } catch (const std::exception& e) {
+        for (Item* it : staged) it->answer = error_answer(e);
+      }
       staged.clear();
     }
     return staged;
@@ -285,13 +298,10 @@ class Stager {
       answers.push_back({"RPUSH", it.q.reply_to, it.answer});
       answers.push_back({"PEXPIRE", it.q.reply_to, "60000"});
     }
+    // Redis failing here may have delivered some grants: their slots stay
+    // taken until their leases pass (serve() asks again for the batch).
     std::vector<std::exception_ptr> errs;
-    try {
-      c.pipeline(answers, &errs);
-    } catch (const IoError&) {
-      for (Item* it : staged) slots_[it->slot].ticket = 0;
-      throw;
-    }
+    c.pipeline(answers, &errs);
     for (std::size_t k = 0; k < batch.size(); ++k)
       if (errs[2 * k]) {  // a reply key of another type: that asker's loss alone
         slots_[batch[k].slot].ticket = 0;
