@@ -24,12 +24,18 @@
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
 
-// What a claim lasts: 5 s and what the bytes take at 100 MB/s (a peer's
-// limit in a pull). `bytes` is the record's field (nil or malformed: 0).
+// How long a node gets to serve `bytes` before a pull passes it over: 5 s
+// and what the bytes take at 100 MB/s.
+inline std::chrono::milliseconds serve_limit(std::uint64_t bytes) {
+  return std::chrono::milliseconds(5000 + std::min<std::uint64_t>(bytes, std::uint64_t{1} << 50) / 100000);
+}
+
+// What a claim lasts: the serve limit of the record's `bytes` field (nil
+// or malformed: 0).
 inline std::chrono::milliseconds claim_ttl(redis::ReplyView bytes) {
   std::uint64_t n = 0;
   if (bytes.is_string()) std::from_chars(bytes.str().data(), bytes.str().data() + bytes.str().size(), n);
-  return std::chrono::milliseconds(5000 + std::min<std::uint64_t>(n, std::uint64_t{1} << 50) / 100000);
+  return serve_limit(n);
 }
 
 // Claims `name` for node `scope`: false when another node (or a key of

@@ -353,7 +353,6 @@ class Puller {
     const bool first = mine != peers.end();
     if (first) std::rotate(peers.begin(), mine, mine + 1);
     const std::size_t turn = std::uniform_int_distribution<std::size_t>(first, peers.size())(rng());  // the source's
-    auto limit = [](std::uint64_t bytes) { return std::chrono::seconds(5) + std::chrono::milliseconds(bytes / 100000); };
     for (std::size_t i = 0, p = 0; p < peers.size(); ++i) {
       const bool source = i == turn;
       const std::string& peer = source ? src.node : peers[p++];
@@ -361,12 +360,12 @@ class Puller {
       try {
         if (source) {
           from = src;
-          fetch(j, src, src.name, dst, device, limit(src.bytes));
+          fetch(j, src, src.name, dst, device, serve_limit(src.bytes));
           return;
         }
         from = current_replica(c, src, peer, refs);
         if (!from) continue;
-        fetch(j, *from, src.name, dst, device, limit(from->bytes));
+        fetch(j, *from, src.name, dst, device, serve_limit(from->bytes));
         from_peers_.fetch_add(1, std::memory_order_relaxed);
         return;
       } catch (const IoError&) {
