@@ -72,7 +72,7 @@ pid_t dead_pid() {
 }
 
 std::string session_value(std::int64_t pid, const std::string& node, const std::string& pid_ns) {
-  return protocol::encode_session({pid, node, 1, true, pid_ns, {}});
+  return protocol::encode_session({pid, node, 1, true, pid_ns, {}, {}});
 }
 
 }  // namespace

@@ -198,7 +198,7 @@ TEST_CASE("loss window: a standby that does not catch up costs one create's wait
   // never writes a progress marker.
   const std::string fake = std::to_string(::getppid()) + "-00000000deadbeef";
   const std::string value = protocol::encode_session(
-      {::getppid(), detail::node_id(), 1, true, detail::pid_namespace_id(), {}});
+      {::getppid(), detail::node_id(), 1, true, detail::pid_namespace_id(), {}, {}});
   c.command({"SET", "memcuda:session:" + fake, value, "PX", "600000"});
   c.command({"SADD", "memcuda:sessions", fake});
   auto& core = detail::RegistryAccess::core(reg);

@@ -237,18 +237,24 @@ TEST_CASE("migrate answers round-trip and are strict", "[protocol]") {
 
 // ---------------------------------------------------------------- session
 TEST_CASE("session values round-trip and are strict", "[protocol]") {
-  protocol::SessionInfo s{4242, "host-1/0a1b2c3d", 1732350000000, true, {}, {}};
+  protocol::SessionInfo s{4242, "host-1/0a1b2c3d", 1732350000000, true, {}, {}, {}};
   std::string json = protocol::encode_session(s);
   CHECK(json ==
         R"({"pid":4242,"node":"host-1/0a1b2c3d","started":1732350000000,"allocator_capable":true})");
   CHECK(protocol::decode_session(json) == s);
   CHECK(protocol::decode_session(
             R"({"allocator_capable":false,"started":0,"node":"n","pid":1,"new":{}})") ==
-        protocol::SessionInfo{1, "n", 0, false, {}, {}});
-  CHECK(outcome([] { (void)protocol::encode_session({0, "n", 0, false, {}, {}}); }) == "bad_value");
+        protocol::SessionInfo{1, "n", 0, false, {}, {}, {}});
+  CHECK(outcome([] { (void)protocol::encode_session({0, "n", 0, false, {}, {}, {}}); }) == "bad_value");
   // "live", optional, round-trips.
-  protocol::SessionInfo l{7, "n/0a1b2c3d", 1, true, "pid:[4026531836]", "64769:12/live-7-4026531836-0123456789abcdef.lock"};
+  protocol::SessionInfo l{7, "n/0a1b2c3d", 1, true, "pid:[4026531836]", "64769:12/live-7-4026531836-0123456789abcdef.lock",
+                          {}};
   CHECK(protocol::decode_session(protocol::encode_session(l)) == l);
+  // "registered", optional, round-trips, last.
+  protocol::SessionInfo r{7, "n", 1, false, {}, {}, "127.0.0.1:6380"};
+  CHECK(protocol::encode_session(r) ==
+        R"({"pid":7,"node":"n","started":1,"allocator_capable":false,"registered":"127.0.0.1:6380"})");
+  CHECK(protocol::decode_session(protocol::encode_session(r)) == r);
 
   const Case cases[] = {
       {"", E::bad_json},
@@ -271,6 +277,10 @@ TEST_CASE("session values round-trip and are strict", "[protocol]") {
       {R"({"pid":1,"node":"n","started":0,"allocator_capable":true,"live":7})", E::wrong_type},
       {R"({"pid":1,"node":"n","started":0,"allocator_capable":true,"live":""})", E::bad_value},
       {R"({"pid":1,"node":"n","started":0,"allocator_capable":true,"live":")" + std::string(161, 'l') + "\"}",
+       E::bad_value},
+      {R"({"pid":1,"node":"n","started":0,"allocator_capable":true,"registered":6379})", E::wrong_type},
+      {R"({"pid":1,"node":"n","started":0,"allocator_capable":true,"registered":""})", E::bad_value},
+      {R"({"pid":1,"node":"n","started":0,"allocator_capable":true,"registered":")" + std::string(256, 'r') + "\"}",
        E::bad_value},
       {std::string(protocol::kMaxCommandBytes + 1, 'x'), E::too_large},
   };

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "memcuda/memcuda.hpp"
+#include "memcuda/protocol/session.hpp"
 #include "memcuda/redis/connection.hpp"
 #include "support/redis_load.hpp"
 #include "support/redis_sentinel.hpp"
@@ -271,6 +272,46 @@ TEST_CASE("a freed block stays held while the sentinels name different primaries
     CHECK(a.answered == 3);
     CHECK(a.agreed == "127.0.0.1:" + std::to_string(topo.primary_port()));
   }
+}
+
+// After a switch each process re-registers what it holds on its own loop,
+// which a busy machine, or a connection still waiting out the dead primary,
+// can hold up past the grace. So a block freed then stays held while a live
+// session's value still names another server as the one it registered on,
+// and goes once it names the new primary.
+TEST_CASE("after a failover a freed block stays held until every live session re-registered", "[sentinel]") {
+  if (auto why = no_sentinel_support()) MEMCUDA_SKIP(*why);
+  SentinelTopology topo;
+  SentinelRegistries regs(topo);
+  REQUIRE(regs.leader.is_leader());
+  const std::string was = "127.0.0.1:" + std::to_string(topo.primary_port());
+  topo.sentinel(0).connect().command({"SENTINEL", "FAILOVER", SentinelTopology::kService});
+  SentinelTopology::wait_until("the sentinels name a new primary", 30s,
+                               [&] { return "127.0.0.1:" + std::to_string(topo.primary_port()) != was; });
+  const std::string now = "127.0.0.1:" + std::to_string(topo.primary_port());
+  auto p = topo.primary().connect();
+  auto registered = [&](const std::string& sid) {
+    auto v = p.command({"GET", "memcuda:session:" + sid});
+    return v.is_nil() ? std::string() : protocol::decode_session(v.str()).registered;
+  };
+  // both registries re-register there and say so
+  CHECK(test::eventually([&] {
+    return registered(regs.leader.session_id()) == now && registered(regs.client.session_id()) == now;
+  }, 20s));
+  // a live process (of another node: only its key's expiry would end it) that has not yet
+  const std::string behind = "4242-00000000000000aa";
+  auto say = [&](const std::string& server) {
+    p.command({"SET", "memcuda:session:" + behind,
+               protocol::encode_session({4242, "elsewhere/0a1b2c3d", 1, false, {}, {}, server}), "PX", "60000"});
+  };
+  say(was);
+  p.command({"SADD", "memcuda:sessions", behind});
+  regs.leader.create<float>("late", {64}).release();
+  REQUIRE(test::eventually([&] { return regs.leader.stats().process.frees_held == 1; }, 10s));
+  std::this_thread::sleep_for(4s);  // past the notice (1 s) and the grace (2.25 s)
+  CHECK(regs.leader.stats().process.frees_held == 1);
+  say(now);
+  CHECK(test::eventually([&] { return regs.leader.stats().process.frees_held == 0; }, 10s));
 }
 
 TEST_CASE("a claim key of the wrong type or with bad counts does not keep a freed block held", "[sentinel]") {

@@ -46,9 +46,7 @@ class ControlLoop {
 
   void run(std::stop_token st) {
     std::stop_callback on_stop(st, [this] {
-      {
-        std::lock_guard lk(mu_);
-      }
+      { std::lock_guard lk(mu_); }  // a waiter between its check and its wait sees the stop
       cv_.notify_all();
       if (blocked_.load()) conn_.interrupt();
     });
@@ -109,11 +107,14 @@ class ControlLoop {
       at.gc = now + opts.gc_interval;
     }
     if (recover_.load() && now >= at.recover) {
-      // Redis lost our session (data loss or a long stop): put back what
-      // this process owns and holds; retried until every reference found
-      // its record, for at most kRecoverWindow.
+      // Redis lost our session (data loss, a long stop, a failover): put back what this process
+      // owns and holds; retried until every reference found its record, for at most kRecoverWindow.
       bool done = false;
-      task("recovery", [&] { done = core_->recovery.run(conn_); });
+      task("recovery", [&] {
+        done = core_->recovery.run(conn_);
+        core_->sessions.registered_on(conn_.server());  // each holding re-registered or claimed there
+        core_->sessions.refresh(conn_);                 // said now: the owner's held frees wait for it
+      });
       if (done || now >= recover_until_.load()) recover_.store(false);
       at.recover = now + period;
     }
@@ -228,11 +229,9 @@ class ControlLoop {
     cv_.wait_for(lk, st, d, [] { return false; });
   }
 
-  // How long in a row a campaign waits for a standby that holds more fds:
-  // two of that standby's campaign periods.
+  // How long in a row a campaign waits for a standby that holds more fds: two of its campaign periods.
   std::chrono::milliseconds defer_limit() const {
-    const auto& o = core_->ctx.opts;
-    return std::max(2 * o.heartbeat_period(), std::chrono::milliseconds(500));
+    return std::max(2 * core_->ctx.opts.heartbeat_period(), std::chrono::milliseconds(500));
   }
 
   // No pass for serve_stall_timeout (a fleet pull: its bound from its last move): give the lease up.
@@ -275,9 +274,8 @@ class ControlLoop {
                               "only those another live process maps are copied (use cuda_allocation=vmm)");
   }
 
-  // A standby adopts only what it holds the fd of. Waits (at
-  // most kHandoverWait) until every standby's progress marker has caught up
-  // with the allocations Hash.
+  // A standby adopts only what it holds the fd of. Waits (at most kHandoverWait) until every
+  // standby's progress marker has caught up with the allocations Hash.
   void wait_for_standbys(redis::Connection& c) {
     const auto deadline = std::chrono::steady_clock::now() + kHandoverWait;
     while (!core_->sessions.standbys_synced(c)) {
@@ -312,6 +310,8 @@ class ControlLoop {
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
           core_->holdings.flush();  // GC may have dropped what we held: no cached get until re-registered
           recover_.store(true);
+        } else if (!recover_.load()) {
+          core_->sessions.registered_on(server);
         }
         core_->invalidation.follow(server);  // the keys' server, as the beat just reached it
         if (core_->is_leader()) {

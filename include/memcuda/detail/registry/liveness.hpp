@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/base/node.hpp"
@@ -103,6 +105,35 @@ inline bool owner_alive(const Context& ctx, redis::Connection& c, const std::str
   if (auto v = store::read_session(c, ctx.keys, owner); !v.is_nil()) return !session_proves_death(v.str(), ctx.node);
   if (!fd_address.empty()) return !fd_server_gone(fd_address);
   return pid > 0 && pid <= 0x7fffffff && HolderId::process_alive(static_cast<pid_t>(pid));
+}
+
+// After a failover: the live sessions whose value says they last
+// registered what they hold on another server than `server` (the
+// "registered" field), so not yet on this primary. A session without the
+// field (its first beat, an older writer) or one that does not decode is
+// not counted: the owner's timing rules cover it (create/held_frees.hpp).
+inline std::vector<std::string> sessions_registered_elsewhere(const Context& ctx, redis::Connection& c,
+                                                              const std::string& server) {
+  auto members = store::session_members(c, ctx.keys);
+  std::vector<std::string> ids, out;
+  std::vector<redis::Command> reads;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    ids.emplace_back(members[i].str());
+    reads.push_back(store::read_session_cmd(ctx.keys, ids.back()));
+  }
+  if (reads.empty()) return out;
+  std::vector<std::exception_ptr> errs;
+  auto r = c.pipeline(reads, &errs);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (r[i].is_error() || r[i].is_nil()) continue;
+    try {
+      const auto s = protocol::decode_session(r[i].str());
+      if (!s.registered.empty() && s.registered != server && !session_proves_death(r[i].str(), ctx.node))
+        out.push_back(ids[i]);
+    } catch (const ProtocolError&) {
+    }
+  }
+  return out;
 }
 
 }  MEMCUDA_NAMESPACE_END  // namespace memcuda::detail

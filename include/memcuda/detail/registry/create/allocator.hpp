@@ -250,12 +250,15 @@ class Allocator final : public OwnAllocator {
   // Frees held while a failover could undo them (held_frees.hpp): the
   // loop's tick settles those due; the heartbeat notes a primary switch.
   void settle_held_frees(redis::Connection& c) {
-    held_.settle(c, ctx_.keys, ctx_.keys.freed_ack(ctx_.session), [this](Owned o) {
-      std::lock_guard lk(owned_mu_);
-      owned_bytes_ += o.pb.block.size;
-      const auto gen = o.info.generation;
-      owned_[gen] = std::move(o);
-    });
+    held_.settle(
+        c, ctx_.keys, ctx_.keys.freed_ack(ctx_.session),
+        [this](Owned o) {
+          std::lock_guard lk(owned_mu_);
+          owned_bytes_ += o.pb.block.size;
+          const auto gen = o.info.generation;
+          owned_[gen] = std::move(o);
+        },
+        [&] { return sessions_registered_elsewhere(ctx_, c, c.server()); });
   }
   void note_primary_switch() { held_.note_switch(); }
 

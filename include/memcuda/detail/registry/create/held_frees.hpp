@@ -15,7 +15,9 @@
 //      grace passed since the last switch it noticed: every process
 //      notices a switch within its heartbeat and re-registers what it
 //      holds (Recovery), leaving a claim where the record is gone
-//      (recovery_scripts.hpp). Under Sentinel a switch lasts while the
+//      (recovery_scripts.hpp), and, within kUnackedHold of a switch, every
+//      live session says it did (its session value's "registered" names
+//      this primary). Under Sentinel a switch lasts while the
 //      sentinels name different primaries: the one that led the failover
 //      names the new primary first, and processes that follow the others
 //      still take references on the old one, which the new primary never
@@ -108,12 +110,19 @@ class HeldFrees {
   // owned. On a Redis error the due blocks go back to wait, and it throws.
   // Frees not acknowledged yet are probed first, at most once a second: a
   // write to `ack_key` and one WAIT cover all of them.
+  // `elsewhere` lists the live sessions not yet registered on this primary
+  // (sessions_registered_elsewhere): while any is, nothing is settled.
   void settle(redis::Connection& c, const Keys& k, const std::string& ack_key,
-              const std::function<void(OwnedBlock)>& keep) {
+              const std::function<void(OwnedBlock)>& keep, const std::function<std::vector<std::string>()>& elsewhere) {
     watch_sentinels(c);
     probe(c, ack_key);
     std::vector<Entry> due = take_due();
     if (due.empty()) return;
+    if (awaiting_reregistration(elsewhere)) {
+      std::lock_guard lk(mu_);
+      for (auto& e : due) held_.push_back(std::move(e));
+      return;
+    }
     std::vector<redis::Command> cmds;
     for (const auto& e : due)
       for (auto& cmd : store::freed_state_cmds(k, e.o.info.name, e.o.info.generation)) cmds.push_back(std::move(cmd));
@@ -178,6 +187,30 @@ class HeldFrees {
     std::int64_t n = 0;
     auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
     return ec == std::errc{} && p == v.data() + v.size() && n > 0 ? n : 0;
+  }
+
+  // A holder's recovery runs on its own loop, which a busy machine or a
+  // connection still waiting out the dead primary can hold up past the
+  // grace: within kUnackedHold of a switch, frees wait until every live
+  // session has re-registered on this primary (it says so in its session
+  // value). Past that, one still behind is named once, and not waited for.
+  bool awaiting_reregistration(const std::function<std::vector<std::string>()>& elsewhere) {
+    Clock::time_point sw;
+    {
+      std::lock_guard lk(mu_);
+      sw = switched_;
+    }
+    const bool late = Clock::now() - sw >= kUnackedHold;
+    if (sw == Clock::time_point{} || (late && sw == late_checked_)) return false;
+    const auto behind = elsewhere();
+    if (!late) return !behind.empty();
+    late_checked_ = sw;
+    if (!behind.empty())
+      log(LogLevel::warn, std::to_string(behind.size()) + " session(s), one " + behind.front() +
+                              ", have not re-registered on the new Redis primary " +
+                              std::to_string(kUnackedHold.count()) +
+                              " s after the switch: freed blocks no longer wait for them");
+    return false;
   }
 
   // While frees are held, each tick asks every sentinel: names that differ,
@@ -267,6 +300,7 @@ class HeldFrees {
   std::vector<Entry> held_;
   Clock::time_point switched_{}, probed_{};
   std::atomic<std::uint64_t> undone_{0};
+  Clock::time_point late_checked_{};  // the switch checked for laggards once late (the loop's thread only)
   // watch_sentinels' state: the loop's thread only
   std::optional<redis::SentinelCensus> census_;
   std::string agreed_;  // the primary the sentinels agreed on at the last ask

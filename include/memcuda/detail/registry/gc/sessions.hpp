@@ -66,8 +66,18 @@ class Sessions {
 
   // The session value (protocol/session.hpp).
   std::string session_value() const {
+    std::lock_guard lk(registered_mu_);
     return protocol::encode_session({::getpid(), ctx_.node, ctx_.started_ms, ctx_.opts.control_thread,
-                                     pid_namespace_id(), ctx_.live ? ctx_.live->field() : std::string()});
+                                     pid_namespace_id(), ctx_.live ? ctx_.live->field() : std::string(),
+                                     registered_});
+  }
+
+  // The Redis server on which this process has registered what it holds
+  // (its first beat's; after a switch, the new one once Recovery ran there):
+  // the next refresh says so, and the owner's held frees wait for it.
+  void registered_on(const std::string& server) {
+    std::lock_guard lk(registered_mu_);
+    registered_ = server;
   }
 
   // Announces (and refreshes) this registry's session: a key that expires
@@ -424,6 +434,8 @@ class Sessions {
 
   Context& ctx_;
   Allocator& alloc_;
+  mutable std::mutex registered_mu_;  // leaf: guards registered_ only
+  std::string registered_;
   std::mutex sweep_mu_;  // guards sweep_at_ only, never held across a Redis call
   SweepAt sweep_at_;
 };
