@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "memcuda/memcuda.hpp"
 #include "support/redis_server.hpp"
 #include "support/registry_options.hpp"
+#include "support/timing.hpp"
 
 using namespace memcuda;
 
@@ -93,4 +96,29 @@ TEST_CASE("create many's before-publish hook writes what readers read, and a ref
   f.copy_to_host(zeros);
   CHECK(std::count(zeros.begin(), zeros.end(), std::uint8_t{0}) == kBytes);
   // The batch's own references (holder: this session) go with the registry.
+}
+
+// A replicate copies from and into blocks of its own without references
+// (replicator.hpp): while any FreesDeferred lives, a block this process
+// frees stays out of its pool, and the last one's end lets it go.
+TEST_CASE("a block freed while frees are deferred stays out of its pool until the last guard ends", "[batch]") {
+  test::RedisServer srv;
+  TensorRegistry reg(test::host_options(srv, true));
+  auto& core = detail::RegistryAccess::core(reg);
+  auto a = reg.create<std::uint8_t>("defer/a", {kBytes});
+  const void* freed = a.data();
+  const auto gen = a.generation();
+  std::optional<detail::Allocator::FreesDeferred> outer(std::in_place, core.alloc);
+  std::optional<detail::Allocator::FreesDeferred> inner(std::in_place, core.alloc);
+  a.release();
+  reg.flush();
+  REQUIRE(test::eventually([&] { return !core.alloc.owns(gen); }, std::chrono::seconds(10)));
+  auto b = reg.create<std::uint8_t>("defer/b", {kBytes});
+  CHECK(b.data() != freed);
+  inner.reset();
+  auto c = reg.create<std::uint8_t>("defer/c", {kBytes});
+  CHECK(c.data() != freed);
+  outer.reset();  // back to its pool: the next block of its size is it
+  auto d = reg.create<std::uint8_t>("defer/d", {kBytes});
+  CHECK(d.data() == freed);
 }

@@ -106,7 +106,9 @@ end
 // nothing, the others are taken. The names are given, or every linked name
 // starting with a prefix, or matching an anchored Lua pattern (the caller
 // translates a glob and gives its literal prefix: only names under it are
-// read), sorted.
+// read), sorted. Holder '' takes no reference and only describes (the
+// allocator of record's replicate, for blocks it owns and keeps out of its
+// pools meanwhile: Allocator::defer_frees).
 // -> {'notleader', token} | {{name, status, ...}, ...} where each entry is
 //    {name, 'desc', desc, generation, epoch, refcount, event_handle | nil,
 //    event_version | nil} (the record's desc field, record_desc.hpp, is of a
@@ -128,9 +130,12 @@ local function take(name, tkey, lkey, dtype)
                       'event_handle', 'event_version')
   local no = refusal(f, lkey, dtype, ARGV[2])
   if no then return {name, unpack(no)} end
-  local rc = redis.call('HINCRBY', tkey, 'refcount', 1)
-  -- only the holder's first reference adds its index member (as kAcquire)
-  if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[3], KEYS[4], ARGV[1], f[4], name) end
+  local rc = tonumber(f[5]) or 0
+  if ARGV[1] ~= '' then
+    rc = redis.call('HINCRBY', tkey, 'refcount', 1)
+    -- only the holder's first reference adds its index member (as kAcquire)
+    if redis.call('HINCRBY', tkey, 'holder:' .. ARGV[1], 1) == 1 then hold_in(KEYS[3], KEYS[4], ARGV[1], f[4], name) end
+  end
   -- the desc, when current (the client checks it exactly again)
   if desc_matches(f[6], f[4], f[7]) then return {name, 'desc', f[6], f[4], f[7], rc, f[8] or false, f[9] or false} end
   return {name, 'ok', redis.call('HGETALL', tkey)}
@@ -274,7 +279,7 @@ return out
 
 namespace store {
 
-// kAcquireMany for `holder` ('' token: unfenced; dtype '' = any).
+// kAcquireMany for `holder` ('' token: unfenced; dtype '' = any; '' holder: no reference, a description).
 inline redis::Reply acquire_many(redis::Connection& c, const Keys& k, const Selection& sel, const std::string& holder,
                                  const std::string& node, const std::string& token, const std::string& dtype) {
   std::vector<redis::Arg> keys{k.leader(), k.names(), k.refs(holder), k.holders()};

@@ -212,7 +212,7 @@ class Allocator final : public OwnAllocator {
     if (mine) {
       ++frees_;
       if (!held_.on()) {
-        mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
+        if (!deferred(*mine)) mine->pool->deallocate(mine->pb);  // back to the pool; no cudaFree here
         if (!record_gone) store::delete_record(c, rkey);
         return;
       }
@@ -222,7 +222,7 @@ class Allocator final : public OwnAllocator {
         held_.hold_as(std::move(*mine), false);  // the record may stay: settle finds it and keeps the block
         throw;
       }
-      held_.hold(c, std::move(*mine));  // until no failover can undo it
+      if (!deferred(*mine)) held_.hold(c, std::move(*mine));  // until no failover can undo it
       return;
     }
     if (borrowed_free_ && borrowed_free_(generation)) {
@@ -246,6 +246,25 @@ class Allocator final : public OwnAllocator {
     store::delete_record(c, rkey);
     ++frees_;
   }
+
+  // While one lives, the blocks this process frees stay out of their pools:
+  // a replicate copies from and into blocks of its own without holding a
+  // reference to them, and an unlink meanwhile must not hand one to a new
+  // tensor. The last one's end lets them go (no Redis call: a held free is
+  // probed by the loop's tick).
+  class FreesDeferred {
+   public:
+    explicit FreesDeferred(Allocator& a) : a_(a) {
+      std::lock_guard lk(a_.owned_mu_);
+      ++a_.deferring_;
+    }
+    ~FreesDeferred() { a_.end_deferral(); }
+    FreesDeferred(const FreesDeferred&) = delete;
+    FreesDeferred& operator=(const FreesDeferred&) = delete;
+
+   private:
+    Allocator& a_;
+  };
 
   // Frees held while a failover could undo them (held_frees.hpp): the
   // loop's tick settles those due; the heartbeat notes a primary switch.
@@ -410,6 +429,24 @@ class Allocator final : public OwnAllocator {
     if (k <= 3 || k % 100 == 0) log(LogLevel::warn, what + (k > 3 ? " (" + std::to_string(k) + " times)" : ""));
   }
 
+  bool deferred(Owned& o) {
+    std::lock_guard lk(owned_mu_);
+    if (deferring_ == 0) return false;
+    deferred_.push_back(std::move(o));
+    return true;
+  }
+  void end_deferral() noexcept {
+    std::vector<Owned> go;
+    {
+      std::lock_guard lk(owned_mu_);
+      if (--deferring_ == 0) go.swap(deferred_);
+    }
+    for (auto& o : go) {
+      if (held_.on()) held_.hold_as(std::move(o), false);
+      else o.pool->deallocate(o.pb);
+    }
+  }
+
   void park(const std::string& create_id, Owned o) {
     std::lock_guard lk(owned_mu_);
     if (create_id.empty()) {
@@ -432,13 +469,15 @@ class Allocator final : public OwnAllocator {
   Lease& lease_;
   std::mutex pools_mu_;  // leaf: guards pools_ only; never held across a pool's call (a DevicePool locks itself)
   std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
-  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, parked_
+  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, parked_, deferring_, deferred_
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
   // Blocks of creates whose script reply was lost, by create_id: out of the pool until a
   // retry resolves them (never retried: a leak, not a double use).
   std::unordered_map<std::string, Owned> parked_;
   std::vector<Owned> unresolved_;
+  int deferring_ = 0;            // live FreesDeferred
+  std::vector<Owned> deferred_;  // blocks freed meanwhile
   std::atomic<std::uint64_t> next_alloc_id_{1};
   std::function<bool(std::uint64_t)> borrowed_free_;
   HeldFrees held_;  // after pools_: its blocks go back to them

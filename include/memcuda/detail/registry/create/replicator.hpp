@@ -37,7 +37,7 @@
 #include "memcuda/detail/store/scripts.hpp"
 #include "memcuda/protocol/batch.hpp"
 #include "memcuda/protocol/command.hpp"
-
+#include "memcuda/detail/base/holder_id.hpp"
 #include "memcuda/detail/registry/create/replica_copies.hpp"
 
 MEMCUDA_NAMESPACE_BEGIN namespace detail {
@@ -93,17 +93,19 @@ class Replicator {
       throw InvalidArgument("replicate of '" + cmd.name + "': " + std::to_string(names.size()) + " tensor(s) to " +
                             std::to_string(cmd.devices.size()) + " device(s) is more than " +
                             std::to_string(protocol::kMaxReplicas) + " replicas in one command");
-    // The sources, held by this process while they are copied, and the
-    // replicas it made (held too until their copies are done).
+    // The sources, the replicas made or refreshed, and the references the
+    // call took (to what this process does not own): blocks it owns are
+    // kept out of its pools until the copies are done instead.
     std::vector<TensorInfo> src;
-    std::vector<std::pair<std::string, std::uint64_t>> made;
+    Refs made, refs;
     std::size_t done = 0;  // made[0, done): replicas of parts copied and marked, kept when a later part fails
     Phases ph;
     try {
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
-        ReplicaCopies copies;  // waited for before any reference goes
+        Allocator::FreesDeferred keep(alloc_);  // outlives the copies: no block they touch is reused meanwhile
+        ReplicaCopies copies;                   // waited for before any reference goes
         // In growing parts (8, 16, 32... names), each taken, made and marked
         // before the next: the copies of a part run while the scripts of
         // the next do, and the first start after a few sources' scripts,
@@ -113,20 +115,20 @@ class Replicator {
           const std::vector<std::string> some(names.begin() + static_cast<std::ptrdiff_t>(at),
                                               names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), at + part)));
           std::vector<TensorInfo> taken;
-          const bool go = take(c, cmd, token, some, src, taken);
+          const bool go = take(c, cmd, token, some, src, taken, refs);
           ph.mark("acquire");
           if (!go) {  // a publish's refresh of a source gone or of host memory: nothing more to do
             copies.settle();  // the parts before it: copied before their sources' references go
-            give_back(c, src, made, false);
+            give_back(c, refs, made, false);
             return out;
           }
-          auto o = copy_all(c, cmd, token, taken, copies, made, ph, at);
+          auto o = copy_all(c, cmd, token, taken, copies, made, refs, ph, at);
           out.insert(out.end(), o.begin(), o.end());
           done = made.size();
         }
       }
       ph.mark("copies");
-      give_back(c, src, made, false);  // queued: sent beside what the caller does next
+      give_back(c, refs, made, false);  // queued: sent beside what the caller does next
       ph.mark("give back");
       if (log_level() >= LogLevel::debug)
         log(LogLevel::debug, "replicate '" + cmd.name + "': " + std::to_string(src.size()) + " source(s), " +
@@ -134,19 +136,21 @@ class Replicator {
       return out;
 #else
       std::vector<TensorInfo> taken;
-      if (!take(c, cmd, token, names, src, taken)) {
-        give_back(c, src, made, false);
+      if (!take(c, cmd, token, names, src, taken, refs)) {
+        give_back(c, refs, made, false);
         return {};
       }
       throw Unavailable("replicate: mem-cuda was built without CUDA");
 #endif
     } catch (...) {
-      give_back(c, src, made, true, done);
+      give_back(c, refs, made, true, done);
       throw;
     }
   }
 
  private:
+  using Refs = std::vector<std::pair<std::string, std::uint64_t>>;
+
   // Where a call's time goes, for the debug log.
   struct Phases {
     std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
@@ -161,33 +165,19 @@ class Replicator {
 
   static constexpr std::size_t kFirstPart = 8;
 
-  // A reference to each of `names` in one script (the batch acquire: each
-  // record's short desc, not its whole Hash), each taken one in `all`
-  // (given back by the caller) and in `taken` before the first refusal is
-  // thrown. False: a publish's refresh whose source is gone or host memory
-  // (other nodes pulled it: their next get pulls again).
+  // Each of `names` described in one script (the batch acquire: each record's short desc, not its
+  // whole Hash), into `all` and `taken`. A source whose block this process owns needs no reference
+  // (the call defers its frees); the others are taken again with one, into `refs` (given back by the
+  // caller). The first refusal is thrown after the rest went in. False: a publish's refresh whose
+  // source is gone or host memory (other nodes pulled it: their next get pulls again).
   bool take(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
-            const std::vector<std::string>& names, std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken) {
-    const redis::Reply r = store::acquire_many(c, ctx_.keys, Selection::of(names), ctx_.session, ctx_.node, token, "");
-    if (r.size() > 0 && !r[0].is_array())  // {'notleader', holder}
-      lease_.fail_status("acquire_many", r[0].str(), "replicating '" + cmd.name + "'",
-                         r.size() > 1 ? r[1].str() : std::string_view());
-    std::exception_ptr refused;
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      const redis::ReplyView e = r[i];
-      const std::string name(e[0].str()), st(e[1].str());
-      std::uint64_t gen = 0;
-      try {
-        if (st != "ok" && st != "desc")
-          store::throw_refused("acquire_many", st, e.size() > 2 ? e[2] : e[1], name, std::nullopt, ctx_.node);
-        all.push_back(store::decode_taken(e, st, gen));
-        taken.push_back(all.back());
-      } catch (const ProtocolError&) {
-        if (gen) alloc_.release(c, name, gen, ctx_.session, "");  // taken, but no record of ours: back
-        if (!refused) refused = std::current_exception();
-      } catch (...) {
-        if (!refused) refused = std::current_exception();
-      }
+            const std::vector<std::string>& names, std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken,
+            Refs& refs) {
+    std::vector<std::string> others;
+    std::exception_ptr refused = describe(c, cmd, token, names, "", all, taken, refs, &others);
+    if (!others.empty()) {
+      auto again = describe(c, cmd, token, others, ctx_.session, all, taken, refs, nullptr);
+      if (!refused) refused = again;
     }
     if (refused) {
       if (cmd.replicate_refresh && gone(refused)) return false;
@@ -199,6 +189,42 @@ class Replicator {
         throw InvalidArgument("tensor '" + s.name + "' is host memory: replicas are per CUDA device");
       }
     return true;
+  }
+
+  // One batch acquire of `names` by `holder` ('': descriptions only, and a
+  // source this process does not own goes to `others`). -> the first refusal
+  std::exception_ptr describe(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
+                              const std::vector<std::string>& names, const std::string& holder,
+                              std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken, Refs& refs,
+                              std::vector<std::string>* others) {
+    const redis::Reply r = store::acquire_many(c, ctx_.keys, Selection::of(names), holder, ctx_.node, token, "");
+    if (r.size() > 0 && !r[0].is_array())  // {'notleader', holder}
+      lease_.fail_status("acquire_many", r[0].str(), "replicating '" + cmd.name + "'",
+                         r.size() > 1 ? r[1].str() : std::string_view());
+    std::exception_ptr refused;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      const redis::ReplyView e = r[i];
+      const std::string name(e[0].str()), st(e[1].str());
+      std::uint64_t gen = 0;
+      try {
+        if (st != "ok" && st != "desc")
+          store::throw_refused("acquire_many", st, e.size() > 2 ? e[2] : e[1], name, std::nullopt, ctx_.node);
+        TensorInfo s = store::decode_taken(e, st, gen);
+        if (holder.empty() && !alloc_.owns(s.generation)) {
+          others->push_back(name);
+          continue;
+        }
+        if (!holder.empty()) refs.emplace_back(s.name, s.generation);
+        all.push_back(s);
+        taken.push_back(std::move(s));
+      } catch (const ProtocolError&) {
+        if (gen && !holder.empty()) alloc_.release(c, name, gen, ctx_.session, "");  // taken, but no record of ours
+        if (!refused) refused = std::current_exception();
+      } catch (...) {
+        if (!refused) refused = std::current_exception();
+      }
+    }
+    return refused;
   }
 
   static bool gone(const std::exception_ptr& e) {
@@ -213,16 +239,13 @@ class Replicator {
     }
   }
 
-  // Drops this process's references to the sources and to the replicas it
-  // made or refreshed (its own session's: no fence, so that they go after a
-  // lost lease too): after a success through the release queue, unless it
-  // cannot take them (a core being destroyed); after a failure here, so
-  // that the error leaves nothing held. Callers have waited for the copies.
-  // A failed call first unlinks what it made or refreshed past `done` (the
-  // parts before the failing one are copied and marked: they stay): not
-  // copied, those would hold their device's memory until the source goes.
-  void give_back(redis::Connection& c, const std::vector<TensorInfo>& src,
-                 const std::vector<std::pair<std::string, std::uint64_t>>& made, bool failed,
+  // Drops the references the call took (its own session's: no fence, so that they go after a lost
+  // lease too): after a success through the release queue, unless it cannot take them (a core being
+  // destroyed); after a failure here, so that the error leaves nothing held. Callers have waited for
+  // the copies. A failed call first unlinks what it made or refreshed past `done` (the parts before the
+  // failing one are copied and marked: they stay): not copied, those would hold their memory until
+  // the source goes.
+  void give_back(redis::Connection& c, const Refs& refs, const Refs& made, bool failed,
                  std::size_t done = 0) noexcept {
     if (failed) {
       for (std::size_t i = done; i < made.size(); ++i) {
@@ -236,8 +259,7 @@ class Replicator {
       }
     }
     try {
-      std::vector<std::pair<std::string, std::uint64_t>> refs = made;
-      for (const auto& s : src) refs.emplace_back(s.name, s.generation);
+      if (refs.empty()) return;
       if (!failed && release_later_ && release_later_(refs)) return;  // a refusal leaves nothing behind it
       for (const auto& [name, gen] : refs) {
         try {
@@ -260,8 +282,7 @@ class Replicator {
 #if MEMCUDA_HAS_CUDA()
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
-                                              ReplicaCopies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine,
-                                              Phases& ph, std::size_t part) {
+                                              ReplicaCopies& cp, Refs& made, Refs& refs, Phases& ph, std::size_t part) {
     std::vector<protocol::ReplyTensor> out;
     std::vector<ReplicaTarget> todo;
     // Fault point replicate.same_device: a replica beside its source, so
@@ -284,10 +305,10 @@ class Replicator {
     Found found = missing(c, todo, src, out, cmd.replicate_refresh);
     ph.mark("find");
     std::map<int, std::pair<std::string, std::string>> events;  // device -> its event, its path
-    std::vector<ReplicaDest> dests = hold_stale(c, found.stale, cp, mine);
+    std::vector<ReplicaDest> dests = hold_stale(c, found.stale, cp, made, refs);
     ph.mark("hold stale");
     if (!found.make.empty()) {
-      events = make_new(c, cmd, src, found.make, dests, cp, mine, ph, part);
+      events = make_new(c, cmd, src, found.make, dests, cp, made, ph, part);
     } else if (!dests.empty()) {
       events = copier_.enqueue(dests, src, cp);
       ph.mark("enqueue");
@@ -304,15 +325,16 @@ class Replicator {
   // the script publishes them. -> device -> {its event, its path}
   std::map<int, std::pair<std::string, std::string>> make_new(
       redis::Connection& c, const protocol::Command& cmd, const std::vector<TensorInfo>& src,
-      const std::vector<ReplicaTarget>& make, std::vector<ReplicaDest>& dests, ReplicaCopies& cp,
-      std::vector<std::pair<std::string, std::uint64_t>>& mine, Phases& ph, std::size_t part) {
+      const std::vector<ReplicaTarget>& make, std::vector<ReplicaDest>& dests, ReplicaCopies& cp, Refs& mine,
+      Phases& ph, std::size_t part) {
     std::map<int, std::pair<std::string, std::string>> events;
     protocol::Command many;
     many.op = protocol::Op::create_many;
-    // Held by its name and, until its copy is done, by this process: an
-    // unlink meanwhile (a sweep, a drop, another replicate) must not free
-    // a block a copy still writes.
-    many.holder = ctx_.session;
+    // Held by its name only: until its copy is done, this process keeps its
+    // block out of the pool itself (FreesDeferred), so that an unlink
+    // meanwhile (a sweep, a drop, another replicate) cannot reuse a block a
+    // copy still writes.
+    many.holder = std::string(HolderId::kName);
     // One id per part (the entries' create ids, which park blocks, derive from it).
     many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas/" + std::to_string(part)) : std::nullopt;
     for (const auto& t : make) {
@@ -433,7 +455,7 @@ class Replicator {
   // frees a block the copy writes: those still of the generation read.
   // -> their destinations
   std::vector<ReplicaDest> hold_stale(redis::Connection& c, const std::vector<std::pair<ReplicaTarget, TensorInfo>>& stale,
-                               ReplicaCopies& cp, std::vector<std::pair<std::string, std::uint64_t>>& mine) {
+                                      ReplicaCopies& cp, Refs& made, Refs& refs) {
     std::vector<ReplicaDest> out;
     if (stale.empty()) return out;
     std::vector<std::string> names;
@@ -448,7 +470,8 @@ class Replicator {
       } catch (const std::exception&) {
         continue;  // gone meanwhile (the next replicate makes it), or corrupt (given back)
       }
-      mine.emplace_back(now.name, now.generation);
+      made.emplace_back(now.name, now.generation);
+      refs.emplace_back(now.name, now.generation);
       if (now.generation != stale[i].second.generation) continue;  // re-created meanwhile
       out.push_back({stale[i].first, now.name, now.generation, copier_.pointer_of(now, cp)});
     }
