@@ -99,26 +99,41 @@ TEST_CASE("create many's before-publish hook writes what readers read, and a ref
 }
 
 // A replicate copies from and into blocks of its own without references
-// (replicator.hpp): while any FreesDeferred lives, a block this process
-// frees stays out of its pool, and the last one's end lets it go.
-TEST_CASE("a block freed while frees are deferred stays out of its pool until the last guard ends", "[batch]") {
+// (replicator.hpp): while an InUse names a block, a free of it keeps it out
+// of its pool, and the end of the last InUse naming it lets it go; a block
+// no InUse names is freed as ever.
+TEST_CASE("a block freed while a replicate uses it stays out of its pool until the last use ends", "[batch]") {
   test::RedisServer srv;
   TensorRegistry reg(test::host_options(srv, true));
   auto& core = detail::RegistryAccess::core(reg);
-  auto a = reg.create<std::uint8_t>("defer/a", {kBytes});
-  const void* freed = a.data();
-  const auto gen = a.generation();
-  std::optional<detail::Allocator::FreesDeferred> outer(std::in_place, core.alloc);
-  std::optional<detail::Allocator::FreesDeferred> inner(std::in_place, core.alloc);
-  a.release();
-  reg.flush();
-  REQUIRE(test::eventually([&] { return !core.alloc.owns(gen); }, std::chrono::seconds(10)));
-  auto b = reg.create<std::uint8_t>("defer/b", {kBytes});
-  CHECK(b.data() != freed);
+  auto freed_while = [&](std::optional<SharedTensor<std::uint8_t>>& t) {
+    const auto gen = t->generation();
+    t.reset();
+    reg.flush();
+    REQUIRE(test::eventually([&] { return !core.alloc.owns(gen); }, std::chrono::seconds(10)));
+  };
+  std::optional<SharedTensor<std::uint8_t>> a = reg.create<std::uint8_t>("use/a", {kBytes});
+  const void* block = a->data();
+  std::optional<detail::Allocator::InUse> outer(std::in_place, core.alloc);
+  std::optional<detail::Allocator::InUse> inner(std::in_place, core.alloc);
+  REQUIRE(outer->own(a->generation()));
+  REQUIRE(inner->own(a->generation()));
+  CHECK_FALSE(inner->own(a->generation() + 1000));  // not a generation this process owns
+  freed_while(a);
+  auto b = reg.create<std::uint8_t>("use/b", {kBytes});
+  CHECK(b.data() != block);
   inner.reset();
-  auto c = reg.create<std::uint8_t>("defer/c", {kBytes});
-  CHECK(c.data() != freed);
+  auto c = reg.create<std::uint8_t>("use/c", {kBytes});
+  CHECK(c.data() != block);
   outer.reset();  // back to its pool: the next block of its size is it
-  auto d = reg.create<std::uint8_t>("defer/d", {kBytes});
-  CHECK(d.data() == freed);
+  auto d = reg.create<std::uint8_t>("use/d", {kBytes});
+  CHECK(d.data() == block);
+  // a block nobody marked goes back at once, while another is in use
+  std::optional<detail::Allocator::InUse> other(std::in_place, core.alloc);
+  REQUIRE(other->own(b.generation()));
+  std::optional<SharedTensor<std::uint8_t>> e = reg.create<std::uint8_t>("use/e", {kBytes});
+  const void* e_block = e->data();
+  freed_while(e);
+  auto f = reg.create<std::uint8_t>("use/f", {kBytes});
+  CHECK(f.data() == e_block);
 }

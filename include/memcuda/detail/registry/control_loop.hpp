@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -106,16 +107,19 @@ class ControlLoop {
       task("migration", [&] { core_->migration.round(conn_, token); });
       at.gc = now + opts.gc_interval;
     }
-    if (recover_.load() && now >= at.recover) {
+    if (const auto asked = recover_asked_.load(); asked != recover_ran_.load() && now >= at.recover) {
       // Redis lost our session (data loss, a long stop, a failover): put back what this process
       // owns and holds; retried until every reference found its record, for at most kRecoverWindow.
-      bool done = false;
+      // A pass the connection moved under, or a switch noticed meanwhile, runs again.
+      bool done = false, moved = true;
       task("recovery", [&] {
+        const std::string on = conn_.server();
         done = core_->recovery.run(conn_);
-        core_->sessions.registered_on(conn_.server());  // each holding re-registered or claimed there
-        core_->sessions.refresh(conn_);                 // said now: the owner's held frees wait for it
+        if ((moved = conn_.server() != on) || recover_asked_.load() != asked) return;
+        core_->sessions.registered_on(on);  // each holding re-registered or claimed there, said now:
+        core_->sessions.refresh(conn_);     // the owner's held frees wait for it
       });
-      if (done || now >= recover_until_.load()) recover_.store(false);
+      if (!moved && (done || now >= recover_until_.load())) recover_ran_.store(asked);
       at.recover = now + period;
     }
     // A command taken under a lease we no longer hold is the next
@@ -309,9 +313,9 @@ class ControlLoop {
           if (switched) core_->alloc.note_primary_switch();  // frees wait until holders re-registered
           recover_until_ = std::chrono::steady_clock::now() + kRecoverWindow;
           core_->holdings.flush();  // GC may have dropped what we held: no cached get until re-registered
-          recover_.store(true);
-        } else if (!recover_.load()) {
-          core_->sessions.registered_on(server);
+          ++recover_asked_;
+        } else if (recover_asked_.load() == recover_ran_.load()) {
+          core_->sessions.registered_first(server);  // nothing to re-register yet; after that, recovery says
         }
         core_->invalidation.follow(server);  // the keys' server, as the beat just reached it
         if (core_->is_leader()) {
@@ -345,20 +349,13 @@ class ControlLoop {
   redis::Reply blocking_pop(std::stop_token& st, std::chrono::milliseconds block, std::vector<std::string> cmd) {
     cmd.push_back(seconds_arg(block));
     std::vector<redis::Arg> args(cmd.begin(), cmd.end());
-    redis::Reply r;
     blocked_.store(true);
-    if (st.stop_requested()) {
-      blocked_.store(false);
-      return r;
-    }
-    try {
-      r = conn_.blocking(block, std::span<const redis::Arg>(args));
-    } catch (...) {
-      blocked_.store(false);
-      throw;
-    }
-    blocked_.store(false);
-    return r;
+    struct Unblock {
+      std::atomic<bool>& b;
+      ~Unblock() { b.store(false); }
+    } unblock{blocked_};
+    if (st.stop_requested()) return {};
+    return conn_.blocking(block, std::span<const redis::Arg>(args));
   }
 
   static std::chrono::milliseconds clamp_block(std::chrono::milliseconds budget) {
@@ -493,7 +490,7 @@ class ControlLoop {
   std::atomic<std::chrono::steady_clock::time_point> last_pass_{std::chrono::steady_clock::now()};  // stall watch's
   static constexpr auto kHandoverWait = std::chrono::milliseconds(2000);
   static constexpr auto kRecoverWindow = std::chrono::milliseconds(Sessions::kRepublishGraceMs);
-  std::atomic<bool> recover_{false};
+  std::atomic<std::uint64_t> recover_asked_{0}, recover_ran_{0};  // by the heartbeat; by the loop's recovery
   std::atomic<std::chrono::steady_clock::time_point> recover_until_{};
 };
 

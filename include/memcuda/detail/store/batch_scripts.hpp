@@ -108,7 +108,7 @@ end
 // translates a glob and gives its literal prefix: only names under it are
 // read), sorted. Holder '' takes no reference and only describes (the
 // allocator of record's replicate, for blocks it owns and keeps out of its
-// pools meanwhile: Allocator::defer_frees).
+// pools meanwhile: Allocator::InUse).
 // -> {'notleader', token} | {{name, status, ...}, ...} where each entry is
 //    {name, 'desc', desc, generation, epoch, refcount, event_handle | nil,
 //    event_version | nil} (the record's desc field, record_desc.hpp, is of a

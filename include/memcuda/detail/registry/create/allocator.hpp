@@ -24,6 +24,7 @@
 #include "memcuda/detail/pool/device_pool.hpp"
 #include "memcuda/detail/registry/context.hpp"
 #include "memcuda/detail/registry/lease/lease.hpp"
+#include "memcuda/detail/registry/create/blocks_in_use.hpp"
 #include "memcuda/detail/registry/create/held_frees.hpp"
 #include "memcuda/detail/registry/create/placement.hpp"
 #include "memcuda/detail/registry/inbox.hpp"
@@ -219,7 +220,8 @@ class Allocator final : public OwnAllocator {
       try {
         if (!record_gone) store::delete_record(c, rkey);
       } catch (...) {
-        held_.hold_as(std::move(*mine), false);  // the record may stay: settle finds it and keeps the block
+        // the record may stay: settle finds it and keeps the block
+        if (!deferred(*mine)) held_.hold_as(std::move(*mine), false);
         throw;
       }
       if (!deferred(*mine)) held_.hold(c, std::move(*mine));  // until no failover can undo it
@@ -247,23 +249,35 @@ class Allocator final : public OwnAllocator {
     ++frees_;
   }
 
-  // While one lives, the blocks this process frees stay out of their pools:
-  // a replicate copies from and into blocks of its own without holding a
-  // reference to them, and an unlink meanwhile must not hand one to a new
-  // tensor. The last one's end lets them go (no Redis call: a held free is
-  // probed by the loop's tick).
-  class FreesDeferred {
+  // The blocks of its own a replicate copies from or into (blocks_in_use.hpp),
+  // for as long as it lives. No Redis call at its end: a held free is
+  // probed by the loop's tick.
+  class InUse {
    public:
-    explicit FreesDeferred(Allocator& a) : a_(a) {
-      std::lock_guard lk(a_.owned_mu_);
-      ++a_.deferring_;
+    explicit InUse(Allocator& a) : a_(a) {}
+    ~InUse() { a_.release_unused(a_.in_use_.remove(blocks_)); }
+    InUse(const InUse&) = delete;
+    InUse& operator=(const InUse&) = delete;
+    // Generation `gen`'s block, when this process owns it and still does
+    // once it is marked (a free in between went on: false).
+    bool own(std::uint64_t gen) {
+      const void* b = a_.block_of(gen);
+      if (!b) return false;
+      add(b);
+      if (a_.block_of(gen) == b) return true;
+      a_.release_unused(a_.in_use_.remove({b}));
+      blocks_.pop_back();
+      return false;
     }
-    ~FreesDeferred() { a_.end_deferral(); }
-    FreesDeferred(const FreesDeferred&) = delete;
-    FreesDeferred& operator=(const FreesDeferred&) = delete;
+    // A block not published yet (a new replica's, before its create script).
+    void add(const void* block) {
+      a_.in_use_.add(block);
+      blocks_.push_back(block);
+    }
 
    private:
     Allocator& a_;
+    std::vector<const void*> blocks_;
   };
 
   // Frees held while a failover could undo them (held_frees.hpp): the
@@ -429,20 +443,15 @@ class Allocator final : public OwnAllocator {
     if (k <= 3 || k % 100 == 0) log(LogLevel::warn, what + (k > 3 ? " (" + std::to_string(k) + " times)" : ""));
   }
 
-  bool deferred(Owned& o) {
+  bool deferred(Owned& o) { return in_use_.defer(o); }  // a freed block a copy still uses waits there
+  const void* block_of(std::uint64_t gen) {
     std::lock_guard lk(owned_mu_);
-    if (deferring_ == 0) return false;
-    deferred_.push_back(std::move(o));
-    return true;
+    auto it = owned_.find(gen);
+    return it == owned_.end() ? nullptr : BlocksInUse::base_of(it->second);
   }
-  void end_deferral() noexcept {
-    std::vector<Owned> go;
-    {
-      std::lock_guard lk(owned_mu_);
-      if (--deferring_ == 0) go.swap(deferred_);
-    }
+  void release_unused(std::vector<Owned> go) {
     for (auto& o : go) {
-      if (held_.on()) held_.hold_as(std::move(o), false);
+      if (held_.on()) held_.hold_as(std::move(o), false);  // settle reads the record again first
       else o.pool->deallocate(o.pb);
     }
   }
@@ -469,15 +478,14 @@ class Allocator final : public OwnAllocator {
   Lease& lease_;
   std::mutex pools_mu_;  // leaf: guards pools_ only; never held across a pool's call (a DevicePool locks itself)
   std::map<std::pair<BackendKind, int>, std::unique_ptr<DevicePool>> pools_;  // declared before owned_
-  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, parked_, deferring_, deferred_
+  mutable std::mutex owned_mu_;  // leaf: guards owned_, owned_bytes_, parked_
   std::unordered_map<std::uint64_t, Owned> owned_;  // by generation
   std::uint64_t owned_bytes_ = 0;
   // Blocks of creates whose script reply was lost, by create_id: out of the pool until a
   // retry resolves them (never retried: a leak, not a double use).
   std::unordered_map<std::string, Owned> parked_;
   std::vector<Owned> unresolved_;
-  int deferring_ = 0;            // live FreesDeferred
-  std::vector<Owned> deferred_;  // blocks freed meanwhile
+  BlocksInUse in_use_;  // after pools_: its blocks go back to them
   std::atomic<std::uint64_t> next_alloc_id_{1};
   std::function<bool(std::uint64_t)> borrowed_free_;
   HeldFrees held_;  // after pools_: its blocks go back to them

@@ -118,11 +118,14 @@ class HeldFrees {
     probe(c, ack_key);
     std::vector<Entry> due = take_due();
     if (due.empty()) return;
-    if (awaiting_reregistration(elsewhere)) {
-      std::lock_guard lk(mu_);
-      for (auto& e : due) held_.push_back(std::move(e));
-      return;
+    bool wait = true;
+    try {
+      wait = awaiting_reregistration(elsewhere);
+    } catch (...) {
+      requeue(due);
+      throw;
     }
+    if (wait) return requeue(due);
     std::vector<redis::Command> cmds;
     for (const auto& e : due)
       for (auto& cmd : store::freed_state_cmds(k, e.o.info.name, e.o.info.generation)) cmds.push_back(std::move(cmd));
@@ -160,13 +163,9 @@ class HeldFrees {
         keep(std::move(e.o));
         e.o.pool = nullptr;
       }
-      std::lock_guard lk(mu_);  // the ones an error reply left: again at the next tick
-      for (auto& e : due)
-        if (e.o.pool) held_.push_back(std::move(e));
+      requeue(due);  // the ones an error reply left: again at the next tick
     } catch (...) {
-      std::lock_guard lk(mu_);
-      for (auto& e : due)
-        if (e.o.pool) held_.push_back(std::move(e));
+      requeue(due);
       throw;
     }
   }
@@ -279,6 +278,13 @@ class HeldFrees {
     Clock::time_point at;
     bool acked;
   };
+
+  // Due entries not settled (their pool still set) wait again.
+  void requeue(std::vector<Entry>& due) {
+    std::lock_guard lk(mu_);
+    for (auto& e : due)
+      if (e.o.pool) held_.push_back(std::move(e));
+  }
 
   std::vector<Entry> take_due() {
     std::vector<Entry> due;

@@ -95,7 +95,7 @@ class Replicator {
                             std::to_string(protocol::kMaxReplicas) + " replicas in one command");
     // The sources, the replicas made or refreshed, and the references the
     // call took (to what this process does not own): blocks it owns are
-    // kept out of its pools until the copies are done instead.
+    // marked in use until the copies are done instead (InUse).
     std::vector<TensorInfo> src;
     Refs made, refs;
     std::size_t done = 0;  // made[0, done): replicas of parts copied and marked, kept when a later part fails
@@ -104,8 +104,8 @@ class Replicator {
 #if MEMCUDA_HAS_CUDA()
       std::vector<protocol::ReplyTensor> out;
       {
-        Allocator::FreesDeferred keep(alloc_);  // outlives the copies: no block they touch is reused meanwhile
-        ReplicaCopies copies;                   // waited for before any reference goes
+        Allocator::InUse keep(alloc_);  // outlives the copies: no block they touch is reused meanwhile
+        ReplicaCopies copies;           // waited for before any reference goes
         // In growing parts (8, 16, 32... names), each taken, made and marked
         // before the next: the copies of a part run while the scripts of
         // the next do, and the first start after a few sources' scripts,
@@ -115,14 +115,14 @@ class Replicator {
           const std::vector<std::string> some(names.begin() + static_cast<std::ptrdiff_t>(at),
                                               names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), at + part)));
           std::vector<TensorInfo> taken;
-          const bool go = take(c, cmd, token, some, src, taken, refs);
+          const bool go = take(c, cmd, token, some, src, taken, refs, keep);
           ph.mark("acquire");
           if (!go) {  // a publish's refresh of a source gone or of host memory: nothing more to do
             copies.settle();  // the parts before it: copied before their sources' references go
             give_back(c, refs, made, false);
             return out;
           }
-          auto o = copy_all(c, cmd, token, taken, copies, made, refs, ph, at);
+          auto o = copy_all(c, cmd, token, taken, copies, made, refs, keep, ph, at);
           out.insert(out.end(), o.begin(), o.end());
           done = made.size();
         }
@@ -136,7 +136,8 @@ class Replicator {
       return out;
 #else
       std::vector<TensorInfo> taken;
-      if (!take(c, cmd, token, names, src, taken, refs)) {
+      Allocator::InUse keep(alloc_);
+      if (!take(c, cmd, token, names, src, taken, refs, keep)) {
         give_back(c, refs, made, false);
         return {};
       }
@@ -167,16 +168,16 @@ class Replicator {
 
   // Each of `names` described in one script (the batch acquire: each record's short desc, not its
   // whole Hash), into `all` and `taken`. A source whose block this process owns needs no reference
-  // (the call defers its frees); the others are taken again with one, into `refs` (given back by the
+  // (`keep` marks it in use); the others are taken again with one, into `refs` (given back by the
   // caller). The first refusal is thrown after the rest went in. False: a publish's refresh whose
   // source is gone or host memory (other nodes pulled it: their next get pulls again).
   bool take(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
             const std::vector<std::string>& names, std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken,
-            Refs& refs) {
+            Refs& refs, Allocator::InUse& keep) {
     std::vector<std::string> others;
-    std::exception_ptr refused = describe(c, cmd, token, names, "", all, taken, refs, &others);
+    std::exception_ptr refused = describe(c, cmd, token, names, "", all, taken, refs, keep, &others);
     if (!others.empty()) {
-      auto again = describe(c, cmd, token, others, ctx_.session, all, taken, refs, nullptr);
+      auto again = describe(c, cmd, token, others, ctx_.session, all, taken, refs, keep, nullptr);
       if (!refused) refused = again;
     }
     if (refused) {
@@ -196,7 +197,7 @@ class Replicator {
   std::exception_ptr describe(redis::Connection& c, const protocol::Command& cmd, const std::string& token,
                               const std::vector<std::string>& names, const std::string& holder,
                               std::vector<TensorInfo>& all, std::vector<TensorInfo>& taken, Refs& refs,
-                              std::vector<std::string>* others) {
+                              Allocator::InUse& keep, std::vector<std::string>* others) {
     const redis::Reply r = store::acquire_many(c, ctx_.keys, Selection::of(names), holder, ctx_.node, token, "");
     if (r.size() > 0 && !r[0].is_array())  // {'notleader', holder}
       lease_.fail_status("acquire_many", r[0].str(), "replicating '" + cmd.name + "'",
@@ -210,7 +211,7 @@ class Replicator {
         if (st != "ok" && st != "desc")
           store::throw_refused("acquire_many", st, e.size() > 2 ? e[2] : e[1], name, std::nullopt, ctx_.node);
         TensorInfo s = store::decode_taken(e, st, gen);
-        if (holder.empty() && !alloc_.owns(s.generation)) {
+        if (holder.empty() && !keep.own(s.generation)) {
           others->push_back(name);
           continue;
         }
@@ -282,7 +283,8 @@ class Replicator {
 #if MEMCUDA_HAS_CUDA()
   std::vector<protocol::ReplyTensor> copy_all(redis::Connection& c, const protocol::Command& cmd,
                                               const std::string& token, const std::vector<TensorInfo>& src,
-                                              ReplicaCopies& cp, Refs& made, Refs& refs, Phases& ph, std::size_t part) {
+                                              ReplicaCopies& cp, Refs& made, Refs& refs, Allocator::InUse& keep,
+                                              Phases& ph, std::size_t part) {
     std::vector<protocol::ReplyTensor> out;
     std::vector<ReplicaTarget> todo;
     // Fault point replicate.same_device: a replica beside its source, so
@@ -308,7 +310,7 @@ class Replicator {
     std::vector<ReplicaDest> dests = hold_stale(c, found.stale, cp, made, refs);
     ph.mark("hold stale");
     if (!found.make.empty()) {
-      events = make_new(c, cmd, src, found.make, dests, cp, made, ph, part);
+      events = make_new(c, cmd, src, found.make, dests, cp, made, keep, ph, part);
     } else if (!dests.empty()) {
       events = copier_.enqueue(dests, src, cp);
       ph.mark("enqueue");
@@ -326,14 +328,12 @@ class Replicator {
   std::map<int, std::pair<std::string, std::string>> make_new(
       redis::Connection& c, const protocol::Command& cmd, const std::vector<TensorInfo>& src,
       const std::vector<ReplicaTarget>& make, std::vector<ReplicaDest>& dests, ReplicaCopies& cp, Refs& mine,
-      Phases& ph, std::size_t part) {
+      Allocator::InUse& keep, Phases& ph, std::size_t part) {
     std::map<int, std::pair<std::string, std::string>> events;
     protocol::Command many;
     many.op = protocol::Op::create_many;
-    // Held by its name only: until its copy is done, this process keeps its
-    // block out of the pool itself (FreesDeferred), so that an unlink
-    // meanwhile (a sweep, a drop, another replicate) cannot reuse a block a
-    // copy still writes.
+    // Held by its name only: until its copy is done, `keep` marks its block in use, so that an
+    // unlink meanwhile (a sweep, a drop, another replicate) cannot hand it to a new tensor.
     many.holder = std::string(HolderId::kName);
     // One id per part (the entries' create ids, which park blocks, derive from it).
     many.id = cmd.id ? std::optional<std::string>(*cmd.id + "/replicas/" + std::to_string(part)) : std::nullopt;
@@ -358,6 +358,7 @@ class Replicator {
     // and is copied after.
     BatchAllocator::BeforePublish early{
         [&](const std::vector<void*>& dst) {
+          for (const void* d : dst) keep.add(d);
           std::vector<ReplicaDest> all = dests;
           for (std::size_t i = 0; i < dst.size(); ++i) all.push_back({make[i], many.tensors[i].name, 0, dst[i]});
           events = copier_.enqueue(all, src, cp);

@@ -79,6 +79,10 @@ class Sessions {
     std::lock_guard lk(registered_mu_);
     registered_ = server;
   }
+  void registered_first(const std::string& server) {
+    std::lock_guard lk(registered_mu_);
+    if (registered_.empty()) registered_ = server;
+  }
 
   // Announces (and refreshes) this registry's session: a key that expires
   // session_ttl after the last refresh, so a killed process's session ends.
